@@ -1,0 +1,28 @@
+"""The `sim5d` command line. Each command lives in its own module; this file wires them up and
+turns every user error (`Sim5dError`) into a message on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from sim.errors import Sim5dError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="sim5d: simulate one step of distributed LLM training (5D parallelism).")
+
+# --- command registration (one line per command module) ---
+from sim.commands import memory as _memory  # noqa: E402
+
+_memory.register(app)
+# --- end of command registration ---
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        app(args=argv, standalone_mode=True)
+    except Sim5dError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

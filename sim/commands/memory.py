@@ -1,0 +1,27 @@
+"""`sim5d memory SCENARIO`: the instant memory calculator (no simulation)."""
+
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("memory")
+    def memory_cmd(
+        scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """Per pipeline rank: weights, grads, optimizer, activations; peak vs device capacity."""
+        from sim.config import load_scenario
+        from sim.memory import memory_report, render_memory_table
+
+        sc = load_scenario(scenario, overrides=set_ or [])
+        report = memory_report(sc)
+        if as_json:
+            typer.echo(json.dumps(report.to_json()))
+        else:
+            render_memory_table(sc, report)

@@ -1,0 +1,105 @@
+"""Device profiles: one accelerator's capacity, peak throughput and memory bandwidth.
+
+A profile is a YAML file (bundled under topologies/devices/, or any path a user gives, e.g. one
+written by `sim5d calibrate fit`). Loading validates every key; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from sim.errors import ConfigError
+from sim.paths import bundled_dir
+from sim.units import GiB
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    """Profile name (file stem for bundled ones)."""
+    memory_gib: float
+    """Usable device memory as the driver reports it (nvidia-smi total), GiB."""
+    peak_tflops: dict
+    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, fp32); datasheet values. The MFU
+    denominator. fp32 means TF32 tensor-core math where the device has it."""
+    hbm_gbps: float
+    """Peak memory bandwidth, GB/s (1e9 B/s)."""
+    runtime_reserved_gib: float = 0.0
+    """Memory the runtime holds before the model allocates: CUDA context, cuBLAS/cuDNN
+    workspaces (GiB). Counted in `other` by the memory calculator."""
+    price_per_gpu_hour_usd: float = 0.0
+    """Indicative on-demand price for cost comparisons (0 = unknown)."""
+    extra: dict = field(default_factory=dict)
+    """Model-specific calibration data (compute efficiency curves, link parameters) kept as
+    loaded; read by the cost models that own them."""
+    source: str = ""
+    path: str = ""
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GiB
+
+    def peak_flops(self, precision: str) -> float:
+        return float(self.peak_tflops[precision]) * 1e12
+
+
+_REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps")
+_KNOWN = set(_REQUIRED) | {"name", "runtime_reserved_gib", "price_per_gpu_hour_usd", "source", "extra"}
+
+
+def device_dir() -> Path:
+    return bundled_dir("topologies") / "devices"
+
+
+def bundled_device_names() -> list[str]:
+    return sorted(p.stem for p in device_dir().glob("*.yaml"))
+
+
+def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile:
+    """Load a bundled profile by name, or a profile YAML by path."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        candidate = device_dir() / f"{name_or_path}.yaml"
+        if not candidate.is_file():
+            from sim.suggest import did_you_mean
+            raise ConfigError(f"unknown device profile {name_or_path!r}; bundled: "
+                              f"{', '.join(bundled_device_names())}{did_you_mean(str(name_or_path), bundled_device_names())}"
+                              " (or give a path to a profile YAML)", key=key)
+        path = candidate
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"YAML syntax error: {getattr(e, 'problem', e)}", file=str(path),
+                          line=mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict):
+        raise ConfigError("a device profile must be a mapping", file=str(path))
+    for k in data:
+        if k not in _KNOWN:
+            from sim.suggest import did_you_mean
+            raise ConfigError(f"unknown key {k!r} in device profile{did_you_mean(k, sorted(_KNOWN))}",
+                              key=k, file=str(path))
+    for k in _REQUIRED:
+        if k not in data:
+            raise ConfigError(f"device profile is missing required key {k!r}", key=k, file=str(path))
+    peaks = data["peak_tflops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise ConfigError("peak_tflops must map precision -> TFLOP/s", key="peak_tflops", file=str(path))
+    for p, v in peaks.items():
+        if p not in PRECISIONS or not isinstance(v, (int, float)) or v <= 0:
+            raise ConfigError(f"peak_tflops.{p} = {v!r}: precision must be one of {PRECISIONS} "
+                              "and the value a positive number", key="peak_tflops", file=str(path))
+    for k in ("memory_gib", "hbm_gbps"):
+        if not isinstance(data[k], (int, float)) or data[k] <= 0:
+            raise ConfigError(f"{k} = {data[k]!r} must be a positive number", key=k, file=str(path))
+    return DeviceProfile(
+        name=str(data.get("name", path.stem)), memory_gib=float(data["memory_gib"]),
+        peak_tflops={k: float(v) for k, v in peaks.items()}, hbm_gbps=float(data["hbm_gbps"]),
+        runtime_reserved_gib=float(data.get("runtime_reserved_gib", 0.0)),
+        price_per_gpu_hour_usd=float(data.get("price_per_gpu_hour_usd", 0.0)),
+        extra=dict(data.get("extra") or {}), source=str(data.get("source", "")), path=str(path))

@@ -1,0 +1,44 @@
+"""User-facing errors.
+
+Every error a user can cause (bad YAML, bad CLI flag, impossible layout) is a `Sim5dError`;
+the CLI prints its message on stderr and exits with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_BAD_INPUT = 2
+
+
+class Sim5dError(Exception):
+    """Base class for errors caused by the user's input (exit code 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(Sim5dError):
+    """A rejected value. The message names the key, the offending value and the rule.
+
+    `file` and `line` locate the key in a YAML file when known; `key` is the dotted key
+    (e.g. ``training.global_batch_size``).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None,
+                 line: int | None = None):
+        self.message = message
+        self.key = key
+        self.file = file
+        self.line = line
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        if self.key and not self.message.startswith(self.key):
+            return f"{where}{self.key}: {self.message}"
+        return f"{where}{self.message}"
+
+    def located(self, file: str | None, line: int | None) -> "ConfigError":
+        """The same error with a file/line attached (keeps an existing location)."""
+        return ConfigError(self.message, key=self.key, file=self.file or file,
+                           line=self.line or line)

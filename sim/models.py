@@ -1,0 +1,106 @@
+"""Model architecture description (`ModelSpec`) and the bundled presets.
+
+`ModelSpec` is a plain frozen dataclass: the config layer (pydantic) validates user input and
+builds one; everything behind it (workload math, memory, engine) reads it.
+Field names follow Megatron-LM's arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    """Preset name or the user's label."""
+    num_layers: int
+    """Decoder layers (Megatron --num-layers)."""
+    hidden_size: int
+    """Model width h."""
+    num_attention_heads: int
+    """Query heads a."""
+    vocab_size: int
+    """Vocabulary size V (padded as the source trained it, where the source says so)."""
+    ffn_hidden_size: int = 0
+    """Dense MLP width; 0 means 4*hidden_size (filled in by __post_init__)."""
+    num_query_groups: int = 0
+    """KV heads for GQA/MQA; 0 means = num_attention_heads (MHA)."""
+    kv_channels: int = 0
+    """Per-head dimension; 0 means hidden_size // num_attention_heads."""
+    activation: str = "gelu"
+    """'gelu' (2-matrix MLP) or 'swiglu' (3-matrix gated MLP)."""
+    normalization: str = "layernorm"
+    """'layernorm' (weight+bias, 2h params) or 'rmsnorm' (weight only, h params)."""
+    add_bias_linear: bool = True
+    """Linear layers carry biases (GPT-2/3, Megatron GPT) or not (Llama, Mixtral, DeepSeek)."""
+    add_qkv_bias: bool = False
+    """QKV projection has a bias even when add_bias_linear is False (e.g. Qwen2)."""
+    position_embedding_type: str = "learned_absolute"
+    """'learned_absolute' (a max_position_embeddings x h table) or 'rope' (no parameters)."""
+    max_position_embeddings: int = 2048
+    """Rows of the learned position table; the longest trained sequence."""
+    tie_embeddings: bool = False
+    """Input embedding and LM head share one matrix (Megatron GPT default: shared)."""
+    hidden_dropout: float = 0.0
+    """Dropout after attention/MLP (Megatron GPT default 0.1); >0 stores a 1-byte mask."""
+    attention_dropout: float = 0.0
+    """Dropout on attention probabilities (Megatron GPT default 0.1)."""
+    # --- Mixture of experts ---
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0 = dense model."""
+    moe_router_topk: int = 0
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: int = 0
+    """Width of each routed expert's MLP; 0 means ffn_hidden_size."""
+    moe_shared_experts: int = 0
+    """Always-active shared experts per MoE layer (DeepSeek); each moe_ffn_hidden_size wide."""
+    first_k_dense_layers: int = 0
+    """The first k layers use a dense MLP of ffn_hidden_size instead of experts (DeepSeek-V3: 3)."""
+    moe_layer_freq: int = 1
+    """Every n-th layer (after the dense ones) is MoE; 1 = all."""
+    # --- Multi-head latent attention (DeepSeek-V2/V3) ---
+    multi_latent_attention: bool = False
+    """MLA: low-rank compressed Q and KV projections."""
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0
+    """Per-head dim of the non-rotary part of Q/K (DeepSeek-V3: 128)."""
+    qk_pos_emb_head_dim: int = 0
+    """Per-head dim of the rotary part of Q/K (DeepSeek-V3: 64)."""
+    v_head_dim: int = 0
+    source: str = ""
+    """Citation for the dimensions."""
+
+    def __post_init__(self):
+        if not self.ffn_hidden_size:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if not self.num_query_groups:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if not self.kv_channels:
+            object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
+        if self.num_experts and not self.moe_ffn_hidden_size:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) has routed experts."""
+        if not self.is_moe or layer < self.first_k_dense_layers:
+            return False
+        return (layer - self.first_k_dense_layers) % self.moe_layer_freq == 0
+
+    def with_(self, **changes) -> "ModelSpec":
+        return replace(self, **changes)
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(ModelSpec))
+
+# Bundled presets: name -> ModelSpec. Filled in sim/presets.py (each with its source).
+from sim.presets import PRESETS  # noqa: E402  (import after ModelSpec is defined)
+
+
+def get_preset(name: str) -> ModelSpec:
+    return PRESETS[name]

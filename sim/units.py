@@ -1,0 +1,67 @@
+"""The one module that owns unit conversion. Names carry their unit (`_s`, `_ns`, `_bytes`,
+`_gbps`, `_tflops`). Simulated time is integer nanoseconds everywhere inside the engine.
+
+Conventions: GB/s = 1e9 bytes/s (nccl-tests' definition); GiB = 2**30 bytes (memory sizes, as
+nvidia-smi and torch.cuda report them); TFLOP/s = 1e12 FLOP/s.
+"""
+
+from __future__ import annotations
+
+import re
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+NS_PER_S = 1_000_000_000
+
+
+def bytes_to_gib(n_bytes: float) -> float:
+    return n_bytes / GiB
+
+
+def gib_to_bytes(gib: float) -> float:
+    return gib * GiB
+
+
+def s_to_ns(seconds: float) -> int:
+    """Seconds to integer nanoseconds, rounded half-up (never negative zero)."""
+    return int(seconds * NS_PER_S + 0.5)
+
+
+def ns_to_s(ns: int) -> float:
+    return ns / NS_PER_S
+
+
+def gbps_to_bytes_per_s(gbps: float) -> float:
+    """GB/s (1e9 B/s, nccl-tests' unit) to bytes per second."""
+    return gbps * 1e9
+
+
+def gbit_to_gbyte(gbit_per_s: float) -> float:
+    """Line rate in Gb/s to GB/s."""
+    return gbit_per_s / 8.0
+
+
+def tflops_to_flops(tflops: float) -> float:
+    return tflops * 1e12
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+               "T": 10**12, "TB": 10**12, "KI": KiB, "KIB": KiB, "MI": MiB, "MIB": MiB, "GI": GiB,
+               "GIB": GiB, "TI": TiB, "TIB": TiB}
+
+
+def parse_size_bytes(text: str) -> int:
+    """Parse '1GiB', '512MB', '4096', '1e6' into bytes. Raises ValueError naming the rule."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size; use a number with an optional unit "
+                         "(B, KB, MB, GB, KiB, MiB, GiB, TiB), e.g. 1GiB")
+    value = float(m.group(1))
+    unit = (m.group(2) or "").upper()
+    n = value * _SIZE_UNITS[unit]
+    if n != int(n) or n < 0:
+        raise ValueError(f"{text!r} is not a whole, non-negative number of bytes")
+    return int(n)
