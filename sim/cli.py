@@ -12,6 +12,13 @@ from sim.errors import Sim5dError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="sim5d: simulate one step of distributed LLM training (5D parallelism).")
 
+
+
+@app.callback()
+def _root() -> None:
+    """sim5d: simulate one step of distributed LLM training (5D parallelism)."""
+
+
 # --- command registration (one line per command module) ---
 from sim.commands import memory as _memory  # noqa: E402
 

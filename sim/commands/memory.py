@@ -17,9 +17,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Per pipeline rank: weights, grads, optimizer, activations; peak vs device capacity."""
         from sim.config import load_scenario
-        from sim.memory import memory_report, render_memory_table
 
         sc = load_scenario(scenario, overrides=set_ or [])
+        from sim.memory import memory_report, render_memory_table
+
         report = memory_report(sc)
         if as_json:
             typer.echo(json.dumps(report.to_json()))

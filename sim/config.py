@@ -1,0 +1,760 @@
+"""Scenario loading and validation.
+
+A scenario YAML (interfaces.md section 1) is parsed with line numbers, `--set` overrides are
+applied, aliases are mapped to Megatron-LM's canonical names, pydantic checks types and ranges,
+and then the cross-key rules (sizes vs GPUs, heads vs tp, layers vs pp x vpp, batch vs
+micro-batch x dp, schedule preconditions, experts vs ep, seq vs cp) are checked here, each with
+an error that names the key, the values, the arithmetic and the rule. Behind this boundary
+everything is plain frozen dataclasses (`Scenario`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.devices import DeviceProfile, load_device
+from sim.errors import ConfigError
+from sim.models import MODEL_FIELDS, ModelSpec
+from sim.paths import bundled_dir
+from sim.presets import PRESETS
+from sim.suggest import did_you_mean
+from sim.topology import TopologySpec, load_topology
+from sim.yamlio import load_yaml_with_lines
+
+# ----------------------------------------------------------------------------------------------
+# Aliases: short names and torchtitan's *_degree names -> Megatron-LM's canonical names.
+PARALLEL_ALIASES = {
+    "tp": "tensor_model_parallel_size",
+    "tensor_parallel_degree": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "pipeline_parallel_degree": "pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "context_parallel_degree": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "expert_parallel_degree": "expert_model_parallel_size",
+    "dp": "data_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "pipeline_parallel_schedule": "pipeline_schedule",
+}
+SECTION_ALIASES = {"parallelism": PARALLEL_ALIASES}
+
+# torchtitan's schedule class names, accepted and reported back under sim5d's names.
+SCHEDULE_VALUE_ALIASES = {
+    "GPipe": "gpipe", "1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b",
+    "ZBVZeroBubble": "zbv", "DualPipeV": "dualpipev",
+}
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
+# Schedules whose ranks always hold two model chunks (interfaces.md, `sim5d schedule`).
+TWO_CHUNK_SCHEDULES = ("zbv", "dualpipe", "dualpipev")
+
+
+# ----------------------------------------------------------------------------------------------
+# Pydantic models: the boundary. Field docstrings are the user documentation of each key.
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
+                              frozen=True)
+
+
+PositiveInt = Field(ge=1)
+
+
+class ModelIn(_Strict):
+    """A model given as a mapping. Start from a preset with `preset:` and override fields, or
+    give every required dimension."""
+
+    preset: Optional[str] = None
+    """Bundled preset to start from; the other keys override its fields."""
+    name: Optional[str] = None
+    """Label for reports (default: the preset name or 'custom')."""
+    num_layers: Optional[int] = Field(None, ge=1)
+    """Decoder layers."""
+    hidden_size: Optional[int] = Field(None, ge=1)
+    """Model width h."""
+    ffn_hidden_size: Optional[int] = Field(None, ge=1)
+    """Dense MLP width (default 4 x hidden_size)."""
+    num_attention_heads: Optional[int] = Field(None, ge=1)
+    """Query heads."""
+    num_query_groups: Optional[int] = Field(None, ge=1)
+    """KV heads (GQA); default = num_attention_heads."""
+    kv_channels: Optional[int] = Field(None, ge=1)
+    """Per-head dimension; default hidden_size / num_attention_heads."""
+    vocab_size: Optional[int] = Field(None, ge=1)
+    """Vocabulary size."""
+    activation: Optional[Literal["gelu", "swiglu"]] = None
+    """MLP activation: gelu (2 matrices) or swiglu (3 matrices)."""
+    normalization: Optional[Literal["layernorm", "rmsnorm"]] = None
+    """Norm type."""
+    add_bias_linear: Optional[bool] = None
+    """Linear layers carry biases."""
+    add_qkv_bias: Optional[bool] = None
+    """QKV projection carries a bias even without add_bias_linear."""
+    position_embedding_type: Optional[Literal["learned_absolute", "rope"]] = None
+    """Position encoding: a learned table or RoPE."""
+    max_position_embeddings: Optional[int] = Field(None, ge=1)
+    """Rows of the learned position table."""
+    tie_embeddings: Optional[bool] = None
+    """Input embedding and LM head share one matrix."""
+    hidden_dropout: Optional[float] = Field(None, ge=0, le=1)
+    """Hidden dropout probability (stores a 1-byte mask when > 0)."""
+    attention_dropout: Optional[float] = Field(None, ge=0, le=1)
+    """Attention-probability dropout (stores a 1-byte mask when > 0)."""
+    num_experts: Optional[int] = Field(None, ge=0)
+    """Routed experts per MoE layer (0 = dense)."""
+    moe_router_topk: Optional[int] = Field(None, ge=0)
+    """Experts per token."""
+    moe_ffn_hidden_size: Optional[int] = Field(None, ge=1)
+    """Width of one routed expert (default ffn_hidden_size)."""
+    moe_shared_experts: Optional[int] = Field(None, ge=0)
+    """Always-active shared experts per MoE layer."""
+    first_k_dense_layers: Optional[int] = Field(None, ge=0)
+    """Leading layers with a dense MLP instead of experts."""
+    moe_layer_freq: Optional[int] = Field(None, ge=1)
+    """Every n-th layer after the dense ones is MoE."""
+    multi_latent_attention: Optional[bool] = None
+    """DeepSeek multi-head latent attention."""
+    q_lora_rank: Optional[int] = Field(None, ge=0)
+    kv_lora_rank: Optional[int] = Field(None, ge=0)
+    qk_head_dim: Optional[int] = Field(None, ge=0)
+    qk_pos_emb_head_dim: Optional[int] = Field(None, ge=0)
+    v_head_dim: Optional[int] = Field(None, ge=0)
+
+
+class ClusterIn(_Strict):
+    topology: str
+    """A bundled topology name or a path to a topology YAML."""
+    num_nodes: Optional[int] = Field(None, ge=1)
+    """Nodes in the cluster; default: the fewest that hold the layout."""
+    gpu: Optional[str] = None
+    """A bundled device profile name or a path (e.g. a calibrated profile); default: the
+    topology's GPU."""
+
+
+class ParallelIn(_Strict):
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    """TP: each layer's matrices split over this many GPUs (alias tp). Default 1."""
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    """PP: pipeline ranks (alias pp). Default 1."""
+    context_parallel_size: int = Field(1, ge=1)
+    """CP: the sequence split over this many GPUs, ring attention (alias cp). Default 1."""
+    expert_model_parallel_size: int = Field(1, ge=1)
+    """EP: routed experts split over this many GPUs, taken from dp x cp (alias ep). Default 1."""
+    data_parallel_size: Optional[int] = Field(None, ge=1)
+    """DP replicas (alias dp); default gpus / (tp x pp x cp)."""
+    virtual_pipeline_model_parallel_size: Optional[int] = Field(None, ge=1)
+    """Model chunks per pipeline rank (alias vpp); 1 = no interleaving. Default 1, or 2 for
+    zbv / dualpipe / dualpipev."""
+    decoder_first_pipeline_num_layers: Optional[int] = Field(None, ge=1)
+    """Layers on the first pipeline stage (the rest split evenly), as Megatron-LM."""
+    decoder_last_pipeline_num_layers: Optional[int] = Field(None, ge=1)
+    """Layers on the last pipeline stage (the rest split evenly), as Megatron-LM."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the TP group (norm/dropout activations split by tp).
+    Default false, as Megatron-LM."""
+    pipeline_schedule: Optional[str] = None
+    """gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | dualpipe | dualpipev. Default
+    1f1b, or interleaved-1f1b when vpp > 1."""
+    zero_stage: int = Field(0, ge=0, le=3)
+    """ZeRO stage 0..3 over the data-parallel (x cp) group; 3 = fully sharded (FSDP)."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Order of the dimensions in the global rank, innermost first, as Megatron-LM."""
+
+
+class TrainingIn(_Strict):
+    seq_length: int = Field(ge=1)
+    """Tokens per sequence."""
+    micro_batch_size: int = Field(1, ge=1)
+    """Sequences per microbatch per data-parallel replica. Default 1."""
+    global_batch_size: int = Field(ge=1)
+    """Sequences per optimizer step over all replicas."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none | selective (core attention, Korthikanti et al.) | full
+    (every layer's input kept, the layer recomputed in backward). Default none."""
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    """Compute precision of the GEMMs (mixed precision with fp32 master weights for 16/8 bit)."""
+    overlap_grad_reduce: bool = False
+    """DP gradient reduce in buckets overlapped with the backward (Megatron default false)."""
+    overlap_param_gather: bool = False
+    """ZeRO parameter all-gather overlapped with the forward (Megatron default false)."""
+    tp_comm_overlap: bool = False
+    """TP communication overlapped with GEMMs (Megatron default false)."""
+    attention_backend: Literal["flash", "unfused"] = "flash"
+    """flash: fused flash attention, no s^2 score matrix stored (Dao et al. 2022); unfused: the
+    softmax and dropout of the scores are stored (Korthikanti et al. 2022's accounting)."""
+
+
+class SimulationIn(_Strict):
+    network: Literal["flow", "analytical"] = "flow"
+    """flow: links shared by concurrent flows (max-min fair); analytical: alpha-beta."""
+    ranks: Literal["representative", "all"] = "representative"
+    """representative: one rank per symmetric group; all: every GPU."""
+
+
+class ScenarioIn(_Strict):
+    name: Optional[str] = None
+    """Scenario name (default: the file stem)."""
+    model: Union[str, ModelIn]
+    """A bundled preset name or a mapping of dimensions."""
+    cluster: ClusterIn
+    parallelism: ParallelIn = ParallelIn()
+    training: TrainingIn
+    simulation: SimulationIn = SimulationIn()
+
+
+SECTION_MODELS = {"model": ModelIn, "cluster": ClusterIn, "parallelism": ParallelIn,
+                  "training": TrainingIn, "simulation": SimulationIn}
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain frozen objects behind the boundary.
+@dataclass(frozen=True)
+class Parallelism:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    vpp: int
+    """Model chunks per pipeline rank (2 for zbv/dualpipe/dualpipev)."""
+    decoder_first_pipeline_num_layers: Optional[int]
+    decoder_last_pipeline_num_layers: Optional[int]
+    sequence_parallel: bool
+    pipeline_schedule: str
+    zero_stage: int
+    rank_order: tuple
+
+
+@dataclass(frozen=True)
+class Training:
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    recompute: str
+    precision: str
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    tp_comm_overlap: bool
+    attention_backend: str
+
+
+@dataclass(frozen=True)
+class Simulation:
+    network: str
+    ranks: str
+
+
+@dataclass(frozen=True)
+class Cluster:
+    topology: TopologySpec
+    gpu: DeviceProfile
+    num_nodes: int
+
+
+@dataclass(frozen=True)
+class Derived:
+    num_gpus: int
+    num_nodes: int
+    data_parallel_size: int
+    num_microbatches: int
+    num_virtual_stages: int
+    """Pipeline stages the schedule addresses (pp x vpp)."""
+    layers_per_virtual_stage: tuple
+    """Decoder layers on each virtual stage, indexed as the schedule's stages."""
+    first_layer_of_virtual_stage: tuple
+    """Index of the first decoder layer of each virtual stage."""
+    stage_rank: tuple
+    """The pipeline rank that holds each virtual stage (the schedule's placement)."""
+    layers_per_rank: tuple
+    """Decoder layers held by each pipeline rank (dualpipe holds two copies)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelSpec
+    cluster: Cluster
+    parallelism: Parallelism
+    training: Training
+    simulation: Simulation
+    derived: Derived
+    source: str = ""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.training.seq_length
+
+
+# ----------------------------------------------------------------------------------------------
+def _split_override(item: str) -> tuple[list[str], object]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. "
+                          "--set parallelism.pipeline_schedule=zbv", key="--set")
+    key, _, raw = item.partition("=")
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set {item!r}: the key {key!r} is not a dotted key", key="--set")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
+    """Apply `--set dotted.key=value` overrides in order. A value is parsed as YAML (numbers,
+    booleans, null, lists). Setting a field of a preset model turns `model: NAME` into
+    `model: {preset: NAME, field: value}`."""
+    for item in overrides:
+        parts, value = _split_override(item)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            if parts[0] == "model" and i == 0 and isinstance(node.get("model"), str):
+                node["model"] = {"preset": node["model"]}
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(parts[:i + 1])} is {child!r}, not a mapping",
+                                  key=".".join(parts))
+            node = child
+        node[parts[-1]] = value
+        lines[tuple(parts)] = "--set"
+    return data
+
+
+def _canonicalize(data: dict, lines: dict) -> dict:
+    """Map aliases to canonical names (an alias and its canonical key together are an error),
+    and reject unknown keys with a 'did you mean'."""
+    if not isinstance(data, dict):
+        raise ConfigError("a scenario must be a mapping of sections (model, cluster, parallelism, "
+                          "training, simulation)")
+    top_known = list(ScenarioIn.model_fields)
+    for k in list(data):
+        if k not in top_known:
+            raise ConfigError(f"unknown key {k!r}{did_you_mean(k, top_known)}; known: {', '.join(top_known)}",
+                              key=k).located(None, _line(lines, (k,)))
+    for section, model in SECTION_MODELS.items():
+        sub = data.get(section)
+        if not isinstance(sub, dict):
+            continue
+        aliases = SECTION_ALIASES.get(section, {})
+        known = list(model.model_fields)
+        out = {}
+        for k, v in sub.items():
+            canon = aliases.get(k, k)
+            if canon not in known:
+                raise ConfigError(f"unknown key {k!r}{did_you_mean(k, known + list(aliases))}",
+                                  key=f"{section}.{k}").located(None, _line(lines, (section, k)))
+            if canon in out:
+                raise ConfigError(f"{k!r} and {canon!r} are the same key given twice (an alias and its "
+                                  "canonical name); keep one", key=f"{section}.{canon}").located(
+                    None, _line(lines, (section, k)))
+            out[canon] = v
+            if canon != k and (section, k) in lines:
+                lines[(section, canon)] = lines[(section, k)]
+        data[section] = out
+    par = data.get("parallelism")
+    if isinstance(par, dict) and par.get("pipeline_schedule") in SCHEDULE_VALUE_ALIASES:
+        par["pipeline_schedule"] = SCHEDULE_VALUE_ALIASES[par["pipeline_schedule"]]
+    return data
+
+
+def _line(lines: dict, path: tuple):
+    v = lines.get(tuple(path))
+    return v if isinstance(v, int) else None
+
+
+def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> ConfigError:
+    e = err.errors()[0]
+    loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ("str", "ModelIn"))]
+    # For `model` (str | mapping), pydantic reports both branches; report the mapping one.
+    for cand in err.errors():
+        if cand["loc"][:2] == ("model", "ModelIn"):
+            e = cand
+            loc = ["model"] + [str(p) for p in cand["loc"][2:]]
+            break
+    key = ".".join(loc)
+    given = e.get("input")
+    if e["type"] == "missing":
+        msg = "is required"
+    elif e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    else:
+        msg = f"{given!r} is not valid: {e['msg']}"
+    line = None
+    for n in range(len(loc), 0, -1):
+        line = _line(lines, tuple(loc[:n]))
+        if line:
+            break
+    return ConfigError(msg, key=key, file=file, line=line)
+
+
+# ----------------------------------------------------------------------------------------------
+def _build_model(m, lines, file) -> ModelSpec:
+    if isinstance(m, str):
+        if m not in PRESETS:
+            raise ConfigError(f"unknown model preset {m!r}{did_you_mean(m, PRESETS)}; bundled: "
+                              f"{', '.join(sorted(PRESETS))}", key="model", file=file,
+                              line=_line(lines, ("model",)))
+        return PRESETS[m]
+    given = m.model_dump(exclude_none=True)
+    preset = given.pop("preset", None)
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown model preset {preset!r}{did_you_mean(preset, PRESETS)}; bundled: "
+                              f"{', '.join(sorted(PRESETS))}", key="model.preset", file=file,
+                              line=_line(lines, ("model", "preset")))
+        return PRESETS[preset].with_(**given)
+    required = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size")
+    for k in required:
+        if k not in given:
+            raise ConfigError(f"is required when the model is not a preset (give `preset:` or all of "
+                              f"{', '.join(required)})", key=f"model.{k}", file=file,
+                              line=_line(lines, ("model",)))
+    given.setdefault("name", "custom")
+    return ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS})
+
+
+def _nodes_and_dp(p: ParallelIn, cluster: ClusterIn, topo: TopologySpec, err) -> tuple[int, int, int]:
+    """(num_gpus, num_nodes, dp): the arithmetic between the layout and the cluster."""
+    tp, pp, cp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.context_parallel_size
+    gpn = topo.gpus_per_node
+    model_par = tp * pp * cp
+    if p.data_parallel_size is None:
+        if cluster.num_nodes is None:
+            raise err("parallelism.data_parallel_size", "give data_parallel_size or cluster.num_nodes "
+                      "(data parallelism is derived as gpus / (tp x pp x cp) only when the cluster size "
+                      "is known)")
+        gpus = cluster.num_nodes * gpn
+        if gpus % model_par:
+            raise err("parallelism.data_parallel_size",
+                      f"cannot derive data_parallel_size: gpus ({cluster.num_nodes} nodes x {gpn} = {gpus}) "
+                      f"is not divisible by tp x pp x cp = {tp} x {pp} x {cp} = {model_par}")
+        return gpus, cluster.num_nodes, gpus // model_par
+    dp = p.data_parallel_size
+    gpus = model_par * dp
+    if cluster.num_nodes is None:
+        if gpus > gpn and gpus % gpn:
+            raise err("parallelism.data_parallel_size",
+                      f"tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {gpus} GPUs does not fill whole "
+                      f"nodes of {gpn} GPUs ({topo.name}); use a multiple of {gpn} GPUs")
+        return gpus, max(1, math.ceil(gpus / gpn)), dp
+    nodes = cluster.num_nodes
+    have = nodes * gpn
+    if gpus != have and not (nodes == 1 and gpus < gpn):
+        raise err("parallelism.data_parallel_size",
+                  f"tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {gpus} must equal the cluster's GPUs, "
+                  f"num_nodes x gpus_per_node = {nodes} x {gpn} = {have}")
+    return gpus, nodes, dp
+
+
+def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, err):
+    """Decoder layers per pipeline stage and per virtual stage, as Megatron-LM splits them."""
+    L = model.num_layers
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    key = "parallelism.pipeline_model_parallel_size"
+    if (first or last) and pp == 1:
+        raise err("parallelism.decoder_first_pipeline_num_layers" if first else
+                  "parallelism.decoder_last_pipeline_num_layers",
+                  "uneven first/last stages need pipeline_model_parallel_size > 1")
+    if (first or last) and schedule in TWO_CHUNK_SCHEDULES:
+        raise err("parallelism.pipeline_schedule",
+                  f"decoder_first/last_pipeline_num_layers are not supported with {schedule} "
+                  "(its V-shaped or mirrored placement puts the first and last layers on one rank)")
+    # dualpipe keeps the model split in pp stages and mirrors them; the others split pp x vpp.
+    model_stages = pp if schedule == "dualpipe" else pp * vpp
+    chunks_per_pp_stage = 1 if schedule == "dualpipe" else vpp
+    middle_stages = pp - (1 if first else 0) - (1 if last else 0)
+    middle = L - (first or 0) - (last or 0)
+    for name, n in (("decoder_first_pipeline_num_layers", first), ("decoder_last_pipeline_num_layers", last)):
+        if n and n % chunks_per_pp_stage:
+            raise err(f"parallelism.{name}", f"{name} ({n}) must be divisible by "
+                      f"virtual_pipeline_model_parallel_size ({vpp}): each chunk of the stage holds "
+                      "the same number of layers")
+    if middle < 0 or (middle_stages == 0 and middle != 0) or (middle_stages > 0 and middle <= 0):
+        raise err("parallelism.decoder_first_pipeline_num_layers",
+                  f"first ({first}) + last ({last}) layers leave {middle} layers for {middle_stages} "
+                  f"middle stages of a {L}-layer model")
+    if middle_stages and middle % (middle_stages * chunks_per_pp_stage):
+        if first or last:
+            raise err(key, f"the {middle} layers left after first ({first}) / last ({last}) stages must be "
+                      f"divisible by middle stages x chunks = {middle_stages} x {chunks_per_pp_stage} "
+                      f"= {middle_stages * chunks_per_pp_stage}")
+        raise err(key, f"num_layers ({L}) must be divisible by pipeline_model_parallel_size x "
+                  f"virtual_pipeline_model_parallel_size = {pp} x {chunks_per_pp_stage} = "
+                  f"{pp * chunks_per_pp_stage}" + (" (zbv/dualpipev split the model into 2 x pp stages)"
+                                                   if schedule in ("zbv", "dualpipev") else ""))
+    # layers of each pipeline rank's position in the model, as a list of model-stage sizes in model order
+    per_chunk_middle = middle // (middle_stages * chunks_per_pp_stage) if middle_stages else 0
+    pp_stage_chunk = []  # [pp stage][chunk] -> layers (model order: Megatron's pp stage i, chunk c)
+    for s in range(pp):
+        if s == 0 and first:
+            pp_stage_chunk.append([first // chunks_per_pp_stage] * chunks_per_pp_stage)
+        elif s == pp - 1 and last:
+            pp_stage_chunk.append([last // chunks_per_pp_stage] * chunks_per_pp_stage)
+        else:
+            pp_stage_chunk.append([per_chunk_middle] * chunks_per_pp_stage)
+    # Model order of virtual stages and their placement, per schedule (interfaces.md):
+    nvs = pp * vpp
+    layers_vs, rank_vs = [0] * nvs, [0] * nvs
+    if schedule == "dualpipe":
+        # stages 0..P-1 on ranks 0..P-1 (model stage s); stages P..2P-1 on ranks P-1..0 carry the
+        # other direction's microbatches through the same model stages (stage P+j = model stage j).
+        for s in range(pp):
+            layers_vs[s] = pp_stage_chunk[s][0]
+            rank_vs[s] = s
+            layers_vs[pp + s] = pp_stage_chunk[s][0]
+            rank_vs[pp + s] = pp - 1 - s
+    elif schedule in ("zbv", "dualpipev"):
+        # V-shape: stage s < P on rank s, stage s >= P on rank 2P-1-s; the model is 2P equal stages
+        for s in range(nvs):
+            layers_vs[s] = per_chunk_middle
+            rank_vs[s] = s if s < pp else 2 * pp - 1 - s
+    elif vpp > 1:
+        # Megatron interleaving: virtual stage s = chunk c * pp + rank r, on rank s % pp
+        for c in range(vpp):
+            for r in range(pp):
+                layers_vs[c * pp + r] = pp_stage_chunk[r][c]
+                rank_vs[c * pp + r] = r
+    else:
+        for s in range(pp):
+            layers_vs[s] = pp_stage_chunk[s][0]
+            rank_vs[s] = s
+    if schedule == "dualpipe":
+        first_layer = tuple(sum(layers_vs[:s % pp]) for s in range(nvs))
+    else:
+        first_layer = tuple(sum(layers_vs[:s]) for s in range(nvs))
+    per_rank = [0] * pp
+    for s in range(nvs):
+        per_rank[rank_vs[s]] += layers_vs[s]
+    return tuple(layers_vs), first_layer, tuple(rank_vs), tuple(per_rank)
+
+
+def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = None,
+                   default_name: str = "scenario") -> Scenario:
+    """Validate a scenario mapping and derive everything that follows from it."""
+    lines = lines if lines is not None else {}
+    try:
+        data = _canonicalize(data, lines)
+    except ConfigError as e:
+        raise e.located(file, None) from None
+    try:
+        raw = ScenarioIn.model_validate(data)
+    except ValidationError as ve:
+        raise _pydantic_error(ve, lines, file) from None
+
+    def err(key: str, msg: str) -> ConfigError:
+        path = tuple(key.split("."))
+        line = None
+        for n in range(len(path), 0, -1):
+            line = _line(lines, path[:n])
+            if line:
+                break
+        return ConfigError(msg, key=key, file=file, line=line)
+
+    model = _build_model(raw.model, lines, file)
+    try:
+        topo = load_topology(raw.cluster.topology)
+    except ConfigError as e:
+        raise (e.located(file, _line(lines, ("cluster", "topology"))) if e.key == "cluster.topology" else e) from None
+    try:
+        gpu = load_device(raw.cluster.gpu or topo.gpu,
+                          key="cluster.gpu" if raw.cluster.gpu else f"gpu (in topology {topo.name})")
+    except ConfigError as e:
+        raise (e.located(file, _line(lines, ("cluster", "gpu"))) if e.key == "cluster.gpu" else e) from None
+    p, t = raw.parallelism, raw.training
+    tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                      p.context_parallel_size, p.expert_model_parallel_size)
+
+    # precision must have a peak on the device
+    if t.precision not in gpu.peak_tflops:
+        raise err("training.precision", f"{gpu.name} has no {t.precision} peak in its profile "
+                  f"(it has {', '.join(gpu.peak_tflops)}); choose one of those")
+
+    # rank order: a permutation of the five dimensions
+    order = tuple(p.rank_order.split("-"))
+    if sorted(order) != sorted(("tp", "cp", "ep", "dp", "pp")):
+        raise err("parallelism.rank_order", f"{p.rank_order!r} must name tp, cp, ep, dp and pp once each, "
+                  "joined by '-', innermost first (e.g. tp-cp-ep-dp-pp)")
+
+    # schedule and chunks
+    schedule = p.pipeline_schedule or ("interleaved-1f1b" if (p.virtual_pipeline_model_parallel_size or 1) > 1
+                                       else "1f1b")
+    if schedule not in SCHEDULE_NAMES:
+        raise err("parallelism.pipeline_schedule", f"unknown schedule {schedule!r}"
+                  f"{did_you_mean(schedule, SCHEDULE_NAMES)}; one of {', '.join(SCHEDULE_NAMES)}")
+    vpp_given = p.virtual_pipeline_model_parallel_size
+    if schedule in TWO_CHUNK_SCHEDULES:
+        if vpp_given not in (None, 2):
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"{schedule} always holds 2 model chunks per rank; virtual_pipeline_model_parallel_size "
+                      f"is {vpp_given} (omit it or set 2)")
+        vpp = 2
+    elif schedule == "interleaved-1f1b":
+        vpp = vpp_given or 1
+        if vpp < 2:
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"interleaved-1f1b needs virtual_pipeline_model_parallel_size >= 2 (got {vpp}); "
+                      "with one chunk per rank use 1f1b")
+    else:
+        vpp = vpp_given or 1
+        if vpp != 1:
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"{schedule} holds one model chunk per rank but virtual_pipeline_model_parallel_size "
+                      f"is {vpp}; use pipeline_schedule: interleaved-1f1b for interleaving")
+    if schedule in ("interleaved-1f1b",) + TWO_CHUNK_SCHEDULES and pp < 2:
+        raise err("parallelism.pipeline_schedule",
+                  f"{schedule} needs pipeline_model_parallel_size >= 2 (got {pp}); with one pipeline "
+                  "rank there is nothing to interleave")
+    if schedule in ("dualpipe",) and pp % 2:
+        raise err("parallelism.pipeline_model_parallel_size",
+                  f"dualpipe needs an even pipeline_model_parallel_size (got {pp}): its two directions "
+                  "pair rank i with rank pp-1-i")
+
+    # GPUs, nodes, dp
+    num_gpus, num_nodes, dp = _nodes_and_dp(p, raw.cluster, topo, err)
+    if topo.max_nodes is not None and num_nodes > topo.max_nodes:
+        raise err("cluster.num_nodes", f"{num_nodes} nodes exceed the {topo.max_nodes} that topology "
+                  f"{topo.name} describes")
+
+    # heads and KV groups vs tp (Megatron-LM: both must divide by tp)
+    if model.num_attention_heads % tp:
+        raise err("parallelism.tensor_model_parallel_size",
+                  f"num_attention_heads ({model.num_attention_heads}) must be divisible by "
+                  f"tensor_model_parallel_size ({tp})")
+    if not model.multi_latent_attention and model.num_query_groups % tp:
+        raise err("parallelism.tensor_model_parallel_size",
+                  f"num_query_groups ({model.num_query_groups}) must be divisible by "
+                  f"tensor_model_parallel_size ({tp}): each TP rank holds whole KV heads")
+
+    # experts vs ep, and ep within dp x cp (Megatron-Core MoE parallel folding)
+    if ep > 1 and not model.is_moe:
+        raise err("parallelism.expert_model_parallel_size",
+                  f"expert_model_parallel_size ({ep}) > 1 needs an MoE model; {model.name} has num_experts = 0")
+    if model.is_moe and model.num_experts % ep:
+        raise err("parallelism.expert_model_parallel_size",
+                  f"num_experts ({model.num_experts}) must be divisible by expert_model_parallel_size ({ep})")
+    if (dp * cp) % ep:
+        raise err("parallelism.expert_model_parallel_size",
+                  f"expert_model_parallel_size ({ep}) must divide data_parallel_size x context_parallel_size "
+                  f"= {dp} x {cp} = {dp * cp}: expert parallel groups are carved from the dp x cp ranks")
+    if model.is_moe and not (1 <= model.moe_router_topk <= model.num_experts):
+        raise err("model.moe_router_topk", f"moe_router_topk ({model.moe_router_topk}) must be between 1 and "
+                  f"num_experts ({model.num_experts})")
+
+    # seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP
+    if cp > 1 and t.seq_length % (2 * cp):
+        raise err("training.seq_length", f"seq_length ({t.seq_length}) must be divisible by 2 x "
+                  f"context_parallel_size = 2 x {cp} = {2 * cp} (zig-zag load balancing splits each "
+                  "sequence into 2 x cp chunks)")
+    if p.sequence_parallel and tp > 1 and (t.seq_length // cp) % tp:
+        raise err("training.seq_length", f"with sequence_parallel, seq_length / cp ({t.seq_length // cp}) "
+                  f"must be divisible by tensor_model_parallel_size ({tp})")
+
+    # batch
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise err("training.global_batch_size",
+                  f"global_batch_size ({t.global_batch_size}) must be divisible by micro_batch_size x "
+                  f"data_parallel_size = {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}")
+    m = t.global_batch_size // (t.micro_batch_size * dp)
+
+    # layers vs pp x vpp
+    layers_vs, first_layer, stage_rank, per_rank = _stage_layers(model, p, pp, vpp, schedule, err)
+
+    # the schedule's own preconditions (microbatches vs pp, etc.)
+    if pp > 1:
+        from sim import schedules
+        try:
+            schedules.check(schedule, pp, m, vpp, keys={
+                "name": "parallelism.pipeline_schedule",
+                "pp": "parallelism.pipeline_model_parallel_size",
+                "microbatches": "training.global_batch_size",
+                "chunks": "parallelism.virtual_pipeline_model_parallel_size"})
+        except ConfigError as e:
+            raise err(e.key or "parallelism.pipeline_schedule",
+                      f"{e.message} (num_microbatches = global_batch_size / (micro_batch_size x "
+                      f"data_parallel_size) = {t.global_batch_size} / ({t.micro_batch_size} x {dp}) = {m})") from None
+
+    name = raw.name or default_name
+    return Scenario(
+        name=name, model=model,
+        cluster=Cluster(topology=topo, gpu=gpu, num_nodes=num_nodes),
+        parallelism=Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vpp=vpp,
+                                decoder_first_pipeline_num_layers=p.decoder_first_pipeline_num_layers,
+                                decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
+                                sequence_parallel=p.sequence_parallel, pipeline_schedule=schedule,
+                                zero_stage=p.zero_stage, rank_order=order),
+        training=Training(**t.model_dump()),
+        simulation=Simulation(**raw.simulation.model_dump()),
+        derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
+                        num_microbatches=m, num_virtual_stages=len(layers_vs),
+                        layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
+                        stage_rank=stage_rank, layers_per_rank=per_rank),
+        source=file or "",
+    )
+
+
+def resolve_scenario_path(name_or_path: str) -> Path:
+    """A path to a scenario YAML, or the name of a bundled scenario (scenarios/NAME.yaml)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    try:
+        bundled = bundled_dir("scenarios")
+    except FileNotFoundError:
+        bundled = None
+    if bundled is not None and (bundled / f"{name_or_path}.yaml").is_file():
+        return bundled / f"{name_or_path}.yaml"
+    names = sorted(q.stem for q in bundled.glob("*.yaml")) if bundled else []
+    raise ConfigError(f"scenario file {name_or_path!r} not found{did_you_mean(name_or_path, names)}"
+                      + (f"; bundled scenarios: {', '.join(names)}" if names else ""), key="SCENARIO")
+
+
+def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scenario:
+    """Load, override, validate and derive a scenario from a YAML file."""
+    path = resolve_scenario_path(name_or_path)
+    data, lines = load_yaml_with_lines(path)
+    if data is None:
+        raise ConfigError("the scenario file is empty", file=str(path))
+    if not isinstance(data, dict):
+        raise ConfigError("a scenario must be a mapping of sections (model, cluster, parallelism, "
+                          "training, simulation)", file=str(path), line=1)
+    try:
+        data = apply_overrides(data, list(overrides or []), lines)
+    except ConfigError as e:
+        raise e.located(str(path), None) from None
+    return build_scenario(data, lines, file=str(path), default_name=path.stem)
+
+
+# ----------------------------------------------------------------------------------------------
+def resolved_dict(sc: Scenario) -> dict:
+    """The scenario with every default and derived value filled in, canonical names only
+    (written as resolved.yaml)."""
+    model = {k: v for k, v in asdict(sc.model).items() if k != "source"}
+    p = sc.parallelism
+    return {
+        "name": sc.name,
+        "model": model,
+        "cluster": {"topology": sc.cluster.topology.name, "num_nodes": sc.cluster.num_nodes,
+                    "gpu": sc.cluster.gpu.name},
+        "parallelism": {
+            "tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
+            "context_parallel_size": p.cp, "expert_model_parallel_size": p.ep,
+            "data_parallel_size": p.dp, "virtual_pipeline_model_parallel_size": p.vpp,
+            "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
+            "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
+            "sequence_parallel": p.sequence_parallel, "pipeline_schedule": p.pipeline_schedule,
+            "zero_stage": p.zero_stage, "rank_order": "-".join(p.rank_order)},
+        "training": asdict(sc.training),
+        "simulation": asdict(sc.simulation),
+        "derived": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sc.derived).items()},
+    }
+
+
+def write_resolved(sc: Scenario, path: Path) -> None:
+    path.write_text(yaml.safe_dump(resolved_dict(sc), sort_keys=False))

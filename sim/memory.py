@@ -1,0 +1,329 @@
+"""The memory calculator: per pipeline rank, the bytes of weights, gradients, optimizer state,
+activations and runtime allowances on one GPU, against the device's capacity.
+
+Model states (mixed-precision Adam; HF Ultra-Scale Playbook, "Memory usage in Transformers";
+Rajbhandari et al. 2020, ZeRO, sec. 3): per parameter 2 bytes of 16-bit weights, 2 bytes of
+16-bit gradients and 12 bytes of optimizer state (fp32 master copy 4 + Adam m 4 + v 4) = 16
+bytes. fp32 training keeps 4 + 4 + 8 (no master copy) = 16 too. ZeRO shards over the
+data-parallel group, which Megatron-LM's distributed optimizer takes as dp x cp:
+stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights. Routed-expert
+parameters are sharded over ep (and over tp: Megatron-Core's expert_tensor_parallel_size
+defaults to tp) and their ZeRO group is the expert-data-parallel group, dp x cp / ep.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", sec. 4, Table 2), generalised term by term to GQA, SwiGLU, MoE and flash
+attention; see `layer_activation_bytes`. The per-rank peak multiplies them by the
+microbatch-chunks the schedule actually holds at once (sim.schedules.peak_live).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim import workload
+from sim.config import Scenario
+from sim.units import GiB, MiB
+
+# Bytes per parameter of each model state (see module docstring).
+STATE_BYTES = {
+    # precision: (weights, grads, optimizer)
+    "bf16": (2, 2, 12),
+    "fp16": (2, 2, 12),
+    # fp8 training (Transformer Engine) keeps bf16 weights and fp32 master/Adam state; the fp8
+    # casts are transient (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4).
+    "fp8": (2, 2, 12),
+    "fp32": (4, 4, 8),
+}
+ACT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+"""Bytes per stored activation element. fp8 GEMMs still store 16-bit activations (TE)."""
+
+# NCCL allocates per communicator NCCL_BUFFSIZE (default 4 MiB, NCCL environment-variable docs)
+# per channel and direction; we allow 2 x 8 channels per communicator the rank belongs to.
+NCCL_BUFFSIZE_BYTES = 4 * MiB
+NCCL_CHANNELS_ALLOWANCE = 8
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    pp_rank: int
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    peak_live_microbatch_chunks: int
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activations_bytes + self.other_bytes)
+
+    def to_json(self) -> dict:
+        return {"pp_rank": self.pp_rank,
+                "weights_gib": self.weights_bytes / GiB, "grads_gib": self.grads_bytes / GiB,
+                "optimizer_gib": self.optimizer_bytes / GiB,
+                "activations_gib": self.activations_bytes / GiB, "other_gib": self.other_bytes / GiB,
+                "total_gib": self.total_bytes / GiB,
+                "peak_live_microbatch_chunks": self.peak_live_microbatch_chunks}
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    per_stage: tuple
+    capacity_bytes: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return max(s.total_bytes for s in self.per_stage)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict:
+        return {"peak_gib": self.peak_bytes / GiB, "capacity_gib": self.capacity_bytes / GiB,
+                "fits": self.fits, "per_stage": [s.to_json() for s in self.per_stage]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Activations (Korthikanti et al. 2022, sec. 4.1; notation s, b, h, a, t as the paper).
+def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp: int, cp: int,
+                           sequence_parallel: bool, recompute: str, attention_backend: str,
+                           precision: str = "bf16") -> float:
+    """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
+
+    Term by term (p = bytes per element, 2 for 16-bit; s the local sequence = seq / cp):
+      norms:      two norm inputs, 2 x p*s*b*h                      (SP: / t)
+      attention:  QKV input p*s*b*h (SP: / t); Q, K, V p*s*b*(h, kv, kv)/t; output-projection
+                  input p*s*b*h_attn/t; unfused scores: softmax output p*a*s^2*b/t, plus with
+                  attention dropout its mask a*s^2*b/t and output p*a*s^2*b/t; flash attention
+                  keeps only the fp32 log-sum-exp 4*a*s*b/t; hidden-dropout mask s*b*h (SP: / t)
+      MLP:        fc1 input p*s*b*h (SP: / t); activation input p*s*b*f_in/t (f_in = f for GELU,
+                  2f for SwiGLU's gate and up); fc2 input p*s*b*f/t; dropout mask s*b*h (SP: / t)
+      MoE:        router input as fc1; each token's top-k copies through the expert MLP
+                  (k x the MLP terms with the expert width), shared experts as a dense MLP,
+                  router probabilities 4*s*b*E (fp32).
+    For GPT (MHA, GELU, f = 4h, dropout) this is Korthikanti's 34*s*b*h + 5*a*s^2*b, and with
+    TP it is Table 2's s*b*h*(10 + 24/t + 5*a*s/(h*t)) (SP: s*b*h/t*(34 + 5*a*s/h)).
+    Selective recompute drops the s^2 terms (core attention recomputed); full recompute keeps
+    only the layer input, 2*s*b*h (SP: / t).
+    """
+    p = ACT_BYTES[precision]
+    s = seq // cp
+    b, h, t = micro_batch, model.hidden_size, tp
+    sp = sequence_parallel and tp > 1
+    rep = (1.0 / t) if sp else 1.0  # what TP leaves replicated unless SP splits it
+    sbh = s * b * h
+    if recompute == "full":
+        return p * sbh * rep
+    a = model.num_attention_heads
+    hidden_drop = model.hidden_dropout > 0
+    attn_drop = model.attention_dropout > 0
+    if model.multi_latent_attention:
+        q_dim = a * (model.qk_head_dim + model.qk_pos_emb_head_dim)
+        k_dim = q_dim
+        v_dim = a * model.v_head_dim
+        attn_out_dim = v_dim
+        latent = model.q_lora_rank + model.kv_lora_rank + model.qk_pos_emb_head_dim
+    else:
+        d = model.kv_channels
+        q_dim = a * d
+        k_dim = v_dim = model.num_query_groups * d
+        attn_out_dim = a * d
+        latent = 0
+    act = 0.0
+    act += 2 * p * sbh * rep                                   # two norm inputs
+    act += p * sbh * rep                                       # QKV (or latent down-proj) input
+    act += p * s * b * latent                                  # MLA compressed latents (replicated)
+    act += p * s * b * (q_dim + k_dim + v_dim) / t             # Q, K, V
+    act += p * s * b * attn_out_dim / t                        # output-projection input
+    if hidden_drop:
+        act += 2 * sbh * rep                                   # two 1-byte dropout masks
+    if attention_backend == "flash":
+        act += 4 * a * s * b / t                               # fp32 log-sum-exp per head/row
+    elif recompute != "selective":
+        scores = a * s * s * b / t
+        act += p * scores                                      # softmax output
+        if attn_drop:
+            act += scores + p * scores                         # mask + dropout output
+    # MLP or MoE
+    act += p * sbh * rep                                       # fc1 / router input
+    gated = 2 if model.activation == "swiglu" else 1
+    if model.is_moe_layer(layer):
+        k = model.moe_router_topk
+        fe = model.moe_ffn_hidden_size
+        act += 4 * s * b * model.num_experts                   # router probabilities (fp32)
+        tokens = k  # balanced routing: each rank processes k copies of its tokens on average
+        # dispatched (permuted) tokens: each of the k copies is an expert fc1 input (tp-sharded
+        # sequence after the all-to-all when SP, replicated otherwise)
+        act += tokens * p * sbh * rep
+        act += tokens * p * s * b * (gated * fe + fe) / t      # expert activation and fc2 inputs
+        if model.moe_shared_experts:
+            fs = model.moe_shared_experts * fe
+            act += p * s * b * (gated * fs + fs) / t
+    else:
+        f = model.ffn_hidden_size
+        act += p * s * b * (gated * f + f) / t                 # activation input, fc2 input
+    return act
+
+
+def embedding_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int,
+                               sequence_parallel: bool) -> float:
+    """First stage extra: the embedding-dropout mask s*b*h bytes (SP: / t) (Korthikanti sec. 4.3)."""
+    if model.hidden_dropout <= 0:
+        return 0.0
+    rep = (1.0 / tp) if (sequence_parallel and tp > 1) else 1.0
+    return (seq // cp) * micro_batch * model.hidden_size * rep
+
+
+def head_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int,
+                          sequence_parallel: bool, precision: str = "bf16") -> float:
+    """Last stage extra (Korthikanti sec. 4.3): final-norm input and LM-head input p*s*b*h each
+    (SP: / t), and the logits kept in fp32 for the vocab-parallel cross-entropy, 4*s*b*V/t."""
+    p = ACT_BYTES[precision]
+    s = seq // cp
+    rep = (1.0 / tp) if (sequence_parallel and tp > 1) else 1.0
+    return 2 * p * s * micro_batch * model.hidden_size * rep + 4 * s * micro_batch * model.vocab_size / tp
+
+
+# ----------------------------------------------------------------------------------------------
+def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16"
+                      ) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes per GPU for `n_params` parameters under a ZeRO stage
+    sharded over `group` ranks (Rajbhandari et al. 2020, Figure 1: with K = 12,
+    baseline (2 + 2 + K) x Psi; P_os 2Psi + 2Psi + K Psi / N_d; P_os+g 2Psi + (2 + K) Psi / N_d;
+    P_os+g+p (2 + 2 + K) Psi / N_d)."""
+    wb, gb, ob = STATE_BYTES[precision]
+    return (n_params * wb / (group if zero_stage >= 3 else 1),
+            n_params * gb / (group if zero_stage >= 2 else 1),
+            n_params * ob / (group if zero_stage >= 1 else 1))
+
+
+def _stage_weights_bytes(sc: Scenario):
+    """Per pipeline rank: (dense params per GPU, expert params per GPU, largest layer's params
+    per GPU) for the layers, embedding and head the rank holds."""
+    m, p, d = sc.model, sc.parallelism, sc.derived
+    L = m.num_layers
+    out = []
+    for r in range(p.pp):
+        dense = expert = 0.0
+        largest = 0.0
+        for s, rank in enumerate(d.stage_rank):
+            if rank != r:
+                continue
+            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
+            for layer in range(first, first + n):
+                lp = workload.layer_params(m, layer)
+                ld = lp.tp_sharded / p.tp + lp.tp_replicated
+                le = lp.routed_experts / (p.ep * p.tp)
+                dense += ld
+                expert += le
+                largest = max(largest, ld + le)
+            if first == 0:
+                e = workload.embedding_params(m)
+                dense += e.tp_sharded / p.tp + e.tp_replicated
+            if first + n == L:
+                o = workload.output_params(m)
+                dense += o.tp_sharded / p.tp + o.tp_replicated
+        out.append((dense, expert, largest))
+    return out
+
+
+def _stage_activation_bytes(sc: Scenario) -> list[float]:
+    """Activation bytes of one microbatch on each virtual stage (per GPU)."""
+    m, p, t, d = sc.model, sc.parallelism, sc.training, sc.derived
+    kw = dict(seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+              sequence_parallel=p.sequence_parallel)
+    out = []
+    for s in range(d.num_virtual_stages):
+        first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
+        act = sum(layer_activation_bytes(m, layer, recompute=t.recompute,
+                                         attention_backend=t.attention_backend,
+                                         precision=t.precision, **kw)
+                  for layer in range(first, first + n))
+        if first == 0:
+            act += embedding_activation_bytes(m, **kw)
+        if first + n == m.num_layers:
+            act += head_activation_bytes(m, precision=t.precision, **kw)
+        out.append(act)
+    return out
+
+
+def _communicators(sc: Scenario) -> int:
+    """Process groups a rank belongs to that have more than one member."""
+    p = sc.parallelism
+    return sum(1 for size in (p.tp, p.cp, p.dp * p.cp, p.ep, p.pp) if size > 1)
+
+
+def memory_report(sc: Scenario) -> MemoryReport:
+    """The per-pipeline-rank memory of one GPU (all GPUs of a pipeline rank are alike)."""
+    from sim import schedules
+
+    p, t, d = sc.parallelism, sc.training, sc.derived
+    wb = STATE_BYTES[t.precision][0]
+    dense_group = p.dp * p.cp
+    expert_group = max(1, (p.dp * p.cp) // p.ep)
+
+    stage_act = _stage_activation_bytes(sc)
+    if p.pp > 1:
+        sched = schedules.build(p.pipeline_schedule, p.pp, d.num_microbatches, p.vpp)
+        live = schedules.peak_live(sched, lambda s: stage_act[s])
+        live_counts = schedules.peak_live(sched)
+    else:
+        # one stage: forward then backward of each microbatch in turn (gradient accumulation)
+        live, live_counts = [stage_act[0]], [1]
+
+    # Full recompute rematerialises one layer's activations during its backward (transient).
+    work = [0.0] * p.pp
+    if t.recompute == "full":
+        m = sc.model
+        for s, rank in enumerate(d.stage_rank):
+            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
+            for layer in range(first, first + n):
+                full = layer_activation_bytes(
+                    m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+                    sequence_parallel=p.sequence_parallel, recompute="none",
+                    attention_backend=t.attention_backend, precision=t.precision)
+                work[rank] = max(work[rank], full)
+
+    comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES
+    runtime = sc.cluster.gpu.runtime_reserved_gib * GiB
+    stages = []
+    for r, (dense, expert, largest) in enumerate(_stage_weights_bytes(sc)):
+        dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision)
+        ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision)
+        weights, grads, optim = dw + ew, dg + eg, do + eo
+        # ZeRO-3 gathers each layer's full weights before use, and prefetches the next one:
+        # two layers' worth of unsharded 16-bit weights (FSDP's default limit of in-flight
+        # all-gathers; torch.distributed.fsdp docs, limit_all_gathers).
+        gather = 2 * largest * wb if p.zero_stage >= 3 else 0.0
+        other = runtime + comm + gather
+        stages.append(StageMemory(pp_rank=r, weights_bytes=weights, grads_bytes=grads,
+                                  optimizer_bytes=optim, activations_bytes=live[r] + work[r],
+                                  other_bytes=other,
+                                  peak_live_microbatch_chunks=int(live_counts[r])))
+    return MemoryReport(per_stage=tuple(stages), capacity_bytes=sc.cluster.gpu.memory_bytes)
+
+
+def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
+    """A readable table on stdout (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    p = sc.parallelism
+    title = (f"{sc.name}: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name} "
+             f"(tp {p.tp}, pp {p.pp}, vpp {p.vpp}, cp {p.cp}, ep {p.ep}, dp {p.dp}, "
+             f"{p.pipeline_schedule}, ZeRO-{p.zero_stage}, recompute {sc.training.recompute})")
+    table = Table(title=title, title_justify="left")
+    for col in ("pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "live mb-chunks"):
+        table.add_column(col, justify="right")
+    for s in report.per_stage:
+        j = s.to_json()
+        table.add_row(str(s.pp_rank), *(f"{j[k]:.2f}" for k in ("weights_gib", "grads_gib", "optimizer_gib",
+                                                              "activations_gib", "other_gib", "total_gib")),
+                      str(s.peak_live_microbatch_chunks))
+    console = Console()
+    console.print(table)
+    verdict = "[green]fits[/green]" if report.fits else "[red]does NOT fit[/red]"
+    console.print(f"peak {report.peak_bytes / GiB:.2f} GiB of {report.capacity_bytes / GiB:.2f} GiB "
+                  f"per GPU: {verdict} (GiB = 2^30 bytes)")

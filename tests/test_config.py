@@ -1,0 +1,279 @@
+"""Scenario loading: aliases, derived values, overrides, and every validation rule (exit 2, the
+key in the message, no traceback)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import base_scenario, run_cli
+from sim.config import build_scenario, load_scenario, resolved_dict
+
+
+def _bad(write_yaml, data, *expect, overrides=(), text=None):
+    """The memory command rejects the scenario with exit 2, names `expect` and shows no traceback."""
+    path = write_yaml(data, text=text)
+    args = ["memory", path]
+    for o in overrides:
+        args += ["--set", o]
+    code, out, err = run_cli(*args)
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    for e in expect:
+        assert e in err, (e, err)
+    return err
+
+
+# --- rules -------------------------------------------------------------------------------------
+def test_product_of_sizes_vs_gpus(write_yaml):
+    data = base_scenario(cluster={"topology": "dgx-a100-hdr", "num_nodes": 2})
+    _bad(write_yaml, data, "parallelism.data_parallel_size", "2 x 2 x 1 x 2 = 8", "2 x 8 = 16")
+
+
+def test_partial_layout_must_fill_whole_nodes(write_yaml):
+    data = base_scenario()
+    data["parallelism"] = {"tp": 4, "pp": 1, "dp": 3}
+    _bad(write_yaml, data, "12 GPUs does not fill whole nodes of 8")
+
+
+def test_dp_needs_cluster_size_or_explicit(write_yaml):
+    data = base_scenario(parallelism={"tp": 2})
+    data["parallelism"] = {"tp": 2}
+    _bad(write_yaml, data, "data_parallel_size", "num_nodes")
+
+
+def test_heads_vs_tp(write_yaml):
+    _bad(write_yaml, base_scenario(), "tensor_model_parallel_size", "num_attention_heads (8)",
+         overrides=["parallelism.tensor_model_parallel_size=3", "parallelism.data_parallel_size=1"])
+
+
+def test_kv_groups_vs_tp(write_yaml):
+    data = base_scenario(model={"num_query_groups": 2})
+    data["parallelism"] = {"tp": 4, "pp": 2, "dp": 1}
+    _bad(write_yaml, data, "num_query_groups (2)", "tensor_model_parallel_size (4)")
+
+
+def test_layers_vs_pp_times_vpp(write_yaml):
+    data = base_scenario()
+    data["parallelism"].update(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=3)
+    _bad(write_yaml, data, "num_layers (8)", "2 x 3 = 6")
+
+
+def test_uneven_first_last_stages(write_yaml):
+    data = base_scenario(model={"num_layers": 10})
+    data["parallelism"] = {"tp": 1, "pp": 4, "dp": 2, "decoder_first_pipeline_num_layers": 1,
+                           "decoder_last_pipeline_num_layers": 2}
+    # 10 - 1 - 2 = 7 layers for 2 middle stages: not divisible
+    _bad(write_yaml, data, "7 layers left", "2 x 1 = 2")
+    data["parallelism"]["decoder_last_pipeline_num_layers"] = 1
+    sc = build_scenario(data)
+    assert sc.derived.layers_per_virtual_stage == (1, 4, 4, 1)
+    assert sc.derived.first_layer_of_virtual_stage == (0, 1, 5, 9)
+
+
+def test_uneven_stages_need_pp(write_yaml):
+    data = base_scenario()
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 8, "decoder_first_pipeline_num_layers": 2}
+    _bad(write_yaml, data, "decoder_first_pipeline_num_layers", "pipeline_model_parallel_size > 1")
+
+
+def test_global_batch_vs_micro_batch_times_dp(write_yaml):
+    data = base_scenario(training={"global_batch_size": 500, "micro_batch_size": 1})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 8}
+    _bad(write_yaml, data, "global_batch_size (500) must be divisible by micro_batch_size x "
+         "data_parallel_size = 1 x 8")
+
+
+def test_interleaved_microbatches_multiple_of_pp(write_yaml):
+    data = base_scenario(training={"global_batch_size": 6})
+    data["parallelism"] = {"tp": 1, "pp": 4, "dp": 1, "vpp": 2, "pipeline_schedule": "interleaved-1f1b"}
+    err = _bad(write_yaml, data, "interleaved-1f1b", "num_microbatches")
+    assert "6" in err and "4" in err
+
+
+def test_dualpipe_needs_even_pp(write_yaml):
+    data = base_scenario(model={"num_layers": 6})
+    data["parallelism"] = {"tp": 1, "pp": 3, "dp": 1, "pipeline_schedule": "dualpipe"}
+    _bad(write_yaml, data, "dualpipe", "even", "pipeline_model_parallel_size")
+
+
+def test_dualpipe_needs_even_microbatches(write_yaml):
+    data = base_scenario(training={"global_batch_size": 9})
+    data["parallelism"] = {"tp": 1, "pp": 2, "dp": 1, "pipeline_schedule": "dualpipe"}
+    _bad(write_yaml, data, "dualpipe", "num_microbatches")
+
+
+def test_vpp_conflicts_with_schedule(write_yaml):
+    data = base_scenario()
+    data["parallelism"].update(vpp=2, pipeline_schedule="1f1b")
+    _bad(write_yaml, data, "virtual_pipeline_model_parallel_size", "interleaved-1f1b")
+    data["parallelism"].update(vpp=3, pipeline_schedule="zbv")
+    _bad(write_yaml, data, "zbv always holds 2 model chunks")
+
+
+def test_experts_vs_ep(write_yaml):
+    data = base_scenario(model={"num_experts": 6, "moe_router_topk": 2})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 8, "ep": 4}
+    _bad(write_yaml, data, "num_experts (6)", "expert_model_parallel_size (4)")
+
+
+def test_ep_within_dp_times_cp(write_yaml):
+    data = base_scenario(model={"num_experts": 8, "moe_router_topk": 2})
+    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 2, "ep": 4}
+    _bad(write_yaml, data, "expert_model_parallel_size (4) must divide", "2 x 1 = 2")
+
+
+def test_ep_needs_moe_model(write_yaml):
+    data = base_scenario()
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 8, "ep": 2}
+    _bad(write_yaml, data, "needs an MoE model")
+
+
+def test_seq_vs_two_cp(write_yaml):
+    data = base_scenario(training={"seq_length": 100})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "cp": 4}
+    _bad(write_yaml, data, "seq_length (100)", "2 x context_parallel_size = 2 x 4 = 8")
+
+
+def test_unknown_keys_with_suggestion(write_yaml):
+    data = base_scenario()
+    data["parallelism"]["tensor_model_parallel_sise"] = 2
+    _bad(write_yaml, data, "tensor_model_parallel_sise", "did you mean 'tensor_model_parallel_size'")
+    data = base_scenario()
+    data["trainig"] = {}
+    _bad(write_yaml, data, "unknown key 'trainig'", "did you mean 'training'")
+    data = base_scenario(model={"hiden_size": 4})
+    _bad(write_yaml, data, "model.hiden_size", "did you mean 'hidden_size'")
+
+
+def test_unknown_key_reports_its_line(write_yaml):
+    text = ("model: {num_layers: 8, hidden_size: 512, num_attention_heads: 8, vocab_size: 1024}\n"
+            "cluster: {topology: dgx-a100-hdr}\n"
+            "parallelism:\n  tp: 2\n  dp: 4\n  bogus_key: 1\n"
+            "training: {seq_length: 256, global_batch_size: 16}\n")
+    _bad(write_yaml, None, "scenario.yaml:6:", "bogus_key", text=text)
+
+
+def test_unknown_names(write_yaml):
+    _bad(write_yaml, base_scenario(model="llama3-8c"), "unknown model preset 'llama3-8c'",
+         "did you mean 'llama3-8b'")
+    _bad(write_yaml, base_scenario(cluster={"topology": "dgx-a100"}), "cluster.topology",
+         "did you mean 'dgx-a100-hdr'")
+    _bad(write_yaml, base_scenario(cluster={"topology": "dgx-a100-hdr", "gpu": "h100-sxm"}),
+         "cluster.gpu", "h100-sxm")
+    data = base_scenario()
+    data["parallelism"]["pipeline_schedule"] = "1f1f"
+    _bad(write_yaml, data, "unknown schedule '1f1f'", "did you mean '1f1b'")
+
+
+def test_yaml_syntax_error_has_file_and_line(write_yaml):
+    text = "model: gpt3-175b\ncluster:\n  topology: dgx-a100-hdr\n training: [1, 2\n"
+    _bad(write_yaml, None, "scenario.yaml:4:", "YAML syntax error", text=text)
+
+
+def test_types_are_strict(write_yaml):
+    _bad(write_yaml, base_scenario(training={"seq_length": "long"}), "training.seq_length", "'long'")
+    _bad(write_yaml, base_scenario(training={"seq_length": True}), "training.seq_length")
+    _bad(write_yaml, base_scenario(training={"recompute": "some"}), "training.recompute", "'selective'")
+    _bad(write_yaml, base_scenario(parallelism={"zero_stage": 4}), "zero_stage")
+
+
+def test_alias_and_canonical_together_is_an_error(write_yaml):
+    data = base_scenario()
+    data["parallelism"]["tp"] = 2
+    _bad(write_yaml, data, "'tp' and 'tensor_model_parallel_size' are the same key")
+
+
+def test_precision_must_exist_on_device(write_yaml):
+    _bad(write_yaml, base_scenario(training={"precision": "fp8"}), "a100-sxm-80gb has no fp8")
+
+
+def test_bad_set_flag(write_yaml):
+    _bad(write_yaml, base_scenario(), "--set", "dotted.key=value", overrides=["training"])
+    _bad(write_yaml, base_scenario(), "parallelism.tpx", overrides=["parallelism.tpx=2"])
+
+
+def test_missing_file_and_empty_file(write_yaml):
+    code, _, err = run_cli("memory", "/nonexistent/x.yaml")
+    assert code == 2 and "not found" in err and "Traceback" not in err
+    _bad(write_yaml, None, "empty", text="")
+
+
+# --- derived values, aliases, overrides ---------------------------------------------------------
+def test_aliases_reported_under_canonical_names():
+    data = base_scenario()
+    data["parallelism"] = {"tensor_parallel_degree": 2, "pp": 2, "dp": 2,
+                           "pipeline_parallel_schedule": "Interleaved1F1B", "vpp": 2}
+    sc = build_scenario(data)
+    r = resolved_dict(sc)["parallelism"]
+    assert r["tensor_model_parallel_size"] == 2 and r["pipeline_model_parallel_size"] == 2
+    assert r["virtual_pipeline_model_parallel_size"] == 2
+    assert r["pipeline_schedule"] == "interleaved-1f1b"
+    assert "tp" not in r and "vpp" not in r
+
+
+def test_derived_dp_nodes_microbatches():
+    data = base_scenario(cluster={"topology": "dgx-a100-hdr", "num_nodes": 4})
+    data["parallelism"] = {"tp": 4, "pp": 2}
+    sc = build_scenario(data)
+    # 4 nodes x 8 GPUs = 32 = 4 x 2 x 1 x dp -> dp = 4; m = 16 / (1 x 4) = 4
+    assert (sc.derived.num_gpus, sc.derived.data_parallel_size, sc.derived.num_microbatches) == (32, 4, 4)
+    data = base_scenario()
+    data["parallelism"] = {"tp": 8, "pp": 2, "dp": 2}
+    sc = build_scenario(data)
+    assert (sc.derived.num_gpus, sc.derived.num_nodes) == (32, 4)   # fewest nodes that hold it
+
+
+def test_interleaved_placement_megatron():
+    data = base_scenario(training={"global_batch_size": 8})
+    data["parallelism"] = {"tp": 1, "pp": 2, "dp": 1, "vpp": 2}
+    sc = build_scenario(data)
+    # virtual stage s = chunk * pp + rank; 8 layers / 4 stages
+    assert sc.derived.stage_rank == (0, 1, 0, 1)
+    assert sc.derived.first_layer_of_virtual_stage == (0, 2, 4, 6)
+    assert sc.parallelism.pipeline_schedule == "interleaved-1f1b"
+
+
+def test_v_shape_and_dualpipe_placement():
+    data = base_scenario(training={"global_batch_size": 8})
+    data["parallelism"] = {"tp": 1, "pp": 2, "dp": 1, "pipeline_schedule": "zbv"}
+    sc = build_scenario(data)
+    assert sc.parallelism.vpp == 2
+    assert sc.derived.stage_rank == (0, 1, 1, 0)            # stage s >= P on rank 2P-1-s
+    assert sc.derived.layers_per_virtual_stage == (2, 2, 2, 2)
+    data["parallelism"]["pipeline_schedule"] = "dualpipe"
+    sc = build_scenario(data)
+    assert sc.derived.stage_rank == (0, 1, 1, 0)
+    # two directions over the same 2 model stages: every rank holds two copies
+    assert sc.derived.layers_per_virtual_stage == (4, 4, 4, 4)
+    assert sc.derived.first_layer_of_virtual_stage == (0, 4, 0, 4)
+    assert sc.derived.layers_per_rank == (8, 8)
+
+
+def test_set_overrides_preset_fields_and_sections(write_yaml):
+    path = write_yaml(base_scenario(model="gpt-1.7b"))
+    sc = load_scenario(path, ["model.num_layers=4", "parallelism.pipeline_schedule=gpipe",
+                              "training.micro_batch_size=2"])
+    assert sc.model.num_layers == 4 and sc.model.hidden_size == 2304
+    assert sc.parallelism.pipeline_schedule == "gpipe" and sc.training.micro_batch_size == 2
+
+
+def test_default_name_is_file_stem(write_yaml):
+    path = write_yaml(base_scenario(), name="my-run.yaml")
+    assert load_scenario(path).name == "my-run"
+
+
+def test_resolved_yaml_round_trips(write_yaml, tmp_path):
+    sc = load_scenario(write_yaml(base_scenario()))
+    r = resolved_dict(sc)
+    again = {k: v for k, v in r.items() if k != "derived"}
+    again["model"] = {k: v for k, v in again["model"].items()}
+    sc2 = build_scenario(yaml.safe_load(yaml.safe_dump(again)))
+    assert resolved_dict(sc2) == r
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (__import__("conftest").REPO / "scenarios").glob("*.yaml")))
+def test_bundled_scenarios_load(path):
+    from conftest import REPO
+    sc = load_scenario(str(REPO / "scenarios" / path))
+    assert sc.derived.num_gpus == sc.parallelism.tp * sc.parallelism.pp * sc.parallelism.cp * sc.parallelism.dp
