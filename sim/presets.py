@@ -1,5 +1,140 @@
-"""Bundled model presets with their sources. See sim.models.ModelSpec for the fields."""
+"""Bundled model presets with their sources. See sim.models.ModelSpec for the fields.
+
+Every preset carries `source=` naming where its dimensions come from. The numbers below are the
+published architecture hyper-parameters only; parameter and FLOP counts are derived from them by
+sim.workload (and checked against the published totals in tests/test_presets.py).
+
+Families:
+- Megatron-LM GPT sizes of Narayanan et al. 2021 (SC21), Table 1 (also
+  shared/validation/published_runs.yaml `narayanan2021_table1`): sequence 2048, vocabulary 51200
+  (GPT-2 BPE 50257 padded by Megatron), FFN 4h, multi-head attention, learned absolute positions,
+  LayerNorm, biases on every linear, dropout 0.1, input embedding shared with the LM head.
+- GPT-3 175B: Brown et al. 2020 ("Language Models are Few-Shot Learners"), Table 2.1, trained as
+  Megatron GPT (same conventions as above).
+- Llama 3 / 3.1: Llama Team, "The Llama 3 Herd of Models" (2024), Table 3, and Meta's released
+  config.json files (vocabulary, untied embeddings).
+- Mixtral 8x7B: Jiang et al. 2024 ("Mixtral of Experts"), Table 1, and
+  mistralai/Mixtral-8x7B-v0.1 config.json.
+- DeepSeek-V3: DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437) sec. 4.2, and
+  deepseek-ai/DeepSeek-V3 config.json. Multi-head latent attention (MLA) is modelled exactly as it
+  is trained (down-projections, RMSNorms on the latents, up-projections, 192-dim query/key heads
+  made of 128 non-rotary + 64 rotary dims, 128-dim value heads; no weight absorption, which is an
+  inference-time rewrite). Left out: the multi-token-prediction module (1 extra layer, reported
+  separately by DeepSeek, not part of the 671B) and the router's per-expert score-correction bias
+  (a 256-entry buffer per MoE layer, not trained by gradient).
+"""
 
 from __future__ import annotations
 
+# PRESETS is bound before sim.models is imported: sim.models imports this module at its end, so
+# whichever of the two is imported first, the other finds this (same) dict object.
 PRESETS: dict = {}
+
+from sim.models import ModelSpec  # noqa: E402
+
+_NARAYANAN = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters "
+              "Using Megatron-LM (SC21), Table 1: {heads} heads, hidden {hidden}, {layers} layers "
+              "({params}B); seq 2048, vocab 51200, FFN 4h (shared/validation/published_runs.yaml "
+              "narayanan2021_table1)")
+
+# (name, published parameter count in B, heads, hidden, layers): Narayanan et al. 2021, Table 1.
+_NARAYANAN_TABLE1 = (
+    ("gpt-1.7b", "1.7", 24, 2304, 24),
+    ("gpt-3.6b", "3.6", 32, 3072, 30),
+    ("gpt-7.5b", "7.5", 32, 4096, 36),
+    ("gpt-18b", "18.4", 48, 6144, 40),
+    ("gpt-39b", "39.1", 64, 8192, 48),
+    ("gpt-76b", "76.1", 80, 10240, 60),
+    ("gpt-145b", "145.6", 96, 12288, 80),
+    ("gpt-310b", "310.1", 128, 16384, 96),
+    ("gpt-530b", "529.6", 128, 20480, 105),
+    ("gpt-1t", "1008.0", 160, 25600, 128),
+)
+
+
+def _megatron_gpt(name: str, *, layers: int, hidden: int, heads: int, source: str) -> ModelSpec:
+    """A Megatron-LM GPT: GELU MLP of 4h, MHA, learned positions over 2048, LayerNorm, biases,
+    dropout 0.1 (Megatron's --hidden-dropout / --attention-dropout defaults), shared embeddings
+    (Megatron GPT's default; --untie-embeddings-and-output-weights not set)."""
+    return ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        vocab_size=51200,
+        ffn_hidden_size=4 * hidden,
+        activation="gelu",
+        normalization="layernorm",
+        add_bias_linear=True,
+        position_embedding_type="learned_absolute",
+        max_position_embeddings=2048,
+        tie_embeddings=True,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+        source=source,
+    )
+
+
+def _build() -> dict:
+    presets: dict = {}
+    for name, params_b, heads, hidden, layers in _NARAYANAN_TABLE1:
+        presets[name] = _megatron_gpt(
+            name, layers=layers, hidden=hidden, heads=heads,
+            source=_NARAYANAN.format(heads=heads, hidden=hidden, layers=layers, params=params_b))
+
+    presets["gpt3-175b"] = _megatron_gpt(
+        "gpt3-175b", layers=96, hidden=12288, heads=96,
+        source=("Brown et al., Language Models are Few-Shot Learners (2020), Table 2.1: GPT-3 175B "
+                "n_layers 96, d_model 12288, n_heads 96, d_head 128, n_ctx 2048; trained as "
+                "Megatron GPT with the GPT-2 BPE vocabulary (50257) padded to 51200 as in "
+                "Narayanan et al. 2021 (multiple of 128 x tensor-parallel 8)"))
+
+    llama_common = dict(
+        vocab_size=128256, activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
+        position_embedding_type="rope", max_position_embeddings=131072, tie_embeddings=False,
+        hidden_dropout=0.0, attention_dropout=0.0)
+    llama_src = ("Llama Team, The Llama 3 Herd of Models (2024), Table 3: {layers} layers, model "
+                 "dimension {hidden}, FFN dimension {ffn}, {heads} attention heads, 8 key/value "
+                 "heads, vocabulary 128,000 (128256 in Meta's config.json), RoPE, SwiGLU; "
+                 "meta-llama/Llama-3.1-{size} config.json: rms_norm, no biases, "
+                 "tie_word_embeddings false, max_position_embeddings 131072")
+    for size, layers, hidden, ffn, heads in (("8B", 32, 4096, 14336, 32),
+                                             ("70B", 80, 8192, 28672, 64),
+                                             ("405B", 126, 16384, 53248, 128)):
+        name = f"llama3-{size.lower()}"
+        presets[name] = ModelSpec(
+            name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_query_groups=8, ffn_hidden_size=ffn, **llama_common,
+            source=llama_src.format(layers=layers, hidden=hidden, ffn=ffn, heads=heads, size=size))
+
+    presets["mixtral-8x7b"] = ModelSpec(
+        name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32,
+        num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000, activation="swiglu",
+        normalization="rmsnorm", add_bias_linear=False, position_embedding_type="rope",
+        max_position_embeddings=32768, tie_embeddings=False,
+        num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=14336,
+        source=("Jiang et al., Mixtral of Experts (2024), Table 1: dim 4096, n_layers 32, head_dim "
+                "128, hidden_dim 14336, n_heads 32, n_kv_heads 8, context_len 32768, vocab_size "
+                "32000, num_experts 8, top_k_experts 2; mistralai/Mixtral-8x7B-v0.1 config.json: "
+                "rms_norm, silu (SwiGLU) experts, no biases, tie_word_embeddings false"))
+
+    presets["deepseek-v3"] = ModelSpec(
+        name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128,
+        num_query_groups=128, kv_channels=128, ffn_hidden_size=18432, vocab_size=129280,
+        activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
+        position_embedding_type="rope", max_position_embeddings=163840, tie_embeddings=False,
+        num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, moe_shared_experts=1,
+        first_k_dense_layers=3, moe_layer_freq=1,
+        multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
+        qk_pos_emb_head_dim=64, v_head_dim=128,
+        source=("DeepSeek-AI, DeepSeek-V3 Technical Report (arXiv 2412.19437) sec. 4.2: 61 layers, "
+                "hidden 7168, 128 heads of 128, KV compression 512, query compression 1536, "
+                "decoupled RoPE dim 64, first 3 layers dense, then 1 shared + 256 routed experts of "
+                "2048, 8 routed per token; deepseek-ai/DeepSeek-V3 config.json: intermediate_size "
+                "18432, vocab_size 129280, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim "
+                "128, tie_word_embeddings false, max_position_embeddings 163840. MLA modelled "
+                "exactly (no absorption); the MTP module is not included"))
+    return presets
+
+
+PRESETS.update(_build())

@@ -1,0 +1,492 @@
+"""The operations of one decoder layer (and of the embedding and output layers) for one
+microbatch on one rank: GEMM shapes, FLOPs for forward / input-backward / weight-backward, and
+the bytes that memory-bound kernels move.
+
+Sharding is done here, not by the caller: `layer_ops(..., tp=, cp=, ep=, etp=,
+sequence_parallel=)` returns the ops one rank runs, with local shapes. With every parallel size 1
+it returns the whole layer. The rules (Megatron-LM):
+
+- Tensor parallelism (Shoeybi et al. 2019): column-parallel GEMMs (QKV, MLA up-projections, fc1,
+  LM head) split n by tp; row-parallel GEMMs (output projection, fc2) split k by tp; core
+  attention splits heads (the batch of the attention GEMMs) by tp. These ops have
+  `tp_sharded=True`; their m is every token of the microbatch (gathered under SP).
+- Sequence parallelism (Korthikanti et al. 2022 sec. 4.2.2): the ops outside the TP region (norms,
+  bias-dropout-add, embedding dropout, the MoE router, MLA down-projections and latent norms) run
+  on s/tp of the sequence when `sequence_parallel`, else replicated on every TP rank. They have
+  `seq_sharded=True`.
+- Context parallelism (Megatron CP, ring attention): every op runs on s/cp of the sequence. Core
+  attention computes its s/cp queries against all s keys; with causal masking the load-balanced
+  (zig-zag) chunking gives every rank an equal share, i.e. the causal count / cp.
+- Expert parallelism: a rank holds num_experts/ep routed experts, each split by etp (Megatron's
+  expert_tensor_parallel_size; default tp). Routed-expert ops (`expert=True`) are grouped GEMMs
+  with batch = local experts and m = the average tokens per local expert,
+  (b*s/cp) * topk * ep * etp / (num_experts * tp) under balanced routing, so the per-rank routed
+  FLOPs are the layer's routed FLOPs / (tp*cp) whatever ep and etp are (tokens come from the ep
+  peers; expert tensor parallelism splits the width). m may be fractional (an average).
+  MoE with tp > 1 assumes sequence_parallel, as Megatron-LM requires.
+
+FLOP conventions (per op):
+- GEMM C[m,n] = A[m,k] B[k,n]: forward 2mnk; input-backward (dgrad, dA = dC B^T) 2mnk;
+  weight-backward (wgrad, dB = A^T dC) 2mnk (Narayanan et al. 2021 sec. 5.1: backward = 2x
+  forward). Bias adds are not counted.
+- Core attention S = Q K^T and O = P V (kind 'attention' with flash attention): both operands are
+  activations, so the backward is two "dgrad" GEMMs (2x forward) and wgrad is 0.
+  Causal masking: with flash attention (Dao et al. 2022) `causal=True` counts exactly half of the
+  full s x s count (the kernel skips the masked blocks; the diagonal blocks' surplus is ignored,
+  as FlashAttention's own benchmark formula does). `causal=False` gives the full count, the
+  convention of Narayanan eq. 3, PaLM's 12 L H Q T and Megatron-LM's reported TFLOP/s. Unfused
+  attention (`flash_attention=False`, kind 'gemm' batched) computes the full matrix and masks
+  it, so causal does not reduce its FLOPs.
+  The flash backward recomputes S = Q K^T from Q and K (it stores only O and the log-sum-exp):
+  that re-done forward is in `flops_bwd_extra` of attn_scores, so an engine that times kernels
+  can charge it; no model-FLOPs convention counts it.
+- Elementwise / normalisation / softmax / dropout / permutation kernels are memory-bound: they
+  have 0 FLOPs here and carry `bytes_fwd` / `bytes_bwd`, the minimum HBM traffic (each operand
+  read once, each result written once; O(rows) statistics and O(width) weights ignored).
+
+Bytes per element (`precision`): bf16/fp16 2, fp32 4. fp8 (Transformer Engine recipe): GEMM
+operands are cast to 1-byte FP8 while GEMM outputs and all other activations stay 2-byte BF16.
+GEMM bytes: forward reads A and B and writes C; dgrad reads dC and B, writes dA; wgrad reads A
+and dC and read-modify-writes the fp32 main_grad (Megatron gradient_accumulation_fusion).
+Dropout masks are 1 byte per element.
+
+Op names (stable; engines may key on them):
+  layer: input_norm, qkv_proj | (MLA) q_down_proj, q_norm, q_up_proj (or q_proj), kv_down_proj,
+         kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
+         when not flash], attn_values, out_proj, attn_bias_dropout_add, pre_mlp_norm,
+         dense: fc1, act, fc2 | MoE: router, moe_permute, expert_fc1, expert_act, expert_fc2,
+         moe_unpermute, [shared_fc1, shared_act, shared_fc2], then mlp_bias_dropout_add
+  embedding (first stage): embedding_lookup, [position_embedding_add], [embedding_dropout]
+  output (last stage): final_norm, lm_head, cross_entropy
+
+Recomputation (Korthikanti et al. 2022): `recompute_ops(ops, 'selective')` are the core-attention
+ops (scores, softmax, dropout, values; `selective_recompute=True`), whose forward is re-run in
+the backward; 'full' re-runs the whole layer's forward (all its ops). Megatron checkpoints the
+transformer layers only, so embedding and output ops are never recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.models import ModelSpec
+from sim.workload.params import attention_dims
+
+KINDS = ("gemm", "attention", "elementwise")
+RECOMPUTE = ("none", "selective", "full")
+
+ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+"""Bytes per element of activations (and GEMM outputs) per training precision."""
+GEMM_INPUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+"""Bytes per element of GEMM operands per training precision (fp8: Transformer Engine)."""
+MAIN_GRAD_BYTES = 4
+"""fp32 main_grad that weight gradients accumulate into (Megatron mixed precision)."""
+MASK_BYTES = 1
+"""A dropout mask element (torch.bool / uint8)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel-level operation of a microbatch on one rank (shapes already local)."""
+
+    name: str
+    """Stable op name (see the module docstring)."""
+    kind: str
+    """'gemm' (weights x activations, or an unfused batched attention matmul), 'attention'
+    (a flash-attention matmul), or 'elementwise' (memory-bound)."""
+    batch: int
+    """Independent problems of this shape: b x local heads for attention, local experts for a
+    grouped expert GEMM, 1 otherwise."""
+    m: float
+    """Rows: tokens (for attention: query positions per sequence). An average, possibly
+    fractional, for routed-expert GEMMs."""
+    n: int
+    """Columns of the result: output features (attn_scores: key positions). Elementwise: width."""
+    k: int
+    """Reduction length (attn_values: key positions); 1 for elementwise ops."""
+    flops_fwd: float
+    flops_dgrad: float
+    """Backward FLOPs producing the gradient w.r.t. the op's activation input(s)."""
+    flops_wgrad: float
+    """Backward FLOPs producing the weight gradient (0 for attention and elementwise ops)."""
+    bytes_fwd: float
+    """HBM bytes moved by the forward (all kinds)."""
+    bytes_bwd: float
+    """HBM bytes moved by the backward (dgrad + wgrad)."""
+    tp_sharded: bool
+    """Split across the TP ranks (heads, columns, rows or vocabulary divided by tp)."""
+    seq_sharded: bool = False
+    """Outside the TP region: split along the sequence across TP ranks when sequence_parallel,
+    replicated on every TP rank otherwise."""
+    expert: bool = False
+    """A routed-expert op: its weights are sharded by expert parallelism."""
+    selective_recompute: bool = False
+    """Part of the core attention that selective recomputation re-runs."""
+    flops_bwd_extra: float = 0.0
+    """FLOPs a fused kernel re-does inside its own backward (flash attention: S = Q K^T);
+    outside every model-FLOPs convention."""
+
+    @property
+    def flops_bwd(self) -> float:
+        return self.flops_dgrad + self.flops_wgrad
+
+    @property
+    def flops(self) -> float:
+        """Forward + backward model FLOPs (no recomputation)."""
+        return self.flops_fwd + self.flops_dgrad + self.flops_wgrad
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Ctx:
+    """Local sizes of one microbatch on one rank."""
+
+    b: int
+    s: int
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    sp: bool
+    ea: int          # activation bytes
+    eg: int          # GEMM operand bytes
+    causal: bool
+    flash: bool
+
+    @property
+    def s_local(self) -> int:
+        """Sequence positions per CP rank."""
+        return self.s // self.cp
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the TP region (all-gathered under SP): b * s / cp."""
+        return self.b * self.s_local
+
+    @property
+    def tokens_sp(self) -> int:
+        """Tokens outside the TP region: split by tp under sequence parallelism."""
+        return self.tokens // self.tp if self.sp else self.tokens
+
+
+def _div(a: int, b: int, what: str) -> int:
+    if a % b:
+        raise ValueError(f"{what} ({a}) must be divisible by {b}")
+    return a // b
+
+
+def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, precision: str, tp: int,
+              cp: int, ep: int, etp: int | None, sequence_parallel: bool, causal: bool,
+              flash_attention: bool) -> _Ctx:
+    for name, v in (("micro_batch_size", micro_batch_size), ("seq_length", seq_length), ("tp", tp),
+                    ("cp", cp), ("ep", ep)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if precision not in ACTIVATION_BYTES:
+        raise ValueError(f"precision must be one of {sorted(ACTIVATION_BYTES)}, got {precision!r}")
+    etp = tp if etp is None else etp
+    if not isinstance(etp, int) or etp < 1:
+        raise ValueError(f"etp must be a positive integer, got {etp!r}")
+    _div(seq_length, cp, "seq_length")
+    sp = bool(sequence_parallel) and tp > 1
+    if sp:
+        _div(seq_length // cp, tp, "seq_length / cp (sequence parallel)")
+    return _Ctx(b=micro_batch_size, s=seq_length, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp,
+                ea=ACTIVATION_BYTES[precision], eg=GEMM_INPUT_BYTES[precision], causal=causal,
+                flash=flash_attention)
+
+
+def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sharded: bool,
+          seq_sharded: bool = False, expert: bool = False) -> Op:
+    """A weight GEMM: activations A[m,k] times weights B[k,n] (batch of them for experts)."""
+    f = 2.0 * batch * m * n * k
+    fwd = batch * (m * k * c.eg + k * n * c.eg + m * n * c.ea)
+    dgrad = batch * (m * n * c.eg + k * n * c.eg + m * k * c.ea)
+    wgrad = batch * (m * k * c.eg + m * n * c.eg + 2 * k * n * MAIN_GRAD_BYTES)
+    return Op(name, "gemm", batch, m, n, k, f, f, f, fwd, dgrad + wgrad, tp_sharded,
+              seq_sharded=seq_sharded, expert=expert)
+
+
+def _elementwise(name: str, rows: float, width: int, bytes_fwd: float, bytes_bwd: float, *,
+                 batch: int = 1, tp_sharded: bool = False, seq_sharded: bool = False,
+                 expert: bool = False, selective: bool = False) -> Op:
+    return Op(name, "elementwise", batch, rows, width, 1, 0.0, 0.0, 0.0, float(bytes_fwd),
+              float(bytes_bwd), tp_sharded, seq_sharded=seq_sharded, expert=expert,
+              selective_recompute=selective)
+
+
+def _norm(c: _Ctx, name: str, rows: int, width: int, *, residual_fork: bool, seq_sharded=True) -> Op:
+    """LayerNorm / RMSNorm: forward reads x, writes y (2 passes of rows x width); backward reads
+    dy and x, writes dx (3). At a residual fork (pre-norm layers) autograd also sums the branch
+    gradient with the residual-path gradient: read 2, write 1 (3 more)."""
+    e = c.ea * rows * width
+    return _elementwise(name, rows, width, 2 * e, (6 if residual_fork else 3) * e,
+                        seq_sharded=seq_sharded)
+
+
+def _dropout_bytes(rows: float, width: int, ea: int, p: float) -> tuple[float, float]:
+    """A standalone dropout: forward reads x, writes y and the mask; backward reads dy and the
+    mask, writes dx."""
+    if p <= 0:
+        return 0.0, 0.0
+    n = rows * width
+    return n * (2 * ea + MASK_BYTES), n * (2 * ea + MASK_BYTES)
+
+
+def _bias_dropout_add(c: _Ctx, model: ModelSpec, name: str) -> Op:
+    """Megatron's fused bias-dropout-add after attention and after the MLP: forward reads the
+    branch output and the residual, writes the sum (3 passes of tokens x h) plus a dropout mask
+    when hidden_dropout > 0; backward reads the output gradient (and mask), writes the branch
+    gradient (the residual path's gradient is the same tensor)."""
+    rows, h = c.tokens_sp, model.hidden_size
+    n = rows * h
+    mask = n * MASK_BYTES if model.hidden_dropout > 0 else 0
+    return _elementwise(name, rows, h, 3 * n * c.ea + mask, 2 * n * c.ea + mask, seq_sharded=True)
+
+
+def _activation(c: _Ctx, model: ModelSpec, name: str, rows: float, width: int, *, batch: int = 1,
+                tp_sharded: bool = True, expert: bool = False) -> Op:
+    """GELU: forward reads the pre-activation, writes the output (2 x rows x width); backward
+    reads dy and the pre-activation, writes dx (3). SwiGLU (Shazeer 2020), silu(gate) * up:
+    forward reads gate and up, writes the product (3); backward reads dy, gate and up, writes
+    dgate and dup (5)."""
+    n = batch * rows * width * c.ea
+    if model.activation == "swiglu":
+        fwd, bwd = 3 * n, 5 * n
+    elif model.activation == "gelu":
+        fwd, bwd = 2 * n, 3 * n
+    else:
+        raise ValueError(f"activation must be 'gelu' or 'swiglu', got {model.activation!r}")
+    return _elementwise(name, rows, width, fwd, bwd, batch=batch, tp_sharded=tp_sharded, expert=expert)
+
+
+def _fc1_width(model: ModelSpec, width: int) -> int:
+    return 2 * width if model.activation == "swiglu" else width
+
+
+# ----------------------------------------------------------------------------------------------
+def _core_attention(c: _Ctx, model: ModelSpec, heads: int, kv_heads: int, d_qk: int, d_v: int) -> list[Op]:
+    """attn_scores (S = Q K^T), [attn_softmax, attn_dropout], attn_values (O = P V) for the
+    local heads: batch b*heads, s/cp queries against all s keys."""
+    batch, sq, sk = c.b * heads, c.s_local, c.s
+    full_scores = 2.0 * batch * sq * sk * d_qk
+    full_values = 2.0 * batch * sq * sk * d_v
+    ea = c.ea
+    if c.flash:
+        half = 0.5 if c.causal else 1.0
+        q = c.b * heads * sq * d_qk * ea
+        kk = c.b * kv_heads * sk * d_qk * ea
+        v = c.b * kv_heads * sk * d_v * ea
+        o = c.b * heads * sq * d_v * ea
+        lse = c.b * heads * sq * 4
+        fs, fv = half * full_scores, half * full_values
+        scores = Op("attn_scores", "attention", batch, sq, sk, d_qk, fs, 2 * fs, 0.0,
+                    bytes_fwd=q + kk, bytes_bwd=2 * (q + kk), tp_sharded=True,
+                    selective_recompute=True, flops_bwd_extra=fs)
+        values = Op("attn_values", "attention", batch, sq, d_v, sk, fv, 2 * fv, 0.0,
+                    bytes_fwd=v + o + lse, bytes_bwd=2 * v + 2 * o + lse, tp_sharded=True,
+                    selective_recompute=True)
+        return [scores, values]
+    # Unfused (Megatron's CoreAttention): batched GEMMs materialise the s x s scores; the causal
+    # mask is applied to a fully computed matrix. K and V are expanded to every query head.
+    ss = batch * sq * sk
+    q = batch * sq * d_qk
+    kk = batch * sk * d_qk
+    v = batch * sk * d_v
+    o = batch * sq * d_v
+    scores = Op("attn_scores", "gemm", batch, sq, sk, d_qk, full_scores, 2 * full_scores, 0.0,
+                bytes_fwd=(q + kk) * c.eg + ss * ea,
+                bytes_bwd=(ss + kk) * c.eg + q * ea + (q + ss) * c.eg + kk * ea,
+                tp_sharded=True, selective_recompute=True)
+    ops = [scores,
+           _elementwise("attn_softmax", sq, sk, 2 * ss * ea, 3 * ss * ea, batch=batch,
+                        tp_sharded=True, selective=True)]
+    if model.attention_dropout > 0:
+        fwd, bwd = _dropout_bytes(ss, 1, ea, model.attention_dropout)
+        ops.append(_elementwise("attn_dropout", sq, sk, fwd, bwd, batch=batch, tp_sharded=True,
+                                selective=True))
+    ops.append(Op("attn_values", "gemm", batch, sq, d_v, sk, full_values, 2 * full_values, 0.0,
+                  bytes_fwd=(ss + v) * c.eg + o * ea,
+                  bytes_bwd=(o + v) * c.eg + ss * ea + (ss + o) * c.eg + v * ea,
+                  tp_sharded=True, selective_recompute=True))
+    return ops
+
+
+def _rope(c: _Ctx, q_width: int, k_width: int) -> Op:
+    """Rotary embedding applied to the local q and k (RoFormer, Su et al. 2021): forward reads
+    and writes them; backward the same on their gradients."""
+    n = c.tokens * (q_width + k_width) * c.ea
+    return _elementwise("rotary_emb", c.tokens, q_width + k_width, 2 * n, 2 * n, tp_sharded=True)
+
+
+def _attention_block(c: _Ctx, model: ModelSpec) -> list[Op]:
+    h, a, tp = model.hidden_size, model.num_attention_heads, c.tp
+    heads = _div(a, tp, "num_attention_heads")
+    d_qk, d_v = attention_dims(model)
+    T = c.tokens
+    ops: list[Op] = []
+    if model.multi_latent_attention:
+        # Megatron-Core MLA: down-projections duplicated on every TP rank (on the SP shard),
+        # latent RMSNorms, column-parallel up-projections; K expanded to every head.
+        if model.q_lora_rank:
+            ops.append(_gemm(c, "q_down_proj", c.tokens_sp, model.q_lora_rank, h,
+                             tp_sharded=False, seq_sharded=True))
+            ops.append(_norm(c, "q_norm", c.tokens_sp, model.q_lora_rank, residual_fork=False))
+            ops.append(_gemm(c, "q_up_proj", T, heads * d_qk, model.q_lora_rank, tp_sharded=True))
+        else:
+            ops.append(_gemm(c, "q_proj", T, heads * d_qk, h, tp_sharded=True))
+        ops.append(_gemm(c, "kv_down_proj", c.tokens_sp, model.kv_lora_rank + model.qk_pos_emb_head_dim,
+                         h, tp_sharded=False, seq_sharded=True))
+        ops.append(_norm(c, "kv_norm", c.tokens_sp, model.kv_lora_rank, residual_fork=False))
+        ops.append(_gemm(c, "kv_up_proj", T, heads * (model.qk_head_dim + d_v), model.kv_lora_rank,
+                         tp_sharded=True))
+        if model.position_embedding_type == "rope":
+            ops.append(_rope(c, heads * model.qk_pos_emb_head_dim, model.qk_pos_emb_head_dim))
+        kv_heads = heads
+    else:
+        kv_heads = _div(model.num_query_groups, tp, "num_query_groups")
+        ops.append(_gemm(c, "qkv_proj", T, (heads + 2 * kv_heads) * d_qk, h, tp_sharded=True))
+        if model.position_embedding_type == "rope":
+            ops.append(_rope(c, heads * d_qk, kv_heads * d_qk))
+    ops += _core_attention(c, model, heads, kv_heads, d_qk, d_v)
+    ops.append(_gemm(c, "out_proj", T, h, heads * d_v, tp_sharded=True))
+    return ops
+
+
+def _dense_mlp(c: _Ctx, model: ModelSpec, width: int, prefix: str = "") -> list[Op]:
+    """Column-parallel fc1 (gate+up fused for SwiGLU), activation, row-parallel fc2."""
+    h, T = model.hidden_size, c.tokens
+    w = _div(width, c.tp, f"{prefix or 'ffn'} width (ffn_hidden_size)")
+    return [_gemm(c, f"{prefix}fc1", T, _fc1_width(model, w), h, tp_sharded=True),
+            _activation(c, model, f"{prefix}act", T, w),
+            _gemm(c, f"{prefix}fc2", T, h, w, tp_sharded=True)]
+
+
+def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
+    """Router (replicated weights, SP-sharded tokens), token permutation, routed experts as
+    grouped GEMMs, unpermutation (weighted sum of the top-k outputs), shared experts."""
+    h, E, topk = model.hidden_size, model.num_experts, model.moe_router_topk
+    if not 1 <= topk <= E:
+        raise ValueError(f"moe_router_topk ({topk}) must be between 1 and num_experts ({E})")
+    local_experts = _div(E, c.ep, "num_experts")
+    w = _div(model.moe_ffn_hidden_size, c.etp, "moe_ffn_hidden_size")
+    rows = c.tokens_sp                                  # tokens entering the dispatcher
+    m_e = c.tokens * topk * c.ep * c.etp / (E * c.tp)  # average tokens per local expert
+    ea = c.ea
+    ops = [_gemm(c, "router", rows, E, h, tp_sharded=False, seq_sharded=True)]
+    # permute: read the tokens, write topk copies in expert order; backward sums them back.
+    ops.append(_elementwise("moe_permute", rows, h, (1 + topk) * rows * h * ea,
+                            (1 + topk) * rows * h * ea, seq_sharded=True))
+    ops.append(_gemm(c, "expert_fc1", m_e, _fc1_width(model, w), h, batch=local_experts,
+                     tp_sharded=c.etp > 1, expert=True))
+    ops.append(_activation(c, model, "expert_act", m_e, w, batch=local_experts,
+                           tp_sharded=c.etp > 1, expert=True))
+    ops.append(_gemm(c, "expert_fc2", m_e, h, w, batch=local_experts, tp_sharded=c.etp > 1,
+                     expert=True))
+    # unpermute: read topk expert outputs (and probabilities), write the weighted sum; backward
+    # reads dy and the expert outputs (for the probabilities' gradient), writes topk gradients.
+    ops.append(_elementwise("moe_unpermute", rows, h, (1 + topk) * rows * h * ea,
+                            (1 + 2 * topk) * rows * h * ea, seq_sharded=True))
+    if model.moe_shared_experts:
+        ops += _dense_mlp(c, model, model.moe_shared_experts * model.moe_ffn_hidden_size, "shared_")
+    return ops
+
+
+# ----------------------------------------------------------------------------------------------
+def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length: int,
+              precision: str = "bf16", tp: int = 1, cp: int = 1, ep: int = 1,
+              etp: int | None = None, sequence_parallel: bool = False, causal: bool = True,
+              flash_attention: bool = True) -> list[Op]:
+    """Ops of decoder layer `layer` (0-based) for one microbatch on one rank, in execution order.
+
+    micro_batch_size, seq_length: sequences per microbatch and tokens per sequence.
+    tp, cp, ep, etp (default tp), sequence_parallel: the rank's share (module docstring).
+    causal, flash_attention: attention counting (module docstring)."""
+    if not 0 <= layer < model.num_layers:
+        raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers (0-based)")
+    c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                  precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
+                  sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention)
+    h = model.hidden_size
+    ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
+    ops += _attention_block(c, model)
+    ops.append(_bias_dropout_add(c, model, "attn_bias_dropout_add"))
+    ops.append(_norm(c, "pre_mlp_norm", c.tokens_sp, h, residual_fork=True))
+    if model.is_moe_layer(layer):
+        ops += _moe_block(c, model)
+    else:
+        ops += _dense_mlp(c, model, model.ffn_hidden_size)
+    ops.append(_bias_dropout_add(c, model, "mlp_bias_dropout_add"))
+    return ops
+
+
+def embedding_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
+                  precision: str = "bf16", tp: int = 1, cp: int = 1,
+                  sequence_parallel: bool = False) -> list[Op]:
+    """Ops of the input embedding on the first pipeline stage. A lookup has no FLOPs.
+
+    embedding_lookup (vocab-parallel): every TP rank reads the rows of its vocabulary slice
+    (1/tp of the tokens on average) and writes the full tokens x h output (zeros elsewhere; the
+    all-reduce / reduce-scatter that sums them is communication). Backward: reads the output
+    gradient and scatter-adds it into the fp32 gradient rows (read + write) of its slice.
+    position_embedding_add (learned positions): read words and position rows, write the sum;
+    backward scatter-adds into the position table's gradient. embedding_dropout when
+    hidden_dropout > 0."""
+    c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                  precision=precision, tp=tp, cp=cp, ep=1, etp=None,
+                  sequence_parallel=sequence_parallel, causal=True, flash_attention=True)
+    h, T, rows = model.hidden_size, c.tokens, c.tokens_sp
+    n = T * h
+    ops = [_elementwise("embedding_lookup", T, h, n * c.ea / c.tp + n * c.ea,
+                        n * c.ea + 2 * n * MAIN_GRAD_BYTES / c.tp, tp_sharded=True)]
+    if model.position_embedding_type == "learned_absolute":
+        r = rows * h
+        ops.append(_elementwise("position_embedding_add", rows, h, 3 * r * c.ea,
+                                r * c.ea + 2 * r * MAIN_GRAD_BYTES, seq_sharded=True))
+    if model.hidden_dropout > 0:
+        fwd, bwd = _dropout_bytes(rows, h, c.ea, model.hidden_dropout)
+        ops.append(_elementwise("embedding_dropout", rows, h, fwd, bwd, seq_sharded=True))
+    return ops
+
+
+def output_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
+               precision: str = "bf16", tp: int = 1, cp: int = 1,
+               sequence_parallel: bool = False) -> list[Op]:
+    """Ops of the output layer on the last pipeline stage: final_norm, lm_head (column-parallel
+    over the vocabulary, V/tp rounded up as Megatron pads the vocabulary; present and with a
+    weight gradient also when tied) and cross_entropy (vocab-parallel softmax + loss: forward
+    reads the local logits and writes the fp32 softmax it keeps; backward reads it and writes the
+    logits' gradient)."""
+    c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                  precision=precision, tp=tp, cp=cp, ep=1, etp=None,
+                  sequence_parallel=sequence_parallel, causal=True, flash_attention=True)
+    h, T = model.hidden_size, c.tokens
+    v_local = -(-model.vocab_size // c.tp)
+    logits = T * v_local
+    return [_norm(c, "final_norm", c.tokens_sp, h, residual_fork=False),
+            _gemm(c, "lm_head", T, v_local, h, tp_sharded=True),
+            _elementwise("cross_entropy", T, v_local, logits * (c.ea + 4), logits * (4 + c.ea),
+                         tp_sharded=True)]
+
+
+# ----------------------------------------------------------------------------------------------
+def recompute_ops(ops: list[Op], recompute: str) -> list[Op]:
+    """The ops of a layer whose forward is re-run during its backward: none; selective (core
+    attention, Korthikanti et al. 2022 sec. 5); full (the whole layer)."""
+    if recompute == "none":
+        return []
+    if recompute == "selective":
+        return [op for op in ops if op.selective_recompute]
+    if recompute == "full":
+        return list(ops)
+    raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+
+
+def recompute_flops(ops: list[Op], recompute: str) -> float:
+    """Extra forward FLOPs that recomputation adds to a layer's backward."""
+    return sum(op.flops_fwd for op in recompute_ops(ops, recompute))
+
+
+def sum_flops(ops: list[Op]) -> float:
+    """Forward + backward model FLOPs of a list of ops."""
+    return sum(op.flops for op in ops)
