@@ -108,8 +108,8 @@ class ModelIn(_Strict):
     """Routed experts per MoE layer (0 = dense)."""
     moe_router_topk: Optional[int] = Field(None, ge=0)
     """Experts per token."""
-    moe_ffn_hidden_size: Optional[int] = Field(None, ge=1)
-    """Width of one routed expert (default ffn_hidden_size)."""
+    moe_ffn_hidden_size: Optional[int] = Field(None, ge=0)
+    """Width of one routed expert (0 or absent: ffn_hidden_size)."""
     moe_shared_experts: Optional[int] = Field(None, ge=0)
     """Always-active shared experts per MoE layer."""
     first_k_dense_layers: Optional[int] = Field(None, ge=0)

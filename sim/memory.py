@@ -208,6 +208,7 @@ def _stage_weights_bytes(sc: Scenario):
     for r in range(p.pp):
         dense = expert = 0.0
         largest = 0.0
+        has_emb = has_head = False
         for s, rank in enumerate(d.stage_rank):
             if rank != r:
                 continue
@@ -219,12 +220,16 @@ def _stage_weights_bytes(sc: Scenario):
                 dense += ld
                 expert += le
                 largest = max(largest, ld + le)
-            if first == 0:
-                e = workload.embedding_params(m)
-                dense += e.tp_sharded / p.tp + e.tp_replicated
-            if first + n == L:
-                o = workload.output_params(m)
-                dense += o.tp_sharded / p.tp + o.tp_replicated
+            has_emb = has_emb or first == 0
+            has_head = has_head or first + n == L
+        if has_emb:
+            e = workload.embedding_params(m)
+            dense += e.tp_sharded / p.tp + e.tp_replicated
+        if has_head:
+            # With tied embeddings, a last stage without the embedding keeps its own copy of the
+            # word embedding for the LM head (Megatron-LM, and its gradient is all-reduced).
+            o = workload.output_params(m, include_tied_copy=not has_emb)
+            dense += o.tp_sharded / p.tp + o.tp_replicated
         out.append((dense, expert, largest))
     return out
 
@@ -315,15 +320,17 @@ def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
              f"(tp {p.tp}, pp {p.pp}, vpp {p.vpp}, cp {p.cp}, ep {p.ep}, dp {p.dp}, "
              f"{p.pipeline_schedule}, ZeRO-{p.zero_stage}, recompute {sc.training.recompute})")
     table = Table(title=title, title_justify="left")
-    for col in ("pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "live mb-chunks"):
-        table.add_column(col, justify="right")
+    for col in ("pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "in flight"):
+        table.add_column(col, justify="right", no_wrap=True)
     for s in report.per_stage:
         j = s.to_json()
         table.add_row(str(s.pp_rank), *(f"{j[k]:.2f}" for k in ("weights_gib", "grads_gib", "optimizer_gib",
                                                               "activations_gib", "other_gib", "total_gib")),
                       str(s.peak_live_microbatch_chunks))
-    console = Console()
+    console = Console(width=max(120, Console().width))
     console.print(table)
+    console.print("GiB per GPU; 'in flight': the most microbatch-chunks whose activations the "
+                  "schedule holds at once")
     verdict = "[green]fits[/green]" if report.fits else "[red]does NOT fit[/red]"
     console.print(f"peak {report.peak_bytes / GiB:.2f} GiB of {report.capacity_bytes / GiB:.2f} GiB "
                   f"per GPU: {verdict} (GiB = 2^30 bytes)")
