@@ -1,0 +1,125 @@
+"""Layout: global rank <-> parallel coordinates <-> physical GPU, and the process groups.
+
+Follows Megatron-Core's RankGenerator (megatron/core/parallel_state.py): the global rank is a
+mixed-radix number over the dimensions in `rank_order`, innermost first (default
+tp-cp-ep-dp-pp). Dense layers use the (tp, cp, dp, pp) decomposition with ep left out; expert
+layers re-split the cp x dp block of a pipeline stage into (ep, expert-dp) with ep innermost
+(Megatron-Core's expert rank generator, "MoE parallel folding", with expert TP = tp). Placement
+is in rank order: rank r is GPU r % gpus_per_node of node r // gpus_per_node, so the innermost
+dimension (tp by default) stays inside a node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+DENSE_DIMS = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class Coord:
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    ep: int
+    """Expert-parallel index (position in the expert group)."""
+    edp: int
+    """Expert-data-parallel index."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    cp: int
+    ep: int
+    dp: int
+    pp: int
+    gpus_per_node: int
+    rank_order: tuple = ("tp", "cp", "ep", "dp", "pp")
+
+    def __post_init__(self):
+        if sorted(self.rank_order) != sorted(("tp", "cp", "ep", "dp", "pp")):
+            raise ValueError(f"rank_order {self.rank_order} must name tp, cp, ep, dp, pp once each")
+        if (self.cp * self.dp) % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide cp x dp ({self.cp * self.dp})")
+
+    @classmethod
+    def from_scenario(cls, sc) -> "Layout":
+        p = sc.parallelism
+        return cls(tp=p.tp, cp=p.cp, ep=p.ep, dp=p.dp, pp=p.pp,
+                   gpus_per_node=sc.cluster.topology.gpus_per_node, rank_order=tuple(p.rank_order))
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @cached_property
+    def _dense_order(self) -> tuple:
+        return tuple(d for d in self.rank_order if d != "ep")
+
+    def _size(self, dim: str) -> int:
+        return getattr(self, dim)
+
+    def coord(self, rank: int) -> Coord:
+        """Parallel coordinates of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
+        c = {}
+        r = rank
+        for d in self._dense_order:
+            c[d] = r % self._size(d)
+            r //= self._size(d)
+        # expert split of the cp x dp block, in the order cp and dp appear (innermost first)
+        inner_first = [d for d in self._dense_order if d in ("cp", "dp")]
+        j = 0
+        stride = 1
+        for d in inner_first:
+            j += c[d] * stride
+            stride *= self._size(d)
+        return Coord(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=c["pp"], ep=j % self.ep, edp=j // self.ep)
+
+    def rank(self, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """Global rank of dense coordinates."""
+        c = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        r, stride = 0, 1
+        for d in self._dense_order:
+            if not 0 <= c[d] < self._size(d):
+                raise ValueError(f"{d} index {c[d]} outside 0..{self._size(d) - 1}")
+            r += c[d] * stride
+            stride *= self._size(d)
+        return r
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def local_gpu_of(self, rank: int) -> int:
+        return rank % self.gpus_per_node
+
+    def group(self, rank: int, dim: str) -> tuple:
+        """The ranks of `rank`'s process group along `dim` (tp, cp, dp, pp, ep, edp, or 'dp-cp'
+        for the gradient / distributed-optimizer group), sorted by their index in the group."""
+        me = self.coord(rank)
+        if dim in DENSE_DIMS:
+            base = {d: getattr(me, d) for d in DENSE_DIMS}
+            out = []
+            for i in range(self._size(dim)):
+                base[dim] = i
+                out.append(self.rank(**base))
+            return tuple(out)
+        if dim == "dp-cp":
+            return tuple(self.rank(tp=me.tp, pp=me.pp, cp=c, dp=d)
+                         for d in range(self.dp) for c in range(self.cp))
+        if dim in ("ep", "edp"):
+            block = [r for r in self.group(rank, "dp-cp")]
+            coords = {r: self.coord(r) for r in block}
+            if dim == "ep":
+                members = [r for r in block if coords[r].edp == me.edp]
+                return tuple(sorted(members, key=lambda r: coords[r].ep))
+            members = [r for r in block if coords[r].ep == me.ep]
+            return tuple(sorted(members, key=lambda r: coords[r].edp))
+        raise ValueError(f"unknown dimension {dim!r}")
+
+    def nodes_spanned(self, ranks) -> int:
+        return len({self.node_of(r) for r in ranks})
