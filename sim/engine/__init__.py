@@ -1,0 +1,1 @@
+"""The discrete-event engine and what feeds it (programs) and reads it (metrics)."""

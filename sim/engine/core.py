@@ -1,0 +1,184 @@
+"""The SimPy engine: one actor per simulated rank, a compute stream and communication streams.
+
+A rank's work is a *program*: a list of instructions executed in order on its compute stream.
+
+- `Compute(dur_ns)`: a kernel (or a fused run of kernels) on the compute stream.
+- `Comm(spec)`: a collective the compute stream waits for (exposed: TP collectives by default).
+- `Launch(handle, spec, stream)`: start a collective on a communication stream and go on (DP
+  gradient buckets, ZeRO parameter gathers, PP sends); streams run their work in FIFO order.
+- `Wait(handle)`: block the compute stream until a launched collective has finished.
+- `Send(key, spec)`: start a point-to-point transfer on the "pp" stream; `Recv(key)` blocks
+  until the transfer with that key has arrived (torch.distributed.pipelining semantics: the
+  sender does not wait for the receiver).
+
+Durations of communication come from a network object with one method,
+`transfer(env, spec) -> generator` (a SimPy process body), so the analytical (alpha-beta) and the
+flow (shared links) models plug in alike. Simulated time is integer nanoseconds.
+
+Every interval is recorded as `Record(rank, stream, name, cat, start_ns, end_ns)`; the metrics
+module turns records into the time breakdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """A communication operation: `op` (all_reduce, all_gather, reduce_scatter, all_to_all,
+    send_recv, broadcast), the member ranks, and bytes per rank as nccl-tests counts them
+    (the buffer size). `tag` labels the dimension (tp, dp, pp, cp, ep)."""
+
+    op: str
+    ranks: tuple
+    size_bytes: int
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Compute:
+    dur_ns: int
+    name: str
+    cat: str = "compute"
+    """compute | recompute | optimizer"""
+
+
+@dataclass(frozen=True)
+class Comm:
+    spec: CommSpec
+    name: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    handle: object
+    spec: CommSpec
+    name: str
+    stream: str = "dp"
+
+
+@dataclass(frozen=True)
+class Wait:
+    handle: object
+    name: str = "wait"
+
+
+@dataclass(frozen=True)
+class Send:
+    key: object
+    spec: CommSpec
+    name: str
+
+
+@dataclass(frozen=True)
+class Recv:
+    key: object
+    name: str
+
+
+@dataclass(frozen=True)
+class Record:
+    rank: int
+    stream: str
+    name: str
+    cat: str
+    start_ns: int
+    end_ns: int
+
+
+class DeadlockError(RuntimeError):
+    """The simulation stopped with ranks still waiting; the message lists who waits on what."""
+
+
+@dataclass
+class _RankState:
+    pc: int = 0
+    waiting_on: str = ""
+    done: bool = False
+
+
+class Engine:
+    """Runs the programs of a set of ranks to completion."""
+
+    def __init__(self, programs: dict, network, *, comm_streams=("pp", "dp", "tp", "cp", "ep")):
+        self.env = simpy.Environment()
+        self.programs = programs
+        self.network = network
+        self.records: list[Record] = []
+        self._handles: dict = {}
+        self._arrivals: dict = {}
+        self._state = {r: _RankState() for r in programs}
+        self._streams = {(r, s): simpy.Resource(self.env, capacity=1) for r in programs for s in comm_streams}
+        self.events = 0
+
+    # -- helpers --------------------------------------------------------------------------
+    def _event_for(self, table: dict, key) -> simpy.Event:
+        ev = table.get(key)
+        if ev is None:
+            ev = table[key] = self.env.event()
+        return ev
+
+    def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event):
+        env = self.env
+        with self._streams[(rank, stream)].request() as req:
+            yield req
+            start = env.now
+            yield from self.network.transfer(env, spec)
+            self.records.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
+        done.succeed()
+
+    def _rank_process(self, rank):
+        env, st = self.env, self._state[rank]
+        for st.pc, ins in enumerate(self.programs[rank]):
+            self.events += 1
+            t = type(ins)
+            if t is Compute:
+                if ins.dur_ns:
+                    start = env.now
+                    yield env.timeout(ins.dur_ns)
+                    self.records.append(Record(rank, "compute", ins.name, ins.cat, start, env.now))
+            elif t is Comm:
+                start = env.now
+                st.waiting_on = f"{ins.name} ({ins.spec.op} over {len(ins.spec.ranks)} ranks)"
+                yield from self.network.transfer(env, ins.spec)
+                st.waiting_on = ""
+                # an exposed collective occupies the compute stream's timeline as communication
+                self.records.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
+                                           start, env.now))
+            elif t is Launch:
+                done = self._event_for(self._handles, (rank, ins.handle))
+                env.process(self._comm_process(rank, ins.stream, ins.spec, ins.name, done))
+            elif t is Wait:
+                ev = self._event_for(self._handles, (rank, ins.handle))
+                if not ev.processed:
+                    st.waiting_on = f"{ins.name} (handle {ins.handle!r})"
+                    start = env.now
+                    yield ev
+                    st.waiting_on = ""
+            elif t is Send:
+                arrived = self._event_for(self._arrivals, ins.key)
+                env.process(self._comm_process(rank, "pp", ins.spec, ins.name, arrived))
+            elif t is Recv:
+                ev = self._event_for(self._arrivals, ins.key)
+                if not ev.processed:
+                    st.waiting_on = f"{ins.name} (message {ins.key!r})"
+                    yield ev
+                    st.waiting_on = ""
+            else:
+                raise TypeError(f"unknown instruction {ins!r}")
+        st.done = True
+
+    def run(self) -> int:
+        """Simulate; returns the makespan in ns. Raises DeadlockError naming the waiting ranks."""
+        procs = [self.env.process(self._rank_process(r)) for r in self.programs]
+        self.env.run()
+        stuck = {r: s for r, s in self._state.items() if not s.done}
+        if stuck:
+            lines = [f"rank {r} at instruction {s.pc} waits on {s.waiting_on or '?'}"
+                     for r, s in sorted(stuck.items())[:20]]
+            raise DeadlockError("deadlock: " + "; ".join(lines))
+        del procs
+        return max((rec.end_ns for rec in self.records), default=0)
