@@ -21,8 +21,10 @@ def _root() -> None:
 
 # --- command registration (one line per command module) ---
 from sim.commands import memory as _memory  # noqa: E402
+from sim.commands import schedule as _schedule  # noqa: E402
 
 _memory.register(app)
+_schedule.register(app)
 # --- end of command registration ---
 
 

@@ -1,0 +1,140 @@
+"""`sim5d schedule NAME`: one pipeline schedule alone, with fixed op costs (no model, no
+network): its per-rank action order, makespan, bubble and peak in-flight activations, a chart
+and PyTorch's schedule CSV. `--from-csv FILE` replays a schedule read from such a CSV."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from typing import Optional
+
+import typer
+
+from sim.errors import ConfigError
+
+
+def _cost(text: str, flag: str) -> Fraction:
+    from sim.schedules.replay import exact
+    try:
+        return exact(text, flag)
+    except ValueError as e:
+        raise ConfigError(str(e), key=flag) from None
+
+
+def _number(x: Fraction):
+    """An exact value for JSON: an int when whole, else the nearest float."""
+    return int(x) if x.denominator == 1 else float(x)
+
+
+def _fmt(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{float(x):.6g}"
+
+
+def run_schedule(name: str, pp: Optional[int], microbatches: Optional[int], chunks: Optional[int],
+                 forward: str, backward_input: str, backward_weight: str,
+                 overlap_fb: Optional[str], p2p_latency: str, from_csv: Optional[str]):
+    """Build (or read) and validate the schedule and replay it. Returns the Replay."""
+    from sim import schedules as S
+
+    costs = S.Costs(
+        forward=_cost(forward, "--forward"),
+        backward_input=_cost(backward_input, "--backward-input"),
+        backward_weight=_cost(backward_weight, "--backward-weight"),
+        overlap_fb=None if overlap_fb is None else _cost(overlap_fb, "--overlap-fb"),
+        p2p_latency=_cost(p2p_latency, "--p2p-latency"),
+    )
+    keys = {"name": "NAME"}
+    if from_csv:
+        if name not in S.SCHEDULE_NAMES:
+            S.check(name, 1, 1, None, keys)  # reports the unknown name with the choices
+        sched = S.from_csv(from_csv, name, S.LAYOUT[name], pp, microbatches, chunks)
+    else:
+        missing = [flag for flag, v in (("--pp", pp), ("--microbatches", microbatches)) if v is None]
+        if missing:
+            raise ConfigError(f"{' and '.join(missing)} required: sim5d schedule NAME --pp P "
+                              "--microbatches M (or --from-csv FILE)", key=missing[0])
+        S.check(name, pp, microbatches, chunks, keys)
+        sched = S.build(name, pp, microbatches, chunks)
+    S.validate(sched)
+    return S.replay(sched, costs)
+
+
+def _summary(result, files: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = result.schedule
+    console = Console()
+    console.print(f"[bold]{s.name}[/bold]: pp {s.pp}, microbatches {s.microbatches}, chunks "
+                  f"{s.chunks} ({s.num_stages} stages, {s.layout} placement)")
+    console.print(f"makespan {_fmt(result.makespan)}, bubble fraction "
+                  f"{float(result.bubble_fraction):.4f} ({float(result.bubble_fraction):.1%})")
+    table = Table(show_edge=False)
+    for col in ("rank", "stages", "actions", "busy", "idle", "first..last", "peak activations"):
+        table.add_column(col, justify="right")
+    for r in range(s.pp):
+        start, end = result.span(r)
+        table.add_row(str(r), ",".join(map(str, s.rank_stages(r))), str(len(s.ranks[r])),
+                      _fmt(result.busy[r]), _fmt(result.idle[r]),
+                      f"{_fmt(start)}..{_fmt(end)}", str(result.peak_activations[r]))
+    console.print(table)
+    for r, row in enumerate(s.rank_strings()):
+        shown = row if len(row) <= 48 else row[:24] + ["..."] + row[-23:]
+        console.print(f"rank {r}: " + " ".join(shown), soft_wrap=True, highlight=False)
+    for f in files:
+        console.print(f"wrote {f}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("schedule")
+    def schedule_cmd(
+        name: str = typer.Argument(..., help="Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, "
+                                             "zb-h2, zbv, dualpipe or dualpipev."),
+        pp: Optional[int] = typer.Option(None, "--pp", help="P, pipeline ranks."),
+        microbatches: Optional[int] = typer.Option(None, "--microbatches", help="M, microbatches per step."),
+        chunks: Optional[int] = typer.Option(
+            None, "--chunks", help="V, model chunks per rank (interleaved-1f1b: >= 2; zbv, "
+                                   "dualpipe, dualpipev: 2, the default for them; others: 1)."),
+        forward: str = typer.Option("1", "--forward", help="F, time of one forward (per stage)."),
+        backward_input: str = typer.Option("1", "--backward-input", help="I, time of one input-backward."),
+        backward_weight: str = typer.Option("1", "--backward-weight", help="W, time of one weight-backward."),
+        overlap_fb: Optional[str] = typer.Option(
+            None, "--overlap-fb", help="T, time of an overlapped F&B pair (DualPipe); default F + B."),
+        p2p_latency: str = typer.Option("0", "--p2p-latency",
+                                        help="L, added when an action waits for one on another rank."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        plot: Optional[str] = typer.Option(None, "--plot", help="Write the schedule chart (FILE.png)."),
+        csv_out: Optional[str] = typer.Option(
+            None, "--csv", help="Write PyTorch's schedule CSV (one row per rank)."),
+        from_csv: Optional[str] = typer.Option(
+            None, "--from-csv", help="Read the schedule from a PyTorch schedule CSV instead of "
+                                     "building it; NAME gives the stage placement."),
+    ) -> None:
+        """Run one pipeline schedule alone with fixed op costs (B = I + W unless split)."""
+        from sim.schedules import write_csv
+
+        result = run_schedule(name, pp, microbatches, chunks, forward, backward_input,
+                              backward_weight, overlap_fb, p2p_latency, from_csv)
+        files = []
+        if csv_out:
+            try:
+                write_csv(result.schedule, csv_out)
+            except OSError as e:
+                raise ConfigError(f"--csv: cannot write {csv_out!r}: {e.strerror}", key="--csv") from None
+            files.append(csv_out)
+        if plot:
+            from sim.schedules.plot import plot_schedule
+            try:
+                plot_schedule(result, plot)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"--plot: cannot write {plot!r}: {e}", key="--plot") from None
+            files.append(plot)
+        if as_json:
+            typer.echo(json.dumps({
+                "ranks": result.schedule.rank_strings(),
+                "makespan": _number(result.makespan),
+                "bubble_fraction": float(result.bubble_fraction),
+                "peak_activations": list(result.peak_activations),
+            }))
+        else:
+            _summary(result, files)

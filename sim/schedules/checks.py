@@ -1,0 +1,78 @@
+"""Preconditions of each schedule family, reported as `ConfigError`s that name the key, the
+value, the rule and where the rule comes from."""
+
+from __future__ import annotations
+
+from sim.errors import ConfigError
+from sim.suggest import did_you_mean
+
+DEFAULT_KEYS = {"name": "--schedule", "pp": "--pp", "microbatches": "--microbatches",
+                "chunks": "--chunks"}
+"""The names errors report for each argument (the CLI flags unless the caller passes others)."""
+
+
+def _int(value, key: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key} ({value!r}) must be a whole number", key=key)
+    if not isinstance(value, int):
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} ({value!r}) must be a whole number", key=key) from None
+        if as_int != value:
+            raise ConfigError(f"{key} ({value!r}) must be a whole number", key=key)
+        value = as_int
+    return value
+
+
+def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default_chunks) -> int:
+    """Check one (schedule, pp, microbatches, chunks); return the chunks to use.
+
+    `chunks` None means the family's default. Raises ConfigError on the first broken rule.
+    """
+    k = dict(DEFAULT_KEYS)
+    k.update(keys or {})
+    if name not in names:
+        raise ConfigError(f"{k['name']} ({name!r}) is not a known pipeline schedule; choose one of "
+                          f"{', '.join(names)}{did_you_mean(name, names)}", key=k["name"])
+    pp = _int(pp, k["pp"])
+    m = _int(microbatches, k["microbatches"])
+    v = default_chunks(name) if chunks is None else _int(chunks, k["chunks"])
+    if pp < 1:
+        raise ConfigError(f"{k['pp']} ({pp}) must be at least 1", key=k["pp"])
+    if m < 1:
+        raise ConfigError(f"{k['microbatches']} ({m}) must be at least 1", key=k["microbatches"])
+    if v < 1:
+        raise ConfigError(f"{k['chunks']} ({v}) must be at least 1", key=k["chunks"])
+
+    if name == "interleaved-1f1b":
+        if v < 2:
+            raise ConfigError(
+                f"{k['chunks']} ({v}) must be at least 2 for interleaved-1f1b (model chunks per "
+                f"pipeline rank; with 1 chunk use 1f1b)", key=k["chunks"])
+        if m % pp:
+            lo, hi = (m // pp) * pp, (m // pp + 1) * pp
+            fix = f"{lo} or {hi}" if lo else f"{hi}"
+            raise ConfigError(
+                f"{k['microbatches']} ({m}) must be a multiple of {k['pp']} ({pp}) for "
+                f"interleaved-1f1b (Megatron-LM groups microbatches by pp); use {fix}",
+                key=k["microbatches"])
+    if name in ("zbv", "dualpipe", "dualpipev") and v != 2:
+        raise ConfigError(f"{k['chunks']} ({v}) must be 2 for {name} (it always holds 2 model "
+                          f"chunks per rank)", key=k["chunks"])
+    if name == "dualpipe":
+        if pp % 2:
+            raise ConfigError(
+                f"{k['pp']} ({pp}) must be even for dualpipe (the two directions meet in the "
+                f"middle: ranks 0..P/2-1 mirror ranks P/2..P-1)", key=k["pp"])
+        if m % 2:
+            raise ConfigError(
+                f"{k['microbatches']} ({m}) must be even for dualpipe (half of the microbatches "
+                f"go in each direction); use {m + 1}",
+                key=k["microbatches"])
+    if name in ("dualpipe", "dualpipev") and m < 2 * pp:
+        raise ConfigError(
+            f"{k['microbatches']} ({m}) must be at least 2 x {k['pp']} = 2 x {pp} = {2 * pp} for "
+            f"{name} (deepseek-ai/DualPipe asserts num_chunks >= num_ranks * 2)",
+            key=k["microbatches"])
+    return v

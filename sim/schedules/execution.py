@@ -1,0 +1,119 @@
+"""Dependency-driven execution of a schedule: the core that `validate` and `replay` share.
+
+Every rank runs its actions strictly in its list's order; an action starts when its rank is
+free and every action it depends on has finished (plus a p2p latency when that action ran on
+another rank). Dependencies, for microbatch mb on its chain of stages:
+
+- F(s, mb) after F(s-1, mb);
+- I(s, mb) or B(s, mb) after F(s, mb) and after I/B(s+1, mb) (the gradient of its output);
+- W(s, mb) after I(s, mb).
+
+An overlapped pair F&B starts when the dependencies of both halves are met and both halves
+finish at its end. If no rank can start its next action, the schedule deadlocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+from sim.schedules.actions import Action, Item
+from sim.schedules.model import Schedule, ScheduleError
+
+Key = tuple[str, int, int]
+"""A completed fact: ('F'|'I'|'B'|'W'|'G', stage, microbatch); 'G' = input gradient ready (I or B)."""
+
+
+def produces(action: Action) -> tuple[Key, ...]:
+    """The facts an action makes true when it finishes."""
+    s, mb = action.stage, action.microbatch
+    if action.kind in ("I", "B"):
+        return ((action.kind, s, mb), ("G", s, mb))
+    return ((action.kind, s, mb),)
+
+
+def needs(schedule: Schedule, action: Action) -> tuple[Key, ...]:
+    """The facts an action waits for."""
+    s, mb = action.stage, action.microbatch
+    if action.kind == "F":
+        prev = schedule.prev_stage(s, mb)
+        return () if prev is None else (("F", prev, mb),)
+    if action.kind in ("I", "B"):
+        nxt = schedule.next_stage(s, mb)
+        return (("F", s, mb),) if nxt is None else (("F", s, mb), ("G", nxt, mb))
+    return (("I", s, mb),)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One executed item: the action (or overlapped pair), its rank, start and end time."""
+
+    item: Item
+    rank: int
+    start: Fraction
+    end: Fraction
+
+
+def execute(schedule: Schedule, duration: Callable[[Item], Fraction],
+            latency: Fraction = Fraction(0)) -> list[list[Timed]]:
+    """Run the schedule; return per rank the timed items in order. Raises ScheduleError on a
+    deadlock, naming what each stuck rank waits for."""
+    P = schedule.pp
+    waits: list[list[list[tuple[Key, int]]]] = []
+    for items in schedule.ranks:
+        per_item = []
+        for item in items:
+            # a pair whose B needs its own F waits for itself: reported as a deadlock
+            deps = {k for a in item.parts for k in needs(schedule, a)}
+            per_item.append([(k, schedule.stage_rank(k[1])) for k in sorted(deps)])
+        waits.append(per_item)
+
+    done: dict[Key, Fraction] = {}
+    ptr = [0] * P
+    free = [Fraction(0)] * P
+    timeline: list[list[Timed]] = [[] for _ in range(P)]
+    remaining = sum(len(items) for items in schedule.ranks)
+    while remaining:
+        progressed = False
+        for r in range(P):
+            items = schedule.ranks[r]
+            while ptr[r] < len(items):
+                start = free[r]
+                ready = True
+                for key, dep_rank in waits[r][ptr[r]]:
+                    t = done.get(key)
+                    if t is None:
+                        ready = False
+                        break
+                    if dep_rank != r:
+                        t += latency
+                    if t > start:
+                        start = t
+                if not ready:
+                    break
+                item = items[ptr[r]]
+                end = start + duration(item)
+                for a in item.parts:
+                    for k in produces(a):
+                        done[k] = end
+                timeline[r].append(Timed(item, r, start, end))
+                free[r] = end
+                ptr[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError(_deadlock_message(schedule, ptr, waits, done))
+    return timeline
+
+
+def _deadlock_message(schedule: Schedule, ptr, waits, done) -> str:
+    stuck = []
+    for r, items in enumerate(schedule.ranks):
+        if ptr[r] >= len(items):
+            continue
+        missing = [k for k, _ in waits[r][ptr[r]] if k not in done]
+        what = ", ".join(f"{k[1]}{'I/B' if k[0] == 'G' else k[0]}{k[2]}" for k in missing)
+        stuck.append(f"rank {r} at {items[ptr[r]]} (action {ptr[r]}) waits for {what}")
+    shown = "; ".join(stuck[:4]) + ("; ..." if len(stuck) > 4 else "")
+    return (f"schedule {schedule.name} deadlocks: no rank can start its next action: {shown}")
