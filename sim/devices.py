@@ -32,6 +32,12 @@ class DeviceProfile:
     runtime_reserved_gib: float = 0.0
     """Memory the runtime holds before the model allocates: CUDA context, cuBLAS/cuDNN
     workspaces (GiB). Counted in `other` by the memory calculator."""
+    fragmentation_fraction: float = 0.0
+    """Memory the caching allocator holds beyond what tensors use (reserved - allocated), as a
+    fraction of the allocated bytes; added to `other` by the memory calculator. The default 0
+    reports allocated memory, what torch.cuda.max_memory_allocated measures; the gap to
+    reserved memory depends on the allocation pattern (PyTorch CUDA caching allocator notes),
+    so set it from your own runs' memory_stats() when you need the reserved figure."""
     price_per_gpu_hour_usd: float = 0.0
     """Indicative on-demand price for cost comparisons (0 = unknown)."""
     extra: dict = field(default_factory=dict)
@@ -49,7 +55,8 @@ class DeviceProfile:
 
 
 _REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps")
-_KNOWN = set(_REQUIRED) | {"name", "runtime_reserved_gib", "price_per_gpu_hour_usd", "source", "extra"}
+_KNOWN = set(_REQUIRED) | {"name", "runtime_reserved_gib", "fragmentation_fraction", "price_per_gpu_hour_usd",
+                           "source", "extra"}
 
 
 def device_dir() -> Path:
@@ -94,6 +101,10 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
         if p not in PRECISIONS or not isinstance(v, (int, float)) or v <= 0:
             raise ConfigError(f"peak_tflops.{p} = {v!r}: precision must be one of {PRECISIONS} "
                               "and the value a positive number", key="peak_tflops", file=str(path))
+    frag = data.get("fragmentation_fraction", 0.0)
+    if not isinstance(frag, (int, float)) or isinstance(frag, bool) or not 0 <= frag < 1:
+        raise ConfigError(f"fragmentation_fraction = {frag!r} must be a number in [0, 1)",
+                          key="fragmentation_fraction", file=str(path))
     for k in ("memory_gib", "hbm_gbps"):
         if not isinstance(data[k], (int, float)) or data[k] <= 0:
             raise ConfigError(f"{k} = {data[k]!r} must be a positive number", key=k, file=str(path))
@@ -101,5 +112,6 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
         name=str(data.get("name", path.stem)), memory_gib=float(data["memory_gib"]),
         peak_tflops={k: float(v) for k, v in peaks.items()}, hbm_gbps=float(data["hbm_gbps"]),
         runtime_reserved_gib=float(data.get("runtime_reserved_gib", 0.0)),
+        fragmentation_fraction=float(data.get("fragmentation_fraction", 0.0)),
         price_per_gpu_hour_usd=float(data.get("price_per_gpu_hour_usd", 0.0)),
         extra=dict(data.get("extra") or {}), source=str(data.get("source", "")), path=str(path))

@@ -303,6 +303,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
         # all-gathers; torch.distributed.fsdp docs, limit_all_gathers).
         gather = 2 * largest * wb if p.zero_stage >= 3 else 0.0
         other = runtime + comm + gather
+        other += sc.cluster.gpu.fragmentation_fraction * (weights + grads + optim + live[r] + work[r] + gather)
         stages.append(StageMemory(pp_rank=r, weights_bytes=weights, grads_bytes=grads,
                                   optimizer_bytes=optim, activations_bytes=live[r] + work[r],
                                   other_bytes=other,

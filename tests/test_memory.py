@@ -201,3 +201,41 @@ def test_human_table(write_yaml):
     code, out, err = run_cli("memory", write_yaml(base_scenario()))
     assert code == 0, err
     assert "fits" in out and "activations" in out
+
+
+def test_other_allowance_and_fragmentation(tmp_path, write_yaml):
+    """`other` = runtime reservation + NCCL buffers per communicator + fragmentation x allocated."""
+    import yaml as _yaml
+    from sim.memory import NCCL_BUFFSIZE_BYTES, NCCL_CHANNELS_ALLOWANCE
+    prof = _yaml.safe_load((REPO / "topologies/devices/a100-sxm-80gb.yaml").read_text())
+    prof["fragmentation_fraction"] = 0.1
+    prof["name"] = "a100-frag"
+    dev = tmp_path / "a100-frag.yaml"
+    dev.write_text(_yaml.safe_dump(prof))
+    data = base_scenario()                      # tp 2, pp 2, dp 2: three communicators
+    base = memory_report(load_scenario(write_yaml(data))).per_stage[0]
+    data["cluster"] = {"topology": "dgx-a100-hdr", "gpu": str(dev)}
+    frag = memory_report(load_scenario(write_yaml(data, name="f.yaml"))).per_stage[0]
+    comm = 3 * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES
+    assert base.other_bytes == pytest.approx(1.0 * GiB + comm)
+    allocated = base.weights_bytes + base.grads_bytes + base.optimizer_bytes + base.activations_bytes
+    assert frag.other_bytes - base.other_bytes == pytest.approx(0.1 * allocated)
+
+
+def test_bad_device_profile_value(tmp_path, write_yaml):
+    dev = tmp_path / "bad.yaml"
+    dev.write_text("memory_gib: 80\npeak_tflops: {bf16: 312}\nhbm_gbps: 2000\nfragmentation_fraction: 2\n")
+    data = base_scenario(cluster={"topology": "dgx-a100-hdr", "gpu": str(dev)})
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "fragmentation_fraction" in err and "Traceback" not in err
+
+
+def test_resolved_yaml_is_written_and_reloads(tmp_path, write_yaml):
+    from sim.config import write_resolved
+    sc = load_scenario(write_yaml(base_scenario(model="llama3-8b", training={"seq_length": 256,
+                                                                             "global_batch_size": 16})))
+    out = tmp_path / "resolved.yaml"
+    write_resolved(sc, out)
+    r = __import__("yaml").safe_load(out.read_text())
+    assert r["derived"]["num_microbatches"] == 8 and r["derived"]["data_parallel_size"] == 2
+    assert r["model"]["num_query_groups"] == 8 and r["parallelism"]["tensor_model_parallel_size"] == 2
