@@ -234,7 +234,7 @@ def _stage_weights_bytes(sc: Scenario):
     return out
 
 
-def _stage_activation_bytes(sc: Scenario) -> list[float]:
+def stage_activation_bytes(sc: Scenario) -> list[float]:
     """Activation bytes of one microbatch on each virtual stage (per GPU)."""
     m, p, t, d = sc.model, sc.parallelism, sc.training, sc.derived
     kw = dict(seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
@@ -269,7 +269,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
     dense_group = p.dp * p.cp
     expert_group = max(1, (p.dp * p.cp) // p.ep)
 
-    stage_act = _stage_activation_bytes(sc)
+    stage_act = stage_activation_bytes(sc)
     if p.pp > 1:
         sched = schedules.build(p.pipeline_schedule, p.pp, d.num_microbatches, p.vpp)
         live = schedules.peak_live(sched, lambda s: stage_act[s])

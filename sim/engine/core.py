@@ -7,6 +7,7 @@ A rank's work is a *program*: a list of instructions executed in order on its co
 - `Launch(handle, spec, stream)`: start a collective on a communication stream and go on (DP
   gradient buckets, ZeRO parameter gathers, PP sends); streams run their work in FIFO order.
 - `Wait(handle)`: block the compute stream until a launched collective has finished.
+- `Mark(name, cat, value)`: an instant record (memory allocated or freed by an action).
 - `Send(key, spec)`: start a point-to-point transfer on the "pp" stream; `Recv(key)` blocks
   until the transfer with that key has arrived (torch.distributed.pipelining semantics: the
   sender does not wait for the receiver).
@@ -80,6 +81,16 @@ class Recv:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """An instant on the rank's timeline carrying a value (e.g. activation bytes allocated (+)
+    or freed (-) by the action that just ended)."""
+
+    name: str
+    cat: str
+    value: float = 0.0
+
+
+@dataclass(frozen=True)
 class Record:
     rank: int
     stream: str
@@ -87,6 +98,7 @@ class Record:
     cat: str
     start_ns: int
     end_ns: int
+    value: float = 0.0
 
 
 class DeadlockError(RuntimeError):
@@ -111,6 +123,8 @@ class Engine:
         self._handles: dict = {}
         self._arrivals: dict = {}
         self._state = {r: _RankState() for r in programs}
+        self.p2p: dict = {}
+        """key -> {"src", "dst", "sent_ns", "arrived_ns", "consumed_ns"} for every send/recv."""
         self._streams = {(r, s): simpy.Resource(self.env, capacity=1) for r in programs for s in comm_streams}
         self.events = 0
 
@@ -148,6 +162,8 @@ class Engine:
                 # an exposed collective occupies the compute stream's timeline as communication
                 self.records.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
                                            start, env.now))
+            elif t is Mark:
+                self.records.append(Record(rank, "mark", ins.name, ins.cat, env.now, env.now, ins.value))
             elif t is Launch:
                 done = self._event_for(self._handles, (rank, ins.handle))
                 env.process(self._comm_process(rank, ins.stream, ins.spec, ins.name, done))
@@ -160,6 +176,8 @@ class Engine:
                     st.waiting_on = ""
             elif t is Send:
                 arrived = self._event_for(self._arrivals, ins.key)
+                self.p2p.setdefault(ins.key, {})["src"] = rank
+                self.p2p[ins.key]["sent_ns"] = env.now
                 env.process(self._comm_process(rank, "pp", ins.spec, ins.name, arrived))
             elif t is Recv:
                 ev = self._event_for(self._arrivals, ins.key)
@@ -167,6 +185,9 @@ class Engine:
                     st.waiting_on = f"{ins.name} (message {ins.key!r})"
                     yield ev
                     st.waiting_on = ""
+                info = self.p2p.setdefault(ins.key, {})
+                info["dst"] = rank
+                info["consumed_ns"] = env.now
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
         st.done = True

@@ -63,6 +63,8 @@ def breakdown(records, makespan_ns: int) -> dict:
     """{rank: Breakdown} from engine records."""
     by_rank: dict = {}
     for r in records:
+        if r.stream == "mark":
+            continue
         by_rank.setdefault(r.rank, ([], []))
         kernels, comms = by_rank[r.rank]
         if r.stream == "compute" and not r.cat.startswith("comm:"):

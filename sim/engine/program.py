@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.core import Comm, CommSpec, Compute, Launch, Recv, Send, Wait
+from sim.engine.core import Comm, CommSpec, Compute, Launch, Mark, Recv, Send, Wait
 from sim.errors import ConfigError
 from sim.layout import Layout
 
@@ -86,6 +86,8 @@ class ProgramBuilder:
         self.sp = p.sequence_parallel and p.tp > 1
         self.params_per_stage = self._params_per_stage()
         self.end_params = self._end_params()
+        from sim.memory import stage_activation_bytes
+        self.stage_act = stage_activation_bytes(sc)
 
     # -- static facts --------------------------------------------------------------------
     def _params_per_stage(self) -> dict:
@@ -258,6 +260,7 @@ class ProgramBuilder:
                     self._forward_layer(prog, r, layer, mb)
                 if self._is_last(s, mb):
                     prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
+                prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
                 nxt = sched.next_stage(s, mb)
                 if nxt is not None and sched.stage_rank(nxt) != r:
                     prog.append(Send(("act", nxt, mb), CommSpec(
@@ -288,6 +291,7 @@ class ProgramBuilder:
                     for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
                         prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
                 if do_input:
+                    prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
                     prv = sched.prev_stage(s, mb)
                     if prv is not None and sched.stage_rank(prv) != r:
                         prog.append(Send(("grad", prv, mb), CommSpec(

@@ -1,0 +1,502 @@
+"""The compute cost model: the time of one kernel on one device, from its shape.
+
+Not a constant MFU. Every op of `sim.workload.ops` (GEMM, flash attention, memory-bound
+elementwise) is timed per phase -- `fwd`, `dgrad` (input gradient), `wgrad` (weight gradient) --
+from first principles plus measured, per-device constants kept in the device profile under
+`extra.compute` (see topologies/devices/*.yaml, every number with its source):
+
+GEMM  C[M,N] = A[M,K] B[K,N] (a batch of them for grouped expert / batched attention GEMMs)
+    time = max(t_tiles, t_memory) + kernel_overhead
+
+    - t_tiles: the output is cut into per-SM CTA tiles tm x tn (`gemm_tiles`, e.g. 256x128 and
+      128x128, either orientation: the tiles cuBLAS's kernels use); tiles = batch * ceil(M/tm) *
+      ceil(N/tn) run in waves of `sm_count`; each wave costs one tile's 2*tm*tn*K FLOPs at the
+      per-SM share of the device's *achievable* matmul rate, `mamf_tflops / sm_count` (MAMF:
+      the best matmul throughput measured over many large shapes, stas00/ml-engineering). So a
+      large GEMM whose tiles fill the waves evenly runs at MAMF and none runs faster; a small or
+      skinny one pays for its padded tiles and its idle SMs in the last wave (wave
+      quantisation). When the output does not fill one wave even in the smallest tiles,
+      split-K is considered (K cut into s chunks of >= SPLIT_K_MIN_CHUNK, s <= SPLIT_K_MAX,
+      CTAs = tiles * s; the fp32 partial sums are written and read back once, 8 bytes per
+      output element per split), as cuBLAS does for small-M*N, long-K shapes. The fastest (tile, split) candidate is taken,
+      as cuBLAS's heuristics pick the fastest kernel.
+    - t_memory: bytes of A, B and C (and the fp32 main-grad read-modify-write of wgrad) at
+      `hbm_efficiency` x the datasheet bandwidth (roofline).
+    - kernel_overhead: a fixed launch cost per kernel (`kernel_overhead_us`).
+    Shapes per phase (ops.py conventions): fwd (M,N,K) = (m,n,k); dgrad dA = dC B^T is
+    (m,k,n); wgrad dB = A^T dC is (k,n,m). A GEMM of two activations (unfused attention's
+    Q K^T and P V; flops_wgrad = 0) has both of its backward GEMMs in dgrad: two kernels.
+    FLOPs are the op's own count; a GEMM whose count differs from 2*batch*M*N*K scales t_tiles.
+    Fractional m (the average tokens per routed expert) is fine: ceil(m/tm) tiles.
+
+Flash attention (kind 'attention'; fused kernel, one per phase)
+    time = max(FLOPs * q / rate(seqlen), t_memory) + kernel_overhead / 2
+
+    rate(seqlen): the flash-attention kernel benchmark of the device (`attention` table:
+    TFLOP/s against sequence length, forward and backward, without and with causal mask;
+    FlashAttention-2 paper on A100, FlashAttention-3 paper on H100), interpolated linearly in
+    log2(seqlen) over the key length and held constant outside the measured range (optimistic
+    below 512). Those benchmarks count causal FLOPs as half of the full matrix and the backward
+    as 2.5x the forward -- exactly ops.py's counts (attn_scores' flops_dgrad + flops_bwd_extra
+    plus attn_values' flops_dgrad), so the measured rates apply to them as they are; the causal
+    tables already include the diagonal blocks' waste. Causal is recognised from the op's
+    FLOPs (half of 2*batch*m*n*k). q: wave quantisation of the kernel's CTAs (batch x
+    ceil(queries/128) forward, batch x ceil(keys/128) backward; the benchmarks ran >= 2048
+    CTAs) over the SMs. The workload splits one fused kernel into two ops (attn_scores,
+    attn_values); each carries half of the kernel overhead. FP8 training keeps attention in
+    BF16 (Transformer Engine's default), so fp8 uses the BF16 table; fp32 scales it by the
+    TF32/BF16 peak ratio.
+
+Elementwise (norms, activations, softmax, dropout, permutations, cross-entropy)
+    time = bytes / (hbm_efficiency x hbm bandwidth) + kernel_overhead
+
+    fwd moves bytes_fwd; the whole backward (input and weight gradients of a norm are one
+    kernel) is charged to dgrad; wgrad is 0.
+
+Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8 GEMMs at the fp8
+MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error); fp32
+means TF32 tensor-core math. Operand bytes follow ops.py (fp8 operands 1 byte, outputs 2).
+
+Fallback (a profile without `extra.compute`, e.g. the measured `cpu-local` profile or one written
+by `sim5d calibrate fit`): the profile's own numbers are taken as achievable -- `peak_tflops` as
+the matmul rate, `hbm_gbps` at efficiency 1.0 -- with no SMs (no tile or wave quantisation), no
+kernel overhead, and attention at the matmul rate. Individual keys of `extra.compute` default
+the same way (sm_count absent: no quantisation; mamf_tflops absent for a precision: the
+profile's MAMF/peak ratio of bf16 times that precision's peak, else the peak; hbm_efficiency
+1.0; kernel_overhead_us 0; attention absent: the matmul rate; gemm_tiles absent with an
+sm_count: 256x128 and 128x128).
+
+Not modelled: CPU-side dispatch (PyTorch eager can starve the GPU when kernels are shorter than
+the host's ~10 us per op), L2 reuse between kernels, clock throttling beyond what MAMF measured,
+GEMM epilogue fusions, unaligned-shape kernel fallbacks.
+
+`optimizer_step_time_s`: Adam as one memory-bound stream over the local parameters (bytes per
+parameter in its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from sim.devices import PRECISIONS, DeviceProfile
+from sim.errors import ConfigError
+from sim.workload.ops import ACTIVATION_BYTES, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
+
+PHASES = ("fwd", "dgrad", "wgrad")
+"""Forward, input-gradient backward, weight-gradient backward (ops.py's FLOP split)."""
+
+SPLIT_K_MAX = 16
+"""Most K-chunks split-K is allowed (a modelling bound; cuBLAS's split-K kernels go this far)."""
+SPLIT_K_MIN_CHUNK = 256
+"""Shortest K-chunk of a split (4 main-loop iterations of a 64-deep tile)."""
+ATTENTION_BLOCK = 128
+"""Query (forward) / key (backward) rows per flash-attention CTA (FlashAttention-2/3 use 128
+for head dim 128)."""
+CAUSAL_FLOPS_RATIO = 0.75
+"""An attention op whose forward FLOPs are below this fraction of 2*batch*m*n*k is causal
+(ops.py counts exactly half)."""
+
+_KNOWN_KEYS = ("sm_count", "gemm_tiles", "mamf_tflops", "hbm_efficiency", "kernel_overhead_us",
+               "attention", "split_k_max", "split_k_min_chunk")
+_ATTN_KEYS = ("seqlen", "fwd_tflops", "fwd_causal_tflops", "bwd_tflops", "bwd_causal_tflops")
+
+
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ComputeParams:
+    """The per-device constants of the model, validated (from `extra.compute` + fallbacks)."""
+
+    device: str
+    sm_count: int | None
+    """SMs; None = no tile or wave quantisation (fallback)."""
+    gemm_tiles: tuple
+    """Per-SM CTA tiles (tm, tn); both orientations are candidates."""
+    mamf_flops: tuple
+    """((precision, achievable matmul FLOP/s), ...) for every precision the device has."""
+    hbm_bytes_per_s: float
+    """Achievable streaming bandwidth: hbm_efficiency x datasheet bandwidth."""
+    kernel_overhead_s: float
+    attention: tuple | None
+    """((table_name, ((seqlen, FLOP/s), ...)), ...) at bf16, or None."""
+    split_k_max: int = SPLIT_K_MAX
+    split_k_min_chunk: int = SPLIT_K_MIN_CHUNK
+    calibrated: bool = True
+    """False when the profile has no extra.compute (whole fallback)."""
+
+    def mamf(self, precision: str) -> float:
+        return dict(self.mamf_flops)[precision]
+
+    def attention_table(self, name: str):
+        return dict(self.attention or ()).get(name)
+
+
+def _bad(device: DeviceProfile, key: str, msg: str) -> ConfigError:
+    return ConfigError(msg, key="extra.compute" + (f".{key}" if key else ""), file=device.path or None)
+
+
+def _positive(device, key, v, *, integer=False) -> float:
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok or v <= 0:
+        kind = "a positive integer" if integer else "a positive number"
+        raise _bad(device, key, f"{v!r} must be {kind}")
+    return v
+
+
+def _parse(device: DeviceProfile) -> ComputeParams:
+    c = device.extra.get("compute")
+    calibrated = c is not None
+    c = c or {}
+    if not isinstance(c, dict):
+        raise _bad(device, "", "extra.compute must be a mapping")
+    for k in c:
+        if k not in _KNOWN_KEYS:
+            from sim.suggest import did_you_mean
+            raise _bad(device, k, f"unknown key {k!r}{did_you_mean(k, list(_KNOWN_KEYS))}; known: "
+                       f"{', '.join(_KNOWN_KEYS)}")
+    sms = c.get("sm_count")
+    if sms is not None:
+        sms = int(_positive(device, "sm_count", sms, integer=True))
+    tiles = c.get("gemm_tiles", [[256, 128], [128, 128]] if sms else [])
+    if not isinstance(tiles, list) or (sms and not tiles):
+        raise _bad(device, "gemm_tiles", f"{tiles!r} must be a non-empty list of [tm, tn]")
+    norm_tiles = set()
+    for t in tiles:
+        if not (isinstance(t, (list, tuple)) and len(t) == 2):
+            raise _bad(device, "gemm_tiles", f"tile {t!r} must be [tm, tn]")
+        tm, tn = (int(_positive(device, "gemm_tiles", x, integer=True)) for x in t)
+        norm_tiles.update({(tm, tn), (tn, tm)})
+    mamf_in = c.get("mamf_tflops", {})
+    if not isinstance(mamf_in, dict):
+        raise _bad(device, "mamf_tflops", "must map precision -> TFLOP/s")
+    for p, v in mamf_in.items():
+        if p not in PRECISIONS:
+            raise _bad(device, "mamf_tflops", f"precision {p!r} must be one of {PRECISIONS}")
+        _positive(device, f"mamf_tflops.{p}", v)
+        if p not in device.peak_tflops:
+            raise _bad(device, "mamf_tflops", f"{p} has a MAMF but no peak_tflops.{p}")
+        if v > device.peak_tflops[p]:
+            raise _bad(device, f"mamf_tflops.{p}", f"{v} exceeds the datasheet peak "
+                       f"{device.peak_tflops[p]}")
+    ratio = (mamf_in["bf16"] / device.peak_tflops["bf16"]) if "bf16" in mamf_in else 1.0
+    mamf = tuple(sorted((p, 1e12 * float(mamf_in.get(p, ratio * peak)))
+                        for p, peak in device.peak_tflops.items()))
+    eff = c.get("hbm_efficiency", 1.0)
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+        raise _bad(device, "hbm_efficiency", f"{eff!r} must be in (0, 1]")
+    overhead = c.get("kernel_overhead_us", 0.0)
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0:
+        raise _bad(device, "kernel_overhead_us", f"{overhead!r} must be a number >= 0")
+    attention = None
+    a = c.get("attention")
+    if a is not None:
+        if not isinstance(a, dict) or "seqlen" not in a or "fwd_tflops" not in a or "bwd_tflops" not in a:
+            raise _bad(device, "attention", "must map seqlen, fwd_tflops, bwd_tflops "
+                       "[, fwd_causal_tflops, bwd_causal_tflops] to equal-length lists")
+        for k in a:
+            if k not in _ATTN_KEYS:
+                raise _bad(device, f"attention.{k}", f"unknown key; known: {', '.join(_ATTN_KEYS)}")
+        seq = a["seqlen"]
+        if (not isinstance(seq, list) or not seq
+                or any(not isinstance(s, int) or s <= 0 for s in seq) or seq != sorted(set(seq))):
+            raise _bad(device, "attention.seqlen", f"{seq!r} must be increasing positive integers")
+        tables = []
+        for k in _ATTN_KEYS[1:]:
+            if k not in a:
+                continue
+            vals = a[k]
+            if not isinstance(vals, list) or len(vals) != len(seq):
+                raise _bad(device, f"attention.{k}", f"must list {len(seq)} values, one per seqlen")
+            for v in vals:
+                _positive(device, f"attention.{k}", v)
+            tables.append((k, tuple((s, 1e12 * float(v)) for s, v in zip(seq, vals))))
+        attention = tuple(tables)
+    split_max = int(_positive(device, "split_k_max", c.get("split_k_max", SPLIT_K_MAX), integer=True))
+    split_chunk = int(_positive(device, "split_k_min_chunk",
+                                c.get("split_k_min_chunk", SPLIT_K_MIN_CHUNK), integer=True))
+    return ComputeParams(
+        device=device.name, sm_count=sms, gemm_tiles=tuple(sorted(norm_tiles)), mamf_flops=mamf,
+        hbm_bytes_per_s=float(eff) * device.hbm_gbps * 1e9, kernel_overhead_s=float(overhead) * 1e-6,
+        attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
+        calibrated=calibrated)
+
+
+_CACHE: dict = {}
+
+
+def compute_params(device: DeviceProfile) -> ComputeParams:
+    """The device's validated compute constants (cached per profile object)."""
+    hit = _CACHE.get(id(device))
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    params = _parse(device)
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[id(device)] = (device, params)
+    return params
+
+
+def _check_precision(device: DeviceProfile, precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}",
+                          key="training.precision")
+    if precision not in device.peak_tflops:
+        have = ", ".join(sorted(device.peak_tflops))
+        hint = " (no FP8 tensor cores: FP8 needs Hopper/Ada or newer)" if precision == "fp8" else ""
+        raise ConfigError(f"{precision} is not available on {device.name}{hint}; its profile has "
+                          f"peak_tflops for {have}. Use one of those.", key="training.precision")
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# GEMM
+@lru_cache(maxsize=65536)
+def _gemm_core_s(p: ComputeParams, M: float, N: float, K: float, batch: int, rate: float,
+                 bytes_moved: float, out_elems: float) -> float:
+    """max(tile time, memory time) of one GEMM kernel, without the launch overhead, for the
+    fastest tile / split-K candidate. rate: achievable FLOP/s of the whole device."""
+    t_mem = bytes_moved / p.hbm_bytes_per_s
+    if p.sm_count is None:
+        return max(2.0 * batch * M * N * K / rate, t_mem)
+    per_sm = rate / p.sm_count
+    # split-K only when even the smallest tile leaves SMs idle in the single wave
+    tm0, tn0 = min(p.gemm_tiles, key=lambda t: t[0] * t[1])
+    underfilled = batch * math.ceil(M / tm0) * math.ceil(N / tn0) < p.sm_count
+    splits = [1] + ([s for s in range(2, p.split_k_max + 1) if K / s >= p.split_k_min_chunk]
+                    if underfilled else [])
+    best = math.inf
+    for tm, tn in p.gemm_tiles:
+        tiles = batch * math.ceil(M / tm) * math.ceil(N / tn)
+        tile_flops = 2.0 * tm * tn
+        for s in splits:
+            waves = math.ceil(tiles * s / p.sm_count)
+            t_tiles = waves * tile_flops * (K / s) / per_sm
+            extra = 0.0 if s == 1 else 8.0 * s * out_elems   # fp32 partials written + read
+            best = min(best, max(t_tiles, t_mem + extra / p.hbm_bytes_per_s))
+    return best
+
+
+def _gemm_bytes(M, N, K, batch, precision, *, out_fp32_rmw=False) -> float:
+    """A[M,K] and B[K,N] read at the GEMM operand width, C[M,N] written at the activation width,
+    or read-modify-written in fp32 (wgrad into Megatron's main_grad)."""
+    eg, ea = GEMM_INPUT_BYTES[precision], ACTIVATION_BYTES[precision]
+    out = 2 * MAIN_GRAD_BYTES if out_fp32_rmw else ea
+    return batch * ((M * K + K * N) * eg + M * N * out)
+
+
+def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: str = "bf16", *,
+                batch: int = 1, flops: float | None = None, bytes_moved: float | None = None,
+                weight_grad: bool = False) -> float:
+    """Time of one GEMM kernel C[m,n] = A[m,k] B[k,n] (x batch) on `device`, in seconds.
+
+    flops: the FLOPs to charge (default 2*batch*m*n*k; a different count scales the tile time).
+    bytes_moved: HBM bytes (default A + B + C at the precision's widths; `weight_grad`: C is
+    an fp32 main_grad read-modify-write)."""
+    _check_precision(device, precision)
+    p = compute_params(device)
+    shape_flops = 2.0 * batch * m * n * k
+    if shape_flops <= 0:
+        return 0.0
+    if bytes_moved is None:
+        bytes_moved = _gemm_bytes(m, n, k, batch, precision, out_fp32_rmw=weight_grad)
+    rate = p.mamf(precision)
+    if flops is not None and flops > 0 and flops != shape_flops:
+        rate *= shape_flops / flops      # charge the op's own FLOP count on the same tiles
+    t = _gemm_core_s(p, float(m), float(n), float(k), int(batch), rate, float(bytes_moved),
+                     float(batch * m * n))
+    return t + p.kernel_overhead_s
+
+
+def _gemm_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
+    m, n, k, b = op.m, op.n, op.k, op.batch
+    if phase == "fwd":
+        if op.flops_fwd <= 0:
+            return 0.0
+        return gemm_time_s(m, n, k, device, precision, batch=b, flops=op.flops_fwd)
+    if phase == "wgrad":
+        if op.flops_wgrad <= 0:
+            return 0.0
+        # dB[k,n] = A^T[k,m] dC[m,n]: reads A and dC, accumulates into the fp32 main_grad
+        return gemm_time_s(k, n, m, device, precision, batch=b, flops=op.flops_wgrad,
+                           weight_grad=True)
+    if op.flops_dgrad <= 0:
+        return 0.0
+    if op.flops_wgrad > 0:
+        # dA[m,k] = dC[m,n] B^T[n,k]
+        return gemm_time_s(m, k, n, device, precision, batch=b, flops=op.flops_dgrad)
+    # Two activations (unfused attention): both gradients are input gradients -> two kernels,
+    # dA = dC B^T (m,k,n) and dB = A^T dC (k,n,m), sharing the op's dgrad FLOPs by shape.
+    half = op.flops_dgrad / 2
+    return (gemm_time_s(m, k, n, device, precision, batch=b, flops=half)
+            + gemm_time_s(k, n, m, device, precision, batch=b, flops=half))
+
+
+# ----------------------------------------------------------------------------------------------
+# Flash attention
+def _interp_log2(table, x: float) -> float:
+    """Linear interpolation in log2(x) of ((x_i, y_i), ...), constant outside the range."""
+    if x <= table[0][0]:
+        return table[0][1]
+    if x >= table[-1][0]:
+        return table[-1][1]
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if x <= x1:
+            f = (math.log2(x) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+            return y0 + f * (y1 - y0)
+    return table[-1][1]  # pragma: no cover
+
+
+def attention_rate_flops(device: DeviceProfile, phase: str, seqlen: float, *, causal: bool,
+                         precision: str = "bf16") -> float:
+    """Achievable flash-attention FLOP/s for key length `seqlen` (fwd, or the backward: phase
+    'dgrad'), before wave quantisation."""
+    _check_precision(device, precision)
+    p = compute_params(device)
+    direction = "fwd" if phase == "fwd" else "bwd"
+    table = None
+    if causal:
+        table = p.attention_table(f"{direction}_causal_tflops")
+    if table is None:
+        table = p.attention_table(f"{direction}_tflops")
+    if table is None:   # no attention measurement: the matmul rate (BF16 for fp8 training)
+        return p.mamf("bf16" if precision == "fp8" and "bf16" in device.peak_tflops else precision)
+    rate = _interp_log2(table, seqlen)
+    if precision == "fp32":
+        rate *= device.peak_tflops["fp32"] / device.peak_tflops.get("bf16", device.peak_tflops["fp32"])
+    return rate
+
+
+def _attention_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
+    if phase == "wgrad":
+        return 0.0
+    flops = op.flops_fwd if phase == "fwd" else op.flops_dgrad + op.flops_bwd_extra
+    if flops <= 0:
+        return 0.0
+    p = compute_params(device)
+    full = 2.0 * op.batch * op.m * op.n * op.k
+    causal = full > 0 and op.flops_fwd < CAUSAL_FLOPS_RATIO * full
+    # attn_scores is (sq, sk, d), attn_values (sq, d, sk): the key length is the larger of n, k
+    sk = max(op.n, op.k)
+    rate = attention_rate_flops(device, phase, sk, causal=causal, precision=precision)
+    q = 1.0
+    if p.sm_count:
+        rows = op.m if phase == "fwd" else sk
+        ctas = op.batch * math.ceil(rows / ATTENTION_BLOCK)
+        q = math.ceil(ctas / p.sm_count) / (ctas / p.sm_count)
+    nbytes = op.bytes_fwd if phase == "fwd" else op.bytes_bwd
+    return max(flops * q / rate, nbytes / p.hbm_bytes_per_s) + p.kernel_overhead_s / 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise
+def memory_time_s(nbytes: float, device: DeviceProfile, *, kernels: int = 1) -> float:
+    """A memory-bound kernel moving `nbytes` at the achievable bandwidth, plus launch costs."""
+    if nbytes <= 0:
+        return 0.0
+    p = compute_params(device)
+    return nbytes / p.hbm_bytes_per_s + kernels * p.kernel_overhead_s
+
+
+def _elementwise_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
+    if phase == "wgrad":
+        return 0.0
+    return memory_time_s(op.bytes_fwd if phase == "fwd" else op.bytes_bwd, device)
+
+
+_BY_KIND = {"gemm": _gemm_op_time_s, "attention": _attention_op_time_s,
+            "elementwise": _elementwise_op_time_s}
+
+
+# ----------------------------------------------------------------------------------------------
+def kernel_time_s(op: Op, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
+    """Time in seconds of `op`'s kernel(s) in `phase` ('fwd' | 'dgrad' | 'wgrad') on one
+    `device` at the training `precision`. 0 when the op does nothing in that phase."""
+    _check_phase(phase)
+    _check_precision(device, precision)
+    try:
+        fn = _BY_KIND[op.kind]
+    except KeyError:
+        raise ValueError(f"op {op.name!r} has unknown kind {op.kind!r}; known: {sorted(_BY_KIND)}") from None
+    return fn(op, phase, device, precision)
+
+
+def ops_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
+    """Total time of a list of ops in one phase (kernels run back to back on one stream)."""
+    return sum(kernel_time_s(op, phase, device, precision) for op in ops)
+
+
+def phase_times_s(ops, device: DeviceProfile, precision: str = "bf16") -> dict:
+    """{'fwd': s, 'dgrad': s, 'wgrad': s} for a list of ops."""
+    return {ph: ops_time_s(ops, ph, device, precision) for ph in PHASES}
+
+
+def op_flops(op: Op, phase: str) -> float:
+    """The FLOPs an op's kernels execute in a phase (flash backward includes its recompute of
+    S = Q K^T)."""
+    _check_phase(phase)
+    if phase == "fwd":
+        return op.flops_fwd
+    if phase == "wgrad":
+        return op.flops_wgrad
+    return op.flops_dgrad + (op.flops_bwd_extra if op.kind == "attention" else 0.0)
+
+
+def achieved_tflops(op: Op, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
+    """FLOPs / time of an op's phase, in TFLOP/s (0 for memory-bound or empty phases)."""
+    t = kernel_time_s(op, phase, device, precision)
+    return op_flops(op, phase) / t / 1e12 if t > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+OPTIMIZERS = ("adam",)
+
+
+def optimizer_bytes_per_param(precision: str = "bf16", *, grad_bytes: int = MAIN_GRAD_BYTES,
+                              clip_grad: bool = True) -> float:
+    """HBM bytes one Adam step moves per parameter.
+
+    Mixed precision (bf16 / fp16 / fp8; Megatron-LM's optimizer with fp32 master weights, apex /
+    TE FusedAdam): read the gradient (`grad_bytes`, 4 = Megatron's fp32 main_grad, 2 for 16-bit
+    gradients), read + write the fp32 master weight (8), Adam m (8) and v (8), write the 16-bit
+    model weight (2): 26 + grad_bytes = 30. fp32 training: read the gradient (4), read + write
+    the weight (8), m (8), v (8) = 28. `clip_grad`: the global gradient-norm pass reads the
+    gradients once more (+ grad_bytes)."""
+    if precision not in ACTIVATION_BYTES:
+        raise ValueError(f"precision must be one of {sorted(ACTIVATION_BYTES)}, got {precision!r}")
+    if precision == "fp32":
+        per = 4 + 8 + 8 + 8
+        grad_bytes = 4
+    else:
+        per = grad_bytes + 8 + 8 + 8 + 2
+    return per + (grad_bytes if clip_grad else 0)
+
+
+def optimizer_step_time_s(n_params_local: float, device: DeviceProfile, precision: str = "bf16", *,
+                          optimizer: str = "adam", grad_bytes: int = MAIN_GRAD_BYTES,
+                          clip_grad: bool = True) -> float:
+    """Time of one optimizer step over the `n_params_local` parameters this GPU updates (already
+    divided by TP/PP/EP and by the ZeRO shard): a memory-bound stream of
+    `optimizer_bytes_per_param` bytes per parameter (multi-tensor-apply kernels; one launch
+    cost, plus one for the norm pass)."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if n_params_local < 0:
+        raise ValueError(f"n_params_local must be >= 0, got {n_params_local!r}")
+    if n_params_local == 0:
+        return 0.0
+    nbytes = n_params_local * optimizer_bytes_per_param(precision, grad_bytes=grad_bytes,
+                                                        clip_grad=clip_grad)
+    return memory_time_s(nbytes, device, kernels=2 if clip_grad else 1)
+
+
+__all__ = [
+    "ATTENTION_BLOCK", "ComputeParams", "OPTIMIZERS", "PHASES", "SPLIT_K_MAX", "SPLIT_K_MIN_CHUNK",
+    "achieved_tflops", "attention_rate_flops", "compute_params", "gemm_time_s", "kernel_time_s",
+    "memory_time_s", "op_flops", "ops_time_s", "optimizer_bytes_per_param",
+    "optimizer_step_time_s", "phase_times_s",
+]

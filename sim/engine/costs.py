@@ -1,0 +1,62 @@
+"""The compute costs the engine charges: sim.workload's ops timed by sim.compute's kernel model
+on the scenario's device, grouped the way program expansion needs them (attention block, MLP
+block, embedding, LM head, optimizer), per phase."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from sim import compute, workload
+from sim.engine.program import CostModel, LayerCost
+from sim.units import s_to_ns
+
+# Gradients as the memory calculator counts them (2 bytes; sim.memory.STATE_BYTES); Megatron's
+# fp32 main-grad accumulation would make it 4.
+GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+
+
+class DeviceCostModel(CostModel):
+    def __init__(self, sc):
+        self.sc = sc
+        p, t = sc.parallelism, sc.training
+        self.kw = dict(micro_batch_size=t.micro_batch_size, seq_length=t.seq_length,
+                       precision=t.precision, tp=p.tp, cp=p.cp,
+                       sequence_parallel=p.sequence_parallel and p.tp > 1)
+        self.flash = t.attention_backend == "flash"
+        self.device = sc.cluster.gpu
+        self._layer = lru_cache(maxsize=None)(self._layer_cost)
+
+    def _time(self, ops, phase) -> int:
+        return s_to_ns(compute.ops_time_s(ops, phase, self.device, self.sc.training.precision))
+
+    def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
+        p = self.sc.parallelism
+        ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.tp, causal=True,
+                                 flash_attention=self.flash, **self.kw)
+        split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
+        blocks = []
+        for block in (ops[:split], ops[split:]):
+            d = {ph: self._time(block, ph) for ph in ("fwd", "dgrad", "wgrad")}
+            d["recompute"] = (self._time(workload.recompute_ops(block, "selective"), "fwd")
+                              if self.sc.training.recompute == "selective" else 0)
+            blocks.append(d)
+        return LayerCost(attn=blocks[0], mlp=blocks[1])
+
+    def layer(self, layer: int) -> LayerCost:
+        # layers of one kind (dense or MoE) are identical: time one representative of each
+        moe = self.sc.model.is_moe_layer(layer)
+        first = next(i for i in range(self.sc.model.num_layers) if self.sc.model.is_moe_layer(i) == moe)
+        return self._layer(moe, first)
+
+    @lru_cache(maxsize=None)
+    def embedding_ns(self, phase: str) -> int:
+        return self._time(workload.embedding_ops(self.sc.model, **self.kw), phase)
+
+    @lru_cache(maxsize=None)
+    def head_ns(self, phase: str) -> int:
+        return self._time(workload.output_ops(self.sc.model, **self.kw), phase)
+
+    def optimizer_ns(self, n_params: float) -> int:
+        t = self.sc.training
+        return s_to_ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,
+                                                     grad_bytes=GRAD_BYTES[t.precision]))
