@@ -1,7 +1,10 @@
-"""Cluster topologies: the YAML format, its loader and (in later modules) the graph builder.
+"""Cluster topologies: the YAML format, its loader and the graph builder.
 
-A topology YAML describes one kind of node and how nodes are wired. The fields every consumer
-relies on are validated here; see `TopologySpec`.
+A topology YAML describes one kind of node (server) and how nodes are wired. The header fields
+every consumer relies on are validated here (see `TopologySpec`); the `node`, `fabric` and
+`collectives` sections are documented and validated in `sim.topology.schema`. `build_graph`
+(sim.topology.graph) turns a topology and a node count into a networkx.DiGraph, and
+`Router` (sim.topology.routing) picks the deterministic path of a transfer on it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import yaml
 from sim.errors import ConfigError
 from sim.paths import bundled_dir
 from sim.suggest import did_you_mean
+from sim.topology.schema import BODY_KEYS, CollectiveSpec, FabricSpec, NodeSpec, parse_topology_body
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,19 @@ class TopologySpec:
     raw: dict = field(default_factory=dict)
     """The whole validated mapping, for the graph builder and network model."""
     path: str = ""
+    node: "NodeSpec | None" = None
+    """The server: GPUs, NVLink/NVSwitch or PCIe, NICs (sim.topology.schema.NodeSpec); None for
+    a header-only topology, which loads but cannot be built into a graph."""
+    fabric: "FabricSpec | None" = None
+    """The network between nodes (sim.topology.schema.FabricSpec)."""
+    collectives: "CollectiveSpec | None" = None
+    """The collective library's latency/protocol model (sim.topology.schema.CollectiveSpec)."""
+    source: str = ""
+    """Where the numbers come from (free text)."""
 
 
 _REQUIRED = ("gpu", "gpus_per_node")
+_TOP_KEYS = ("name", "gpu", "gpus_per_node", "max_nodes", "source", "description") + BODY_KEYS
 
 
 def topology_dir() -> Path:
@@ -69,8 +83,26 @@ def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> Topolo
         raise ConfigError(f"gpus_per_node = {gpn!r} must be a positive integer", key="gpus_per_node",
                           file=str(path))
     max_nodes = data.get("max_nodes")
-    if max_nodes is not None and (not isinstance(max_nodes, int) or max_nodes < 1):
+    if max_nodes is not None and (not isinstance(max_nodes, int) or isinstance(max_nodes, bool)
+                                  or max_nodes < 1):
         raise ConfigError(f"max_nodes = {max_nodes!r} must be a positive integer or null",
                           key="max_nodes", file=str(path))
+    for k in data:
+        if k not in _TOP_KEYS:
+            raise ConfigError(f"unknown key {k!r} in topology{did_you_mean(str(k), _TOP_KEYS)}; "
+                              f"known: {', '.join(_TOP_KEYS)}", key=str(k), file=str(path))
+    node, fabric, coll = parse_topology_body(data, gpn, str(path))
+    if node is not None:
+        from sim.topology.graph import fabric_capacity_nodes
+
+        cap = fabric_capacity_nodes(node, fabric, gpn, file=str(path))
+        if max_nodes is not None and cap is not None and max_nodes > cap:
+            raise ConfigError(f"max_nodes = {max_nodes} exceeds what the fabric can hold ({cap} nodes "
+                              f"with {fabric.tiers} tiers of radix-{fabric.switch_radix} switches); "
+                              "lower max_nodes or add a tier", key="max_nodes", file=str(path))
+        if max_nodes is None:
+            max_nodes = cap
     return TopologySpec(name=str(data.get("name", path.stem)), gpu=str(data["gpu"]),
-                        gpus_per_node=gpn, max_nodes=max_nodes, raw=data, path=str(path))
+                        gpus_per_node=gpn, max_nodes=max_nodes, raw=data, path=str(path),
+                        node=node, fabric=fabric, collectives=coll,
+                        source=str(data.get("source", "")))

@@ -1,0 +1,71 @@
+"""`sim5d topology NAME [--nodes N] [--plot FILE.png] [--json]`: what a cluster offers."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("topology")
+    def topology_cmd(
+        name: str = typer.Argument(..., help="Bundled topology name or a topology YAML path."),
+        nodes: int = typer.Option(1, "--nodes", help="Servers in the cluster."),
+        plot: Optional[str] = typer.Option(None, "--plot", help="Draw the graph to this PNG file."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """GPUs, links by class, per-GPU injection and bisection bandwidth of a cluster."""
+        from sim.errors import ConfigError
+        from sim.topology import load_topology
+        from sim.topology.graph import build_graph
+        from sim.topology.summary import plot_graph, summarize
+
+        if nodes < 1:
+            raise ConfigError(f"--nodes = {nodes} must be a positive integer", key="--nodes")
+        topo = load_topology(name, key="topology")
+        G = build_graph(topo, nodes)
+        s = summarize(G, bisection=G.graph["num_nodes"] <= 256)
+        if plot:
+            if not plot.lower().endswith(".png"):
+                raise ConfigError(f"--plot = {plot!r} must be a .png file", key="--plot")
+            try:
+                plot_graph(G, plot)
+            except OSError as e:
+                raise ConfigError(f"--plot = {plot!r}: cannot write ({e.strerror})", key="--plot") from None
+            s["plot"] = plot
+        if as_json:
+            typer.echo(json.dumps(s))
+            return
+        _render(s)
+
+
+def _render(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    f = s["fabric"]
+    c.print(f"[bold]{s['topology']}[/bold]: {s['num_nodes']} node(s) x {s['gpus_per_node']} {s['gpu']} = "
+            f"{s['num_gpus']} GPUs (max {s['max_nodes']} nodes); GPUs on {s['gpu_interconnect']}, "
+            f"{s['nics_per_node']} NIC(s)/node; fabric {f.get('kind', 'none')}"
+            + (f" ({s['technology']}, {f['tiers']} tier(s), {f.get('routing')} routing)" if f.get("kind") != "none" else ""))
+    t = Table(title="links by class (bandwidth per direction, achievable)")
+    t.add_column("class")
+    t.add_column("links", justify="right")
+    t.add_column("GB/s", justify="right")
+    for cls, d in s["links"].items():
+        bw = d["bandwidth_gbps"]
+        t.add_row(cls, str(d["links"]), ", ".join(f"{x:g}" for x in bw) if isinstance(bw, list) else f"{bw:g}")
+    c.print(t)
+    inj = s["injection_gbps_per_gpu"]
+    c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s inside the node, {inj['inter_node']:g} GB/s "
+            "into the network (per direction)")
+    if s.get("nvls_gbps_per_gpu"):
+        c.print(f"NVLink SHARP (NVLS): {s['nvls_gbps_per_gpu']:g} GB/s per GPU")
+    if "bisection_gbps" in s:
+        c.print(f"bisection (first half of the GPUs -> second half): {s['bisection_gbps']:.1f} GB/s, "
+                f"{s['bisection_gbps_per_gpu']:.1f} GB/s per GPU")
+    if s.get("plot"):
+        c.print(f"drawing: {s['plot']}")

@@ -1,0 +1,304 @@
+"""Flow-level network model on a cluster graph, in SimPy.
+
+A transfer is a flow of bytes along its route (sim.topology.routing). Every direction of every
+link is a resource of fixed capacity shared max-min fairly by the flows crossing it: the rates are
+the progressive-filling solution (raise every unfrozen flow's rate together until some link is
+full, freeze the flows on it, repeat), recomputed whenever a flow starts or ends. Rates are in
+bytes/ns (numerically equal to GB/s). Simulated time is integer ns: a flow's end is
+`ceil(remaining / rate)` ns after the last re-solve, and which flows end at a given time is
+decided by comparing those integers, never floats. The bytes of a transfer are delivered
+`path latency` ns after its last byte leaves (the sum of the per-hop latencies on the path).
+
+All arrivals at one simulated instant are solved together: the re-solve runs as an event of lower
+priority than SimPy's NORMAL, i.e. after every other event of the same time (a batch of 10,000
+flows started by one collective costs one solve, not 10,000).
+
+`mode="analytical"` skips sharing: a transfer takes latency + bytes / (path bottleneck), the
+alpha-beta model. The scenario key `simulation.network: flow | analytical` selects the mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import simpy
+
+from sim.errors import ConfigError
+from sim.topology.routing import router_for
+
+NETWORK_MODES = ("flow", "analytical")
+_SOLVE_PRIORITY = 2          # SimPy: URGENT = 0, NORMAL = 1; larger runs later at the same time
+_INF_NS = np.iinfo(np.int64).max
+
+
+@dataclass
+class TransferResult:
+    """The value of a finished transfer's event."""
+
+    name: str
+    nbytes: int
+    start_ns: int
+    end_ns: int
+
+
+class _Flow:
+    __slots__ = ("edges", "nbytes", "latency_ns", "event", "name", "start_ns", "max_rate")
+
+    def __init__(self, edges, nbytes, latency_ns, event, name, start_ns, max_rate):
+        self.edges = edges
+        self.nbytes = nbytes
+        self.latency_ns = latency_ns
+        self.event = event
+        self.name = name
+        self.start_ns = start_ns
+        self.max_rate = max_rate
+
+
+def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
+                  max_rate: np.ndarray | None = None, *, start_level: float = 0.0
+                  ) -> tuple[np.ndarray, int]:
+    """Max-min fair rates by progressive filling.
+
+    capacity: (E,) capacity of each link direction (bytes/ns). flow_of, edge_of: the incidence,
+    one entry per (flow, link it crosses). max_rate: optional (F,) per-flow cap (inf = none),
+    treated as a private link. start_level: resume the filling at this level (every flow is known
+    to get at least this much and `capacity` is what is left once the flows not listed here took
+    theirs). Returns (rates (F,), iterations). Every flow must cross a link or have a finite cap.
+    """
+    E = capacity.shape[0]
+    if max_rate is not None:
+        capped = np.flatnonzero(np.isfinite(max_rate))
+        if capped.size:
+            capacity = np.concatenate([capacity, max_rate[capped]])
+            flow_of = np.concatenate([flow_of, capped])
+            edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
+    # Work on the links actually used, renumbered 0..L-1.
+    links, ae = np.unique(edge_of, return_inverse=True)
+    L = links.size
+    cap_rem = capacity[links].astype(np.float64)
+    af = flow_of
+    level = float(start_level)
+    if level > 0.0:
+        cap_rem -= level * np.bincount(ae, minlength=L)
+        np.maximum(cap_rem, 0.0, out=cap_rem)
+    rate = np.zeros(n_flows)
+    frozen = np.zeros(n_flows, dtype=bool)
+    it = 0
+    while af.size:
+        it += 1
+        n_e = np.bincount(ae, minlength=L)
+        used = n_e > 0
+        share = np.full(L, np.inf)
+        np.divide(cap_rem, n_e, out=share, where=used)
+        inc = share.min()
+        level += inc
+        cap_rem -= inc * n_e
+        sat = share <= inc * (1.0 + 1e-12)
+        hit = af[sat[ae]]
+        rate[hit] = level
+        frozen[hit] = True
+        keep = ~frozen[af]
+        af, ae = af[keep], ae[keep]
+    return rate, it
+
+
+class FlowNetwork:
+    """The network of one simulation. `transfer(...)` returns a SimPy event that succeeds (with a
+    TransferResult) when the last byte has arrived."""
+
+    def __init__(self, env: simpy.Environment, graph: nx.DiGraph, *, mode: str = "flow",
+                 record: bool = False):
+        if mode not in NETWORK_MODES:
+            raise ConfigError(f"simulation.network = {mode!r} must be one of {', '.join(NETWORK_MODES)}",
+                              key="simulation.network")
+        self.env = env
+        self.graph = graph
+        self.mode = mode
+        self.router = router_for(graph)
+        self.capacity = np.asarray(self.router.bandwidth_gbps, dtype=np.float64)  # bytes/ns
+        self.record = record
+        self.log: list[TransferResult] = []
+        # active flows (parallel arrays) and flows waiting for the next solve
+        self._flows: list[_Flow] = []
+        self._rem = np.zeros(0)
+        self._rate = np.zeros(0)
+        self._finish = np.zeros(0, dtype=np.int64)
+        self._caps = np.zeros(0)
+        self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
+        self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
+        self._pending: list[_Flow] = []
+        self._t = 0
+        self._solve_scheduled = False
+        self._version = 0
+        # statistics
+        self.solves = 0
+        self.iterations = 0
+        self.completed = 0
+        self.peak_flows = 0
+
+    # --- public API ---
+    def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
+                 latency: bool = True, max_rate_gbps: float | None = None,
+                 name: str | None = None) -> simpy.Event:
+        """Send `nbytes` from device src to device dst (names as in sim.topology.graph). `rail`
+        and `key` choose the NIC pair and the ECMP hash of an inter-node route; `latency=False`
+        omits the path latency (callers that cost latency themselves, like collectives);
+        `max_rate_gbps` caps this flow's rate (e.g. a protocol's limit)."""
+        path = self.router.path(src, dst, rail=rail, key=key)
+        return self.transfer_on(path, nbytes, latency=latency, max_rate_gbps=max_rate_gbps,
+                                name=name or f"{src}->{dst}")
+
+    def transfer_on(self, path, nbytes: int, *, latency: bool = True, max_rate_gbps: float | None = None,
+                    name: str = "") -> simpy.Event:
+        """Send `nbytes` along a route given as edge ids (Router.path)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise ConfigError(f"transfer size {nbytes!r} must be a non-negative integer number of bytes",
+                              key="nbytes")
+        if max_rate_gbps is not None and not max_rate_gbps > 0:
+            raise ConfigError(f"max_rate_gbps = {max_rate_gbps!r} must be positive", key="max_rate_gbps")
+        env = self.env
+        ev = env.event()
+        lat = self.router.path_latency_ns(path) if latency else 0
+        now = env.now
+        if nbytes == 0 or len(path) == 0:
+            self._finish_event(ev, name, int(nbytes), now, now, lat)
+            return ev
+        if self.mode == "analytical":
+            bw = self.router.path_bottleneck_gbps(path)
+            if max_rate_gbps is not None:
+                bw = min(bw, max_rate_gbps)
+            dur = math.ceil(nbytes / bw)
+            self._finish_event(ev, name, int(nbytes), now, now + dur, lat)
+            return ev
+        edges = np.asarray(path, dtype=np.int64)
+        cap = float(max_rate_gbps) if max_rate_gbps is not None else math.inf
+        self._pending.append(_Flow(edges, int(nbytes), lat, ev, name, now, cap))
+        self._request_solve()
+        return ev
+
+    @property
+    def active_flows(self) -> int:
+        return len(self._flows) + len(self._pending)
+
+    def current_rates(self) -> dict[str, float]:
+        """Name -> current rate (bytes/ns = GB/s) of every active flow (for tests and reports)."""
+        return {f.name: float(r) for f, r in zip(self._flows, self._rate)}
+
+    # --- machinery ---
+    def _finish_event(self, ev, name, nbytes, start, end_data, lat):
+        res = TransferResult(name, nbytes, start, end_data + lat)
+        if self.record:
+            self.log.append(res)
+        ev._ok = True
+        ev._value = res
+        self.env.schedule(ev, simpy.core.NORMAL, end_data + lat - self.env.now)
+
+    def _request_solve(self):
+        if not self._solve_scheduled:
+            self._solve_scheduled = True
+            ev = simpy.Event(self.env)
+            ev._ok = True
+            ev._value = None
+            ev.callbacks.append(self._on_solve)
+            self.env.schedule(ev, _SOLVE_PRIORITY, 0)
+
+    def _on_wake(self, ev):
+        if ev.value == self._version:
+            self._request_solve()
+
+    def _advance(self, now: int):
+        dt = now - self._t
+        if dt > 0 and self._rem.size:
+            self._rem -= self._rate * dt
+        self._t = now
+
+    def _on_solve(self, _ev):
+        self._solve_scheduled = False
+        now = self.env.now
+        self._advance(now)
+        full = False
+        if self._pending:
+            new = self._pending
+            self._pending = []
+            self._flows.extend(new)
+            self._rem = np.concatenate([self._rem, np.array([f.nbytes for f in new], dtype=np.float64)])
+            self._rate = np.concatenate([self._rate, np.zeros(len(new))])
+            self._finish = np.concatenate([self._finish, np.full(len(new), _INF_NS, dtype=np.int64)])
+            self._caps = np.concatenate([self._caps, np.array([f.max_rate for f in new])])
+            self._len = np.concatenate([self._len, np.array([f.edges.size for f in new], dtype=np.int64)])
+            self._inc_edge = np.concatenate([self._inc_edge] + [f.edges for f in new])
+            full = True
+        self.peak_flows = max(self.peak_flows, len(self._flows))
+        while True:
+            done = self._finish <= now
+            floor = 0.0
+            if done.any():
+                # Flows slower than every departing one keep their rates: progressive filling is
+                # unchanged below the lowest departing rate (none of their links saturates there).
+                floor = float(self._rate[done].min())
+                self._complete(done, now)
+            if not self._flows:
+                return
+            self._solve_rates(0.0 if full else floor)
+            full = False
+            np.maximum(self._rem, 0.0, out=self._rem)
+            steps = np.ceil(self._rem / self._rate - 1e-9)
+            self._finish = now + steps.astype(np.int64)
+            if not (self._finish <= now).any():
+                break
+        self._version += 1
+        nxt = int(self._finish.min())
+        t = self.env.timeout(nxt - now, value=self._version)
+        t.callbacks.append(self._on_wake)
+
+    def _complete(self, done: np.ndarray, now: int):
+        idx = np.flatnonzero(done)
+        for i in idx:
+            f = self._flows[i]
+            self.completed += 1
+            self._finish_event(f.event, f.name, f.nbytes, f.start_ns, now, f.latency_ns)
+        keep = ~done
+        self._inc_edge = self._inc_edge[np.repeat(keep, self._len)]
+        self._len = self._len[keep]
+        self._caps = self._caps[keep]
+        self._flows = [f for f, k in zip(self._flows, keep) if k]
+        self._rem = self._rem[keep]
+        self._rate = self._rate[keep]
+        self._finish = self._finish[keep]
+
+    def _solve_rates(self, floor: float):
+        """Re-solve the rates. With floor > 0 (only departures since the last solve), flows whose
+        rate is below the floor keep it and the rest are re-solved on the capacity they leave."""
+        F = len(self._flows)
+        edge_of = self._inc_edge
+        flow_of = np.repeat(np.arange(F), self._len)
+        caps = self._caps
+        capacity = self.capacity
+        if floor > 0.0:
+            fixed = self._rate < floor * (1.0 - 1e-12)
+            if fixed.any():
+                on_fixed = fixed[flow_of]
+                used = np.bincount(edge_of[on_fixed], weights=self._rate[flow_of[on_fixed]],
+                                   minlength=capacity.shape[0])
+                capacity = capacity - used
+                sub = np.flatnonzero(~fixed)
+                remap = np.full(F, -1, dtype=np.int64)
+                remap[sub] = np.arange(sub.size)
+                keep = ~on_fixed
+                rate_sub, it = max_min_rates(capacity, remap[flow_of[keep]], edge_of[keep], sub.size,
+                                             caps[sub] if np.isfinite(caps[sub]).any() else None,
+                                             start_level=floor)
+                rate = self._rate.copy()
+                rate[sub] = rate_sub
+                self._rate = rate
+                self.solves += 1
+                self.iterations += it
+                return
+        rate, it = max_min_rates(capacity, flow_of, edge_of, F,
+                                 caps if np.isfinite(caps).any() else None, start_level=floor)
+        self._rate = rate
+        self.solves += 1
+        self.iterations += it

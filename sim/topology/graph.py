@@ -1,0 +1,321 @@
+"""Build the cluster graph: `build_graph(topology, num_nodes) -> networkx.DiGraph`.
+
+Every physical link is two directed edges, one per direction, each with its own capacity (links
+are full duplex). Names are deterministic strings and edges are numbered in insertion order, so
+the same topology and node count always give the same graph, bit for bit.
+
+Node names and attributes
+-------------------------
+==================  ==============  ===========================================================
+name                kind            meaning
+==================  ==============  ===========================================================
+``n{m}.gpu{i}``     ``gpu``         accelerator i of server m (a process for `loopback`)
+``n{m}.nvsw``       ``nvswitch``    the node's NVSwitch fabric, one non-blocking crossbar
+``n{m}.pcie{k}``    ``pcie_switch`` PCIe switch k of server m
+``n{m}.cpu{s}``     ``cpu``         CPU socket (root complex) s of server m
+``n{m}.nic{j}``     ``nic``         network port j (rail j) of server m
+``n{m}.host``       ``host``        the kernel transport of a `loopback` node
+``n{m}.mem``        ``memory``      the host memory bus (shared by every loopback transfer)
+``leaf{l}``         ``leaf``        leaf (top-of-rack / rail) switch l
+``spine{p}.{j}``    ``spine``       spine j of pod p (pod 0 for two tiers)
+``core{j}.{c}``     ``core``        core switch c of core group j (three tiers)
+==================  ==============  ===========================================================
+
+Every node has: ``kind``; ``server`` (server index, -1 for fabric switches); ``index`` (local
+index); ``rail`` (GPU: the NIC nearest to it; NIC: its own index; leaf of a rail-optimized fabric:
+its rail; else -1); ``layer`` (0 GPUs ... 6 cores, for drawing). GPUs, NICs and switches also
+carry ``pcie_switch`` and ``socket`` where they have one; NICs ``leaf_port`` (their port on the leaf).
+
+Edge attributes
+---------------
+``eid`` (int): dense edge number, 0..E-1, in insertion order; the flow model indexes arrays by it.
+``link_class`` (str): ``nvlink``, ``pcie``, ``pcie_uplink``, ``inter_socket``, ``nic`` (NIC to
+leaf and back), ``fabric`` (switch to switch), ``loopback``, ``memory``.
+``bandwidth_gbps`` (float): achievable one-way capacity of this direction, GB/s (= bytes/ns).
+``latency_ns`` (int): one-way latency, including the switch the edge enters.
+
+Graph attributes (``G.graph``): ``topology`` (TopologySpec), ``num_nodes``, ``gpus_per_node``,
+``nics_per_node``, ``gpus`` (GPU names, server-major), ``edge_list`` (edge tuples by eid),
+``fabric`` (a dict of derived fabric sizes: down/up ports, leaves, spines, pods, cores).
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from sim.errors import ConfigError
+from sim.topology.schema import FabricSpec, NodeSpec
+
+LAYERS = {"gpu": 0, "host": 1, "nvswitch": 1, "pcie_switch": 1, "memory": 2, "cpu": 2, "nic": 3,
+          "leaf": 4, "spine": 5, "core": 6}
+
+
+def gpu_name(server: int, index: int) -> str:
+    return f"n{server}.gpu{index}"
+
+
+def nic_name(server: int, index: int) -> str:
+    return f"n{server}.nic{index}"
+
+
+def leaf_ports(fabric: FabricSpec) -> tuple[int, int]:
+    """(down, up) ports of a leaf switch."""
+    if fabric.tiers == 1:
+        return fabric.switch_radix, 0
+    os_ = fabric.oversubscription
+    down = int(round(fabric.switch_radix * os_ / (os_ + 1.0)))
+    down = min(max(down, 1), fabric.switch_radix - 1)
+    return down, fabric.switch_radix - down
+
+
+def fabric_capacity_nodes(node: NodeSpec, fabric: FabricSpec | None, gpus_per_node: int,
+                          file: str | None = None) -> int:
+    """The most servers this fabric can hold (1 without a fabric)."""
+    if fabric is None or fabric.kind == "none":
+        return 1
+    nics = node.nic.count
+    radix = fabric.switch_radix
+    down, _up = leaf_ports(fabric)
+    if fabric.kind == "rail-optimized":
+        if fabric.tiers == 1 and nics > 1:
+            raise ConfigError(f"fabric.tiers = 1 with kind 'rail-optimized' and {nics} rails: the "
+                              "rails would never meet; use tiers >= 2", key="fabric.tiers", file=file)
+        max_leaves = 1 if fabric.tiers == 1 else radix if fabric.tiers == 2 else radix * (radix // 2)
+        leaves_per_pod = max_leaves if fabric.tiers < 3 else radix // 2
+        if nics > leaves_per_pod:
+            raise ConfigError(f"node.nic.count = {nics} rails do not fit: a rail group needs one leaf "
+                              f"per rail and a pod holds {leaves_per_pod} leaves (radix "
+                              f"{radix}, {fabric.tiers} tiers)", key="node.nic.count", file=file)
+        groups = (leaves_per_pod // nics) * (max_leaves // leaves_per_pod)
+        return groups * down
+    max_nics = {1: radix, 2: radix * down, 3: radix * (radix // 2) * down}[fabric.tiers]
+    cap = max_nics // nics
+    if cap < 1:
+        raise ConfigError(f"node.nic.count = {nics} exceeds the {max_nics} host ports of this fabric",
+                          key="node.nic.count", file=file)
+    return cap
+
+
+def build_graph(topology, num_nodes: int) -> nx.DiGraph:
+    """The directed graph of `num_nodes` servers of `topology` (a TopologySpec) and the fabric
+    switches they need. Raises ConfigError for a header-only topology, a bad node count, or more
+    nodes than the fabric holds."""
+    if topology.node is None:
+        raise ConfigError(f"topology {topology.name!r} has no node section (GPU interconnect, NICs), "
+                          "so it cannot be simulated; see sim/topology/schema.py for the format",
+                          key="node", file=topology.path or None)
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ConfigError(f"num_nodes = {num_nodes!r} must be a positive integer", key="num_nodes")
+    if topology.max_nodes is not None and num_nodes > topology.max_nodes:
+        raise ConfigError(f"num_nodes = {num_nodes} exceeds topology {topology.name!r}'s max_nodes = "
+                          f"{topology.max_nodes}", key="num_nodes")
+    b = _Builder(topology, num_nodes)
+    b.build()
+    return b.G
+
+
+class _Builder:
+    def __init__(self, topo, num_nodes: int):
+        self.t = topo
+        self.node: NodeSpec = topo.node
+        self.fabric: FabricSpec = topo.fabric or FabricSpec()
+        self.n = num_nodes
+        self.g = topo.gpus_per_node
+        self.G = nx.DiGraph()
+        self.edges: list[tuple[str, str]] = []
+
+    # --- helpers ---
+    def add_node(self, name: str, kind: str, server: int = -1, index: int = 0, rail: int = -1, **kw):
+        self.G.add_node(name, kind=kind, server=server, index=index, rail=rail, layer=LAYERS[kind], **kw)
+
+    def edge(self, u: str, v: str, cls: str, bw_gbps: float, lat: int):
+        """One direction of a link."""
+        self.G.add_edge(u, v, eid=len(self.edges), link_class=cls, bandwidth_gbps=float(bw_gbps),
+                        latency_ns=int(lat))
+        self.edges.append((u, v))
+
+    def link(self, a: str, b: str, cls: str, bw_gbps: float, lat_ab: int, lat_ba: int | None = None):
+        """A full-duplex link: two directed edges with the same capacity."""
+        self.edge(a, b, cls, bw_gbps, lat_ab)
+        self.edge(b, a, cls, bw_gbps, lat_ab if lat_ba is None else lat_ba)
+
+    def build(self):
+        nd = self.node
+        G = self.G
+        nics = nd.nic.count
+        pcie = nd.pcie
+        nsw = pcie.switches if pcie else 0
+        nsock = pcie.sockets if pcie else 0
+        self.gpu_switch = [i * nsw // self.g for i in range(self.g)] if nsw else []
+        self.nic_switch = [j * nsw // nics for j in range(nics)] if nsw else []
+        self.switch_socket = [k * nsock // nsw for k in range(nsw)] if nsw else []
+        # GPU i's nearest NIC (its rail): the NICs split evenly over the GPUs, in order.
+        self.gpu_rail = [i * nics // self.g for i in range(self.g)] if nics else [-1] * self.g
+        gpus = []
+        for m in range(self.n):
+            for i in range(self.g):
+                name = gpu_name(m, i)
+                gpus.append(name)
+                self.add_node(name, "gpu", m, i, self.gpu_rail[i],
+                              pcie_switch=self.gpu_switch[i] if nsw else -1,
+                              socket=self.switch_socket[self.gpu_switch[i]] if nsw else 0)
+            self._build_server(m)
+        self._build_fabric()
+        G.graph.update(topology=self.t, num_nodes=self.n, gpus_per_node=self.g, nics_per_node=nics,
+                       gpus=gpus, edge_list=list(self.edges), gpu_switch=list(self.gpu_switch),
+                       nic_switch=list(self.nic_switch), switch_socket=list(self.switch_socket),
+                       gpu_rail=list(self.gpu_rail))
+
+    def _build_server(self, m: int):
+        nd = self.node
+        ic = nd.gpu_interconnect
+        if ic == "nvswitch":
+            sw = f"n{m}.nvsw"
+            self.add_node(sw, "nvswitch", m)
+            for i in range(self.g):
+                self.link(gpu_name(m, i), sw, "nvlink", nd.nvlink.bandwidth_gbps, nd.nvlink.latency_ns)
+        elif ic == "nvlink-mesh":
+            per_pair = nd.nvlink.bandwidth_gbps / (self.g - 1)
+            for i in range(self.g):
+                for j in range(i + 1, self.g):
+                    self.link(gpu_name(m, i), gpu_name(m, j), "nvlink", per_pair, nd.nvlink.latency_ns)
+        elif ic == "loopback":
+            # Process i sends into the kernel (n.host), the copy crosses the shared memory bus
+            # (n.mem, when its bandwidth is given) and is received by process j. Directed edges
+            # only: each process has its own send and receive stream.
+            lo = nd.loopback
+            host = f"n{m}.host"
+            self.add_node(host, "host", m)
+            src_of_rx = host
+            if lo.memory_bandwidth_gbps is not None:
+                mem = f"n{m}.mem"
+                self.add_node(mem, "memory", m)
+                self.edge(host, mem, "memory", lo.memory_bandwidth_gbps, 0)
+                src_of_rx = mem
+            for i in range(self.g):
+                self.edge(gpu_name(m, i), host, "loopback", lo.bandwidth_gbps, lo.latency_ns)
+                self.edge(src_of_rx, gpu_name(m, i), "loopback", lo.bandwidth_gbps, 0)
+        pcie = nd.pcie
+        if pcie is not None:
+            up_bw = pcie.uplink_bandwidth_gbps or pcie.bandwidth_gbps
+            for s in range(pcie.sockets):
+                self.add_node(f"n{m}.cpu{s}", "cpu", m, s, socket=s)
+            for a in range(pcie.sockets):
+                for b in range(a + 1, pcie.sockets):
+                    self.link(f"n{m}.cpu{a}", f"n{m}.cpu{b}", "inter_socket",
+                              nd.inter_socket.bandwidth_gbps, nd.inter_socket.latency_ns)
+            for k in range(pcie.switches):
+                sw = f"n{m}.pcie{k}"
+                self.add_node(sw, "pcie_switch", m, k, socket=self.switch_socket[k])
+                self.link(sw, f"n{m}.cpu{self.switch_socket[k]}", "pcie_uplink", up_bw, pcie.latency_ns)
+            if nd.gpu_interconnect != "loopback":
+                for i in range(self.g):
+                    self.link(gpu_name(m, i), f"n{m}.pcie{self.gpu_switch[i]}", "pcie", pcie.bandwidth_gbps,
+                              pcie.latency_ns)
+            for j in range(nd.nic.count):
+                nic = nic_name(m, j)
+                self.add_node(nic, "nic", m, j, j, pcie_switch=self.nic_switch[j],
+                              socket=self.switch_socket[self.nic_switch[j]])
+                self.link(nic, f"n{m}.pcie{self.nic_switch[j]}", "pcie", pcie.bandwidth_gbps, pcie.latency_ns)
+
+    # --- the fabric: a folded Clos, built only as large as num_nodes needs ---
+    def _build_fabric(self):
+        f = self.fabric
+        nics = self.node.nic.count
+        info: dict = {"kind": f.kind, "tiers": f.tiers if f.kind != "none" else 0, "routing": f.routing}
+        self.G.graph["fabric"] = info
+        if f.kind == "none":
+            if self.n > 1:
+                raise ConfigError(f"num_nodes = {self.n}: topology {self.t.name!r} has no fabric "
+                                  "(fabric.kind = none), so it holds one node", key="num_nodes")
+            return
+        radix = f.switch_radix
+        down, up = leaf_ports(f)
+        leaves_per_pod = radix // 2 if f.tiers == 3 else None
+        # Which leaf and which port each NIC uses.
+        leaf_of: dict[tuple[int, int], int] = {}
+        if f.kind == "rail-optimized":
+            # Group g = nodes [g*down, (g+1)*down); its rail-r leaf is leaf g*nics + r. Groups never
+            # straddle a pod: a pod holds leaves_per_pod // nics whole groups.
+            groups_per_pod = (leaves_per_pod // nics) if leaves_per_pod else None
+            for m in range(self.n):
+                grp = m // down
+                for r in range(nics):
+                    if groups_per_pod:
+                        pod, gi = divmod(grp, groups_per_pod)
+                        leaf_of[(m, r)] = pod * leaves_per_pod + gi * nics + r
+                    else:
+                        leaf_of[(m, r)] = grp * nics + r
+        else:
+            for m in range(self.n):
+                for r in range(nics):
+                    leaf_of[(m, r)] = (m * nics + r) // down
+        n_leaves = max(leaf_of.values()) + 1
+        used_leaves = sorted(set(leaf_of.values()))
+        fl = f.link
+        sw_lat = f.switch_latency_ns
+        for lf in used_leaves:
+            rail = -1
+            if f.kind == "rail-optimized":
+                rail = (lf % leaves_per_pod if leaves_per_pod else lf) % nics
+            self.add_node(f"leaf{lf}", "leaf", -1, lf, rail, pod=(lf // leaves_per_pod) if leaves_per_pod else 0)
+        nd = self.node
+        # Each NIC's port on its leaf (D-mod-k routing picks the up-link by it).
+        for (m, r), lf in leaf_of.items():
+            port = (m % down) if f.kind == "rail-optimized" else (m * nics + r) % down
+            self.G.nodes[nic_name(m, r)]["leaf_port"] = port
+        for (m, r), lf in sorted(leaf_of.items()):
+            # NIC -> leaf enters the switch (switch latency); leaf -> NIC enters the NIC.
+            self.link(nic_name(m, r), f"leaf{lf}", "nic", nd.nic.bandwidth_gbps,
+                      nd.nic.latency_ns + sw_lat, nd.nic.latency_ns)
+        n_pods = 1
+        n_spines = 0
+        n_cores = 0
+        if f.tiers >= 2 and n_leaves > 1:
+            if f.tiers == 2:
+                n_spines = up
+                for j in range(up):
+                    self.add_node(f"spine0.{j}", "spine", -1, j, pod=0)
+                for lf in used_leaves:
+                    for j in range(up):
+                        self.link(f"leaf{lf}", f"spine0.{j}", "fabric", fl.bandwidth_gbps, fl.latency_ns + sw_lat)
+            else:
+                n_pods = (n_leaves + leaves_per_pod - 1) // leaves_per_pod
+                n_spines = up
+                for p in range(n_pods):
+                    for j in range(up):
+                        self.add_node(f"spine{p}.{j}", "spine", -1, j, pod=p)
+                for lf in used_leaves:
+                    p = lf // leaves_per_pod
+                    for j in range(up):
+                        self.link(f"leaf{lf}", f"spine{p}.{j}", "fabric", fl.bandwidth_gbps, fl.latency_ns + sw_lat)
+                if n_pods > 1:
+                    n_cores = radix - leaves_per_pod  # spine up-ports: one core per port
+                    for j in range(up):
+                        for c in range(n_cores):
+                            self.add_node(f"core{j}.{c}", "core", -1, c, group=j)
+                    for p in range(n_pods):
+                        for j in range(up):
+                            for c in range(n_cores):
+                                self.link(f"spine{p}.{j}", f"core{j}.{c}", "fabric", fl.bandwidth_gbps,
+                                          fl.latency_ns + sw_lat)
+        info.update(leaf_down_ports=down, leaf_up_ports=up, leaves=len(used_leaves), pods=n_pods,
+                    spines_per_pod=n_spines, cores_per_group=n_cores, leaves_per_pod=leaves_per_pod,
+                    leaf_of={k: v for k, v in sorted(leaf_of.items())})
+
+
+def gpus_of(G: nx.DiGraph, n: int | None = None) -> list[str]:
+    """The first n GPU names of the graph (all by default), server-major."""
+    gpus = G.graph["gpus"]
+    if n is None:
+        return list(gpus)
+    if n > len(gpus):
+        raise ConfigError(f"{n} GPUs requested but the graph has {len(gpus)}", key="gpus")
+    return list(gpus[:n])
+
+
+def nodes_for(topology, gpus: int) -> int:
+    """The fewest servers that hold `gpus` accelerators."""
+    return max(1, math.ceil(gpus / topology.gpus_per_node))

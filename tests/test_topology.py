@@ -1,0 +1,173 @@
+"""Topology YAML format, graph builder, routing, `sim5d topology`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import networkx as nx
+import pytest
+import yaml
+
+from sim.errors import ConfigError
+from sim.topology import bundled_topology_names, load_topology
+from sim.topology.graph import build_graph, gpus_of
+from sim.topology.routing import router_for
+from sim.topology.summary import summarize
+
+BUNDLED = ("dgx-a100-hdr", "dgx-h100-ndr", "hgx-h200-ndr", "hgx-h800-ndr", "pcie-l40s", "cpu-local")
+
+
+def test_bundled_topologies_exist_and_build():
+    assert set(BUNDLED) <= set(bundled_topology_names())
+    for name in BUNDLED:
+        t = load_topology(name)
+        assert t.node is not None and t.max_nodes >= 1
+        G = build_graph(t, min(2, t.max_nodes))
+        assert G.graph["gpus"][0] == "n0.gpu0"
+        eids = sorted(d["eid"] for _, _, d in G.edges(data=True))
+        assert eids == list(range(G.number_of_edges()))
+        for _u, _v, d in G.edges(data=True):
+            assert d["bandwidth_gbps"] > 0 and isinstance(d["latency_ns"], int)
+
+
+def test_build_is_deterministic():
+    t = load_topology("dgx-h100-ndr")
+    a, b = build_graph(t, 40), build_graph(t, 40)
+    assert a.graph["edge_list"] == b.graph["edge_list"]
+    assert list(a.nodes(data=True)) == list(b.nodes(data=True))
+
+
+def test_full_duplex_links_have_both_directions():
+    G = build_graph(load_topology("dgx-a100-hdr"), 2)
+    for u, v, d in G.edges(data=True):
+        if d["link_class"] not in ("loopback", "memory"):
+            assert G.edges[v, u]["bandwidth_gbps"] == d["bandwidth_gbps"]
+
+
+def test_intra_node_routes():
+    G = build_graph(load_topology("dgx-a100-hdr"), 1)
+    r = router_for(G)
+    assert r.path_nodes("n0.gpu0", "n0.gpu5") == ["n0.gpu0", "n0.nvsw", "n0.gpu5"]
+    G = build_graph(load_topology("pcie-l40s"), 1)
+    r = router_for(G)
+    assert r.path_nodes("n0.gpu0", "n0.gpu1") == ["n0.gpu0", "n0.pcie0", "n0.gpu1"]
+    # across sockets: up to the root complex, over UPI, down the other tree
+    assert r.path_nodes("n0.gpu0", "n0.gpu7") == ["n0.gpu0", "n0.pcie0", "n0.cpu0", "n0.cpu1", "n0.pcie1",
+                                                  "n0.gpu7"]
+
+
+def test_rail_aligned_inter_node_route_stays_on_the_rail_leaf():
+    G = build_graph(load_topology("dgx-h100-ndr"), 4)
+    r = router_for(G)
+    p = r.path_nodes("n0.gpu3", "n2.gpu3")
+    assert p[:3] == ["n0.gpu3", "n0.pcie1", "n0.nic3"] and p[-3:] == ["n2.nic3", "n2.pcie1", "n2.gpu3"]
+    assert [x for x in p if x.startswith(("leaf", "spine"))] == ["leaf3"]  # one hop, no spine
+    # cross-rail traffic climbs to a spine
+    p = r.path_nodes("n0.gpu0", "n2.gpu5")
+    assert any(x.startswith("spine") for x in p)
+
+
+def test_ecmp_and_dmodk_are_deterministic_and_spread():
+    t = load_topology("pcie-l40s")  # RoCE: ECMP hashing
+    G = build_graph(t, 40)
+    r = router_for(G)
+    spines = {tuple(x for x in r.path_nodes("n0.gpu0", "n39.gpu0", key=k) if x.startswith("spine"))
+              for k in range(16)}
+    assert len(spines) > 1  # different flow keys take different spines
+    assert r.path("n0.gpu0", "n39.gpu0", key=3) == router_for(build_graph(t, 40)).path("n0.gpu0", "n39.gpu0", key=3)
+
+
+def test_three_tier_cross_pod_route():
+    G = build_graph(load_topology("dgx-a100-hdr"), 81)  # 40 nodes per pod
+    p = router_for(G).path_nodes("n0.gpu0", "n80.gpu0")
+    assert [x.split(".")[0].rstrip("0123456789") for x in p if not x.startswith("n")] == \
+        ["leaf", "spine", "core", "spine", "leaf"]
+
+
+def test_summary_injection_and_bisection():
+    s = summarize(build_graph(load_topology("dgx-a100-hdr"), 2))
+    assert s["num_gpus"] == 16
+    assert s["injection_gbps_per_gpu"] == {"intra_node": 230.0, "inter_node": 24.0}
+    assert s["bisection_gbps"] == pytest.approx(8 * 24.0)   # one node's 8 NICs
+    s = summarize(build_graph(load_topology("dgx-h100-ndr"), 1))
+    # 4 GPUs' NVLink into the switch, plus their 4 PCIe Gen5 links (P2P over PCIe is a path too)
+    assert s["bisection_gbps"] == pytest.approx(4 * 370.0 + 4 * 48.0)
+
+
+def test_max_nodes_from_fabric_capacity():
+    assert load_topology("hgx-h800-ndr").max_nodes == 256   # 2 tiers of radix 64, 8 rails, 32 nodes/leaf
+    assert load_topology("cpu-local").max_nodes == 1
+    with pytest.raises(ConfigError, match="max_nodes"):
+        build_graph(load_topology("hgx-h800-ndr"), 257)
+
+
+def _write(tmp_path, data, name="t.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+def _base():
+    return yaml.safe_load(open(load_topology("dgx-a100-hdr").path))
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d["node"].update(gpu_interconnect="nvlinkk"), "node.gpu_interconnect"),
+    (lambda d: d["node"]["nvlink"].update(bandwidth_gbps=-5), "node.nvlink.bandwidth_gbps"),
+    (lambda d: d["node"]["nvlink"].pop("bandwidth_gbps"), "node.nvlink.bandwidth_gbps"),
+    (lambda d: d["node"]["nic"].update(bandwith_gbps=3), "node.nic.bandwith_gbps"),
+    (lambda d: d["fabric"].update(tiers=4), "fabric.tiers"),
+    (lambda d: d["fabric"].update(oversubscription=0.5), "fabric.oversubscription"),
+    (lambda d: d.update(colour="red"), "colour"),
+    (lambda d: d["node"]["pcie"].update(switches=16), "node.pcie.switches"),
+    (lambda d: d.update(max_nodes=100000), "max_nodes"),
+    (lambda d: d["collectives"].update(protocols=["LL256"]) if "collectives" in d else
+     d.update(collectives={"protocols": ["LL256"]}), "collectives.protocols"),
+])
+def test_bad_topology_yaml_names_the_key(tmp_path, mutate, key):
+    d = _base()
+    mutate(d)
+    with pytest.raises(ConfigError) as e:
+        load_topology(_write(tmp_path, d))
+    assert e.value.key == key
+    assert key.split(".")[-1] in str(e.value)
+
+
+def test_header_only_topology_loads_but_cannot_build(tmp_path):
+    t = load_topology(_write(tmp_path, {"name": "x", "gpu": "a100-sxm-80gb", "gpus_per_node": 4}))
+    assert t.node is None and t.gpus_per_node == 4
+    with pytest.raises(ConfigError, match="no node section"):
+        build_graph(t, 1)
+
+
+def test_nvlink_mesh_topology(tmp_path):
+    d = {"name": "mesh", "gpu": "a100-sxm-80gb", "gpus_per_node": 4,
+         "node": {"gpu_interconnect": "nvlink-mesh", "nvlink": {"bandwidth_gbps": 300, "latency_ns": 500}}}
+    G = build_graph(load_topology(_write(tmp_path, d)), 1)
+    assert router_for(G).path_nodes("n0.gpu0", "n0.gpu3") == ["n0.gpu0", "n0.gpu3"]
+    assert G.edges["n0.gpu0", "n0.gpu3"]["bandwidth_gbps"] == pytest.approx(100.0)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_topology_cli_json_and_plot(tmp_path):
+    png = tmp_path / "t.png"
+    r = _cli("topology", "dgx-a100-hdr", "--nodes", "2", "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["num_gpus"] == 16 and s["links"]["nvlink"]["links"] == 16
+    assert png.stat().st_size > 1000
+
+
+def test_topology_cli_bad_input_exit_2(tmp_path):
+    d = _base()
+    d["fabric"]["tiers"] = 7
+    for args in (("topology", "no-such-topo"), ("topology", _write(tmp_path, d)),
+                 ("topology", "cpu-local", "--nodes", "2"), ("topology", "dgx-a100-hdr", "--nodes", "0")):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.strip()
