@@ -21,10 +21,18 @@ def _root() -> None:
 
 # --- command registration (one line per command module) ---
 from sim.commands import memory as _memory  # noqa: E402
+from sim.commands import run as _run  # noqa: E402
 from sim.commands import schedule as _schedule  # noqa: E402
+from sim.commands import validate as _validate  # noqa: E402
+from sim.commands import collective as _collective  # noqa: E402
+from sim.commands import topology as _topology  # noqa: E402
 
 _memory.register(app)
+_run.register(app)
 _schedule.register(app)
+_validate.register(app)
+_collective.register(app)
+_topology.register(app)
 # --- end of command registration ---
 
 

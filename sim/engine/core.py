@@ -119,6 +119,8 @@ class Engine:
         self.env = simpy.Environment()
         self.programs = programs
         self.network = network
+        if hasattr(network, "bind"):
+            network.bind(self.env)
         self.records: list[Record] = []
         self._handles: dict = {}
         self._arrivals: dict = {}

@@ -81,6 +81,7 @@ class ProgramBuilder:
         self.costs = costs
         self.layout = layout or Layout.from_scenario(sc)
         self.reps = {r: self.layout.rank(pp=r) for r in range(sc.parallelism.pp)}
+        self._groups: dict = {}
         self.act_bytes = _act_bytes(sc)
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
@@ -138,7 +139,11 @@ class ProgramBuilder:
         return self.sched.next_stage(stage, mb) is None
 
     def _group(self, pp_rank: int, dim: str) -> tuple:
-        return self.layout.group(self.reps[pp_rank], dim)
+        key = (pp_rank, dim)
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = self.layout.group(self.reps[pp_rank], dim)
+        return g
 
     # -- TP / EP collectives -------------------------------------------------------------
     def _tp(self, prog, pp_rank, name, op):
@@ -180,6 +185,7 @@ class ProgramBuilder:
 
     def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight):
         name = f"L{layer} {block} mb{mb}"
+        ik, wk = ("B", "B") if (do_input and do_weight) else ("I", "W")  # a full B or split I / W
         rec = self.sc.training.recompute
         if do_input:
             if rec == "selective" and block == "attn" and c["recompute"]:
@@ -188,13 +194,13 @@ class ProgramBuilder:
                 # re-gather the block input for wgrad, overlapped with dgrad (Megatron-LM)
                 if do_weight:
                     self._tp(prog, r, f"B {name} input all-gather", "all_gather")
-                prog.append(Compute(c["dgrad"], f"I {name}"))
+                prog.append(Compute(c["dgrad"], f"{ik} {name} dgrad"))
                 self._tp(prog, r, f"B {name} grad reduce-scatter", "reduce_scatter")
             else:
-                prog.append(Compute(c["dgrad"], f"I {name}"))
+                prog.append(Compute(c["dgrad"], f"{ik} {name} dgrad"))
                 self._tp(prog, r, f"B {name} grad all-reduce", "all_reduce")
         if do_weight:
-            prog.append(Compute(c["wgrad"], f"W {name}"))
+            prog.append(Compute(c["wgrad"], f"{wk} {name} wgrad"))
 
     def _backward_layer(self, prog, r, layer, mb, do_input, do_weight):
         c = self.costs.layer(layer)

@@ -1,0 +1,75 @@
+"""`sim5d run SCENARIO`: simulate one training step and write its outputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def write_outputs(result, out: Path) -> dict:
+    """summary.json, timeline.csv, trace.json.gz, resolved.yaml and plots/ under `out`."""
+    from sim.config import write_resolved
+    from sim.engine import outputs
+
+    sc = result.scenario
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plots").mkdir(exist_ok=True)
+    summary = result.summary()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_resolved(sc, out / "resolved.yaml")
+    outputs.write_timeline_csv(result.records, out / "timeline.csv", result.pp_rank_of)
+    static = {rank: result.memory.per_stage[pp].total_bytes - result.memory.per_stage[pp].activations_bytes
+              for rank, pp in result.pp_rank_of.items()}
+    mem = outputs.memory_series(result.records, static)
+    labels = {}
+    for rank in result.pp_rank_of:
+        c = result.layout.coord(rank)
+        labels[rank] = (f"rank {rank} (pp {c.pp}, tp {c.tp}, cp {c.cp}, dp {c.dp}, ep {c.ep}; "
+                        f"node {result.layout.node_of(rank)} gpu {result.layout.local_gpu_of(rank)})")
+    outputs.write_trace(result.records, labels, mem, out / "trace.json.gz", result.p2p)
+    title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
+    outputs.plot_pipeline(result.records, result.pp_rank_of, out / "plots" / "pipeline.png", title)
+    outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, out / "plots" / "breakdown.png", title)
+    outputs.plot_memory(mem, result.pp_rank_of, result.memory.capacity_bytes, out / "plots" / "memory.png", title)
+    return summary
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<name>/)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
+    ) -> None:
+        """Simulate one training step: step time, MFU, time breakdown, memory; writes a
+        Perfetto trace, a timeline CSV and charts."""
+        from sim.config import load_scenario
+
+        sc = load_scenario(scenario, overrides=set_ or [])
+        from rich.console import Console
+
+        from sim.engine.simulate import simulate
+
+        err = Console(stderr=True)
+        if sys.stderr.isatty():
+            with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
+                result = simulate(sc)
+        else:
+            result = simulate(sc)
+        folder = out or Path("runs") / sc.name
+        summary = write_outputs(result, folder)
+        if as_json:
+            typer.echo(json.dumps(summary))
+            return
+        con = Console()
+        con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
+        for k, v in summary.items():
+            if k == "name":
+                continue
+            con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
+        con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev)")

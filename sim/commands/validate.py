@@ -1,0 +1,57 @@
+"""`sim5d validate`: predicted vs measured for the published runs bundled with sim5d."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("validate")
+    def validate_cmd(
+        sets: Optional[str] = typer.Option(None, "--sets", help="Comma-separated sets (default all): "
+                                           "korthikanti, narayanan, zero-bubble, vtrain-single, vtrain-multi."),
+        workers: int = typer.Option(0, "--workers", help="Processes (default: the CPU count)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """Compare sim5d's predictions with measured training runs (error per case, MAPE per set)."""
+        from sim import validate
+        from sim.errors import ConfigError
+        from sim.suggest import did_you_mean
+
+        chosen = tuple(s.strip() for s in sets.split(",")) if sets else validate.SETS
+        for s in chosen:
+            if s not in validate.SETS:
+                raise ConfigError(f"unknown set {s!r}{did_you_mean(s, validate.SETS)}; one of "
+                                  f"{', '.join(validate.SETS)}", key="--sets")
+        if workers < 0:
+            raise ConfigError(f"--workers ({workers}) must be >= 0", key="--workers")
+        n = len(validate.cases(chosen))
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        err = Console(stderr=True)
+        with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as prog:
+            task = prog.add_task("simulating published runs", total=n)
+            result = validate.run(chosen, workers=workers or os.cpu_count() or 1,
+                                  progress=lambda: prog.advance(task))
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        from rich.table import Table
+
+        con = Console()
+        for name, d in result["sets"].items():
+            t = Table(title=f"{name}: MAPE {d['mape_pct']:.1f}% over {d['n']} cases", title_justify="left")
+            for col in ("case", "quantity", "measured", "predicted", "error"):
+                t.add_column(col, justify="left" if col in ("case", "quantity") else "right")
+            rows = d["cases"] if d["n"] <= 40 else sorted(d["cases"], key=lambda r: -abs(r["error_pct"]))[:20]
+            for r in rows:
+                t.add_row(r["id"], r["what"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}%")
+            con.print(t)
+            if d["n"] > 40:
+                con.print(f"  (the 20 largest errors of {d['n']} shown; --json lists all)")

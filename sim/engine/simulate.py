@@ -1,0 +1,97 @@
+"""One training step, end to end: scenario -> schedule -> programs -> engine -> summary.
+
+Summary keys are the contract of `sim5d run --json` (interfaces.md section 2). Conventions:
+- `model_tflops_per_gpu` / `mfu`: model FLOPs of the step without recomputation, with the full
+  (non-causal) attention count as Narayanan et al. 2021 eq. 3 and Megatron-LM's logged TFLOP/s
+  count it (sim.workload.flops docstring), / step time / GPUs, and / the device's dense peak at
+  the training precision.
+- `hardware_tflops_per_gpu` / `hfu`: the same including the recompute policy's extra forward.
+- `compute_fraction`, `exposed_comm_fraction`, `bubble_fraction`: mean over GPUs (every
+  simulated rank stands for the same number of GPUs) of sim.engine.metrics.breakdown.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from sim import schedules, workload
+from sim.engine.core import Engine
+from sim.engine.metrics import breakdown
+from sim.engine.program import ProgramBuilder
+from sim.layout import Layout
+from sim.memory import memory_report
+from sim.units import GiB, ns_to_s
+
+
+@dataclass
+class RunResult:
+    scenario: object
+    records: list
+    makespan_ns: int
+    breakdowns: dict
+    memory: object
+    layout: Layout
+    pp_rank_of: dict
+    events: int
+    wall_s: float
+    p2p: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        sc = self.scenario
+        step_s = ns_to_s(self.makespan_ns)
+        gpus = sc.derived.num_gpus
+        tokens = sc.training.global_batch_size * sc.training.seq_length
+        model_flops = workload.model_flops_per_step(sc.model, sc.training.global_batch_size,
+                                                    sc.training.seq_length, causal=False)
+        hw_flops = workload.hardware_flops_per_step(sc.model, sc.training.global_batch_size,
+                                                    sc.training.seq_length,
+                                                    recompute=sc.training.recompute, causal=False)
+        peak = sc.cluster.gpu.peak_flops(sc.training.precision)
+        n = len(self.breakdowns)
+        frac = lambda attr: sum(getattr(b, attr) for b in self.breakdowns.values()) / (n * self.makespan_ns)
+        mem = self.memory
+        return {
+            "name": sc.name,
+            "num_gpus": gpus,
+            "data_parallel_size": sc.derived.data_parallel_size,
+            "num_microbatches": sc.derived.num_microbatches,
+            "step_time_s": step_s,
+            "tokens_per_s": tokens / step_s,
+            "tokens_per_s_per_gpu": tokens / step_s / gpus,
+            "model_tflops_per_gpu": model_flops / step_s / gpus / 1e12,
+            "mfu": model_flops / step_s / gpus / peak,
+            "hardware_tflops_per_gpu": hw_flops / step_s / gpus / 1e12,
+            "hfu": hw_flops / step_s / gpus / peak,
+            "compute_fraction": frac("compute_ns"),
+            "exposed_comm_fraction": frac("exposed_comm_ns"),
+            "bubble_fraction": frac("bubble_ns"),
+            "peak_memory_gib": mem.peak_bytes / GiB,
+            "memory_capacity_gib": mem.capacity_bytes / GiB,
+            "fits_in_memory": mem.fits,
+            "sim_events": self.events,
+            "sim_wall_s": self.wall_s,
+        }
+
+
+def simulate(sc, *, costs=None, network=None) -> RunResult:
+    """Simulate one optimizer step of scenario `sc`."""
+    t0 = time.perf_counter()
+    p = sc.parallelism
+    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    if costs is None:
+        from sim.engine.costs import DeviceCostModel
+        costs = DeviceCostModel(sc)
+    layout = Layout.from_scenario(sc)
+    if network is None:
+        from sim.engine.netmodel import network_for
+        network = network_for(sc, layout)
+    builder = ProgramBuilder(sc, sched, costs, layout)
+    programs = builder.build()
+    engine = Engine(programs, network)
+    makespan = engine.run()
+    pp_rank_of = {rank: layout.coord(rank).pp for rank in programs}
+    return RunResult(scenario=sc, records=engine.records, makespan_ns=makespan,
+                     breakdowns=breakdown(engine.records, makespan), memory=memory_report(sc),
+                     layout=layout, pp_rank_of=pp_rank_of, events=engine.events,
+                     wall_s=time.perf_counter() - t0, p2p=engine.p2p)

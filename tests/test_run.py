@@ -1,0 +1,107 @@
+"""`sim5d run`: hand-checked single-GPU step, the JSON contract, the files it writes, and the
+engine invariants (no overlapping work on a stream, every action once)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from conftest import REPO, base_scenario, run_cli
+from sim import compute, workload
+from sim.config import build_scenario
+from sim.engine.simulate import simulate
+from sim.units import s_to_ns
+
+RUN_KEYS = {"num_gpus", "data_parallel_size", "num_microbatches", "step_time_s", "tokens_per_s",
+            "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hardware_tflops_per_gpu", "hfu",
+            "compute_fraction", "exposed_comm_fraction", "bubble_fraction", "peak_memory_gib",
+            "memory_capacity_gib", "fits_in_memory", "sim_events", "sim_wall_s"}
+
+
+def _small(**par):
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+                                "vocab_size": 2048},
+                         training={"global_batch_size": 8, "seq_length": 256})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 1, **par}
+    return build_scenario(data)
+
+
+def test_one_gpu_step_is_the_sum_of_its_kernels_and_the_optimizer():
+    sc = _small()
+    res = simulate(sc)
+    dev, kw = sc.cluster.gpu, dict(micro_batch_size=1, seq_length=256, precision="bf16")
+    per_mb = 0
+    for ops in (workload.embedding_ops(sc.model, **kw), workload.output_ops(sc.model, **kw)):
+        per_mb += sum(s_to_ns(compute.ops_time_s(ops, ph, dev, "bf16")) for ph in ("fwd", "dgrad", "wgrad"))
+    layer = workload.layer_ops(sc.model, 0, **kw)
+    split = next(i for i, op in enumerate(layer) if op.name == "pre_mlp_norm")
+    for block in (layer[:split], layer[split:]):
+        per_mb += 4 * sum(s_to_ns(compute.ops_time_s(block, ph, dev, "bf16")) for ph in ("fwd", "dgrad", "wgrad"))
+    opt = s_to_ns(compute.optimizer_step_time_s(workload.total_params(sc.model), dev, "bf16", grad_bytes=2))
+    # embedding dgrad is not run (nothing upstream needs it): subtract it
+    emb_dgrad = s_to_ns(compute.ops_time_s(workload.embedding_ops(sc.model, **kw), "dgrad", dev, "bf16"))
+    assert res.makespan_ns == 8 * (per_mb - emb_dgrad) + opt
+    s = res.summary()
+    assert s["compute_fraction"] == pytest.approx(1.0) and s["bubble_fraction"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_invariants_and_fractions(tmp_path):
+    sc = _small(tp=2, pp=2, dp=2, sequence_parallel=True)
+    res = simulate(sc)
+    # no overlapping intervals on one stream of one rank
+    by = {}
+    for r in res.records:
+        if r.stream != "mark":
+            by.setdefault((r.rank, r.stream), []).append((r.start_ns, r.end_ns))
+    for ivs in by.values():
+        ivs.sort()
+        assert all(a[1] <= b[0] for a, b in zip(ivs, ivs[1:]))
+    # every action exactly once: one activation mark per F and one per I/B
+    marks = [r.name for r in res.records if r.stream == "mark"]
+    assert len(marks) == len(set(marks)) == 2 * sc.derived.num_microbatches * sc.derived.num_virtual_stages
+    s = res.summary()
+    assert s["compute_fraction"] + s["exposed_comm_fraction"] + s["bubble_fraction"] == pytest.approx(1.0)
+    assert 0 < s["exposed_comm_fraction"] < 1 and 0 < s["bubble_fraction"] < 1
+
+
+def test_deterministic_bit_for_bit():
+    a, b = simulate(_small(pp=2, dp=2)), simulate(_small(pp=2, dp=2))
+    sa, sb = a.summary(), b.summary()
+    sa.pop("sim_wall_s"), sb.pop("sim_wall_s")
+    assert sa == sb and [(r.rank, r.name, r.start_ns, r.end_ns) for r in a.records] == \
+        [(r.rank, r.name, r.start_ns, r.end_ns) for r in b.records]
+
+
+def test_run_cli_json_and_outputs(tmp_path, write_yaml):
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 2048},
+                         training={"global_batch_size": 8, "seq_length": 256})
+    out = tmp_path / "out"
+    code, stdout, err = run_cli("run", write_yaml(data), "--out", str(out), "--json")
+    assert code == 0, err
+    j = json.loads(stdout)
+    assert RUN_KEYS <= set(j)
+    for f in ("summary.json", "timeline.csv", "trace.json.gz", "resolved.yaml", "plots/pipeline.png",
+              "plots/breakdown.png", "plots/memory.png"):
+        assert (out / f).is_file(), f
+    trace = json.loads(gzip.open(out / "trace.json.gz", "rt").read())
+    ev = trace["traceEvents"]
+    names = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"]
+    assert len(names) == 2 and all("pp " in n and "tp " in n for n in names)
+    assert any(e["ph"] == "s" for e in ev) and any(e["ph"] == "f" for e in ev)   # send/recv arrows
+    assert any(e["ph"] == "C" for e in ev)                                       # memory counter
+    slices = {}
+    for e in ev:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for ivs in slices.values():
+        ivs.sort()
+        assert all(a[1] <= b[0] + 1e-9 for a, b in zip(ivs, ivs[1:]))
+
+
+def test_context_parallel_not_yet_simulated_is_a_clear_error(write_yaml):
+    data = base_scenario()
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "cp": 2}
+    code, out, err = run_cli("run", write_yaml(data), "--json")
+    assert code == 2 and "context_parallel_size" in err and "Traceback" not in err
