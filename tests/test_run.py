@@ -105,3 +105,16 @@ def test_context_parallel_not_yet_simulated_is_a_clear_error(write_yaml):
     data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "cp": 2}
     code, out, err = run_cli("run", write_yaml(data), "--json")
     assert code == 2 and "context_parallel_size" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
+def test_bundled_scenarios_simulate(path):
+    """Examples are tests: every bundled scenario simulates (analytical network, for CI time)
+    and its step is at least the busiest rank's compute."""
+    from sim.config import load_scenario
+    sc = load_scenario(str(path), ["simulation.network=analytical"])
+    res = simulate(sc)
+    s = res.summary()
+    assert s["step_time_s"] > 0 and 0 < s["mfu"] < 1
+    assert res.makespan_ns >= max(b.compute_ns for b in res.breakdowns.values())
+    assert s["compute_fraction"] + s["exposed_comm_fraction"] + s["bubble_fraction"] == pytest.approx(1.0)
