@@ -119,3 +119,21 @@ def test_data_parallel_reduce_with_and_without_overlap(overlap):
         assert t == max(r.end_ns for r in dp) + 5
     else:
         assert min(r.start_ns for r in dp) == compute and t == compute + 5 * 1000 + 5
+
+
+def test_tied_embedding_grads_all_reduced_between_end_stages():
+    sc = _scenario(pipeline_schedule="1f1b")
+    assert sc.model.tie_embeddings is False
+    net = FixedNetwork()
+    _run(sc, net)
+    assert not [s for s in net.seen if s.op == "all_reduce" and s.tag == "pp"]
+    from sim.config import build_scenario as _b
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "tie_embeddings": True},
+                         training={"global_batch_size": 8, "seq_length": 128})
+    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 1}
+    net = FixedNetwork()
+    _run(_b(data), net)
+    emb = [s for s in net.seen if s.op == "all_reduce" and s.tag == "pp"]
+    # one call on each of the two end ranks, V/tp x h x 2 bytes
+    assert len(emb) == 2 and all(s.size_bytes == 512 * 256 * 2 and len(s.ranks) == 2 for s in emb)

@@ -214,6 +214,23 @@ class ProgramBuilder:
         self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight)
 
     # -- DP ------------------------------------------------------------------------------
+    def _tied_embedding_peer(self, r):
+        """With tied embeddings, the pipeline rank holding the other copy of the word embedding
+        (the first stage's rank for the LM head's rank and vice versa), or None."""
+        if not self.sc.model.tie_embeddings:
+            return None
+        d = self.sc.derived
+        emb = {d.stage_rank[s] for s in range(d.num_virtual_stages) if d.first_layer_of_virtual_stage[s] == 0}
+        head = {d.stage_rank[s] for s in range(d.num_virtual_stages)
+                if d.first_layer_of_virtual_stage[s] + d.layers_per_virtual_stage[s] == self.sc.model.num_layers}
+        if emb == head:
+            return None          # every rank that needs the embedding holds both ends
+        if r in emb and r not in head and len(head) == 1:
+            return next(iter(head))
+        if r in head and r not in emb and len(emb) == 1:
+            return next(iter(emb))
+        return None
+
     def _grad_spec(self, r, n_dense, n_expert):
         p, z = self.sc.parallelism, self.sc.parallelism.zero_stage
         gb = 4 if self.sc.training.precision == "fp32" else 2
@@ -323,6 +340,15 @@ class ProgramBuilder:
                     handles.append(h)
         for h in handles:
             prog.append(Wait(h, "grad reduce"))
+        # Tied embeddings across pipeline stages: the first stage's word embedding and the last
+        # stage's copy all-reduce their gradients every step (Megatron-LM
+        # _allreduce_embedding_grads, over the group of the first and last pipeline ranks).
+        emb_peer = self._tied_embedding_peer(r)
+        if emb_peer is not None:
+            v_local = -(-sc.model.vocab_size // p.tp)
+            gb = 4 if t.precision == "fp32" else 2
+            prog.append(Comm(CommSpec("all_reduce", tuple(sorted((self.reps[r], self.reps[emb_peer]))),
+                                      v_local * sc.model.hidden_size * gb, "pp"), "embedding grad all-reduce"))
         # optimizer step on the local shard
         n_local = 0.0
         for s in stages:
