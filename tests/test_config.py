@@ -277,3 +277,18 @@ def test_bundled_scenarios_load(path):
     from conftest import REPO
     sc = load_scenario(str(REPO / "scenarios" / path))
     assert sc.derived.num_gpus == sc.parallelism.tp * sc.parallelism.pp * sc.parallelism.cp * sc.parallelism.dp
+
+
+def test_python_dash_m_sim_and_console_script(write_yaml):
+    """`python -m sim` is the same program as `sim5d`; a real process shows no traceback on bad input."""
+    import json
+    import subprocess
+    import sys
+    path = write_yaml(base_scenario())
+    ok = subprocess.run([sys.executable, "-m", "sim", "memory", path, "--json"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert set(json.loads(ok.stdout)) >= {"peak_gib", "capacity_gib", "fits", "per_stage"}
+    bad = subprocess.run([sys.executable, "-m", "sim", "memory", path, "--set", "training.micro_batch_size=0"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "micro_batch_size" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.stdout == ""
