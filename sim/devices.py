@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from sim.errors import ConfigError
+from sim.yamlio import load_yaml_with_lines
 from sim.paths import bundled_dir
 from sim.units import GiB
 
@@ -78,12 +78,7 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
                               f"{', '.join(bundled_device_names())}{did_you_mean(str(name_or_path), bundled_device_names())}"
                               " (or give a path to a profile YAML)", key=key)
         path = candidate
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"YAML syntax error: {getattr(e, 'problem', e)}", file=str(path),
-                          line=mark.line + 1 if mark else None) from None
+    data = load_yaml_with_lines(path)[0] or {}
     if not isinstance(data, dict):
         raise ConfigError("a device profile must be a mapping", file=str(path))
     for k in data:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from sim.errors import ConfigError
+from sim.yamlio import load_yaml_with_lines
 from sim.paths import bundled_dir
 from sim.suggest import did_you_mean
 from sim.topology.schema import BODY_KEYS, CollectiveSpec, FabricSpec, NodeSpec, parse_topology_body
@@ -67,12 +67,7 @@ def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> Topolo
                               f"{did_you_mean(str(name_or_path), names)} (or give a path to a topology YAML)",
                               key=key)
         path = candidate
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"YAML syntax error: {getattr(e, 'problem', e)}", file=str(path),
-                          line=mark.line + 1 if mark else None) from None
+    data = load_yaml_with_lines(path)[0] or {}
     if not isinstance(data, dict):
         raise ConfigError("a topology must be a mapping", file=str(path))
     for k in _REQUIRED:
