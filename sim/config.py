@@ -163,6 +163,17 @@ class ParallelIn(_Strict):
     """ZeRO stage 0..3 over the data-parallel (x cp) group; 3 = fully sharded (FSDP)."""
     rank_order: str = "tp-cp-ep-dp-pp"
     """Order of the dimensions in the global rank, innermost first, as Megatron-LM."""
+    cp_comm_type: Optional[Literal["p2p", "a2a"]] = None
+    """How context parallelism exchanges attention inputs (Megatron-LM `--cp-comm-type`):
+    p2p = ring attention, K/V blocks passed around the cp ring overlapped with blockwise
+    attention; a2a = all-to-all (DeepSpeed-Ulysses): Q, K, V re-split from sequence to heads
+    before the core attention and the output back after it (needs heads and KV groups per TP
+    rank divisible by cp). Default p2p; only with context_parallel_size > 1."""
+    reshard_after_forward: Optional[bool] = None
+    """ZeRO-3 / FSDP: free each layer's gathered parameters after its forward and all-gather
+    them again before its backward (torch FSDP2 `reshard_after_forward`, default true there);
+    false keeps them from the forward to the backward (Llama 3's choice: one gather per layer
+    per microbatch pass instead of two). Default true; only with zero_stage 3."""
 
 
 class TrainingIn(_Strict):
@@ -186,6 +197,13 @@ class TrainingIn(_Strict):
     attention_backend: Literal["flash", "unfused"] = "flash"
     """flash: fused flash attention, no s^2 score matrix stored (Dao et al. 2022); unfused: the
     softmax and dropout of the scores are stored (Korthikanti et al. 2022's accounting)."""
+    moe_routing_imbalance: float = Field(1.0, ge=1.0, le=1000.0)
+    """MoE routing skew: the busiest expert-parallel rank's share of routed tokens relative to
+    the mean (max / mean tokens per EP rank; 1.0 = perfectly balanced, the default). The
+    busiest rank's routed-expert GEMMs and its all-to-all volume scale by this factor, and as
+    every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
+    (e.g. a router's max/mean load) or a token-dropping capacity factor goes here. Only for
+    MoE models."""
 
 
 class SimulationIn(_Strict):
@@ -193,6 +211,12 @@ class SimulationIn(_Strict):
     """flow: links shared by concurrent flows (max-min fair); analytical: alpha-beta."""
     ranks: Literal["representative", "all"] = "representative"
     """representative: one rank per symmetric group; all: every GPU."""
+    comm_compute_slowdown: float = Field(0.0, ge=0.0, lt=1.0)
+    """Fraction of a GPU's compute throughput lost while one of its communication streams is
+    busy (NCCL kernels occupy SMs: one thread block per channel). Compute kernels progress at
+    (1 - this) of their speed while any comm stream of the same GPU runs a collective. 0 (the
+    default) = no interference. Measured reference: DeepSeek-V3 dedicates 20 of the H800's 132
+    SMs to communication (DeepSeek-V3 technical report, sec. 3.2.2), i.e. 20/132 = 0.15."""
 
 
 class ScenarioIn(_Strict):
@@ -227,6 +251,10 @@ class Parallelism:
     pipeline_schedule: str
     zero_stage: int
     rank_order: tuple
+    cp_comm_type: str = "p2p"
+    """p2p (ring attention) | a2a (Ulysses all-to-all)."""
+    reshard_after_forward: bool = True
+    """ZeRO-3: re-gather each layer's parameters before its backward."""
 
 
 @dataclass(frozen=True)
@@ -240,12 +268,14 @@ class Training:
     overlap_param_gather: bool
     tp_comm_overlap: bool
     attention_backend: str
+    moe_routing_imbalance: float = 1.0
 
 
 @dataclass(frozen=True)
 class Simulation:
     network: str
     ranks: str
+    comm_compute_slowdown: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -656,6 +686,28 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("training.seq_length", f"with sequence_parallel, seq_length / cp ({t.seq_length // cp}) "
                   f"must be divisible by tensor_model_parallel_size ({tp})")
 
+    # context-parallel exchange type; ZeRO-3 resharding; routing imbalance: only where they apply
+    if p.cp_comm_type is not None and cp == 1:
+        raise err("parallelism.cp_comm_type", f"cp_comm_type ({p.cp_comm_type}) applies only with "
+                  "context_parallel_size > 1 (it is 1); remove it or raise context_parallel_size")
+    cp_comm_type = p.cp_comm_type or "p2p"
+    if cp_comm_type == "a2a":
+        heads_local = model.num_attention_heads // tp
+        kv_local = heads_local if model.multi_latent_attention else model.num_query_groups // tp
+        if heads_local % cp or kv_local % cp:
+            raise err("parallelism.cp_comm_type",
+                      f"cp_comm_type a2a splits the heads of each TP rank over the cp group: "
+                      f"num_attention_heads / tp ({heads_local}) and KV groups / tp ({kv_local}) must "
+                      f"be divisible by context_parallel_size ({cp}); use cp_comm_type p2p")
+    if p.reshard_after_forward is not None and p.zero_stage != 3:
+        raise err("parallelism.reshard_after_forward",
+                  f"reshard_after_forward ({p.reshard_after_forward}) applies only with zero_stage 3 "
+                  f"(FSDP); zero_stage is {p.zero_stage}")
+    if t.moe_routing_imbalance != 1.0 and not model.is_moe:
+        raise err("training.moe_routing_imbalance",
+                  f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
+                  f"{model.name} has num_experts = 0")
+
     # batch
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise err("training.global_batch_size",
@@ -688,7 +740,10 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                 decoder_first_pipeline_num_layers=p.decoder_first_pipeline_num_layers,
                                 decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
                                 sequence_parallel=p.sequence_parallel, pipeline_schedule=schedule,
-                                zero_stage=p.zero_stage, rank_order=order),
+                                zero_stage=p.zero_stage, rank_order=order,
+                                cp_comm_type=cp_comm_type,
+                                reshard_after_forward=(True if p.reshard_after_forward is None
+                                                       else p.reshard_after_forward)),
         training=Training(**t.model_dump()),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
@@ -749,7 +804,9 @@ def resolved_dict(sc: Scenario) -> dict:
             "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
             "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,
             "sequence_parallel": p.sequence_parallel, "pipeline_schedule": p.pipeline_schedule,
-            "zero_stage": p.zero_stage, "rank_order": "-".join(p.rank_order)},
+            "zero_stage": p.zero_stage, "rank_order": "-".join(p.rank_order),
+            "cp_comm_type": p.cp_comm_type if p.cp > 1 else None,
+            "reshard_after_forward": p.reshard_after_forward if p.zero_stage == 3 else None},
         "training": asdict(sc.training),
         "simulation": asdict(sc.simulation),
         "derived": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sc.derived).items()},

@@ -300,8 +300,15 @@ def memory_report(sc: Scenario) -> MemoryReport:
         weights, grads, optim = dw + ew, dg + eg, do + eo
         # ZeRO-3 gathers each layer's full weights before use, and prefetches the next one:
         # two layers' worth of unsharded 16-bit weights (FSDP's default limit of in-flight
-        # all-gathers; torch.distributed.fsdp docs, limit_all_gathers).
-        gather = 2 * largest * wb if p.zero_stage >= 3 else 0.0
+        # all-gathers; torch.distributed.fsdp docs, limit_all_gathers). Without
+        # reshard_after_forward a layer's gathered weights stay from its forward to its
+        # backward, and with microbatches in flight (pipeline schedules) that is every layer of
+        # the rank: the rank's whole unsharded weights less the shard it owns.
+        gather = 0.0
+        if p.zero_stage >= 3:
+            gather = 2 * largest * wb
+            if not p.reshard_after_forward:
+                gather = max(gather, (dense * (1 - 1 / dense_group) + expert * (1 - 1 / expert_group)) * wb)
         other = runtime + comm + gather
         other += sc.cluster.gpu.fragmentation_fraction * (weights + grads + optim + live[r] + work[r] + gather)
         stages.append(StageMemory(pp_rank=r, weights_bytes=weights, grads_bytes=grads,

@@ -74,3 +74,27 @@ def test_deterministic():
              for r in range(4)}
     a, b = Engine(progs, FixedNetwork()), Engine(progs, FixedNetwork())
     assert a.run() == b.run() and log(a) == log(b)
+
+
+def test_comm_slows_concurrent_compute_by_the_factor():
+    # a 50 ns collective on the dp stream while a 100 ns kernel runs at half speed: the first
+    # 50 ns do 25 ns of work, the remaining 75 run at full speed -> the kernel ends at 125
+    prog = [Launch("g", spec(50, "dp"), "grad", "dp"), Compute(100, "a"), Wait("g"), Compute(10, "b")]
+    e = Engine({0: prog}, FixedNetwork(), comm_compute_slowdown=0.5)
+    assert e.run() == 135
+    assert log(e) == [(0, "compute", "a", 0, 125), (0, "compute", "b", 125, 135), (0, "dp", "grad", 0, 50)]
+    # no comm in flight: no slowdown; exposed collectives do not overlap compute
+    e = Engine({0: [Compute(100, "a"), Comm(spec(5), "ar"), Compute(7, "b")]}, FixedNetwork(),
+               comm_compute_slowdown=0.5)
+    assert e.run() == 112
+
+
+def test_collective_of_simulated_members_is_a_barrier():
+    # ranks 0 and 1 both simulated: the all-reduce starts when the later one (rank 1, at 30)
+    # arrives and ends for both at 30 + 5
+    progs = {0: [Compute(10, "a"), Comm(spec(5), "ar"), Compute(1, "c")],
+             1: [Compute(30, "a"), Comm(spec(5), "ar"), Compute(1, "c")]}
+    e = Engine(progs, FixedNetwork())
+    assert e.run() == 36
+    assert log(e) == [(0, "compute", "a", 0, 10), (0, "compute", "ar", 10, 35), (0, "compute", "c", 35, 36),
+                      (1, "compute", "a", 0, 30), (1, "compute", "ar", 30, 35), (1, "compute", "c", 35, 36)]

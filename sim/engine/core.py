@@ -16,6 +16,16 @@ Durations of communication come from a network object with one method,
 `transfer(env, spec) -> generator` (a SimPy process body), so the analytical (alpha-beta) and the
 flow (shared links) models plug in alike. Simulated time is integer nanoseconds.
 
+Interference (`comm_compute_slowdown` f): while any communication stream of a rank is busy,
+its compute kernels progress at (1 - f) of their speed (NCCL kernels hold SMs); a kernel's
+duration stretches accordingly (integer ns, rounded up at each change of the streams' state).
+
+Collectives whose members are all simulated (`ranks: all`, or the tied-embedding all-reduce of
+two simulated pipeline ranks) synchronise them: the call starts on the network when its last
+member arrives (a barrier, as NCCL's kernels wait for their peers), and every member's call ends
+together. Members are matched by the group and the call's index among the rank's calls on that
+group in program order (NCCL's rule: one order of calls per communicator).
+
 Every interval is recorded as `Record(rank, stream, name, cat, start_ns, end_ns)`; the metrics
 module turns records into the time breakdown.
 """
@@ -115,7 +125,11 @@ class _RankState:
 class Engine:
     """Runs the programs of a set of ranks to completion."""
 
-    def __init__(self, programs: dict, network, *, comm_streams=("pp", "dp", "tp", "cp", "ep")):
+    def __init__(self, programs: dict, network, *, comm_streams=("pp", "dp", "tp", "cp", "ep"),
+                 comm_compute_slowdown: float = 0.0):
+        if not 0.0 <= comm_compute_slowdown < 1.0:
+            raise ValueError(f"comm_compute_slowdown ({comm_compute_slowdown}) must be in [0, 1)")
+        self.slowdown = float(comm_compute_slowdown)
         self.env = simpy.Environment()
         self.programs = programs
         self.network = network
@@ -129,6 +143,11 @@ class Engine:
         """key -> {"src", "dst", "sent_ns", "arrived_ns", "consumed_ns"} for every send/recv."""
         self._streams = {(r, s): simpy.Resource(self.env, capacity=1) for r in programs for s in comm_streams}
         self.events = 0
+        self._busy = {r: 0 for r in programs}
+        self._busy_changed: dict = {}
+        self._calls: dict = {}
+        self._rdv: dict = {}
+        self._all_simulated: dict = {}
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -137,14 +156,74 @@ class Engine:
             ev = table[key] = self.env.event()
         return ev
 
-    def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event):
+    def _set_busy(self, rank, delta):
+        self._busy[rank] += delta
+        ev = self._busy_changed.pop(rank, None)
+        if ev is not None:
+            ev.succeed()
+
+    def _rendezvous_key(self, rank, spec: CommSpec):
+        """The barrier key of a collective whose members are all simulated, else None."""
+        if len(spec.ranks) < 2:
+            return None
+        ok = self._all_simulated.get(spec.ranks)
+        if ok is None:
+            ok = self._all_simulated[spec.ranks] = all(r in self.programs for r in spec.ranks)
+        if not ok:
+            return None
+        k = self._calls.get((rank, spec.ranks), 0)
+        self._calls[(rank, spec.ranks)] = k + 1
+        return (spec.ranks, k)
+
+    def _transfer(self, spec: CommSpec, key):
+        """The network time of a call; with a barrier key, once for all members after the last
+        one arrives."""
+        if key is None:
+            yield from self.network.transfer(self.env, spec)
+            return
+        ent = self._rdv.get(key)
+        if ent is None:
+            ent = self._rdv[key] = [0, self.env.event()]
+        ent[0] += 1
+        if ent[0] == len(spec.ranks):
+            del self._rdv[key]
+            self.env.process(self._run_shared(spec, ent[1]))
+        yield ent[1]
+
+    def _run_shared(self, spec, done):
+        yield from self.network.transfer(self.env, spec)
+        done.succeed()
+
+    def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None):
         env = self.env
         with self._streams[(rank, stream)].request() as req:
             yield req
             start = env.now
-            yield from self.network.transfer(env, spec)
+            if self.slowdown:
+                self._set_busy(rank, +1)
+            yield from self._transfer(spec, key)
+            if self.slowdown:
+                self._set_busy(rank, -1)
             self.records.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
         done.succeed()
+
+    def _slowed_compute(self, rank, dur_ns):
+        """A kernel of `dur_ns` (at full speed) that runs at (1 - slowdown) while a comm stream
+        of the rank is busy."""
+        env = self.env
+        remaining = float(dur_ns)
+        while remaining > 1e-9:
+            rate = (1.0 - self.slowdown) if self._busy[rank] else 1.0
+            need = max(1, -int(-(remaining / rate - 1e-9) // 1))
+            ch = self._busy_changed.get(rank)
+            if ch is None:
+                ch = self._busy_changed[rank] = env.event()
+            t0 = env.now
+            to = env.timeout(need)
+            yield to | ch
+            if to.processed or env.now - t0 >= need:
+                return
+            remaining -= (env.now - t0) * rate
 
     def _rank_process(self, rank):
         env, st = self.env, self._state[rank]
@@ -154,12 +233,15 @@ class Engine:
             if t is Compute:
                 if ins.dur_ns:
                     start = env.now
-                    yield env.timeout(ins.dur_ns)
+                    if self.slowdown:
+                        yield from self._slowed_compute(rank, ins.dur_ns)
+                    else:
+                        yield env.timeout(ins.dur_ns)
                     self.records.append(Record(rank, "compute", ins.name, ins.cat, start, env.now))
             elif t is Comm:
                 start = env.now
                 st.waiting_on = f"{ins.name} ({ins.spec.op} over {len(ins.spec.ranks)} ranks)"
-                yield from self.network.transfer(env, ins.spec)
+                yield from self._transfer(ins.spec, self._rendezvous_key(rank, ins.spec))
                 st.waiting_on = ""
                 # an exposed collective occupies the compute stream's timeline as communication
                 self.records.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
@@ -168,7 +250,8 @@ class Engine:
                 self.records.append(Record(rank, "mark", ins.name, ins.cat, env.now, env.now, ins.value))
             elif t is Launch:
                 done = self._event_for(self._handles, (rank, ins.handle))
-                env.process(self._comm_process(rank, ins.stream, ins.spec, ins.name, done))
+                env.process(self._comm_process(rank, ins.stream, ins.spec, ins.name, done,
+                                               self._rendezvous_key(rank, ins.spec)))
             elif t is Wait:
                 ev = self._event_for(self._handles, (rank, ins.handle))
                 if not ev.processed:

@@ -40,7 +40,39 @@ class DeviceCostModel(CostModel):
             d["recompute"] = (self._time(workload.recompute_ops(block, "selective"), "fwd")
                               if self.sc.training.recompute == "selective" else 0)
             blocks.append(d)
-        return LayerCost(attn=blocks[0], mlp=blocks[1])
+        attn = ops[:split]
+        first_core = next(i for i, op in enumerate(attn) if op.name == "attn_scores")
+        last_core = next(i for i, op in enumerate(attn) if op.name == "attn_values")
+        pre, core = attn[:first_core], attn[first_core:last_core + 1]
+        core_d = {"fwd": self._time(core, "fwd"), "dgrad": self._time(core, "dgrad"),
+                  "pre_fwd": self._time(pre, "fwd"), "pre_dgrad": self._time(pre, "dgrad")}
+        core_d.update(self._cp_correction_ns())
+        experts = [op for op in ops[split:] if op.expert]
+        expert = {ph: self._time(experts, ph) for ph in ("fwd", "dgrad", "wgrad")} if experts else None
+        return LayerCost(attn=blocks[0], mlp=blocks[1], attn_core=core_d, expert=expert)
+
+    def _cp_correction_ns(self) -> dict:
+        """One ring step's memory-bound bookkeeping (Transformer Engine's CP attention).
+        Forward, the online-softmax correction (Milakov & Gimelshein 2018; ring attention):
+        read the step's output block and log-sum-exp, read and write the running output and
+        log-sum-exp: 3 x (s/cp x b x heads/tp x d_v x bytes + s/cp x b x heads/tp x 4).
+        Backward, the dQ accumulation and the dK/dV accumulation: read the running and the step
+        gradient, write the sum: 3 x (q + kv) bytes of the step."""
+        from sim.engine.program import cp_bytes
+        from sim.workload.params import attention_dims
+
+        sc, p, t = self.sc, self.sc.parallelism, self.sc.training
+        if p.cp == 1 or p.cp_comm_type != "p2p":
+            return {"correction_fwd": 0, "correction_bwd": 0}
+        m = sc.model
+        d_qk, d_v = attention_dims(m)
+        e = 4 if t.precision == "fp32" else 2
+        rows = (t.seq_length // p.cp) * t.micro_batch_size * (m.num_attention_heads // p.tp)
+        fwd = 3 * (rows * d_v * e + rows * 4)
+        b = cp_bytes(sc)
+        bwd = 3 * (rows * d_qk * e + b["kv"])
+        return {"correction_fwd": s_to_ns(compute.memory_time_s(fwd, self.device)),
+                "correction_bwd": s_to_ns(compute.memory_time_s(bwd, self.device))}
 
     def layer(self, layer: int) -> LayerCost:
         # layers of one kind (dense or MoE) are identical: time one representative of each

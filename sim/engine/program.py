@@ -11,7 +11,27 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   and a reduce-scatter after it, and the backward re-gathers the block input for the weight
   gradient (launched ahead of the input-gradient GEMMs so that it overlaps them, as
   Megatron-LM does). TP collectives are exposed on the compute stream unless `tp_comm_overlap`.
-- EP: the MoE token dispatch and combine all-to-alls, forward and backward (exposed).
+- EP: the MoE token dispatch and combine all-to-alls, forward and backward (exposed). Each
+  rank sends its tokens' top-k copies: tokens x topk x hidden x bytes per rank (nccl-tests'
+  all-to-all size; tokens = b x s/cp, / tp under SP). `training.moe_routing_imbalance` (max /
+  mean tokens per EP rank) scales the busiest rank's routed-expert GEMMs and its all-to-all
+  volume; the representative rank is that busiest rank, since every EP peer waits for it.
+- CP (`parallelism.cp_comm_type`), per layer and microbatch:
+  p2p, ring attention (Liu et al. 2023; Megatron-LM / Transformer Engine
+  AttnFuncWithCPAndKVP2P): after the QKV projection the rank's K/V block, 2 x s/cp x b x
+  kv_heads/tp x head_dim x bytes (MLA: per-head K and V widths), travels around the cp ring in
+  cp - 1 steps on the "cp" stream (one `send_recv` over the cp group per step: every rank sends
+  to the next, nccl-tests' sendrecv pattern). Step i's attention block waits for K/V block i;
+  the exchange for step i+1 is launched as step i starts, so each step exposes max(0, comm -
+  compute). With zig-zag load balancing (2 x cp chunks, rank i holding chunks i and 2cp-1-i)
+  every step computes the same causal work: core attention / cp. Steps 1..cp-1 end with the
+  online-softmax correction (memory-bound). Backward: K/V travel again (cp - 1 hops) and the
+  dK/dV accumulators travel with them and return to their owner (cp hops): step i sends K/V for
+  step i+1 and the dK/dV of step i-1, and a final send returns the last dK/dV (so 2cp - 1
+  blocks per rank per layer). Selective or full recompute re-runs the forward ring.
+  a2a (DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all of Q, K, V before the core
+  attention (sequence-split -> head-split) and of the output after it; backward the same two
+  in reverse (dO, then dQ/dK/dV); exposed on the compute stream.
 - PP: the stage output activation (forward) and input gradient (backward) sent to the neighbour
   stage's rank; the receiver waits for it. Megatron sends s*b*h elements per TP rank, s/tp of
   them with SP.
@@ -24,6 +44,19 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   is launched at the start of the step and each chunk's first forward waits for it.
 - Recompute: `full` re-runs each layer's forward (with its TP collectives) before its
   backward; `selective` re-runs the core attention.
+- ZeRO-3 / FSDP (torch FSDP2 semantics, one FSDP unit per decoder layer): before a layer's
+  forward its parameters (16-bit, dense over dp x cp, routed experts over the expert-dp group)
+  are all-gathered unless still gathered; with `overlap_param_gather` the next layer's gather
+  is launched when a layer starts (prefetch one layer ahead, "dp" stream), without it each
+  gather is issued when its layer needs it and is exposed. With `reshard_after_forward` they are freed
+  after the forward and gathered again before the backward (2 gathers per layer per
+  microbatch pass); without it they stay until the backward (1 gather). FSDP2 frees them
+  after the backward (reshard_after_backward). The embedding and LM head (the root unit) are
+  gathered once at the start of the step and kept. Gradients: reduce-scatter per layer after
+  the layer's last microbatch (gradient accumulation in unsharded buffers, as with
+  `set_requires_gradient_sync(False)` on the earlier microbatches).
+- Every simulated rank (representative: one per pipeline rank, the tp = cp = dp = 0 member;
+  all: every GPU) gets its own program; groups and pipeline peers are the rank's own.
 """
 
 from __future__ import annotations
@@ -31,7 +64,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.engine.core import Comm, CommSpec, Compute, Launch, Mark, Recv, Send, Wait
-from sim.errors import ConfigError
 from sim.layout import Layout
 
 
@@ -39,10 +71,20 @@ from sim.layout import Layout
 class LayerCost:
     """Compute time (ns) of one layer's attention and MLP blocks for one microbatch on one GPU,
     per phase: fwd, dgrad (input gradient), wgrad (weight gradient), recompute (the extra
-    forward work the recompute policy re-runs in the backward)."""
+    forward work the recompute policy re-runs in the backward).
+
+    `attn_core` (needed with context parallelism): the core attention's part of `attn`, keys
+    fwd, dgrad (whole core attention of the rank, all ring steps), pre_fwd, pre_dgrad (the
+    ops before it: norm, QKV projection, RoPE; the rest of the block, out_proj and
+    bias-dropout-add, is after it), correction_fwd / correction_bwd (one ring step's
+    online-softmax output correction / dQ-dK-dV accumulation, memory-bound).
+    `expert` (MoE layers): the routed-expert GEMMs' part of `mlp`, per phase (fwd, dgrad,
+    wgrad), scaled by the routing imbalance."""
 
     attn: dict
     mlp: dict
+    attn_core: dict | None = None
+    expert: dict | None = None
 
 
 class CostModel:
@@ -67,24 +109,45 @@ def _act_bytes(sc) -> int:
     return (sc.training.seq_length // sc.parallelism.cp) * sc.training.micro_batch_size * sc.model.hidden_size * p
 
 
+def cp_bytes(sc) -> dict:
+    """Bytes per rank of the context-parallel exchanges of one layer and microbatch:
+    `kv`: one K/V block of the ring, s/cp x b x kv_heads/tp x (d_qk + d_v) x bytes (GQA:
+    2 x s/cp x b x kv_heads/tp x head_dim x bytes); `qkv`, `out`: the Ulysses all-to-all
+    buffers, s/cp x b x (heads/tp x d_qk + kv_heads/tp x (d_qk + d_v)) and s/cp x b x heads/tp
+    x d_v elements."""
+    from sim.workload.params import attention_dims
+
+    m, p, t = sc.model, sc.parallelism, sc.training
+    e = 4 if t.precision == "fp32" else 2
+    d_qk, d_v = attention_dims(m)
+    heads = m.num_attention_heads // p.tp
+    kv_heads = heads if m.multi_latent_attention else m.num_query_groups // p.tp
+    tokens = (t.seq_length // p.cp) * t.micro_batch_size
+    return {"kv": tokens * kv_heads * (d_qk + d_v) * e,
+            "qkv": tokens * (heads * d_qk + kv_heads * (d_qk + d_v)) * e,
+            "out": tokens * heads * d_v * e}
+
+
 class ProgramBuilder:
     """Builds the per-rank programs of one scenario (representative ranks: one per pipeline
     rank; the TP, CP and DP peers of a rank do the same work at the same time)."""
 
-    def __init__(self, sc, schedule, costs: CostModel, layout: Layout | None = None):
-        if sc.parallelism.cp > 1:
-            raise ConfigError("context parallelism is not simulated yet by `sim5d run` (ring "
-                              "attention lands with the 5D engine); `sim5d memory` supports it",
-                              key="parallelism.context_parallel_size")
+    def __init__(self, sc, schedule, costs: CostModel, layout: Layout | None = None, *,
+                 ranks: str | None = None):
         self.sc = sc
         self.sched = schedule
         self.costs = costs
         self.layout = layout or Layout.from_scenario(sc)
+        self.mode = ranks or sc.simulation.ranks
+        self.me = self.layout.rank(pp=0)
         self.reps = {r: self.layout.rank(pp=r) for r in range(sc.parallelism.pp)}
         self._groups: dict = {}
         self.act_bytes = _act_bytes(sc)
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
+        self.cp_bytes = cp_bytes(sc)
+        self.imbalance = sc.training.moe_routing_imbalance
+        self.zero3 = p.zero_stage >= 3 and p.dp * p.cp > 1
         self.params_per_stage = self._params_per_stage()
         self.end_params = self._end_params()
         from sim.memory import stage_activation_bytes
@@ -139,11 +202,31 @@ class ProgramBuilder:
         return self.sched.next_stage(stage, mb) is None
 
     def _group(self, pp_rank: int, dim: str) -> tuple:
-        key = (pp_rank, dim)
+        """The process group along `dim` of the rank being built (pp_rank is its pipeline rank)."""
+        key = (self.me, dim)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = self.layout.group(self.reps[pp_rank], dim)
+            g = self._groups[key] = self.layout.group(self.me, dim)
         return g
+
+    def _peer(self, pp_rank: int) -> int:
+        """The global rank at pipeline rank `pp_rank` with this rank's tp / cp / dp coordinates."""
+        c = self.layout.coord(self.me)
+        return self.layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp_rank)
+
+    def _cost(self, layer: int) -> LayerCost:
+        c = self.costs.layer(layer)
+        if self.sc.parallelism.cp > 1 and c.attn_core is None:
+            raise TypeError("context parallelism needs LayerCost.attn_core from the cost model")
+        return c
+
+    def _mlp_ns(self, c: LayerCost, layer: int, phase: str) -> int:
+        """The MLP block's time; on MoE layers the routed-expert part scaled by the routing
+        imbalance (the busiest EP rank's token share relative to the mean)."""
+        t = c.mlp[phase]
+        if self.imbalance != 1.0 and c.expert is not None and self.sc.model.is_moe_layer(layer):
+            t += int(round((self.imbalance - 1.0) * c.expert[phase]))
+        return t
 
     # -- TP / EP collectives -------------------------------------------------------------
     def _tp(self, prog, pp_rank, name, op):
@@ -159,59 +242,188 @@ class ProgramBuilder:
         else:
             prog.append(Comm(spec, name))
 
+    def a2a_bytes(self) -> int:
+        """All-to-all size per rank (nccl-tests' per-rank send buffer) of one MoE dispatch or
+        combine: tokens x topk x hidden x bytes, tokens = b x s/cp (/ tp under SP), times the
+        routing imbalance for the busiest rank."""
+        m, p = self.sc.model, self.sc.parallelism
+        size = self.act_bytes * m.moe_router_topk // (p.tp if self.sp else 1)
+        return int(round(size * self.imbalance))
+
     def _a2a(self, prog, pp_rank, layer, name):
         m, p = self.sc.model, self.sc.parallelism
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
         # every token's top-k copies of its hidden state leave for the experts' ranks
-        size = self.act_bytes * m.moe_router_topk // (p.tp if self.sp else 1)
-        prog.append(Comm(CommSpec("all_to_all", self._group(pp_rank, "ep"), size, "ep"), name))
+        prog.append(Comm(CommSpec("all_to_all", self._group(pp_rank, "ep"), self.a2a_bytes(), "ep"), name))
+
+    # -- CP ------------------------------------------------------------------------------
+    @staticmethod
+    def _split(total: int, n: int) -> list:
+        """`total` ns in n integer parts that sum to it (the first ones 1 ns longer)."""
+        q, rem = divmod(int(total), n)
+        return [q + (1 if i < rem else 0) for i in range(n)]
+
+    def _cp_core_forward(self, prog, r, layer, mb, core, tag, cat):
+        """The core attention of one layer under CP (the ring or the Ulysses all-to-alls)."""
+        p = self.sc.parallelism
+        group = self._group(r, "cp")
+        if p.cp_comm_type == "a2a":
+            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["qkv"], "cp"), f"{tag} L{layer} cp a2a qkv"))
+            prog.append(Compute(core["fwd"], f"{tag} L{layer} core attn mb{mb}", cat))
+            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["out"], "cp"), f"{tag} L{layer} cp a2a out"))
+            return
+        spec = CommSpec("send_recv", group, self.cp_bytes["kv"], "cp")
+        steps = self._split(core["fwd"], p.cp)
+        uid = len(prog)
+        for i in range(p.cp):
+            if i:
+                prog.append(Wait(("cp", uid, i), f"{tag} L{layer} kv block {i}"))
+            if i + 1 < p.cp:
+                prog.append(Launch(("cp", uid, i + 1), spec, f"{tag} L{layer} kv ring step {i + 1}", "cp"))
+            prog.append(Compute(steps[i], f"{tag} L{layer} attn block {i} mb{mb}", cat))
+            if i and core.get("correction_fwd"):
+                prog.append(Compute(core["correction_fwd"], f"{tag} L{layer} softmax correction {i}", cat))
+
+    def _cp_core_backward(self, prog, r, layer, mb, core, name):
+        p = self.sc.parallelism
+        group = self._group(r, "cp")
+        if p.cp_comm_type == "a2a":
+            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["out"], "cp"), f"B {name} cp a2a dout"))
+            prog.append(Compute(core["dgrad"], f"B {name} core attn dgrad"))
+            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["qkv"], "cp"), f"B {name} cp a2a dqkv"))
+            return
+        kv = self.cp_bytes["kv"]
+        steps = self._split(core["dgrad"], p.cp)
+        uid = len(prog)
+        for i in range(p.cp):
+            if i:
+                prog.append(Wait(("cp", uid, i), f"B {name} kv/dkv block {i}"))
+            # K/V for step i+1 and the dK/dV accumulated up to step i-1
+            size = kv * (i + 1 < p.cp) + kv * (i > 0)
+            prog.append(Launch(("cp", uid, i + 1), CommSpec("send_recv", group, size, "cp"),
+                               f"B {name} kv/dkv ring step {i + 1}", "cp"))
+            prog.append(Compute(steps[i], f"B {name} attn block {i} dgrad"))
+            if i and core.get("correction_bwd"):
+                prog.append(Compute(core["correction_bwd"], f"B {name} grad accumulate {i}"))
+        # the last dK/dV returns to its owner before the QKV projection's backward
+        prog.append(Wait(("cp", uid, p.cp), f"B {name} kv/dkv block {p.cp}"))
+        prog.append(Launch(("cp", uid, p.cp + 1), CommSpec("send_recv", group, kv, "cp"),
+                           f"B {name} dkv return", "cp"))
+        prog.append(Wait(("cp", uid, p.cp + 1), f"B {name} dkv returned"))
+
+    def _attn_forward(self, prog, r, layer, mb, c, tag):
+        cat = "recompute" if tag == "R" else "compute"
+        if self.sc.parallelism.cp == 1:
+            prog.append(Compute(c.attn["fwd"], f"{tag} L{layer} attn mb{mb}", cat))
+            return
+        core = c.attn_core
+        prog.append(Compute(core["pre_fwd"], f"{tag} L{layer} attn qkv mb{mb}", cat))
+        self._cp_core_forward(prog, r, layer, mb, core, tag, cat)
+        prog.append(Compute(c.attn["fwd"] - core["pre_fwd"] - core["fwd"], f"{tag} L{layer} attn out mb{mb}", cat))
 
     def _forward_layer(self, prog, r, layer, mb, tag="F"):
-        c = self.costs.layer(layer)
+        c = self._cost(layer)
         ag, rs = ("all_gather", "reduce_scatter") if self.sp else (None, "all_reduce")
         if ag:
             self._tp(prog, r, f"{tag} L{layer} attn all-gather", ag)
-        prog.append(Compute(c.attn["fwd"], f"{tag} L{layer} attn mb{mb}",
-                            "recompute" if tag == "R" else "compute"))
+        self._attn_forward(prog, r, layer, mb, c, tag)
         self._tp(prog, r, f"{tag} L{layer} attn {rs}", rs)
         if ag:
             self._tp(prog, r, f"{tag} L{layer} mlp all-gather", ag)
         self._a2a(prog, r, layer, f"{tag} L{layer} dispatch")
-        prog.append(Compute(c.mlp["fwd"], f"{tag} L{layer} mlp mb{mb}",
+        prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}",
                             "recompute" if tag == "R" else "compute"))
         self._a2a(prog, r, layer, f"{tag} L{layer} combine")
         self._tp(prog, r, f"{tag} L{layer} mlp {rs}", rs)
 
-    def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight):
+    def _dgrad(self, prog, r, layer, mb, block, c, lc, ik, name):
+        if block == "attn" and self.sc.parallelism.cp > 1:
+            core = lc.attn_core
+            post = c["dgrad"] - core["pre_dgrad"] - core["dgrad"]
+            prog.append(Compute(post, f"{ik} {name} out dgrad"))
+            self._cp_core_backward(prog, r, layer, mb, core, name)
+            prog.append(Compute(core["pre_dgrad"], f"{ik} {name} qkv dgrad"))
+        else:
+            prog.append(Compute(self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"],
+                                f"{ik} {name} dgrad"))
+
+    def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight, lc):
         name = f"L{layer} {block} mb{mb}"
         ik, wk = ("B", "B") if (do_input and do_weight) else ("I", "W")  # a full B or split I / W
         rec = self.sc.training.recompute
         if do_input:
             if rec == "selective" and block == "attn" and c["recompute"]:
-                prog.append(Compute(c["recompute"], f"R {name}", "recompute"))
+                if self.sc.parallelism.cp > 1:
+                    # the core attention re-run includes its CP exchange (ring or all-to-all)
+                    self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
+                else:
+                    prog.append(Compute(c["recompute"], f"R {name}", "recompute"))
             if self.sp:
                 # re-gather the block input for wgrad, overlapped with dgrad (Megatron-LM)
                 if do_weight:
                     self._tp(prog, r, f"B {name} input all-gather", "all_gather")
-                prog.append(Compute(c["dgrad"], f"{ik} {name} dgrad"))
+                self._dgrad(prog, r, layer, mb, block, c, lc, ik, name)
                 self._tp(prog, r, f"B {name} grad reduce-scatter", "reduce_scatter")
             else:
-                prog.append(Compute(c["dgrad"], f"{ik} {name} dgrad"))
+                self._dgrad(prog, r, layer, mb, block, c, lc, ik, name)
                 self._tp(prog, r, f"B {name} grad all-reduce", "all_reduce")
         if do_weight:
-            prog.append(Compute(c["wgrad"], f"{wk} {name} wgrad"))
+            prog.append(Compute(self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"],
+                                f"{wk} {name} wgrad"))
 
     def _backward_layer(self, prog, r, layer, mb, do_input, do_weight):
-        c = self.costs.layer(layer)
+        c = self._cost(layer)
         if do_input and self.sc.training.recompute == "full":
             self._forward_layer(prog, r, layer, mb, tag="R")
         if do_input:
             self._a2a(prog, r, layer, f"B L{layer} combine-grad")
-        self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight)
+        self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight, c)
         if do_input:
             self._a2a(prog, r, layer, f"B L{layer} dispatch-grad")
-        self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight)
+        self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight, c)
+
+    # -- ZeRO-3 / FSDP -------------------------------------------------------------------
+    def _fsdp_specs(self, r, stage, layer):
+        p = self.sc.parallelism
+        k = layer - self._layers(stage).start
+        n_dense, n_expert = self.params_per_stage[stage][k]
+        specs = []
+        if n_dense:
+            specs.append(CommSpec("all_gather", self._group(r, "dp-cp"), int(n_dense * 2), "dp"))
+        if n_expert and (p.dp * p.cp) // p.ep > 1:
+            specs.append(CommSpec("all_gather", self._group(r, "edp"), int(n_expert * 2), "dp"))
+        return specs
+
+    def _fsdp_launch(self, prog, r, stage, layer):
+        """Launch the layer's parameter all-gather unless its parameters are gathered (or being
+        gathered); returns the handles to wait for."""
+        key = (stage, layer)
+        hs = self._fsdp.get(key)
+        if hs is None:
+            hs = []
+            for j, spec in enumerate(self._fsdp_specs(r, stage, layer)):
+                h = ("fsdp", stage, layer, j, len(prog))
+                prog.append(Launch(h, spec, f"param all-gather L{layer}", "dp"))
+                hs.append(h)
+            self._fsdp[key] = hs
+        return hs
+
+    def _fsdp_before(self, prog, r, stage, layers, k):
+        """Before layer layers[k]: its gather (if not yet launched), the next layer's prefetch,
+        then wait for its parameters."""
+        if not self.zero3:
+            return
+        hs = self._fsdp_launch(prog, r, stage, layers[k])
+        if k + 1 < len(layers) and self.sc.training.overlap_param_gather:
+            # prefetch: the next layer's gather overlaps this layer's compute
+            self._fsdp_launch(prog, r, stage, layers[k + 1])
+        for h in hs:
+            prog.append(Wait(h, f"param gather L{layers[k]}"))
+
+    def _fsdp_reshard(self, stage, layer):
+        if self.zero3:
+            self._fsdp.pop((stage, layer), None)
 
     # -- DP ------------------------------------------------------------------------------
     def _tied_embedding_peer(self, r):
@@ -245,17 +457,36 @@ class ProgramBuilder:
 
     # -- the program ---------------------------------------------------------------------
     def build(self) -> dict:
-        return {self.reps[r]: self._program(r) for r in range(self.sc.parallelism.pp)}
+        """{global rank: program} for the simulated ranks."""
+        if self.mode == "all":
+            ranks = range(self.layout.world_size)
+        else:
+            ranks = [self.reps[r] for r in range(self.sc.parallelism.pp)]
+        out = {}
+        for g in ranks:
+            self.me = g
+            out[g] = self._program(self.layout.coord(g).pp)
+        return out
 
     def _program(self, r) -> list:
         sc, sched = self.sc, self.sched
         p, t = sc.parallelism, sc.training
         prog: list = []
         self._pending_tp: list = []
+        self._fsdp: dict = {}
         stages = sched.rank_stages(r)
         gather_handles = {}
-        # ZeRO >= 1 parameter all-gather (overlapped with this step's forward when asked)
-        if p.zero_stage >= 1 and p.dp * p.cp > 1 and t.overlap_param_gather:
+        if self.zero3:
+            # the root unit (embedding / LM head) is gathered once at the start and kept
+            for s in stages:
+                if self.end_params[s]:
+                    h = ("param-gather", s)
+                    prog.append(Launch(h, CommSpec("all_gather", self._group(r, "dp-cp"),
+                                                   int(self.end_params[s] * 2), "dp"),
+                                       f"param all-gather emb/head chunk {s}", "dp"))
+                    gather_handles[s] = h
+        # ZeRO 1/2 parameter all-gather (overlapped with this step's forward when asked)
+        elif p.zero_stage >= 1 and p.dp * p.cp > 1 and t.overlap_param_gather:
             for s in stages:
                 n_dense = sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
                 h = ("param-gather", s)
@@ -276,18 +507,23 @@ class ProgramBuilder:
                     prog.append(Wait(gather_handles.pop(s), f"param gather chunk {s}"))
                 prev = sched.prev_stage(s, mb)
                 if prev is not None and sched.stage_rank(prev) != r:
-                    prog.append(Recv(("act", s, mb), f"recv act s{s} mb{mb}"))
+                    prog.append(Recv(("act", s, mb, self.me), f"recv act s{s} mb{mb}"))
                 if self._is_first(s, mb):
                     prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
-                for layer in self._layers(s):
+                layers = list(self._layers(s))
+                for k, layer in enumerate(layers):
+                    self._fsdp_before(prog, r, s, layers, k)
                     self._forward_layer(prog, r, layer, mb)
+                    if p.reshard_after_forward:
+                        self._fsdp_reshard(s, layer)
                 if self._is_last(s, mb):
                     prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
                 prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
                 nxt = sched.next_stage(s, mb)
                 if nxt is not None and sched.stage_rank(nxt) != r:
-                    prog.append(Send(("act", nxt, mb), CommSpec(
-                        "send_recv", (self.reps[r], self.reps[sched.stage_rank(nxt)]),
+                    dst = self._peer(sched.stage_rank(nxt))
+                    prog.append(Send(("act", nxt, mb, dst), CommSpec(
+                        "send_recv", (self.me, dst),
                         self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send act s{nxt} mb{mb}"))
             else:
                 do_input = a.kind in ("B", "I")
@@ -295,14 +531,19 @@ class ProgramBuilder:
                 if do_input:
                     nxt = sched.next_stage(s, mb)
                     if nxt is not None and sched.stage_rank(nxt) != r:
-                        prog.append(Recv(("grad", s, mb), f"recv grad s{s} mb{mb}"))
+                        prog.append(Recv(("grad", s, mb, self.me), f"recv grad s{s} mb{mb}"))
                     if self._is_last(s, mb):
                         prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
                 if do_weight and self._is_last(s, mb):
                     prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
                 final = (i == last_backward.get(s))
-                for layer in reversed(self._layers(s)):
+                layers = list(reversed(self._layers(s)))
+                for k, layer in enumerate(layers):
+                    if do_input:
+                        self._fsdp_before(prog, r, s, layers, k)
                     self._backward_layer(prog, r, layer, mb, do_input, do_weight)
+                    if do_input:
+                        self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
                     if final and t.overlap_grad_reduce and (do_weight or not split[s]):
                         k = layer - self._layers(s).start
                         n_dense, n_expert = self.params_per_stage[s][k]
@@ -317,8 +558,9 @@ class ProgramBuilder:
                     prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
                     prv = sched.prev_stage(s, mb)
                     if prv is not None and sched.stage_rank(prv) != r:
-                        prog.append(Send(("grad", prv, mb), CommSpec(
-                            "send_recv", (self.reps[r], self.reps[sched.stage_rank(prv)]),
+                        dst = self._peer(sched.stage_rank(prv))
+                        prog.append(Send(("grad", prv, mb, dst), CommSpec(
+                            "send_recv", (self.me, dst),
                             self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send grad s{prv} mb{mb}"))
             while self._pending_tp:
                 prog.append(Wait(self._pending_tp.pop(0), "tp overlap"))
@@ -347,7 +589,7 @@ class ProgramBuilder:
         if emb_peer is not None:
             v_local = -(-sc.model.vocab_size // p.tp)
             gb = 4 if t.precision == "fp32" else 2
-            prog.append(Comm(CommSpec("all_reduce", tuple(sorted((self.reps[r], self.reps[emb_peer]))),
+            prog.append(Comm(CommSpec("all_reduce", tuple(sorted((self.me, self._peer(emb_peer)))),
                                       v_local * sc.model.hidden_size * gb, "pp"), "embedding grad all-reduce"))
         # optimizer step on the local shard
         n_local = 0.0
@@ -357,7 +599,7 @@ class ProgramBuilder:
                 n_local += n_dense / (p.dp * p.cp if p.zero_stage >= 1 else 1)
                 n_local += n_expert / (max(1, p.dp * p.cp // p.ep) if p.zero_stage >= 1 else 1)
         prog.append(Compute(self.costs.optimizer_ns(n_local), "optimizer step", "optimizer"))
-        if p.zero_stage >= 1 and p.dp * p.cp > 1 and not t.overlap_param_gather:
+        if 1 <= p.zero_stage <= 2 and p.dp * p.cp > 1 and not t.overlap_param_gather:
             for s in stages:
                 n_dense = sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
                 prog.append(Comm(CommSpec("all_gather", self._group(r, "dp-cp"), int(n_dense * 2), "dp"),

@@ -88,7 +88,7 @@ def simulate(sc, *, costs=None, network=None) -> RunResult:
         network = network_for(sc, layout)
     builder = ProgramBuilder(sc, sched, costs, layout)
     programs = builder.build()
-    engine = Engine(programs, network)
+    engine = Engine(programs, network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
     makespan = engine.run()
     pp_rank_of = {rank: layout.coord(rank).pp for rank in programs}
     return RunResult(scenario=sc, records=engine.records, makespan_ns=makespan,

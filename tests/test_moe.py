@@ -1,0 +1,128 @@
+"""Expert parallelism in the engine, hand-checked: the dispatch/combine all-to-all volume per
+token (topk x hidden x bytes), the routing imbalance (the busiest EP rank's token share sets
+the pace: its expert GEMMs and all-to-all volume scale), and the expert-data-parallel gradient
+reduction."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import base_scenario, run_cli
+from sim import schedules
+from sim.config import build_scenario
+from sim.engine.core import Engine
+from sim.engine.program import CostModel, LayerCost, ProgramBuilder
+
+EXPERT = 40
+
+
+class MoECosts(CostModel):
+    """Blocks 100 ns per phase, of which the routed experts are 40 on MoE layers."""
+
+    def layer(self, layer):
+        d = {"fwd": 100, "dgrad": 100, "wgrad": 100, "recompute": 0}
+        return LayerCost(attn=d, mlp=d, expert={"fwd": EXPERT, "dgrad": EXPERT, "wgrad": EXPERT})
+
+    def embedding_ns(self, phase):
+        return 0
+
+    def head_ns(self, phase):
+        return 0
+
+    def optimizer_ns(self, n_params):
+        return 5
+
+
+class A2ANetwork:
+    """An all-to-all takes 1 ns per `unit` bytes; everything else is free."""
+
+    def __init__(self, unit):
+        self.unit, self.seen = unit, []
+
+    def transfer(self, env, spec):
+        self.seen.append(spec)
+        if spec.op == "all_to_all":
+            yield env.timeout(spec.size_bytes // self.unit)
+
+
+def _moe(tp=1, dp=2, ep=2, imbalance=None, sp=False, gbs=4):
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2,
+                                "activation": "swiglu"},
+                         training={"global_batch_size": gbs, "seq_length": 128,
+                                   **({"moe_routing_imbalance": imbalance} if imbalance else {})})
+    data["parallelism"] = {"tp": tp, "pp": 1, "dp": dp, "ep": ep, "sequence_parallel": sp}
+    return build_scenario(data)
+
+
+def _run(sc, net):
+    sched = schedules.build("1f1b", 1, sc.derived.num_microbatches, 1)
+    eng = Engine(ProgramBuilder(sc, sched, MoECosts()).build(), net)
+    return eng.run()
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, True)])
+def test_all_to_all_volume_per_token(tp, sp):
+    sc = _moe(tp=tp, dp=2, ep=2, sp=sp)
+    net = A2ANetwork(1)
+    _run(sc, net)
+    a2a = [s for s in net.seen if s.op == "all_to_all"]
+    m = sc.derived.num_microbatches
+    # per layer per microbatch: dispatch + combine forward and their gradients backward
+    assert len(a2a) == 2 * m * 4 and all(len(s.ranks) == 2 and s.tag == "ep" for s in a2a)
+    tokens = 128 // tp          # tokens of the rank entering the dispatcher (SP splits by tp)
+    assert {s.size_bytes for s in a2a} == {tokens * 2 * 256 * 2}   # topk x hidden x bf16 per token
+
+
+def test_routing_imbalance_sets_the_pace():
+    unit = 1000
+    base_sc, skew_sc = _moe(), _moe(imbalance=1.5)
+    t1 = _run(base_sc, A2ANetwork(unit))
+    t2 = _run(skew_sc, A2ANetwork(unit))
+    m, layers = base_sc.derived.num_microbatches, 2
+    a2a_ns = 128 * 2 * 256 * 2 // unit          # one balanced all-to-all: 131 ns
+    skew_ns = int(round(128 * 2 * 256 * 2 * 1.5)) // unit
+    # per layer and microbatch: expert fwd + dgrad + wgrad grow by 0.5 x 40 each, and the four
+    # all-to-alls carry 1.5x the bytes
+    assert t2 - t1 == layers * m * (3 * EXPERT // 2 + 4 * (skew_ns - a2a_ns))
+    # throughput (tokens per step / step) falls by exactly t1 / t2
+    assert (base_sc.tokens_per_step / t2) / (base_sc.tokens_per_step / t1) == pytest.approx(t1 / t2)
+
+
+def test_imbalance_on_the_device_model_scales_only_the_expert_gemms():
+    from sim.engine.costs import DeviceCostModel
+    c = DeviceCostModel(_moe()).layer(0)
+    assert 0 < c.expert["fwd"] < c.mlp["fwd"]
+    from sim.engine.simulate import simulate
+    a = simulate(build_scenario({**_dict(_moe()), "simulation": {"network": "analytical"}}))
+    b = simulate(build_scenario({**_dict(_moe(imbalance=2.0)), "simulation": {"network": "analytical"}}))
+    assert b.makespan_ns > a.makespan_ns
+
+
+def _dict(sc):
+    from sim.config import resolved_dict
+    d = resolved_dict(sc)
+    d.pop("derived")
+    return d
+
+
+def test_expert_data_parallel_gradient_reduce():
+    sc = _moe(dp=4, ep=2, gbs=4)
+    net = A2ANetwork(1)
+    _run(sc, net)
+    dp = [s for s in net.seen if s.tag == "dp"]
+    # dense gradients over dp x cp = 4 ranks, routed experts over dp x cp / ep = 2 ranks
+    assert {len(s.ranks) for s in dp} == {4, 2}
+    from sim import workload
+    lp = workload.layer_params(sc.model, 0)
+    expert = [s for s in dp if len(s.ranks) == 2]
+    assert len(expert) == 2 and all(s.size_bytes == int(lp.routed_experts / 2 * 2) for s in expert)
+
+
+def test_imbalance_validation(write_yaml):
+    data = base_scenario(training={"seq_length": 256, "global_batch_size": 16, "moe_routing_imbalance": 1.2})
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "moe_routing_imbalance" in err and "MoE" in err
+    data["training"]["moe_routing_imbalance"] = 0.5
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "moe_routing_imbalance" in err

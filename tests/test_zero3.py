@@ -1,0 +1,137 @@
+"""ZeRO-3 / FSDP in the engine, hand-checked: per-layer parameter all-gathers (1x the layer's
+parameters per microbatch pass without resharding, 2x with it), prefetch one layer ahead on
+the dp stream, per-layer gradient reduce-scatter, memory with and without resharding."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import base_scenario, run_cli
+from sim import schedules, workload
+from sim.config import build_scenario
+from sim.engine.core import Engine
+from sim.engine.program import CostModel, LayerCost, ProgramBuilder
+from sim.memory import memory_report
+
+
+class UnitCosts(CostModel):
+    def layer(self, layer):
+        d = {"fwd": 100, "dgrad": 100, "wgrad": 100, "recompute": 0}
+        return LayerCost(attn=d, mlp=d)
+
+    def embedding_ns(self, phase):
+        return 0
+
+    def head_ns(self, phase):
+        return 0
+
+    def optimizer_ns(self, n_params):
+        return 5
+
+
+class GatherNetwork:
+    """Parameter all-gathers take G ns, everything else 0."""
+
+    def __init__(self, G):
+        self.G, self.seen = G, []
+
+    def transfer(self, env, spec):
+        self.seen.append(spec)
+        yield env.timeout(self.G if spec.op == "all_gather" else 0)
+
+
+def _sc(reshard=None, gbs=2, layers=2, prefetch=True, **par):
+    data = base_scenario(model={"num_layers": layers, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024}, training={"global_batch_size": gbs, "seq_length": 128,
+                                                               "overlap_param_gather": prefetch})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3,
+                           **({"reshard_after_forward": reshard} if reshard is not None else {}), **par}
+    return build_scenario(data)
+
+
+def _run(sc, net):
+    p = sc.parallelism
+    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    eng = Engine(ProgramBuilder(sc, sched, UnitCosts()).build(), net)
+    return eng.run(), eng
+
+
+@pytest.mark.parametrize("reshard,passes", [(True, 2), (False, 1)])
+@pytest.mark.parametrize("gbs", [2, 6])
+def test_gathers_equal_params_per_pass(reshard, passes, gbs):
+    sc = _sc(reshard, gbs=gbs)
+    net = GatherNetwork(50)
+    _run(sc, net)
+    m = sc.derived.num_microbatches
+    layer_bytes = 2 * workload.layer_params(sc.model, 0).total      # 16-bit weights, tp = 1
+    gathers = [s for s in net.seen if s.op == "all_gather"]
+    per_layer = [s for s in gathers if s.size_bytes == layer_bytes]
+    assert all(len(s.ranks) == 2 for s in gathers)
+    # 2 layers x microbatches x (forward, and backward again when resharded)
+    assert len(per_layer) == 2 * m * passes
+    assert sum(s.size_bytes for s in per_layer) == passes * m * 2 * layer_bytes
+    # the root unit (embedding + head) once per step
+    emb = workload.embedding_params(sc.model).total + workload.output_params(sc.model).total
+    assert [s.size_bytes for s in gathers if s.size_bytes != layer_bytes] == [2 * emb]
+    # gradients: one reduce-scatter per layer (+ embedding/head), no end-of-step gather
+    rs = [s for s in net.seen if s.tag == "dp" and s.op != "all_gather"]
+    assert [s.op for s in rs] == ["reduce_scatter"] * 3
+
+
+def test_prefetch_one_layer_ahead_hides_the_gather():
+    # one microbatch, no resharding: root gather, L0 and L1 gathers queue on the dp stream at t=0
+    G = 50
+    sc = _sc(False, gbs=2)
+    makespan, eng = _run(sc, GatherNetwork(G))
+    starts = {r.name: r.start_ns for r in eng.records if r.stream == "compute"}
+    # L0 waits for the root (0..50) and its own gather (50..100); L1's gather (100..150) runs
+    # during L0's forward (100..300) and is hidden
+    assert starts["F L0 attn mb0"] == 2 * G
+    assert starts["F L1 attn mb0"] == 2 * G + 200
+    # backward needs no gather (kept), so the step is 2G + compute
+    assert makespan == 2 * G + 2 * 200 + 2 * 400 + 5
+
+
+def test_without_overlap_param_gather_each_gather_is_exposed():
+    # no prefetch: root 0..50, L0 50..100, L0 forward 100..300, L1 gathered when needed 300..350
+    G = 50
+    sc = _sc(False, gbs=2, prefetch=False)
+    makespan, eng = _run(sc, GatherNetwork(G))
+    starts = {r.name: r.start_ns for r in eng.records if r.stream == "compute"}
+    assert starts["F L0 attn mb0"] == 2 * G
+    assert starts["F L1 attn mb0"] == 2 * G + 200 + G
+    assert makespan == 3 * G + 2 * 200 + 2 * 400 + 5
+
+
+def test_reshard_regathers_before_backward():
+    G = 500
+    sc = _sc(True, gbs=2)
+    makespan, eng = _run(sc, GatherNetwork(G))
+    starts = {r.name: r.start_ns for r in eng.records if r.stream == "compute"}
+    # forward: root 0..500, L0 500..1000, L1 1000..1500 (L0 computes 1000..1200, L1 starts 1500)
+    assert starts["F L1 attn mb0"] == 3 * G
+    # backward: L1 re-gather launched at the end of the forward (1700..2200), L0 prefetched
+    # behind it (2200..2700); L1's backward 2200..2600, L0's starts at 2700
+    fwd_end = 3 * G + 200
+    assert starts["B L1 mlp mb0 dgrad"] == fwd_end + G
+    assert starts["B L0 mlp mb0 dgrad"] == fwd_end + 2 * G
+    assert makespan == fwd_end + 2 * G + 400 + 5
+
+
+def test_memory_keeps_gathered_weights_without_resharding():
+    a = memory_report(_sc(True, gbs=2, layers=4))
+    b = memory_report(_sc(False, gbs=2, layers=4))
+    lp = workload.layer_params(_sc(True).model, 0).total
+    # resharded: two layers' 16-bit weights in flight; kept: the rank's whole 16-bit weights
+    # (4 layers + embedding + head) less the half it owns, which is its shard's size again
+    shard = b.per_stage[0].weights_bytes
+    assert shard == pytest.approx((4 * lp + workload.embedding_params(_sc(True).model).total
+                                   + workload.output_params(_sc(True).model).total) * 2 / 2)
+    assert b.per_stage[0].other_bytes - a.per_stage[0].other_bytes == pytest.approx(shard - 2 * lp * 2)
+
+
+def test_reshard_after_forward_needs_zero3(write_yaml):
+    data = base_scenario()
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 4, "zero_stage": 1, "reshard_after_forward": False}
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "reshard_after_forward" in err and "zero_stage" in err
