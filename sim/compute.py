@@ -57,14 +57,45 @@ Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8 
 MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error); fp32
 means TF32 tensor-core math. Operand bytes follow ops.py (fp8 operands 1 byte, outputs 2).
 
-Fallback (a profile without `extra.compute`, e.g. the measured `cpu-local` profile or one written
-by `sim5d calibrate fit`): the profile's own numbers are taken as achievable -- `peak_tflops` as
-the matmul rate, `hbm_gbps` at efficiency 1.0 -- with no SMs (no tile or wave quantisation), no
-kernel overhead, and attention at the matmul rate. Individual keys of `extra.compute` default
-the same way (sm_count absent: no quantisation; mamf_tflops absent for a precision: the
-profile's MAMF/peak ratio of bf16 times that precision's peak, else the peak; hbm_efficiency
-1.0; kernel_overhead_us 0; attention absent: the matmul rate; gemm_tiles absent with an
-sm_count: 256x128 and 128x128).
+Fallback (a profile without `extra.compute`, e.g. the measured `cpu-local` profile): the
+profile's own numbers are taken as achievable -- `peak_tflops` as the matmul rate, `hbm_gbps` at
+efficiency 1.0 -- with no SMs (no tile or wave quantisation), no kernel overhead, and attention
+at the matmul rate. Individual keys of `extra.compute` default the same way (sm_count absent: no
+quantisation; mamf_tflops absent for a precision: the profile's MAMF/peak ratio of bf16 times
+that precision's peak, else the peak; hbm_efficiency 1.0; kernel_overhead_us 0; attention
+absent: the matmul rate; gemm_tiles absent with an sm_count: 256x128 and 128x128).
+
+Calibrated per-class keys (written by `sim5d calibrate fit`, sim/calibrate/fit.py; all optional,
+absent = the behaviour above):
+    gemm_efficiency: {half_intensity: I0, exponent: p}
+        The achievable matmul rate of a GEMM is multiplied by eff(I) = 1 / (1 + (I0 / I)^p),
+        where I = 2MNK / (MK + KN + MN) is the GEMM's arithmetic intensity in FLOPs per matrix
+        element touched (per problem of a batch; dimensionless). Small and skinny GEMMs have a
+        low I and run below the MAMF: a fitted efficiency curve over shape for devices without
+        the SM/tile model (CPUs). I0 > 0 (FLOPs/element, the intensity at which eff = 1/2),
+        p > 0. Applies in the tile model too.
+    overhead_us: {class: us}
+        Fixed cost per kernel of an op class, microseconds (launch plus host dispatch; on a CPU,
+        PyTorch eager's per-op cost). Classes: `gemm`, `attention` (one fused kernel per
+        phase, split over its two ops as above), `optimizer` (per launch) and the elementwise
+        classes of `ELEMENTWISE_CLASSES` (`norm`, `activation`, `softmax`, `dropout`,
+        `residual`, `rotary`, `embedding`, `cross_entropy`, `moe_permute`), each optionally
+        with a `<class>_bwd` entry for its backward kernels (PyTorch's backward kernels differ
+        from the forward ones: dropout's forward draws random numbers, its backward only
+        multiplies). A class not given uses `kernel_overhead_us`; a `_bwd` class not given uses
+        its forward class.
+    elementwise_gbps: {class: GB/s | {bytes: [...], gbps: [...]}}
+        Achieved bandwidth of an elementwise class (the bytes ops.py counts for the op / its
+        measured time, less the class overhead), GB/s (1e9 B/s); `optimizer` for the Adam step's
+        stream; `<class>_bwd` for the backward phase as for `overhead_us`. Replaces
+        hbm_efficiency x hbm_gbps for that class: kernels that are compute-bound
+        in practice (GELU's erf, exp in softmax / cross-entropy on a CPU) or touch memory the
+        byte count leaves out show up here as a lower rate; cache-resident ones may exceed
+        hbm_gbps. A mapping gives the rate as a curve over the bytes the kernel moves
+        (increasing `bytes`, one `gbps` each), interpolated linearly in log2(bytes) and held
+        constant outside the measured range, as the attention table is over seqlen: on a CPU the
+        rate falls once tensors leave the caches and, with glibc, once an output reaches the
+        32 MiB mmap threshold (every call then page-faults its fresh output).
 
 Not modelled: CPU-side dispatch (PyTorch eager can starve the GPU when kernels are shorter than
 the host's ~10 us per op), L2 reuse between kernels, clock throttling beyond what MAMF measured,
@@ -78,7 +109,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from sim.devices import PRECISIONS, DeviceProfile
 from sim.errors import ConfigError
@@ -99,7 +130,34 @@ CAUSAL_FLOPS_RATIO = 0.75
 (ops.py counts exactly half)."""
 
 _KNOWN_KEYS = ("sm_count", "gemm_tiles", "mamf_tflops", "hbm_efficiency", "kernel_overhead_us",
-               "attention", "split_k_max", "split_k_min_chunk")
+               "attention", "split_k_max", "split_k_min_chunk", "gemm_efficiency", "overhead_us",
+               "elementwise_gbps")
+
+ELEMENTWISE_CLASSES = {
+    "norm": ("input_norm", "pre_mlp_norm", "final_norm", "q_norm", "kv_norm"),
+    "activation": ("act", "expert_act", "shared_act"),
+    "softmax": ("attn_softmax",),
+    "dropout": ("attn_dropout", "embedding_dropout"),
+    "residual": ("attn_bias_dropout_add", "mlp_bias_dropout_add", "position_embedding_add"),
+    "rotary": ("rotary_emb",),
+    "embedding": ("embedding_lookup",),
+    "cross_entropy": ("cross_entropy",),
+    "moe_permute": ("moe_permute", "moe_unpermute"),
+}
+"""Op classes of sim.workload.ops' elementwise ops (by op name), for the calibrated per-class
+keys `elementwise_gbps` and `overhead_us`."""
+_CLASS_OF = {name: cls for cls, names in ELEMENTWISE_CLASSES.items() for name in names}
+_BWD = tuple(f"{c}_bwd" for c in ELEMENTWISE_CLASSES)
+OP_CLASSES = ("gemm", "attention", "optimizer") + tuple(ELEMENTWISE_CLASSES) + _BWD
+"""Every class a calibrated profile may give an `overhead_us` for (`<class>_bwd`: the backward
+kernels of an elementwise class, when they differ from its forward ones)."""
+BANDWIDTH_CLASSES = tuple(ELEMENTWISE_CLASSES) + ("optimizer",) + _BWD
+"""Every class a calibrated profile may give an `elementwise_gbps` for."""
+
+
+def elementwise_class(op_name: str) -> str | None:
+    """The calibration class of an elementwise op (None for an op name outside the table)."""
+    return _CLASS_OF.get(op_name)
 _ATTN_KEYS = ("seqlen", "fwd_tflops", "fwd_causal_tflops", "bwd_tflops", "bwd_causal_tflops")
 
 
@@ -124,9 +182,53 @@ class ComputeParams:
     split_k_min_chunk: int = SPLIT_K_MIN_CHUNK
     calibrated: bool = True
     """False when the profile has no extra.compute (whole fallback)."""
+    gemm_efficiency: tuple | None = None
+    """(half_intensity I0, exponent p) of eff(I) = 1 / (1 + (I0/I)^p); None = 1."""
+    class_overhead_s: tuple = ()
+    """((class, seconds per kernel), ...) from `overhead_us`."""
+    class_bytes_per_s: tuple = ()
+    """((class, achieved B/s), ...) from `elementwise_gbps`."""
 
     def mamf(self, precision: str) -> float:
         return dict(self.mamf_flops)[precision]
+
+    @cached_property
+    def _overhead_map(self) -> dict:
+        return dict(self.class_overhead_s)
+
+    @cached_property
+    def _bw_map(self) -> dict:
+        return dict(self.class_bytes_per_s)
+
+    def overhead_s(self, op_class: str | None) -> float:
+        """Per-kernel overhead of an op class (kernel_overhead_us when not calibrated per class;
+        a `<class>_bwd` not calibrated falls back to `<class>`)."""
+        d = self._overhead_map
+        if op_class not in d and op_class and op_class.endswith("_bwd"):
+            op_class = op_class[:-4]
+        return d.get(op_class, self.kernel_overhead_s)
+
+    def bytes_per_s(self, op_class: str | None, nbytes: float = 0.0) -> float:
+        """Achieved bandwidth of an elementwise / optimizer class moving `nbytes` (the HBM
+        roofline when the class is not calibrated; a `<class>_bwd` not calibrated falls back
+        to `<class>`)."""
+        d = self._bw_map
+        if op_class not in d and op_class and op_class.endswith("_bwd"):
+            op_class = op_class[:-4]
+        v = d.get(op_class)
+        if v is None:
+            return self.hbm_bytes_per_s
+        if isinstance(v, tuple):
+            return _interp_log2(v, max(nbytes, 1.0))
+        return v
+
+    def gemm_eff(self, M: float, N: float, K: float) -> float:
+        """eff(I) of the `gemm_efficiency` curve for one problem of shape (M, N, K)."""
+        if self.gemm_efficiency is None:
+            return 1.0
+        i0, p = self.gemm_efficiency
+        intensity = 2.0 / (1.0 / M + 1.0 / N + 1.0 / K)
+        return 1.0 / (1.0 + (i0 / intensity) ** p)
 
     def attention_table(self, name: str):
         return dict(self.attention or ()).get(name)
@@ -212,6 +314,52 @@ def _parse(device: DeviceProfile) -> ComputeParams:
                 _positive(device, f"attention.{k}", v)
             tables.append((k, tuple((s, 1e12 * float(v)) for s, v in zip(seq, vals))))
         attention = tuple(tables)
+    gemm_eff = None
+    ge = c.get("gemm_efficiency")
+    if ge is not None:
+        if not isinstance(ge, dict) or set(ge) != {"half_intensity", "exponent"}:
+            raise _bad(device, "gemm_efficiency", f"{ge!r} must map exactly half_intensity "
+                       "(FLOPs per element, > 0) and exponent (> 0)")
+        gemm_eff = (float(_positive(device, "gemm_efficiency.half_intensity", ge["half_intensity"])),
+                    float(_positive(device, "gemm_efficiency.exponent", ge["exponent"])))
+    class_overhead = []
+    ov = c.get("overhead_us", {})
+    if not isinstance(ov, dict):
+        raise _bad(device, "overhead_us", "must map op class -> microseconds")
+    for k, v in ov.items():
+        if k not in OP_CLASSES:
+            from sim.suggest import did_you_mean
+            raise _bad(device, f"overhead_us.{k}", f"unknown op class {k!r}"
+                       f"{did_you_mean(str(k), list(OP_CLASSES))}; known: {', '.join(OP_CLASSES)}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise _bad(device, f"overhead_us.{k}", f"{v!r} must be a number >= 0")
+        class_overhead.append((k, float(v) * 1e-6))
+    class_bw = []
+    bw = c.get("elementwise_gbps", {})
+    if not isinstance(bw, dict):
+        raise _bad(device, "elementwise_gbps", "must map op class -> GB/s")
+    for k, v in bw.items():
+        if k not in BANDWIDTH_CLASSES:
+            from sim.suggest import did_you_mean
+            raise _bad(device, f"elementwise_gbps.{k}", f"unknown op class {k!r}"
+                       f"{did_you_mean(str(k), list(BANDWIDTH_CLASSES))}; known: "
+                       f"{', '.join(BANDWIDTH_CLASSES)}")
+        if isinstance(v, dict):
+            xs, ys = v.get("bytes"), v.get("gbps")
+            if (set(v) != {"bytes", "gbps"} or not isinstance(xs, list) or not isinstance(ys, list)
+                    or not xs or len(xs) != len(ys)):
+                raise _bad(device, f"elementwise_gbps.{k}", "a curve must map bytes and gbps to "
+                           "equal-length, non-empty lists")
+            for x in xs:
+                _positive(device, f"elementwise_gbps.{k}.bytes", x)
+            for y in ys:
+                _positive(device, f"elementwise_gbps.{k}.gbps", y)
+            if list(xs) != sorted(set(xs)):
+                raise _bad(device, f"elementwise_gbps.{k}.bytes", f"{xs!r} must be increasing")
+            class_bw.append((k, tuple((float(x), float(y) * 1e9) for x, y in zip(xs, ys))))
+            continue
+        _positive(device, f"elementwise_gbps.{k}", v)
+        class_bw.append((k, float(v) * 1e9))
     split_max = int(_positive(device, "split_k_max", c.get("split_k_max", SPLIT_K_MAX), integer=True))
     split_chunk = int(_positive(device, "split_k_min_chunk",
                                 c.get("split_k_min_chunk", SPLIT_K_MIN_CHUNK), integer=True))
@@ -219,7 +367,8 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         device=device.name, sm_count=sms, gemm_tiles=tuple(sorted(norm_tiles)), mamf_flops=mamf,
         hbm_bytes_per_s=float(eff) * device.hbm_gbps * 1e9, kernel_overhead_s=float(overhead) * 1e-6,
         attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
-        calibrated=calibrated)
+        calibrated=calibrated, gemm_efficiency=gemm_eff, class_overhead_s=tuple(sorted(class_overhead)),
+        class_bytes_per_s=tuple(sorted(class_bw)))
 
 
 _CACHE: dict = {}
@@ -304,12 +453,12 @@ def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: st
         return 0.0
     if bytes_moved is None:
         bytes_moved = _gemm_bytes(m, n, k, batch, precision, out_fp32_rmw=weight_grad)
-    rate = p.mamf(precision)
+    rate = p.mamf(precision) * p.gemm_eff(m, n, k)
     if flops is not None and flops > 0 and flops != shape_flops:
         rate *= shape_flops / flops      # charge the op's own FLOP count on the same tiles
     t = _gemm_core_s(p, float(m), float(n), float(k), int(batch), rate, float(bytes_moved),
                      float(batch * m * n))
-    return t + p.kernel_overhead_s
+    return t + p.overhead_s("gemm")
 
 
 def _gemm_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
@@ -389,23 +538,28 @@ def _attention_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: s
         ctas = op.batch * math.ceil(rows / ATTENTION_BLOCK)
         q = math.ceil(ctas / p.sm_count) / (ctas / p.sm_count)
     nbytes = op.bytes_fwd if phase == "fwd" else op.bytes_bwd
-    return max(flops * q / rate, nbytes / p.hbm_bytes_per_s) + p.kernel_overhead_s / 2
+    return max(flops * q / rate, nbytes / p.hbm_bytes_per_s) + p.overhead_s("attention") / 2
 
 
 # ----------------------------------------------------------------------------------------------
 # Elementwise
-def memory_time_s(nbytes: float, device: DeviceProfile, *, kernels: int = 1) -> float:
-    """A memory-bound kernel moving `nbytes` at the achievable bandwidth, plus launch costs."""
+def memory_time_s(nbytes: float, device: DeviceProfile, *, kernels: int = 1,
+                  op_class: str | None = None) -> float:
+    """A memory-bound kernel moving `nbytes` at the achievable bandwidth, plus launch costs.
+    `op_class`: a calibrated class (`elementwise_gbps`, `overhead_us`) to time it with."""
     if nbytes <= 0:
         return 0.0
     p = compute_params(device)
-    return nbytes / p.hbm_bytes_per_s + kernels * p.kernel_overhead_s
+    return nbytes / p.bytes_per_s(op_class, nbytes) + kernels * p.overhead_s(op_class)
 
 
 def _elementwise_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
     if phase == "wgrad":
         return 0.0
-    return memory_time_s(op.bytes_fwd if phase == "fwd" else op.bytes_bwd, device)
+    cls = elementwise_class(op.name)
+    if phase == "fwd":
+        return memory_time_s(op.bytes_fwd, device, op_class=cls)
+    return memory_time_s(op.bytes_bwd, device, op_class=f"{cls}_bwd" if cls else None)
 
 
 _BY_KIND = {"gemm": _gemm_op_time_s, "attention": _attention_op_time_s,
@@ -491,11 +645,12 @@ def optimizer_step_time_s(n_params_local: float, device: DeviceProfile, precisio
         return 0.0
     nbytes = n_params_local * optimizer_bytes_per_param(precision, grad_bytes=grad_bytes,
                                                         clip_grad=clip_grad)
-    return memory_time_s(nbytes, device, kernels=2 if clip_grad else 1)
+    return memory_time_s(nbytes, device, kernels=2 if clip_grad else 1, op_class="optimizer")
 
 
 __all__ = [
-    "ATTENTION_BLOCK", "ComputeParams", "OPTIMIZERS", "PHASES", "SPLIT_K_MAX", "SPLIT_K_MIN_CHUNK",
+    "ATTENTION_BLOCK", "BANDWIDTH_CLASSES", "ComputeParams", "ELEMENTWISE_CLASSES", "OP_CLASSES",
+    "OPTIMIZERS", "elementwise_class", "PHASES", "SPLIT_K_MAX", "SPLIT_K_MIN_CHUNK",
     "achieved_tflops", "attention_rate_flops", "compute_params", "gemm_time_s", "kernel_time_s",
     "memory_time_s", "op_flops", "ops_time_s", "optimizer_bytes_per_param",
     "optimizer_step_time_s", "phase_times_s",

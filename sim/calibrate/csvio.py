@@ -1,0 +1,164 @@
+"""The measurement CSV that `sim5d calibrate run` writes and `sim5d calibrate fit` reads.
+
+A file starts with `# key: value` comment lines (the run's metadata: device, versions, timing
+method, sizes, status) and then a CSV table, one measurement a row::
+
+    # sim5d calibration: 1
+    # device: cpu
+    # device_name: AMD EPYC (2 cores)
+    # torch: 2.13.0+cpu
+    # timing: time.perf_counter around each call; median of reps after warm-up
+    # status: complete
+    kind,op,phase,dtype,batch,m,n,k,causal,flops,bytes,ranks,size_bytes,reps,median_s,min_s,algbw_gbps,busbw_gbps,source
+    gemm,gemm,fwd,float32,1,1024,1024,256,0,536870912,6291456,0,0,20,0.00601,0.00588,0,0,grid
+    ...
+
+Columns (units in the name or below):
+- kind: gemm | attention | elementwise | copy | optimizer | collective
+- op: `gemm`; `sdpa` (attention); the elementwise class (sim.compute.ELEMENTWISE_CLASSES: norm,
+  activation, softmax, dropout, residual, embedding, cross_entropy, ...); `copy`; `adam`; the
+  collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send_recv)
+- phase: fwd | dgrad | wgrad (GEMMs, informational), fwd | bwd (attention, elementwise), step
+- dtype: torch dtype name (float32, bfloat16, ...)
+- batch, m, n, k: the shape. GEMM: batch x [m,k] @ [k,n]. Attention: batch = sequences x heads,
+  m = query length, n = key length, k = head dim. Elementwise / copy: m rows x n columns.
+  Optimizer: m = parameters, n = tensors. Collective: 0.
+- causal: 1 for a causal attention measurement
+- flops, bytes: the work as sim.workload.ops counts it for the same op (what the fit divides by)
+- ranks, size_bytes: collectives (nccl-tests' size column); algbw_gbps, busbw_gbps: nccl-tests'
+  algbw and busbw (GB/s = 1e9 B/s)
+- reps: timed repetitions; median_s, min_s: their median and minimum, seconds
+- source: where the shape comes from (a preset and TP degree, `grid`, the backend, ...)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from sim.errors import ConfigError
+
+FORMAT_VERSION = 1
+KINDS = ("gemm", "attention", "elementwise", "copy", "optimizer", "collective")
+COLUMNS = ("kind", "op", "phase", "dtype", "batch", "m", "n", "k", "causal", "flops", "bytes",
+           "ranks", "size_bytes", "reps", "median_s", "min_s", "algbw_gbps", "busbw_gbps", "source")
+_INT = ("batch", "causal", "ranks", "size_bytes", "reps")
+_FLOAT = ("m", "n", "k", "flops", "bytes", "median_s", "min_s", "algbw_gbps", "busbw_gbps")
+_STR = ("kind", "op", "phase", "dtype", "source")
+
+
+def row(**kw) -> dict:
+    """A complete row with defaults (0 / '') for the columns not given."""
+    out = {c: (0 if c in _INT or c in _FLOAT else "") for c in COLUMNS}
+    for k, v in kw.items():
+        if k not in out:
+            raise KeyError(f"unknown calibration column {k!r}")
+        out[k] = v
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else "nan"
+    return str(v)
+
+
+def write_csv(path, meta: dict, rows: list[dict]) -> None:
+    """Write metadata comment lines and the table (atomically: a temp file then rename)."""
+    path = Path(path)
+    buf = io.StringIO()
+    buf.write(f"# sim5d calibration: {FORMAT_VERSION}\n")
+    for k, v in meta.items():
+        text = str(v).replace("\n", " ")
+        buf.write(f"# {k}: {text}\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow([_fmt(r[c]) for c in COLUMNS])
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(buf.getvalue())
+    tmp.replace(path)
+
+
+def read_csv(path) -> tuple[dict, list[dict]]:
+    """(metadata, rows) of a calibration CSV; every malformed line is a ConfigError naming the
+    file, line, column, value and rule."""
+    path = Path(path)
+    f = str(path)
+    if not path.is_file():
+        raise ConfigError(f"no such file {f!r} (make one with `sim5d calibrate run --out {f}`)",
+                          key="FILE")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {f!r}: {e}", key="FILE") from None
+    meta: dict = {}
+    lines = text.splitlines()
+    body_start = None
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            k, sep, v = s[1:].partition(":")
+            if sep:
+                meta[k.strip()] = v.strip()
+            continue
+        body_start = i
+        break
+    if body_start is None:
+        raise ConfigError("empty calibration CSV: no header row and no measurements (make one with "
+                          "`sim5d calibrate run`)", file=f)
+    reader = csv.reader(lines[body_start:])
+    header = [h.strip() for h in next(reader)]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ConfigError(f"header row lacks column(s) {', '.join(missing)}; a calibration CSV has "
+                          f"the columns {','.join(COLUMNS)}", file=f, line=body_start + 1,
+                          key=missing[0])
+    idx = {c: header.index(c) for c in COLUMNS}
+    rows = []
+    for j, fields in enumerate(reader):
+        lineno = body_start + 2 + j
+        if not fields or all(not x.strip() for x in fields):
+            continue
+        if fields[0].lstrip().startswith("#"):
+            continue
+        if len(fields) != len(header):
+            raise ConfigError(f"{len(fields)} fields, the header has {len(header)}", file=f,
+                              line=lineno)
+        r = {}
+        for c in COLUMNS:
+            raw = fields[idx[c]].strip()
+            if c in _STR:
+                r[c] = raw
+                continue
+            try:
+                v = float(raw)
+            except ValueError:
+                raise ConfigError(f"{c} = {raw!r} must be a number", key=c, file=f, line=lineno) from None
+            if c in _INT:
+                if not v.is_integer():
+                    raise ConfigError(f"{c} = {raw!r} must be a whole number", key=c, file=f, line=lineno)
+                v = int(v)
+            elif not math.isfinite(v):
+                raise ConfigError(f"{c} = {raw!r} must be a finite number", key=c, file=f, line=lineno)
+            if v < 0:
+                raise ConfigError(f"{c} = {raw!r} must be >= 0", key=c, file=f, line=lineno)
+            r[c] = v
+        if r["kind"] not in KINDS:
+            raise ConfigError(f"kind = {r['kind']!r} must be one of {', '.join(KINDS)}", key="kind",
+                              file=f, line=lineno)
+        if r["median_s"] <= 0:
+            raise ConfigError(f"median_s = {r['median_s']!r} must be a positive time in seconds",
+                              key="median_s", file=f, line=lineno)
+        r["line"] = lineno
+        rows.append(r)
+    if not rows:
+        raise ConfigError("no measurements: the CSV has a header row but no data rows (was the "
+                          "run interrupted before its first measurement?)", file=f)
+    return meta, rows

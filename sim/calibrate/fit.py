@@ -1,0 +1,673 @@
+"""`sim5d calibrate fit`: a device profile (and a topology) from a calibration CSV.
+
+Every fitted number is a term sim.compute or the network model already uses, so the profile
+needs no new code path to be simulated (sim.compute's docstring defines each key):
+
+- GEMM (per measured precision): time = max(FLOPs / (R x eff(I)), bytes / hbm) + o_gemm, with
+  eff(I) = 1 / (1 + (I0 / I)^p) over the arithmetic intensity I = 2MNK / (MK + KN + MN).
+  R is written as `mamf_tflops`, (I0, p) as `gemm_efficiency`, o_gemm as `overhead_us.gemm`.
+  Fitted by least squares on relative error: a coarse-to-fine grid over (log I0, log p) with the
+  linear (1/R, o) solved exactly at each point (non-negative), so the fit is deterministic.
+- Attention (scaled_dot_product_attention): per sequence length and direction (fwd / bwd,
+  causal or not) a rate in TFLOP/s, with one overhead o_attn shared by all rows: time =
+  FLOPs / rate(seq) + o_attn. Written as the `attention` table and `overhead_us.attention`.
+- Elementwise classes and the optimizer: time = bytes / bw_c + kernels x o_c (bytes as ops.py
+  counts them). Written as `elementwise_gbps.<class>` and `overhead_us.<class>`.
+- Memory roofline: `hbm_gbps` = the bytes / time of the largest tensor copy (read + write).
+- Collectives: per op and rank count, alpha-beta (time = alpha + size / beta, nccl-tests' size)
+  with algbw and busbw; and, with a base topology, the bandwidth and per-step latency of its
+  intra-node link class, fitted through the simulator's own collective model so that
+  `sim5d collective` and `sim5d run` reproduce the measurements.
+
+The fit errors reported per class are computed by sim.compute / sim.network on the written
+profile and topology (loaded back), not by the fitting formulas: what is printed is what a
+simulation with the profile will do.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.calibrate import csvio
+from sim.calibrate.runner import DTYPE_PRECISION
+from sim.errors import ConfigError
+
+# one representative op name per elementwise class (sim.compute.ELEMENTWISE_CLASSES)
+REPRESENTATIVE_OP = {"norm": "final_norm", "activation": "act", "softmax": "attn_softmax",
+                     "dropout": "attn_dropout", "residual": "attn_bias_dropout_add",
+                     "rotary": "rotary_emb", "embedding": "embedding_lookup",
+                     "cross_entropy": "cross_entropy", "moe_permute": "moe_permute"}
+INTRA_CLASS = {"loopback": "loopback", "nvswitch": "nvlink", "nvlink-mesh": "nvlink", "pcie": "pcie"}
+LINK_SECTION = {"loopback": "loopback", "nvlink": "nvlink", "pcie": "pcie"}
+
+
+@dataclass
+class ClassReport:
+    name: str
+    n: int
+    mape: float
+    """Mean absolute relative error of the simulator's prediction, fraction."""
+    max_err: float
+    params: str
+    """The fitted numbers, as text."""
+    held_out: float | None = None
+    """For a class fitted as a table (a rate per size / per sequence length): the mean absolute
+    relative error of each size's rows predicted from the table without that size (leave one
+    size out), fraction; what interpolation between measured sizes costs. None otherwise."""
+
+
+@dataclass
+class FitResult:
+    profile: dict
+    report: list = field(default_factory=list)
+    collectives: list = field(default_factory=list)
+    """Per (op, ranks): dict(op, ranks, alpha_us, algbw_gbps, busbw_gbps, n, mape)."""
+    topology: dict | None = None
+    notes: list = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------
+# small deterministic solvers (numpy only)
+def nnls2(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients for a few columns (exhaustive active set)."""
+    n = A.shape[1]
+    best, best_cost = np.zeros(n), float(np.sum(y ** 2))
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        x, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        if np.any(x < 0):
+            continue
+        full = np.zeros(n)
+        full[cols] = x
+        cost = float(np.sum((A @ full - y) ** 2))
+        if cost < best_cost - 1e-15:
+            best, best_cost = full, cost
+    return best
+
+
+def fit_linear_time(features: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Coefficients c >= 0 of t ~ features @ c, minimising the squared relative error."""
+    A = features / t[:, None]
+    return nnls2(A, np.ones_like(t))
+
+
+def _intensity(M, N, K):
+    return 2.0 / (1.0 / M + 1.0 / N + 1.0 / K)
+
+
+def _eff(I, i0, p):
+    return 1.0 / (1.0 + (i0 / I) ** p)
+
+
+def fit_gemm(F, B, M, N, K, t, hbm_bytes_per_s: float, *, fixed_curve=None, fixed_overhead=None):
+    """(R FLOP/s, I0, p, o seconds) of time = max(F/(R eff(I)), B/hbm) + o, relative least squares.
+    `fixed_curve` (I0, p) and `fixed_overhead` pin those terms (a second precision)."""
+    F, B, t = (np.asarray(x, dtype=float) for x in (F, B, t))
+    I = _intensity(np.asarray(M, float), np.asarray(N, float), np.asarray(K, float))
+    mem = B / hbm_bytes_per_s if hbm_bytes_per_s > 0 else np.zeros_like(t)
+
+    def solve(i0, p):
+        x = F / _eff(I, i0, p) if i0 > 0 else F
+        if fixed_overhead is None:
+            a, o = fit_linear_time(np.column_stack([x, np.ones_like(x)]), t)
+        else:
+            o = fixed_overhead
+            a = fit_linear_time(x[:, None], np.maximum(t - o, 1e-12))[0]
+        if a <= 0:
+            return math.inf, (0.0, i0, p, o)
+        # refine a once against the roofline floor (rows where memory binds leave the solve)
+        pred = np.maximum(x * a, mem) + o
+        cost = float(np.sum(np.log(pred / t) ** 2))
+        return cost, (1.0 / a, i0, p, o)
+
+    if fixed_curve is not None:
+        return solve(*fixed_curve)[1]
+    best = solve(0.0, 1.0)   # no efficiency curve at all
+    lo_i, hi_i, lo_p, hi_p = -1.0, 4.0, math.log10(0.2), math.log10(5.0)
+    for level in range(7):
+        gi = np.linspace(lo_i, hi_i, 21)
+        gp = np.linspace(lo_p, hi_p, 15)
+        for li in gi:
+            for lp in gp:
+                cand = solve(10 ** li, 10 ** lp)
+                if cand[0] < best[0]:
+                    best = cand
+        if best[1][1] <= 0:
+            break
+        ci, cp = math.log10(best[1][1]), math.log10(best[1][2])
+        di, dp = (hi_i - lo_i) / 10, (hi_p - lo_p) / 7
+        lo_i, hi_i, lo_p, hi_p = ci - di, ci + di, cp - dp, cp + dp
+    return best[1]
+
+
+def fit_attention(F, t, groups):
+    """(o seconds, {group: rate FLOP/s}) of time = F / rate[group] + o (relative least squares;
+    o on a grid, each rate exact for its o)."""
+    F, t = np.asarray(F, float), np.asarray(t, float)
+    keys = sorted(set(groups))
+    idx = {k: np.array([g == k for g in groups]) for k in keys}
+
+    def rates_for(o):
+        out, cost = {}, 0.0
+        for k in keys:
+            sel = idx[k]
+            u = F[sel] / t[sel]
+            w = 1.0 - o / t[sel]
+            x = float(np.sum(u * w) / np.sum(u * u))
+            if x <= 0:
+                return math.inf, {}
+            out[k] = 1.0 / x
+            cost += float(np.sum((u * x - w) ** 2))
+        return cost, out
+
+    hi = float(np.min(t)) * 0.95
+    best = rates_for(0.0) + (0.0,)
+    lo_o, hi_o = 0.0, hi
+    for _ in range(4):
+        for o in np.linspace(lo_o, hi_o, 41):
+            c, r = rates_for(float(o))
+            if c < best[0]:
+                best = (c, r, float(o))
+        step = (hi_o - lo_o) / 40
+        lo_o, hi_o = max(0.0, best[2] - step), min(hi, best[2] + step)
+    return best[2], best[1]
+
+
+def fit_alpha_beta(size, t):
+    """(alpha seconds, seconds per byte) of time = alpha + size x beta, relative least squares."""
+    size, t = np.asarray(size, float), np.asarray(t, float)
+    alpha, beta = fit_linear_time(np.column_stack([np.ones_like(size), size]), t)
+    return float(alpha), float(beta)
+
+
+# ----------------------------------------------------------------------------------------------
+def _rows(rows, **kw):
+    return [r for r in rows if all(r[k] == v for k, v in kw.items())]
+
+
+def _arr(rows, key):
+    return np.array([r[key] for r in rows], dtype=float)
+
+
+def _round(x, digits=4):
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    return float(f"{x:.{digits}g}")
+
+
+def load_profile_dict(profile: dict):
+    """Validate a profile mapping exactly as `cluster.gpu: FILE` would (write, load_device)."""
+    from sim.devices import load_device
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / f"{profile.get('name', 'fitted')}.yaml"
+        p.write_text(yaml.safe_dump(profile, sort_keys=False))
+        dev = load_device(str(p))
+    from sim.compute import compute_params
+    compute_params(dev)   # validates extra.compute
+    return dev
+
+
+def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = None,
+             source: str = "") -> FitResult:
+    """Fit a device profile from parsed CSV rows (csvio.read_csv)."""
+    from sim.compute import BANDWIDTH_CLASSES
+
+    notes = []
+    compute_rows = [r for r in rows if r["kind"] != "collective"]
+    if not compute_rows:
+        raise ConfigError("the CSV has collective measurements only; the device profile needs the "
+                          "kernel measurements (gemm, attention, elementwise, copy, optimizer) of "
+                          "`sim5d calibrate run`", key="kind")
+    gemm_rows = _rows(rows, kind="gemm")
+    if not gemm_rows:
+        raise ConfigError("no gemm rows: a device profile needs GEMM measurements for its matmul "
+                          "rate", key="kind")
+    # --- memory roofline --------------------------------------------------------------------
+    copies = _rows(rows, kind="copy")
+    if copies:
+        big = max(r["bytes"] for r in copies)
+        hbm = float(np.median([r["bytes"] / r["median_s"] for r in copies if r["bytes"] == big]))
+    else:
+        ew = _rows(rows, kind="elementwise") or compute_rows
+        hbm = max((r["bytes"] / r["median_s"] for r in ew), default=0.0)
+        notes.append("no copy rows: hbm_gbps is the fastest bytes/time measured (a lower bound)")
+    if hbm <= 0:
+        raise ConfigError("cannot fit a memory bandwidth: no copy or elementwise rows with bytes > 0",
+                          key="bytes")
+    # --- GEMMs per precision ----------------------------------------------------------------
+    dtypes = []
+    for r in gemm_rows:
+        if r["dtype"] not in dtypes:
+            dtypes.append(r["dtype"])
+    for d in dtypes:
+        if d not in DTYPE_PRECISION:
+            raise ConfigError(f"dtype = {d!r} must be one of {', '.join(DTYPE_PRECISION)}",
+                              key="dtype", line=_rows(gemm_rows, dtype=d)[0]["line"])
+    primary = "bfloat16" if "bfloat16" in dtypes else dtypes[0]
+    gemm = {}
+    curve = overhead = None
+    for d in [primary] + [x for x in dtypes if x != primary]:
+        rs = _rows(gemm_rows, dtype=d)
+        args = (_arr(rs, "flops"), _arr(rs, "bytes"), _arr(rs, "m"), _arr(rs, "n"), _arr(rs, "k"),
+                _arr(rs, "median_s"), hbm)
+        if curve is None:
+            R, i0, p, o = fit_gemm(*args)
+            curve, overhead = (i0, p), o
+        else:
+            R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead)
+        best = float(np.max(_arr(rs, "flops") / _arr(rs, "median_s")))
+        gemm[DTYPE_PRECISION[d]] = (R, best)
+    peak = {p: _round(max(R, best) / 1e12 * 1.0001, 5) for p, (R, best) in gemm.items()}
+    mamf = {p: min(_round(R / 1e12, 5), peak[p]) for p, (R, _b) in gemm.items()}
+    compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
+    overhead_us = {"gemm": _round(overhead * 1e6)}
+    if curve[0] > 0:
+        compute["gemm_efficiency"] = {"half_intensity": _round(curve[0]), "exponent": _round(curve[1])}
+    # --- attention --------------------------------------------------------------------------
+    att = _rows(rows, kind="attention")
+    if att:
+        prec = DTYPE_PRECISION.get(att[0]["dtype"], "fp32")
+        groups = [(r["phase"], int(r["causal"]), int(r["n"])) for r in att]
+        o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups)
+        # the profile's table is at BF16 (sim.compute scales fp32 by the fp32/bf16 peak ratio)
+        scale = 1.0
+        if prec == "fp32" and "bf16" in peak:
+            scale = peak["bf16"] / peak["fp32"]
+        seqs = sorted({g[2] for g in groups})
+        table = {"seqlen": seqs}
+        for phase, direction in (("fwd", "fwd"), ("bwd", "bwd")):
+            for causal, suffix in ((0, ""), (1, "_causal")):
+                pts = [(s, rates[(phase, causal, s)]) for s in seqs if (phase, causal, s) in rates]
+                if not pts:
+                    continue
+                xs = np.log2([p[0] for p in pts])
+                ys = [p[1] for p in pts]
+                vals = np.interp(np.log2(seqs), xs, ys)
+                table[f"{direction}{suffix}_tflops"] = [_round(v * scale / 1e12) for v in vals]
+        for direction in ("fwd", "bwd"):   # the non-causal tables are required
+            if f"{direction}_tflops" not in table and f"{direction}_causal_tflops" in table:
+                table[f"{direction}_tflops"] = table[f"{direction}_causal_tflops"]
+                notes.append(f"attention: no non-causal {direction} rows; the causal rates stand in")
+        if "fwd_tflops" in table and "bwd_tflops" in table:
+            compute["attention"] = table
+            overhead_us["attention"] = _round(o_att * 1e6)
+        else:
+            notes.append("attention: forward and backward rows are both needed; none written")
+    # --- elementwise classes and the optimizer ----------------------------------------------
+    ew_gbps = {}
+    ew_over = []
+    for cls in BANDWIDTH_CLASSES:
+        if cls == "optimizer":
+            rs = _rows(rows, kind="optimizer")
+            kernels = 2.0
+        elif cls.endswith("_bwd"):
+            rs = _rows(rows, kind="elementwise", op=cls[:-4], phase="bwd")
+            kernels = 1.0
+        else:
+            every = _rows(rows, kind="elementwise", op=cls)
+            fwd = [r for r in every if r["phase"] == "fwd"]
+            # the forward rows, when the class's backward has rows of its own (<class>_bwd)
+            rs = fwd if fwd and len(fwd) < len(every) else every
+            kernels = 1.0
+        if not rs:
+            continue
+        B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
+        x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T)
+        if x <= 0:
+            notes.append(f"{cls}: time does not grow with bytes; not written")
+            continue
+        sizes = sorted(set(B.tolist()))
+        if len(sizes) >= 2:
+            # a rate curve over bytes: each size's rate once the fitted overhead is taken off
+            # (at most 3/4 of its time, so that a size stays bandwidth-bound), median per size
+            rate = B / np.maximum(T - kernels * o, 0.25 * T)
+            ew_gbps[cls] = {"bytes": [int(b) for b in sizes],
+                            "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
+        else:
+            ew_gbps[cls] = _round(1.0 / x / 1e9)
+        overhead_us[cls] = _round(o * 1e6)
+        if cls != "optimizer":
+            ew_over.append(o)
+    unknown_ops = sorted({r["op"] for r in _rows(rows, kind="elementwise")}
+                         - set(BANDWIDTH_CLASSES))
+    if unknown_ops:
+        raise ConfigError(f"elementwise op(s) {', '.join(unknown_ops)} are not classes of "
+                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", key="op")
+    if ew_gbps:
+        compute["elementwise_gbps"] = ew_gbps
+    compute["kernel_overhead_us"] = _round(float(np.median(ew_over)) * 1e6) if ew_over else overhead_us["gemm"]
+    compute["overhead_us"] = overhead_us
+    # --- the profile ------------------------------------------------------------------------
+    try:
+        mem = float(memory_gib if memory_gib is not None else meta.get("memory_gib", "nan"))
+    except ValueError:
+        mem = float("nan")
+    if not mem > 0:
+        raise ConfigError("the device memory is unknown: the CSV has no `# memory_gib:` line; give "
+                          "--memory-gib GIB", key="--memory-gib")
+    profile = {
+        "name": name,
+        "memory_gib": _round(mem),
+        "peak_tflops": peak,
+        "hbm_gbps": _round(hbm / 1e9),
+        "runtime_reserved_gib": 0.0,
+        "source": source or (f"sim5d calibrate fit of {meta.get('device_name', '?')} "
+                             f"(torch {meta.get('torch', '?')}, {meta.get('size', '?')} size, "
+                             f"{meta.get('threads', '?')} thread(s)); peak_tflops = the best "
+                             "measured GEMM rate"),
+        "extra": {"compute": compute},
+    }
+    res = FitResult(profile=profile, notes=notes)
+    dev = load_profile_dict(profile)
+    res.report = evaluate(dev, rows)
+    held = held_out_errors(profile, rows)
+    for rep in res.report:
+        rep.held_out = held.get(rep.name)
+    # --- collectives ------------------------------------------------------------------------
+    coll = _rows(rows, kind="collective")
+    table = []
+    from sim.network.nccl_tests import bus_factor
+    for key in sorted({(r["op"], int(r["ranks"])) for r in coll}):
+        rs = [r for r in coll if (r["op"], int(r["ranks"])) == key]
+        a, b = fit_alpha_beta(_arr(rs, "size_bytes"), _arr(rs, "median_s"))
+        pred = a + _arr(rs, "size_bytes") * b
+        err = np.abs(pred / _arr(rs, "median_s") - 1)
+        algbw = _round(1.0 / b / 1e9) if b > 0 else None    # None: no size dependence seen
+        table.append({"op": key[0], "ranks": key[1], "alpha_us": _round(a * 1e6),
+                      "algbw_gbps": algbw,
+                      "busbw_gbps": _round(algbw * bus_factor(*key)) if algbw else None,
+                      "n": len(rs), "mape": float(err.mean()), "backend": rs[0]["source"]})
+    res.collectives = table
+    if table:
+        profile["extra"]["collectives"] = [
+            {k: v for k, v in t.items() if k in ("op", "ranks", "alpha_us", "algbw_gbps", "busbw_gbps",
+                                                 "backend")} for t in table]
+    return res
+
+
+def evaluate(dev, rows) -> list[ClassReport]:
+    """Per op class: the simulator's prediction (sim.compute on `dev`) against the measurement."""
+    by = _errors(dev, rows)
+    params = _param_text(dev)
+    out = []
+    for cls, errs in sorted(by.items(), key=lambda kv: _CLASS_ORDER.get(kv[0].split()[0], 99)):
+        e = np.abs(np.array([x[1] for x in errs]))
+        out.append(ClassReport(cls, len(errs), float(e.mean()), float(e.max()), params.get(cls.split()[0], "")))
+    return out
+
+
+def held_out_errors(profile: dict, rows) -> dict:
+    """{class: mean |error|} of each table entry's rows predicted by the simulator from the
+    profile with that entry removed (leave one size / sequence length out)."""
+    c = profile["extra"]["compute"]
+    out: dict = {}
+    for cls, v in c.get("elementwise_gbps", {}).items():
+        if not isinstance(v, dict) or len(v["bytes"]) < 2:
+            continue
+        errs = []
+        for i, b in enumerate(v["bytes"]):
+            p2 = copy.deepcopy(profile)
+            p2["extra"]["compute"]["elementwise_gbps"][cls] = {
+                "bytes": [x for j, x in enumerate(v["bytes"]) if j != i],
+                "gbps": [x for j, x in enumerate(v["gbps"]) if j != i]}
+            dev = load_profile_dict(p2)
+            errs += [e for r, e in _errors(dev, rows, only=cls).get(cls, []) if int(r["bytes"]) == b]
+        if errs:
+            out[cls] = float(np.mean(np.abs(errs)))
+    a = c.get("attention")
+    if a and len(a["seqlen"]) >= 2:
+        errs = []
+        for i, sl in enumerate(a["seqlen"]):
+            p2 = copy.deepcopy(profile)
+            p2["extra"]["compute"]["attention"] = {k: [x for j, x in enumerate(vals) if j != i]
+                                                   for k, vals in a.items()}
+            dev = load_profile_dict(p2)
+            errs += [e for r, e in _errors(dev, rows, only="attention").get("attention", [])
+                     if int(r["n"]) == sl]
+        if errs:
+            out["attention"] = float(np.mean(np.abs(errs)))
+    return out
+
+
+def _errors(dev, rows, only: str | None = None) -> dict:
+    """{class: [(row, relative error of the simulator's time), ...]}."""
+    from sim import compute
+    from sim.workload.ops import Op
+
+    by: dict = {}
+
+    def add(cls, pred, meas):
+        by.setdefault(cls, []).append((r, pred / meas - 1.0))
+
+    for r in rows:
+        kind, t = r["kind"], r["median_s"]
+        prec = DTYPE_PRECISION.get(r["dtype"], "fp32")
+        if only is not None and _label(r) != only:
+            continue
+        if kind == "gemm":
+            if prec not in dev.peak_tflops:
+                continue
+            add(f"gemm {prec}", compute.gemm_time_s(r["m"], int(r["n"]), r["k"], dev, prec,
+                                                    batch=int(r["batch"]) or 1), t)
+        elif kind == "attention":
+            if prec not in dev.peak_tflops or "attention" not in dev.extra["compute"]:
+                continue
+            ops = attention_ops(int(r["batch"]), int(r["m"]), int(r["n"]), int(r["k"]),
+                                bool(r["causal"]), es=_elem_bytes(r["dtype"]))
+            phase = "fwd" if r["phase"] == "fwd" else "dgrad"
+            add("attention", sum(compute.kernel_time_s(op, phase, dev, prec) for op in ops), t)
+        elif kind == "elementwise":
+            cls = r["op"]
+            op = Op(REPRESENTATIVE_OP[cls], "elementwise", 1, r["m"], int(r["n"]), 1, 0.0, 0.0, 0.0,
+                    r["bytes"], r["bytes"], False)
+            fwd = r["phase"] == "fwd"
+            add(cls if fwd else f"{cls}_bwd",
+                compute.kernel_time_s(op, "fwd" if fwd else "dgrad", dev, prec), t)
+        elif kind == "copy":
+            if r["bytes"] >= max(x["bytes"] for x in rows if x["kind"] == "copy"):
+                add("copy", r["bytes"] / (dev.hbm_gbps * 1e9), t)
+        elif kind == "optimizer":
+            n = r["m"]
+            per = compute.optimizer_bytes_per_param("fp32")
+            # the row's bytes are n x 32 (fp32 Adam + the norm pass): time it as fp32 training
+            add("optimizer", compute.optimizer_step_time_s(r["bytes"] / per, dev, "fp32", grad_bytes=4)
+                if n else 0.0, t)
+    return by
+
+
+def _label(r) -> str:
+    """The report class of a row (as _errors files it)."""
+    k = r["kind"]
+    if k == "gemm":
+        return f"gemm {DTYPE_PRECISION.get(r['dtype'], 'fp32')}"
+    if k == "elementwise":
+        return r["op"] if r["phase"] == "fwd" else f"{r['op']}_bwd"
+    return {"attention": "attention", "copy": "copy", "optimizer": "optimizer"}.get(k, k)
+
+
+def _class_order() -> dict:
+    from sim.compute import BANDWIDTH_CLASSES
+    names = ["gemm", "attention"] + [c for c in BANDWIDTH_CLASSES if c != "optimizer"]
+    names = sorted(names, key=lambda c: (names.index(c[:-4]) + 0.5) if c.endswith("_bwd") else names.index(c))
+    return {c: i for i, c in enumerate(names + ["copy", "optimizer"])}
+
+
+_CLASS_ORDER = _class_order()
+
+
+def _elem_bytes(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}.get(dtype, 4)
+
+
+def attention_ops(batch: int, sq: int, sk: int, d: int, causal: bool, *, es: int):
+    """The two ops (attn_scores, attn_values) sim.workload.ops makes of one flash-attention
+    kernel over `batch` = sequences x heads (d_qk = d_v = d, kv heads = heads)."""
+    from sim.workload.ops import Op
+
+    half = 0.5 if causal else 1.0
+    fs = half * 2.0 * batch * sq * sk * d
+    fv = fs
+    q = batch * sq * d * es
+    kk = batch * sk * d * es
+    v = batch * sk * d * es
+    o = batch * sq * d * es
+    lse = batch * sq * 4
+    return [Op("attn_scores", "attention", batch, sq, sk, d, fs, 2 * fs, 0.0, bytes_fwd=q + kk,
+               bytes_bwd=2 * (q + kk), tp_sharded=True, selective_recompute=True, flops_bwd_extra=fs),
+            Op("attn_values", "attention", batch, sq, d, sk, fv, 2 * fv, 0.0, bytes_fwd=v + o + lse,
+               bytes_bwd=2 * v + 2 * o + lse, tp_sharded=True, selective_recompute=True)]
+
+
+def _param_text(dev) -> dict:
+    c = dev.extra.get("compute", {})
+    ov = c.get("overhead_us", {})
+    bw = c.get("elementwise_gbps", {})
+    out = {}
+    ge = c.get("gemm_efficiency")
+    out["gemm"] = (", ".join(f"{p} {v:g} TFLOP/s" for p, v in c.get("mamf_tflops", {}).items())
+                   + (f", eff I0 {ge['half_intensity']:g} p {ge['exponent']:g}" if ge else "")
+                   + f", {ov.get('gemm', 0):g} us")
+    if "attention" in c:
+        a = c["attention"]
+        out["attention"] = (f"fwd {min(a['fwd_tflops']):g}-{max(a['fwd_tflops']):g} TFLOP/s, "
+                            f"bwd {min(a['bwd_tflops']):g}-{max(a['bwd_tflops']):g}, "
+                            f"{ov.get('attention', 0):g} us")
+    for cls, v in bw.items():
+        rate = (f"{min(v['gbps']):g}-{max(v['gbps']):g} GB/s over {len(v['gbps'])} sizes"
+                if isinstance(v, dict) else f"{v:g} GB/s")
+        out[cls] = f"{rate}, {ov.get(cls, 0):g} us"
+    out["copy"] = f"hbm {dev.hbm_gbps:g} GB/s"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Topology: the intra-node link class, fitted through the simulator's collective model.
+def _with_link(raw: dict, cls: str, *, bw: float, step_us: float, keep_memory: bool = False) -> dict:
+    d = copy.deepcopy(raw)
+    node = d.setdefault("node", {})
+    sec = node.setdefault(LINK_SECTION[cls], {})
+    sec["bandwidth_gbps"] = float(bw)
+    sec["latency_ns"] = int(round(step_us * 1000))
+    if cls == "loopback" and not keep_memory:
+        sec.pop("memory_bandwidth_gbps", None)
+    coll = d.setdefault("collectives", {})
+    step = coll.setdefault("step_latency_us", {})
+    tab = step.setdefault(cls, {})
+    for algo in ("ring", "tree"):
+        tab.setdefault(algo, {})["Simple"] = float(step_us)
+    return d
+
+
+def _sim_times_ns(raw: dict, rows) -> np.ndarray:
+    """The simulator's analytical time of each collective row on topology `raw`, ns."""
+    from sim.network.collectives import collective_time_ns
+    from sim.topology import load_topology
+    from sim.topology.graph import build_graph, gpus_of, nodes_for
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "probe.yaml"
+        p.write_text(yaml.safe_dump(raw, sort_keys=False))
+        topo = load_topology(str(p))
+    graphs = {}
+    out = []
+    for r in rows:
+        n = int(r["ranks"])
+        if n not in graphs:
+            graphs[n] = build_graph(topo, nodes_for(topo, n))
+        G = graphs[n]
+        algo = "ring" if r["op"] == "all_reduce" else "auto"
+        out.append(collective_time_ns(G, r["op"], gpus_of(G, n), int(r["size_bytes"]),
+                                      algorithm=algo, protocol="Simple"))
+    return np.array(out, dtype=float)
+
+
+TOPOLOGY_FIT_OPS = ("all_reduce",)
+"""Collectives the link class is fitted to by default: data parallelism's gradient all-reduce.
+One bandwidth and step latency cannot match every op of a library whose algorithms differ in
+efficiency (gloo's all_gather and send/recv run at other rates than its all_reduce); the errors
+of the other ops on the fitted topology are reported."""
+
+
+def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_OPS) -> tuple[dict, list]:
+    """A topology like `base` whose intra-node link class has the bandwidth and per-step latency
+    that make the simulator's `ops` match the measured ones. Returns (topology mapping,
+    [(op, n, mape)] as the simulator predicts every measured collective on it)."""
+    from sim.network.collectives import OPS
+    from sim.topology import load_topology
+
+    topo = load_topology(base, key="--topology")
+    if topo.node is None:
+        raise ConfigError(f"topology {base!r} has no node section to fit", key="--topology")
+    cls = INTRA_CLASS[topo.node.gpu_interconnect]
+    coll = [r for r in rows if r["kind"] == "collective" and r["op"] in OPS
+            and 2 <= int(r["ranks"]) <= topo.gpus_per_node]
+    if not coll:
+        raise ConfigError(f"no collective rows with 2..{topo.gpus_per_node} ranks (one node of "
+                          f"{topo.name}) to fit its {cls} links", key="--topology")
+    every = coll
+    coll = [r for r in coll if r["op"] in ops] or every
+    raw = dict(topo.raw)
+    raw.pop("name", None)
+    # probes: the time is base latency + l1 x step + d1 / bandwidth (Simple protocol)
+    t_a = _sim_times_ns(_with_link(raw, cls, bw=1.0, step_us=1.0), coll)
+    t_b = _sim_times_ns(_with_link(raw, cls, bw=1.0, step_us=0.0), coll)
+    t_c = _sim_times_ns(_with_link(raw, cls, bw=2.0, step_us=0.0), coll)
+    d1 = 2.0 * (t_b - t_c) * 1e-9           # seconds x GB/s
+    base_lat = (t_b * 1e-9) - d1
+    l1 = (t_a - t_b) * 1e-9 / 1.0           # seconds per us of step latency
+    t = _arr(coll, "median_s")
+    y = np.maximum(t - base_lat, 1e-12)
+    step, inv_bw = fit_linear_time(np.column_stack([l1, d1]), y)
+    step_us = float(step)
+    bw = 1.0 / inv_bw if inv_bw > 0 else 1e6
+    fitted = _with_link(raw, cls, bw=_round(bw), step_us=_round(step_us))
+    fitted = {"name": name, **{k: v for k, v in fitted.items() if k != "name"}}
+    fitted["gpu"] = gpu_ref
+    fitted["source"] = (f"sim5d calibrate fit: {cls} bandwidth and per-step latency fitted to "
+                        f"{len(coll)} measured collectives (base topology {topo.name})")
+    fitted["source"] += f", fitted to {', '.join(sorted({r['op'] for r in coll}))}"
+    pred = _sim_times_ns(fitted, every) * 1e-9
+    t = _arr(every, "median_s")
+    errs = []
+    for op in sorted({r["op"] for r in every}):
+        sel = np.array([r["op"] == op for r in every])
+        e = np.abs(pred[sel] / t[sel] - 1)
+        errs.append((op, int(sel.sum()), float(e.mean())))
+    return fitted, errs
+
+
+# ----------------------------------------------------------------------------------------------
+def fit_file(path, *, name: str, memory_gib: float | None = None, topology_base: str | None = None,
+             gpu_ref: str | None = None, topology_name: str | None = None) -> FitResult:
+    meta, rows = csvio.read_csv(path)
+    res = fit_rows(meta, rows, name=name, memory_gib=memory_gib)
+    if topology_base is not None:
+        if not _rows(rows, kind="collective"):
+            raise ConfigError("--topology-out needs collective rows in the CSV (run `sim5d calibrate "
+                              "run` with --ranks >= 2)", key="--topology-out")
+        topo, errs = fit_topology(rows, topology_base, gpu_ref or name, name=topology_name or f"{name}-topology")
+        res.topology = topo
+        for op, n, mape in errs:
+            for c in res.collectives:
+                if c["op"] == op:
+                    c["sim_mape"] = mape
+    return res
+
+
+def write_yaml(data: dict, out, header: str = "") -> None:
+    out = Path(out)
+    if out.parent and not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + yaml.safe_dump(data, sort_keys=False, width=100))
+
+
+__all__ = ["FitResult", "evaluate", "fit_alpha_beta", "fit_attention", "fit_file", "fit_gemm",
+           "fit_linear_time", "fit_rows", "fit_topology", "load_profile_dict", "write_yaml"]

@@ -1,0 +1,136 @@
+"""`sim5d calibrate run --device cpu|cuda --out FILE.csv` (PyTorch micro-benchmarks) and
+`sim5d calibrate fit FILE.csv --out PROFILE.yaml [--topology-out TOPO.yaml]` (a device profile,
+and a topology with the fitted link alpha-beta, that `cluster.gpu:` / `cluster.topology:` accept).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+calibrate_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                            help="Measure kernels and collectives with PyTorch; fit a device profile.")
+
+
+@calibrate_app.command("run")
+def run_cmd(
+    device: str = typer.Option(..., "--device", help="cpu | cuda"),
+    out: Path = typer.Option(..., "--out", help="Measurement CSV to write."),
+    size: Optional[str] = typer.Option(None, "--size", help="tiny (seconds, CI) | quick (about a minute "
+                                       "on a 2-core CPU; CPU default) | full (GPU-scale shapes; CUDA default)."),
+    quick: bool = typer.Option(False, "--quick", help="Same as --size quick."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="Processes for the collectives (default: "
+                                        "the CPU cores, max 8 / the visible GPUs); 1 skips them."),
+    threads: int = typer.Option(1, "--threads", help="torch intra-op threads per process (CPU: one "
+                                "rank = one core)."),
+    no_collectives: bool = typer.Option(False, "--no-collectives", help="Kernels only."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+) -> None:
+    """Measure GEMMs, attention, elementwise kernels, the optimizer and collectives with torch."""
+    from sim.calibrate.runner import run_calibration
+    from sim.errors import ConfigError
+
+    if quick:
+        if size not in (None, "quick"):
+            raise ConfigError(f"--quick conflicts with --size {size}", key="--quick")
+        size = "quick"
+    if out.suffix.lower() != ".csv":
+        raise ConfigError(f"--out = {str(out)!r} must name a .csv file", key="--out")
+    n, interrupted = run_calibration(device, out, size=size, threads=threads, ranks=ranks,
+                                     collectives=not no_collectives, progress=not no_progress)
+    if interrupted:
+        typer.echo(f"interrupted: kept {n} measurements in {out}", err=True)
+        raise typer.Exit(130)
+    typer.echo(f"wrote {n} measurements to {out}")
+
+
+@calibrate_app.command("fit")
+def fit_cmd(
+    csv_file: Path = typer.Argument(..., metavar="FILE.csv", help="A CSV of `sim5d calibrate run`."),
+    out: Path = typer.Option(..., "--out", help="Device profile YAML to write."),
+    name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: the file stem)."),
+    memory_gib: Optional[float] = typer.Option(None, "--memory-gib", help="Device memory per rank, GiB "
+                                               "(default: the CSV's memory_gib)."),
+    topology_out: Optional[Path] = typer.Option(None, "--topology-out", help="Also write a topology "
+                                                "with the fitted intra-node link bandwidth/latency."),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Base topology of --topology-out "
+                                           "(default: cpu-local for a CPU CSV)."),
+    topology_gpu: Optional[str] = typer.Option(None, "--topology-gpu", help="The `gpu:` the written "
+                                               "topology names (default: the written profile: by name "
+                                               "in the bundled devices folder, else by absolute path)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Fit the compute model per op class and the collectives' alpha-beta; write a profile."""
+    from sim.calibrate import csvio
+    from sim.calibrate.fit import fit_file, write_yaml
+    from sim.devices import device_dir
+    from sim.errors import ConfigError
+
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
+    if topology_out is not None and topology_out.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"--topology-out = {str(topology_out)!r} must name a .yaml file",
+                          key="--topology-out")
+    if memory_gib is not None and not memory_gib > 0:
+        raise ConfigError(f"--memory-gib = {memory_gib} must be a positive number", key="--memory-gib")
+    name = name or out.stem
+    base = None
+    if topology_out is not None:
+        base = topology
+        if base is None:
+            meta, _ = csvio.read_csv(csv_file)
+            if meta.get("device") != "cpu":
+                raise ConfigError("--topology-out needs --topology BASE for a non-CPU CSV (the "
+                                  "topology whose intra-node links are fitted)", key="--topology")
+            base = "cpu-local"
+    # a profile written into the bundled devices folder is referred to by name, else by path
+    try:
+        bundled = out.resolve().parent == device_dir().resolve()
+    except OSError:   # pragma: no cover
+        bundled = False
+    gpu_ref = topology_gpu or (out.stem if bundled else str(out.resolve()))
+    res = fit_file(csv_file, name=name, memory_gib=memory_gib, topology_base=base, gpu_ref=gpu_ref,
+                   topology_name=topology_out.stem if topology_out else None)
+    header = (f"# Device profile fitted by `sim5d calibrate fit {csv_file.name}` (sim/calibrate/fit.py).\n"
+              "# extra.compute keys are defined in sim/compute.py; fit errors per op class below.\n")
+    for c in res.report:
+        ho = f"  held-out {100 * c.held_out:5.1f}%" if c.held_out is not None else ""
+        header += (f"#   {c.name:<17} n={c.n:<4} mean |err| {100 * c.mape:5.1f}%  max "
+                   f"{100 * c.max_err:5.1f}%{ho}\n")
+    write_yaml(res.profile, out, header)
+    if res.topology is not None:
+        theader = (f"# Topology fitted by `sim5d calibrate fit {csv_file.name}`: the intra-node link "
+                   f"class's bandwidth and per-step latency reproduce the measured collectives.\n")
+        write_yaml(res.topology, topology_out, theader)
+    if as_json:
+        typer.echo(json.dumps({
+            "profile": str(out), "topology": str(topology_out) if topology_out else None,
+            "classes": [{"class": c.name, "n": c.n, "mape": c.mape, "max_error": c.max_err,
+                         "held_out_mape": c.held_out, "params": c.params} for c in res.report],
+            "collectives": res.collectives, "notes": res.notes}))
+        return
+    typer.echo(f"# sim5d calibrate fit {csv_file} -> {out}" + (f", {topology_out}" if topology_out else ""))
+    typer.echo(f"# {'class':<17} {'n':>4} {'mean|err|':>10} {'max|err|':>9} {'held-out':>9}  fitted")
+    for c in res.report:
+        ho = f"{100 * c.held_out:>8.1f}%" if c.held_out is not None else f"{'-':>9}"
+        typer.echo(f"  {c.name:<17} {c.n:>4} {100 * c.mape:>9.1f}% {100 * c.max_err:>8.1f}% {ho}  {c.params}")
+    typer.echo("# mean|err|, max|err|: the simulator on the written profile against each measurement; "
+               "held-out: a table's entry predicted without it (interpolation)")
+    if res.collectives:
+        typer.echo(f"# {'collective':<17} {'ranks':>5} {'alpha':>10} {'algbw':>9} {'busbw':>9} "
+                   f"{'ab |err|':>9} {'sim |err|':>9}")
+        for c in res.collectives:
+            sim = f"{100 * c['sim_mape']:>8.1f}%" if "sim_mape" in c else f"{'-':>9}"
+            alg = f"{c['algbw_gbps']:>9.3g}" if c["algbw_gbps"] else f"{'-':>9}"
+            bus = f"{c['busbw_gbps']:>9.3g}" if c["busbw_gbps"] else f"{'-':>9}"
+            typer.echo(f"  {c['op']:<17} {c['ranks']:>5} {c['alpha_us']:>8.1f}us {alg} {bus} "
+                       f"{100 * c['mape']:>8.1f}% {sim}")
+    for n in res.notes:
+        typer.echo(f"# note: {n}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(calibrate_app, name="calibrate")
