@@ -26,6 +26,9 @@ from sim.commands import schedule as _schedule  # noqa: E402
 from sim.commands import validate as _validate  # noqa: E402
 from sim.commands import collective as _collective  # noqa: E402
 from sim.commands import topology as _topology  # noqa: E402
+from sim.commands import calibrate as _calibrate  # noqa: E402
+from sim.commands import sweep as _sweep  # noqa: E402
+from sim.commands import compare as _compare  # noqa: E402
 
 _memory.register(app)
 _run.register(app)
@@ -33,6 +36,9 @@ _schedule.register(app)
 _validate.register(app)
 _collective.register(app)
 _topology.register(app)
+_calibrate.register(app)
+_sweep.register(app)
+_compare.register(app)
 # --- end of command registration ---
 
 

@@ -7,6 +7,7 @@ written by `sim5d calibrate fit`). Loading validates every key; unknown keys are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -78,6 +79,14 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
                               f"{', '.join(bundled_device_names())}{did_you_mean(str(name_or_path), bundled_device_names())}"
                               " (or give a path to a profile YAML)", key=key)
         path = candidate
+    # cached per file and modification time: a sweep builds thousands of scenarios of one
+    # cluster; the returned object is frozen
+    return _load_device_file(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
+    path = Path(path_str)
     data = load_yaml_with_lines(path)[0] or {}
     if not isinstance(data, dict):
         raise ConfigError("a device profile must be a mapping", file=str(path))

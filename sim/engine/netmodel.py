@@ -15,10 +15,26 @@ from sim.network.flow import FlowNetwork
 from sim.topology.graph import build_graph, gpu_name
 
 
+_GRAPHS: dict = {}
+
+
+def cluster_graph(topology, num_nodes: int):
+    """The cluster graph of `topology` at `num_nodes`, built once per process (a sweep simulates
+    thousands of layouts of one cluster). The graph is only read by the network model; the
+    router and collective plans it caches in `G.graph` are pure functions of the graph."""
+    key = (id(topology), num_nodes)
+    hit = _GRAPHS.get(key)
+    if hit is None or hit[0] is not topology:
+        if len(_GRAPHS) >= 16:
+            _GRAPHS.clear()
+        hit = _GRAPHS[key] = (topology, build_graph(topology, num_nodes))
+    return hit[1]
+
+
 class ClusterNetwork:
     def __init__(self, sc, layout: Layout | None = None):
         self.layout = layout or Layout.from_scenario(sc)
-        self.graph = build_graph(sc.cluster.topology, sc.cluster.num_nodes)
+        self.graph = cluster_graph(sc.cluster.topology, sc.cluster.num_nodes)
         self.mode = sc.simulation.network
         self.net = None
         self._plans: dict = {}

@@ -10,6 +10,7 @@ every consumer relies on are validated here (see `TopologySpec`); the `node`, `f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -67,6 +68,14 @@ def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> Topolo
                               f"{did_you_mean(str(name_or_path), names)} (or give a path to a topology YAML)",
                               key=key)
         path = candidate
+    # cached per file and modification time: a sweep builds thousands of scenarios of one
+    # cluster; the returned object is frozen
+    return _load_topology_file(str(path.resolve()), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
+    path = Path(path_str)
     data = load_yaml_with_lines(path)[0] or {}
     if not isinstance(data, dict):
         raise ConfigError("a topology must be a mapping", file=str(path))

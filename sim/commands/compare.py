@@ -1,0 +1,81 @@
+"""`sim5d compare A.yaml B.yaml [...]`: scenarios side by side, with the cost of training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+ROWS = (  # (label, key, format)
+    ("model", "model", "{}"),
+    ("cluster", "topology", "{}"),
+    ("GPU", "gpu", "{}"),
+    ("GPUs", "num_gpus", "{:,}"),
+    ("layout", "layout", "{}"),
+    ("network model", "network", "{}"),
+    ("step time (s)", "step_time_s", "{:.4g}"),
+    ("  compute (s)", "compute_s", "{:.4g}"),
+    ("  exposed comm (s)", "exposed_comm_s", "{:.4g}"),
+    ("  bubble (s)", "bubble_s", "{:.4g}"),
+    ("tokens/s", "tokens_per_s", "{:,.0f}"),
+    ("tokens/s per GPU", "tokens_per_s_per_gpu", "{:,.0f}"),
+    ("MFU", "mfu", "{:.1%}"),
+    ("HFU", "hfu", "{:.1%}"),
+    ("peak memory (GiB)", "peak_memory_gib", "{:.1f}"),
+    ("capacity (GiB)", "memory_capacity_gib", "{:.1f}"),
+    ("fits", "fits_in_memory", "{}"),
+    ("$ per GPU-hour", "price_per_gpu_hour_usd", "{:.3f}"),
+    ("price from", "price_source", "{}"),
+    ("$ per step", "usd_per_step", "{:.3f}"),
+    ("$ per billion tokens", "usd_per_billion_tokens", "{:,.0f}"),
+    ("days to train", "days_to_train", "{:.1f}"),
+    ("GPU-hours to train", "gpu_hours_to_train", "{:,.0f}"),
+    ("$ to train", "usd_to_train", "{:,.0f}"),
+)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare")
+    def compare_cmd(
+        scenarios: List[str] = typer.Argument(..., help="Scenario YAMLs (paths or bundled scenario names)."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key in every scenario "
+                                                 "(dotted.key=value, repeatable)."),
+        tokens: str = typer.Option("1T", "--tokens", help="Tokens to train, for days and $ (K/M/B/T suffixes)."),
+        price: Optional[List[str]] = typer.Option(None, "--price", help="US$ per GPU-hour: X for every "
+                                                  "scenario, or NAME=X for a scenario or device profile "
+                                                  "(default: the device profile's price)."),
+        plot: Path = typer.Option(Path("runs/compare/compare.png"), "--plot", help="Chart file."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Scenarios simulated at once "
+                                              "(default: the cores)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    ) -> None:
+        """Simulate scenarios and compare step time, MFU, memory, the time breakdown and cost:
+        $ per step, $ per billion tokens, days and $ to train --tokens."""
+        from sim import compare as C
+        from sim.errors import ConfigError
+
+        if workers is not None and workers < 1:
+            raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
+        n_tokens = C.parse_tokens(tokens)
+        rows = C.compare(list(scenarios), list(set_ or []), tokens=n_tokens, price_items=list(price or []),
+                         workers=workers)
+        chart = C.plot(rows, n_tokens, plot)
+        if as_json:
+            typer.echo(json.dumps({"tokens": n_tokens, "plot": str(chart), "scenarios": rows}))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(width=max(120, Console().width))
+        t = Table(title=f"comparison (cost of training {C.format_tokens(n_tokens)} tokens)", title_justify="left")
+        t.add_column("")
+        for r in rows:
+            t.add_column(r["name"], justify="right")
+        for label, key, fmt in ROWS:
+            t.add_row(label, *(("-" if r.get(key) is None else fmt.format(r[key])) for r in rows))
+        console.print(t)
+        if any(r["price_source"] == "unknown" for r in rows):
+            console.print("note: no price for some GPUs (profile price_per_gpu_hour_usd is 0): pass --price")
+        console.print(f"chart: {chart}")

@@ -1,0 +1,195 @@
+"""`sim5d compare`: scenarios side by side, with what they cost.
+
+Per scenario: the `run` summary (step time, MFU, memory, the compute / exposed communication /
+bubble split, here also in seconds) and the cost of training on it at a price per GPU-hour
+(the device profile's `price_per_gpu_hour_usd`, or `--price`):
+
+    GPU-hours per step        = num_gpus x step_time_s / 3600
+    $ per step                = GPU-hours per step x price
+    $ per billion tokens      = $ per step / tokens per step x 1e9
+    days to train N tokens    = N / tokens_per_s / 86400
+    GPU-hours to train N      = N / tokens_per_s x num_gpus / 3600
+    $ to train N tokens       = GPU-hours to train N x price
+
+(tokens per step = global_batch_size x seq_length). A price of 0 (unknown) leaves the $ figures
+empty (null in JSON) rather than zero.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sim.errors import ConfigError
+
+_TOKENS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
+_TOKEN_UNITS = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+DEFAULT_TOKENS = "1T"
+
+
+def parse_tokens(text: str) -> float:
+    """'15T', '300B', '2.5e12' -> tokens (K, M, B, T are powers of 1000)."""
+    m = _TOKENS_RE.match(str(text))
+    if not m:
+        raise ConfigError(f"--tokens {text!r} is not a token count; use a number with an optional K, M, B "
+                          "or T suffix, e.g. 15T or 300B", key="--tokens")
+    n = float(m.group(1)) * _TOKEN_UNITS[m.group(2).upper()]
+    if n <= 0:
+        raise ConfigError(f"--tokens {text!r} must be positive", key="--tokens")
+    return n
+
+
+def format_tokens(n: float) -> str:
+    """15e12 -> '15T' (the largest of T, B, M, K that keeps a number >= 1)."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.4g}{unit}"
+    return f"{n:.4g}"
+
+
+def parse_prices(items: list[str]) -> tuple[float | None, dict]:
+    """`--price X` (every scenario) and `--price NAME=X` (a scenario or device-profile name)."""
+    default, named = None, {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            raise ConfigError(f"--price {item!r}: the price must be a number of US dollars per GPU-hour, "
+                              "as X or NAME=X (NAME: a scenario or device-profile name)", key="--price") from None
+        if price < 0:
+            raise ConfigError(f"--price {item!r}: the price must not be negative", key="--price")
+        if sep:
+            named[name.strip()] = price
+        else:
+            default = price
+    return default, named
+
+
+def cost_figures(summary: dict, tokens_per_step: float, price: float | None, tokens: float) -> dict:
+    """The cost block of one scenario (see the module docstring)."""
+    gpus, step = summary["num_gpus"], summary["step_time_s"]
+    gpu_hours_step = gpus * step / 3600.0
+    train_s = tokens / summary["tokens_per_s"]
+    out = {"price_per_gpu_hour_usd": price, "gpu_hours_per_step": gpu_hours_step,
+           "days_to_train": train_s / 86400.0, "gpu_hours_to_train": train_s * gpus / 3600.0,
+           "usd_per_step": None, "usd_per_billion_tokens": None, "usd_to_train": None}
+    if price:
+        usd_step = gpu_hours_step * price
+        out.update(usd_per_step=usd_step, usd_per_billion_tokens=usd_step / tokens_per_step * 1e9,
+                   usd_to_train=out["gpu_hours_to_train"] * price)
+    return out
+
+
+def evaluate(path: str, overrides: list[str]) -> dict:
+    """Load and simulate one scenario; the row of the comparison (without costs)."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    sc = load_scenario(path, overrides)
+    s = simulate(sc).summary()
+    p = sc.parallelism
+    row = {"name": sc.name, "file": str(path), "model": sc.model.name, "topology": sc.cluster.topology.name,
+           "gpu": sc.cluster.gpu.name, "network": sc.simulation.network,
+           "layout": (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep} dp{p.dp} {p.pipeline_schedule} "
+                      f"ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} {sc.training.recompute}"),
+           "tokens_per_step": sc.tokens_per_step, "profile_price_per_gpu_hour_usd": sc.cluster.gpu.price_per_gpu_hour_usd}
+    row.update({k: v for k, v in s.items() if k != "name"})
+    for part in ("compute", "exposed_comm", "bubble"):
+        row[f"{part}_s"] = s[f"{part}_fraction"] * s["step_time_s"]
+    return row
+
+
+def compare(paths: list[str], overrides: list[str], *, tokens: float, price_items: list[str],
+            workers: int | None = None) -> list[dict]:
+    """Every scenario validated first (errors name file and line), then simulated (in parallel
+    when there are cores to spare), then priced. Rows keep the order of `paths`."""
+    from sim.config import load_scenario
+
+    if not paths:
+        raise ConfigError("give at least one scenario file to compare", key="SCENARIOS")
+    default_price, named = parse_prices(price_items)
+    scenarios = [load_scenario(p, overrides) for p in paths]
+    known = {sc.name for sc in scenarios} | {sc.cluster.gpu.name for sc in scenarios}
+    for name in named:
+        if name not in known:
+            raise ConfigError(f"--price {name}=...: {name!r} is neither a scenario nor a device profile of this "
+                              f"comparison ({', '.join(sorted(known))})", key="--price")
+    from sim.sweep.executors import available_cores
+
+    n = min(len(paths), workers or available_cores())
+    if n > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            rows = list(pool.map(evaluate, paths, [overrides] * len(paths)))
+    else:
+        rows = [evaluate(p, overrides) for p in paths]
+    for row in rows:
+        if row["name"] in named:
+            price, src = named[row["name"]], "--price"
+        elif row["gpu"] in named:
+            price, src = named[row["gpu"]], "--price"
+        elif default_price is not None:
+            price, src = default_price, "--price"
+        else:
+            price, src = row["profile_price_per_gpu_hour_usd"] or None, "profile"
+        row.update(cost_figures(row, row["tokens_per_step"], price, tokens))
+        row["price_source"] = src if price else "unknown"
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+def plot(rows: list[dict], tokens: float, path: Path) -> Path:
+    """Side-by-side bars: step time split into compute / exposed comm / bubble, MFU, peak memory
+    against capacity, $ per billion tokens, days and $ to train `tokens`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in rows]
+    x = range(len(rows))
+    colours = plt.get_cmap("tab10").colors
+    fig, axes = plt.subplots(2, 3, figsize=(max(12, 2.2 * len(rows) * 3 / 2), 7.5))
+    ax = axes[0][0]
+    bottom = [0.0] * len(rows)
+    for part, colour in (("compute", "#2ca02c"), ("exposed_comm", "#d62728"), ("bubble", "#bbbbbb")):
+        vals = [r[f"{part}_s"] for r in rows]
+        ax.bar(x, vals, bottom=bottom, color=colour, label=part.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_title("step time (s)")
+    ax.legend(fontsize=7)
+
+    def bars(ax, key, title, fmt, scale=1.0, missing="no price"):
+        vals = [(r[key] * scale if r.get(key) is not None else None) for r in rows]
+        for i, v in enumerate(vals):
+            if v is None:
+                ax.text(i, 0, missing, ha="center", va="bottom", fontsize=8, rotation=90)
+                continue
+            ax.bar(i, v, color=colours[i % len(colours)])
+            ax.text(i, v, fmt.format(v), ha="center", va="bottom", fontsize=8)
+        ax.set_title(title)
+
+    bars(axes[0][1], "mfu", "MFU (%)", "{:.1f}", 100.0)
+    ax = axes[0][2]
+    bars(ax, "peak_memory_gib", "peak memory per GPU (GiB)", "{:.1f}")
+    for i, r in enumerate(rows):
+        ax.plot([i - 0.4, i + 0.4], [r["memory_capacity_gib"]] * 2, color="red", lw=1.5)
+    bars(axes[1][0], "usd_per_billion_tokens", "$ per billion tokens", "{:,.0f}")
+    bars(axes[1][1], "days_to_train", f"days to train {format_tokens(tokens)} tokens", "{:.1f}", missing="")
+    bars(axes[1][2], "usd_to_train", f"$M to train {format_tokens(tokens)} tokens", "{:.2f}", 1e-6)
+    for row_axes in axes:
+        for a in row_axes:
+            a.set_xticks(list(x), [n.replace("-", "-\n", 2) for n in names], fontsize=7)
+            a.grid(axis="y", alpha=0.3)
+    fig.suptitle("; ".join(f"{r['name']}: {r['num_gpus']} x {r['gpu']} @ "
+                           f"{'$%.2f/GPU-h' % r['price_per_gpu_hour_usd'] if r['price_per_gpu_hour_usd'] else 'no price'}"
+                           for r in rows), fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

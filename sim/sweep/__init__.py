@@ -1,0 +1,451 @@
+"""`sim5d sweep`: which layout is fastest for this model on this many GPUs?
+
+Pipeline (design.md "sweep"):
+1. enumerate the candidate layouts (sim.sweep.space: tp, pp, vpp, cp, ep, dp, micro-batch,
+   schedule, ZeRO stage, recompute) for the fixed global batch, sequence and GPU count;
+2. screen every candidate without simulating it: `build_scenario` rejects invalid layouts, the
+   memory calculator rejects those that do not fit;
+3. skip dominated layouts (sim.sweep.space.dominators; `prune=False` keeps them);
+4. simulate the rest with `simulation.network: analytical` (alpha-beta, fast) and rank them by
+   step time;
+5. re-simulate the `top` best with the flow network model (links shared, contention) and rank
+   those first, by their flow step time.
+
+Work runs in batches on an executor (sim.sweep.executors: a local process pool or Ray); every
+result is streamed to FILE.stream.csv as it finishes, so an interrupted sweep resumes where it
+stopped and ends with the same table (sim.sweep.store). Defaults the sweep adds to the scenario
+(each overridable with --set): training.seq_length = min(the model's max_position_embeddings,
+8192); training.global_batch_size = 4,194,304 tokens / seq_length (4M tokens: Megatron-Bridge's
+Llama 3 70B recipe, 512 x 8192, and the Llama 3 paper's first-stage batch);
+overlap_grad_reduce and overlap_param_gather true (Megatron-Bridge's recipes); sequence_parallel
+true whenever tp > 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import ConfigError
+from sim.sweep import space
+from sim.sweep.evaluate import build
+from sim.sweep.space import Grid, Layout
+from sim.sweep.store import RUN_KEYS, StreamWriter, read_stream, stream_path, write_table
+
+DEFAULT_TOP = 8
+DEFAULT_SEQ_CAP = 8192
+DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
+LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size", "pipeline_schedule",
+                  "zero_stage", "recompute")
+TABLE_COLUMNS = ["rank", "layout", "status", "network", "step_time_s", "analytical_step_time_s",
+                 "flow_step_time_s", *LAYOUT_COLUMNS,
+                 *[k for k in RUN_KEYS if k != "step_time_s"], "dominated_by", "reason", "index"]
+STATUS_ORDER = ("ok", "dominated", "unsupported", "error", "oom", "invalid")
+
+
+@dataclass
+class SweepSpec:
+    model: object
+    """A preset name or a model mapping (as the scenario's `model:`)."""
+    gpus: int
+    topology: str
+    overrides: list = field(default_factory=list)
+    executor: str = "local"
+    workers: int | None = None
+    out: Path | None = None
+    top: int = DEFAULT_TOP
+    prune: bool = True
+    tp_across_nodes: bool = False
+    restart: bool = False
+    plots: bool = True
+    memory_fraction: float = 1.0
+    """A layout fits when its peak is at most this fraction of the device memory (headroom)."""
+
+
+@dataclass
+class Prepared:
+    base: dict
+    grid: Grid
+    layouts: list
+    sweep_id: str
+    model_name: str
+    topology: str
+    gpus_per_node: int
+    seq_length: int
+    global_batch_size: int
+
+
+@dataclass
+class SweepResult:
+    table: list
+    counts: dict
+    best: dict | None
+    wall_s: float
+    out: Path
+    stream: Path
+    plots: list
+    notes: list
+    resumed: int
+    executor: str = "local"
+    workers: int = 1
+
+
+# ----------------------------------------------------------------------------------------------
+def _model_label(model) -> str:
+    if isinstance(model, str):
+        return model
+    return str(model.get("name") or model.get("preset") or "custom")
+
+
+def prepare(spec: SweepSpec) -> Prepared:
+    """Validate the inputs, build the base scenario and the grid, enumerate the layouts."""
+    from sim.config import apply_overrides, build_scenario
+    from sim.topology import load_topology
+
+    if spec.gpus < 1:
+        raise ConfigError(f"--gpus ({spec.gpus}) must be at least 1", key="--gpus")
+    if spec.top < 0:
+        raise ConfigError(f"--top ({spec.top}) must be 0 or more", key="--top")
+    if not 0 < spec.memory_fraction <= 1:
+        raise ConfigError(f"--max-memory-fraction ({spec.memory_fraction}) must be in (0, 1]",
+                          key="--max-memory-fraction")
+    try:
+        topo = load_topology(spec.topology, key="--topology")
+    except ConfigError as e:
+        raise ConfigError(e.message, key="--topology", file=e.file, line=e.line) from None
+    gpn = topo.gpus_per_node
+    if spec.gpus > gpn and spec.gpus % gpn:
+        raise ConfigError(f"--gpus ({spec.gpus}) must fill whole nodes of {gpn} GPUs ({topo.name}): "
+                          f"use a multiple of {gpn}, or fewer than {gpn} GPUs on one node", key="--gpus")
+    nodes = max(1, math.ceil(spec.gpus / gpn))
+    data = {"name": f"sweep-{_model_label(spec.model)}", "model": copy.deepcopy(spec.model),
+            "cluster": {"topology": spec.topology, "num_nodes": nodes},
+            "parallelism": {}, "training": {}, "simulation": {}}
+    given = {}
+    for item in spec.overrides:
+        key = item.partition("=")[0].strip()
+        given[space.canonical_key(key)] = item
+    for key, why in (("cluster.num_nodes", "the sweep sets it from --gpus"),
+                     ("cluster.topology", "use --topology"),
+                     ("simulation.network", "the sweep screens with analytical and re-simulates the best "
+                                            "--top layouts with flow (--top 0: analytical only)"),
+                     ("model", "use --model")):
+        if key in given:
+            raise ConfigError(f"cannot be set in a sweep (--set {given[key]!r}): {why}", key=key)
+    try:
+        data = apply_overrides(data, list(spec.overrides), {})
+    except ConfigError as e:
+        raise e.located("--set", None) from None
+
+    # Pull the swept dimensions out of the scenario: they become the grid.
+    grid_kw = {}
+    for section in ("parallelism", "training"):
+        sub = data.get(section)
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{section} must be a mapping of keys", key=section)
+        for k in list(sub):
+            canon = space.canonical_key(f"{section}.{k}")
+            if canon in space.SWEPT_KEYS:
+                fieldname = space.SWEPT_KEYS[canon]
+                if fieldname in grid_kw:
+                    raise ConfigError(f"{section}.{k} and another name for the same key are both set; keep one",
+                                      key=canon)
+                grid_kw[fieldname] = space.parse_choice(canon, sub.pop(k))
+    grid = Grid(**grid_kw)
+
+    # Probe: the model and device as build_scenario resolves them (and the user's other keys
+    # checked once, with their own messages).
+    probe = copy.deepcopy(data)
+    probe["cluster"]["num_nodes"] = 1
+    probe["parallelism"] = {k: v for k, v in probe["parallelism"].items()
+                            if k not in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")}
+    probe["parallelism"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                                data_parallel_size=1)
+    probe["training"] = {**probe["training"], "global_batch_size": 1, "micro_batch_size": 1}
+    probe["training"].setdefault("seq_length", 2)
+    sc = build_scenario(probe, default_name="sweep")
+    model = sc.model
+
+    training = data["training"]
+    training.setdefault("seq_length", min(model.max_position_embeddings, DEFAULT_SEQ_CAP))
+    training.setdefault("global_batch_size", max(1, DEFAULT_BATCH_TOKENS // training["seq_length"]))
+    training.setdefault("overlap_grad_reduce", True)
+    training.setdefault("overlap_param_gather", True)
+    data["simulation"] = {**data["simulation"], "network": "analytical"}
+
+    layouts = space.enumerate_layouts(
+        gpus=spec.gpus, gpus_per_node=gpn, num_layers=model.num_layers,
+        num_experts=model.num_experts if model.is_moe else 0,
+        seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
+    ident = json.dumps({"version": 1, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
+                        "tp_across_nodes": spec.tp_across_nodes, "memory_fraction": spec.memory_fraction},
+                       sort_keys=True, default=str)
+    return Prepared(base=data, grid=grid, layouts=layouts,
+                    sweep_id=hashlib.sha256(ident.encode()).hexdigest()[:12],
+                    model_name=model.name, topology=topo.name, gpus_per_node=gpn,
+                    seq_length=training["seq_length"], global_batch_size=training["global_batch_size"])
+
+
+def default_out(spec: SweepSpec, prep: Prepared) -> Path:
+    return Path("sweeps") / f"{prep.model_name}-{prep.topology}-{spec.gpus}gpu.csv"
+
+
+# ----------------------------------------------------------------------------------------------
+class _Progress:
+    """A rich progress bar on stderr (one task per phase, with an ETA); silent off a terminal.
+    It refreshes when results arrive (no refresh thread: the process pool forks workers)."""
+
+    def __init__(self, enabled: bool):
+        self._p = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return
+        self._p = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
+                           TimeRemainingColumn(), console=console, auto_refresh=False, transient=False)
+        self._p.start()
+
+    def add(self, label: str, total: int):
+        if self._p is None:
+            return None
+        task = self._p.add_task(label, total=total)
+        self._p.refresh()
+        return task
+
+    def advance(self, task, n: int):
+        if self._p is not None and task is not None:
+            self._p.advance(task, n)
+            self._p.refresh()
+
+    def stop(self):
+        if self._p is not None:
+            self._p.stop()
+
+
+def _batches(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _run_phase(executor, kind: str, base: dict, items: list, batch: int, extra: tuple, on_rows,
+               progress, label: str):
+    """Run `items` ((index, Layout) pairs) in batches; `on_rows` gets each batch's rows as it
+    finishes (completion order)."""
+    if not items:
+        return
+    task = progress.add(label, len(items))
+    tasks = [(kind, (base, b, *extra)) for b in _batches(items, batch)]
+    for _, rows in executor.map_unordered(tasks):
+        on_rows(rows)
+        progress.advance(task, len(rows))
+
+
+def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> SweepResult:
+    """Run (or resume) a sweep and write its table, stream and charts."""
+    t0 = time.perf_counter()
+    prep = prepare(spec)
+    out = Path(spec.out) if spec.out else default_out(spec, prep)
+    if out.suffix not in (".csv", ".parquet"):
+        raise ConfigError(f"--out {out}: the table is written as CSV or parquet; use a .csv or .parquet file",
+                          key="--out")
+    spath = stream_path(out)
+    if spec.restart:
+        for p in (spath, out):
+            if p.exists():
+                p.unlink()
+    layouts = prep.layouts
+    old = read_stream(spath, prep.sweep_id)
+    for row in old:
+        i = row["index"]
+        if not (0 <= i < len(layouts)) or layouts[i].id != row["layout"]:
+            raise ConfigError(f"{spath}: row {row['layout']} does not match this sweep's enumeration; "
+                              "pass --restart", key="--out")
+    screened = {r["index"]: r for r in old if r["stage"] == "screen"}
+    analytical = {r["index"]: r for r in old if r["stage"] == "analytical"}
+    flow = {r["index"]: r for r in old if r["stage"] == "flow"}
+    resumed = len(old)
+
+    own_executor = executor is None
+    if own_executor:
+        from sim.sweep.executors import make_executor
+        executor = make_executor(spec.executor, spec.workers)
+    writer = StreamWriter(spath, prep.sweep_id, old)
+    bar = _Progress(progress)
+    workers = max(1, getattr(executor, "workers", 1))
+    fits: dict = {}
+    try:
+        # 1. screen: build_scenario + memory calculator (no simulation)
+        todo = [(i, lay) for i, lay in enumerate(layouts) if i not in screened]
+
+        def on_screen(rows):
+            for r in rows:
+                if r["status"] == "fits":
+                    fits[r["index"]] = r
+                else:
+                    writer.write({**r, "stage": "screen"})
+                    screened[r["index"]] = r
+
+        size = max(1, min(256, math.ceil(len(todo) / (4 * workers)))) if todo else 1
+        _run_phase(executor, "screen", prep.base, todo, size, (spec.memory_fraction,), on_screen, bar,
+                   "screen (memory)")
+
+        # 2. dominance among the layouts that fit
+        fit_layouts = [layouts[i] for i in sorted(fits)]
+        dominated = space.dominators(fit_layouts) if spec.prune else {}
+
+        # 3. analytical simulation of the rest
+        todo = [(i, layouts[i]) for i in sorted(fits) if layouts[i] not in dominated and i not in analytical]
+
+        def on_sim(store):
+            def _f(rows):
+                for r in rows:
+                    writer.write({**r, "stage": "analytical" if store is analytical else "flow"})
+                    store[r["index"]] = r
+            return _f
+
+        size = max(1, min(8, math.ceil(len(todo) / (8 * workers)))) if todo else 1
+        _run_phase(executor, "simulate", prep.base, todo, size, ("analytical",), on_sim(analytical), bar,
+                   "simulate (analytical)")
+
+        # 4. flow re-simulation of the best
+        ok = sorted((r["step_time_s"], i) for i, r in analytical.items() if r["status"] == "ok" and i in fits
+                    and layouts[i] not in dominated)
+        top = [i for _, i in ok[:spec.top]]
+        todo = [(i, layouts[i]) for i in top if i not in flow]
+        _run_phase(executor, "simulate", prep.base, todo, 1, ("flow",), on_sim(flow), bar, "re-simulate (flow)")
+    finally:
+        bar.stop()
+        writer.close()
+        if own_executor:
+            executor.close()
+
+    table = final_table(layouts, screened, fits, dominated, analytical, flow, set(top))
+    write_table(table, TABLE_COLUMNS, out)
+    counts = _counts(table)
+    best_row = table[0] if table and table[0]["status"] == "ok" else None
+    best = best_dict(prep, layouts[best_row["index"]], best_row) if best_row else None
+    plots = []
+    if spec.plots and counts["ranked"]:
+        from sim.sweep import charts
+
+        stem = out.with_suffix("")
+        title = (f"{prep.model_name} on {spec.gpus} x {prep.topology}: seq {prep.seq_length}, "
+                 f"global batch {prep.global_batch_size}")
+        plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
+        plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
+    return SweepResult(table=table, counts=counts, best=best, wall_s=time.perf_counter() - t0, out=out,
+                       stream=spath, plots=plots, notes=_notes(table, counts, spec), resumed=resumed,
+                       executor=getattr(executor, "name", spec.executor), workers=workers)
+
+
+# ----------------------------------------------------------------------------------------------
+def final_table(layouts, screened, fits, dominated, analytical, flow, top) -> list[dict]:
+    """One row per layout, ranked: layouts re-simulated with flow first (by flow step time), then
+    the other simulated ones (by analytical step time); then dominated, unsupported, error,
+    out-of-memory (by peak memory) and invalid layouts. Ties and the rest keep enumeration order."""
+    rows = []
+    for i, lay in enumerate(layouts):
+        row = {"index": i, "layout": lay.id, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp,
+               "ep": lay.ep, "dp": lay.dp, "micro_batch_size": lay.micro_batch_size,
+               "pipeline_schedule": lay.schedule, "zero_stage": lay.zero_stage, "recompute": lay.recompute}
+        if i in screened:
+            s = screened[i]
+            row.update(status=s["status"], reason=s.get("reason"),
+                       peak_memory_gib=s.get("peak_memory_gib"), memory_capacity_gib=s.get("memory_capacity_gib"),
+                       num_microbatches=s.get("num_microbatches"))
+        elif lay in dominated:
+            s = fits[i]
+            row.update(status="dominated", dominated_by=dominated[lay].id,
+                       peak_memory_gib=s["peak_memory_gib"], memory_capacity_gib=s["memory_capacity_gib"],
+                       num_microbatches=s["num_microbatches"], fits_in_memory=True)
+        elif i in analytical:
+            a = analytical[i]
+            row.update({k: a.get(k) for k in RUN_KEYS}, status=a["status"], reason=a.get("reason"),
+                       network="analytical" if a["status"] == "ok" else None)
+            if a["status"] == "ok":
+                row["analytical_step_time_s"] = a["step_time_s"]
+            else:
+                s = fits[i]
+                row.update(peak_memory_gib=s["peak_memory_gib"], memory_capacity_gib=s["memory_capacity_gib"],
+                           num_microbatches=s["num_microbatches"], fits_in_memory=True, sim_wall_s=None)
+            f = flow.get(i) if i in top else None
+            if f is not None and a["status"] == "ok":
+                if f["status"] == "ok":
+                    row.update({k: f.get(k) for k in RUN_KEYS}, network="flow", flow_step_time_s=f["step_time_s"])
+                else:
+                    row["reason"] = f"flow re-simulation failed ({f['status']}): {f.get('reason')}"
+        else:  # fits, not simulated (cannot happen after a complete run)
+            continue
+        rows.append(row)
+
+    def key(r):
+        g = STATUS_ORDER.index(r["status"])
+        if r["status"] == "ok":
+            return (0, 0 if r["network"] == "flow" else 1, r["step_time_s"], r["index"])
+        if r["status"] == "oom":
+            return (g, 0, r.get("peak_memory_gib") or 0.0, r["index"])
+        return (g, 0, 0.0, r["index"])
+
+    rows.sort(key=key)
+    rank = 0
+    for r in rows:
+        if r["status"] == "ok":
+            rank += 1
+            r["rank"] = rank
+    return rows
+
+
+def _counts(table) -> dict:
+    c = {s: 0 for s in STATUS_ORDER}
+    for r in table:
+        c[r["status"]] += 1
+    return {"evaluated": len(table),
+            "feasible": c["ok"] + c["dominated"] + c["unsupported"] + c["error"],
+            "ranked": c["ok"], "dominated": c["dominated"], "unsupported": c["unsupported"],
+            "errors": c["error"], "out_of_memory": c["oom"], "invalid": c["invalid"],
+            "flow_simulated": sum(1 for r in table if r.get("network") == "flow")}
+
+
+def _notes(table, counts, spec) -> list[str]:
+    notes = []
+    if counts["unsupported"]:
+        by_key: dict = {}
+        for r in table:
+            if r["status"] == "unsupported":
+                by_key.setdefault(r.get("reason") or "", []).append(r["layout"])
+        for reason, lays in sorted(by_key.items(), key=lambda kv: -len(kv[1])):
+            notes.append(f"{len(lays)} layouts fit in memory but the engine does not simulate them yet, so they "
+                         f"are not ranked (e.g. {lays[0]}): {reason}")
+    if counts["errors"]:
+        first = next(r for r in table if r["status"] == "error")
+        notes.append(f"{counts['errors']} layouts failed to simulate (e.g. {first['layout']}: {first['reason']})")
+    if counts["dominated"]:
+        notes.append(f"{counts['dominated']} layouts that fit were not simulated: the same layout with less "
+                     "recomputation or a lower ZeRO stage (1 <= 2 <= 3) also fits and does no more work, so "
+                     "they cannot be faster (--no-prune simulates them)")
+    return notes
+
+
+def best_dict(prep: Prepared, layout: Layout, row: dict) -> dict:
+    """The winner for `--json`: its parallelism and training keys (canonical names, every
+    default filled in) and its `run` summary keys, from the highest-fidelity simulation."""
+    from sim.config import resolved_dict
+
+    sc = build(prep.base, layout, row["network"])
+    res = resolved_dict(sc)
+    out = {"name": layout.id}
+    out.update(res["parallelism"])
+    out.update(res["training"])
+    out.update({k: row[k] for k in RUN_KEYS})
+    out["network"] = row["network"]
+    return out

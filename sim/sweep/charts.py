@@ -1,0 +1,114 @@
+"""Sweep charts: the step-time vs memory Pareto plot (coloured by schedule) and the tp x pp
+heatmap of the best step time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.config import SCHEDULE_NAMES
+
+SCHEDULE_COLOURS = dict(zip(SCHEDULE_NAMES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                             "#9467bd", "#8c564b", "#e377c2")))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (memory, time) points no other point beats in both, by increasing memory."""
+    front, best = [], float("inf")
+    for mem, t in sorted(points):
+        if t < best:
+            front.append((mem, t))
+            best = t
+    return front
+
+
+def pareto(table: list[dict], path: Path, title: str, memory_fraction: float = 1.0) -> Path:
+    """Step time vs peak memory per GPU of every ranked layout, coloured by schedule, with the
+    Pareto front, the device capacity (and the headroom limit below it) and the winner marked."""
+    plt = _plt()
+    ok = [r for r in table if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for s in SCHEDULE_NAMES:
+        pts = [r for r in ok if r["pipeline_schedule"] == s]
+        if pts:
+            ax.scatter([r["peak_memory_gib"] for r in pts], [r["step_time_s"] for r in pts], s=14, alpha=0.7,
+                       color=SCHEDULE_COLOURS[s], label=f"{s} ({len(pts)})", edgecolors="none")
+    front = pareto_front([(r["peak_memory_gib"], r["step_time_s"]) for r in ok])
+    if front:
+        xs, ys = zip(*front)
+        ax.step(xs, ys, where="post", color="black", lw=1.0, label="Pareto front")
+    cap = max((r["memory_capacity_gib"] for r in ok if r.get("memory_capacity_gib")), default=None)
+    if cap:
+        ax.axvline(cap, color="red", ls="--", lw=1.0, label=f"capacity {cap:.1f} GiB")
+        if memory_fraction < 1.0:
+            ax.axvline(cap * memory_fraction, color="orange", ls=":", lw=1.0,
+                       label=f"limit {memory_fraction:.0%} = {cap * memory_fraction:.1f} GiB")
+    if ok:
+        b = ok[0]
+        ax.scatter([b["peak_memory_gib"]], [b["step_time_s"]], marker="*", s=220, color="gold",
+                   edgecolors="black", zorder=5, label=f"best: {b['layout']} ({b['network']})")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"{title}\n{len(ok)} layouts ranked", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def heatmap(table: list[dict], path: Path, title: str) -> Path:
+    """Best step time over every other dimension for each (tp, pp); cells say why none ranked."""
+    import numpy as np
+
+    plt = _plt()
+    tps = sorted({r["tp"] for r in table})
+    pps = sorted({r["pp"] for r in table})
+    grid = np.full((len(pps), len(tps)), np.nan)
+    label = [["" for _ in tps] for _ in pps]
+    for i, pp in enumerate(pps):
+        for j, tp in enumerate(tps):
+            cell = [r for r in table if r["tp"] == tp and r["pp"] == pp]
+            ok = [r for r in cell if r["status"] == "ok"]
+            if ok:
+                b = min(ok, key=lambda r: (r["step_time_s"], r["index"]))
+                grid[i, j] = b["step_time_s"]
+                extra = (f" v{b['vpp']}" if b["pipeline_schedule"] == "interleaved-1f1b" else "") + \
+                    (f" cp{b['cp']}" if b["cp"] > 1 else "") + (f" ep{b['ep']}" if b["ep"] > 1 else "")
+                label[i][j] = (f"{b['step_time_s']:.3g} s, MFU {b['mfu']:.0%}\n{b['pipeline_schedule']}{extra}\n"
+                               f"mbs{b['micro_batch_size']} ZeRO-{b['zero_stage']} {b['recompute']}")
+            else:
+                statuses = {r["status"] for r in cell}
+                label[i][j] = ("not simulated" if statuses & {"unsupported", "dominated", "error"} else
+                               "OOM" if "oom" in statuses else "invalid" if cell else "")
+    fig, ax = plt.subplots(figsize=(1.9 * len(tps) + 2.5, 1.0 * len(pps) + 2.0))
+    masked = np.ma.masked_invalid(grid)
+    cmap = plt.get_cmap("viridis_r").with_extremes(bad="#dddddd")
+    im = ax.imshow(masked, cmap=cmap, aspect="auto")
+    lo, hi = (np.nanmin(grid), np.nanmax(grid)) if np.isfinite(grid).any() else (0.0, 1.0)
+    for i in range(len(pps)):
+        for j in range(len(tps)):
+            # viridis_r: short times are light (black text), long ones dark (white text)
+            dark = not np.isnan(grid[i, j]) and hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5
+            ax.text(j, i, label[i][j], ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(tps)), [str(t) for t in tps])
+    ax.set_yticks(range(len(pps)), [str(p) for p in pps])
+    ax.set_xlabel("tensor parallel (tp)")
+    ax.set_ylabel("pipeline parallel (pp)")
+    ax.set_title(f"{title}\nbest step time per tp x pp (grey: no ranked layout)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="step time (s)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

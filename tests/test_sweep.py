@@ -1,0 +1,332 @@
+"""`sim5d sweep`: enumeration against a hand count, memory pruning checked against the memory
+calculator, dominance checked against exhaustive simulation, the table against plain
+`simulate()`, resume after a killed sweep, the JSON contract and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from sim.config import build_scenario
+from sim.engine.simulate import simulate
+from sim.memory import memory_report
+from sim.sweep.store import read_table, stream_path
+
+# A 4-layer, 4-head model on one 8-GPU DGX A100 node: small enough to simulate in milliseconds.
+TINY = ["--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-a100-hdr",
+        "--set", "model.num_layers=4", "--set", "model.hidden_size=256", "--set", "model.num_attention_heads=4",
+        "--set", "model.num_query_groups=4", "--set", "model.ffn_hidden_size=512", "--set", "model.vocab_size=1024",
+        "--set", "training.seq_length=256", "--set", "training.global_batch_size=16"]
+FIXED = ["--set", "parallelism.zero_stage=1", "--set", "training.recompute=none",
+         "--set", "training.micro_batch_size=1"]
+
+
+def sweep(tmp_path, *args, name="t.csv") -> dict:
+    code, out, err = run_cli("sweep", *TINY, *args, "--out", str(tmp_path / name), "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def scenario_of(row: dict, extra: dict | None = None) -> dict:
+    """The scenario a table row stands for, built independently of the sweep code."""
+    par = {"tp": row["tp"], "pp": row["pp"], "cp": row["cp"], "dp": row["dp"], "ep": row["ep"],
+           "pipeline_schedule": row["pipeline_schedule"], "zero_stage": row["zero_stage"],
+           "sequence_parallel": row["tp"] > 1}
+    if row["pipeline_schedule"] == "interleaved-1f1b":
+        par["vpp"] = row["vpp"]
+    data = {"model": {"preset": "llama3-8b", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+                      "num_query_groups": 4, "ffn_hidden_size": 512, "vocab_size": 1024},
+            "cluster": {"topology": "dgx-a100-hdr", "num_nodes": 1},
+            "parallelism": par,
+            "training": {"seq_length": 256, "global_batch_size": 16, "micro_batch_size": row["micro_batch_size"],
+                         "recompute": row["recompute"], "overlap_grad_reduce": True, "overlap_param_gather": True}}
+    for k, v in (extra or {}).items():
+        data[k] = {**data.get(k, {}), **v}
+    return data
+
+
+def comparable(table: list[dict]) -> list[dict]:
+    """The table without host wall times (the only column that differs between two runs)."""
+    return [{k: v for k, v in r.items() if k != "sim_wall_s"} for r in table]
+
+
+def test_enumeration_matches_a_hand_count(tmp_path):
+    """8 GPUs in one node, 4 layers, 4 heads, seq 256, batch 16, mbs 1, ZeRO-1, no recompute.
+
+    Hand count of the grid (sim.sweep.space): tp in {1, 2, 4, 8}; pp in the divisors of 8 / tp
+    that are <= 4 layers: tp1 -> {1, 2, 4}, tp2 -> {1, 2, 4}, tp4 -> {1, 2}, tp8 -> {1}; cp 1
+    (256 tokens is below the 4,096-token minimum per CP rank); schedules: pp 1 -> 1f1b only;
+    pp 2 -> gpipe, 1f1b, interleaved (vpp 2: the divisors >= 2 of 4 / 2), zb-h1, zb-h2, zbv,
+    dualpipe, dualpipev = 8; pp 4 -> the same less interleaved (one layer per rank) = 7.
+    Enumerated: tp1 1+8+7 = 16, tp2 16, tp4 1+8 = 9, tp8 1: 42.
+    Invalid: tp8 (4 heads not divisible by 8); zbv and dualpipev at pp 4 (2 x 4 = 8 stages for
+    4 layers), for tp1 and tp2. Everything else holds (microbatches 16 / dp are even and >= 2 pp
+    where dualpipe needs it, and multiples of pp for interleaved): 42 - 5 = 37 valid, all fit."""
+    res = sweep(tmp_path, *FIXED, "--top", "0")
+    assert res["evaluated"] == 42
+    assert res["invalid"] == 5
+    assert res["feasible"] == res["ranked"] == 37
+    assert res["out_of_memory"] == res["dominated"] == res["unsupported"] == res["errors"] == 0
+    table = read_table(tmp_path / "t.csv")
+    invalid = {r["layout"]: r for r in table if r["status"] == "invalid"}
+    assert set(invalid) == {
+        "tp8-pp1-vpp1-cp1-ep1-dp1-mbs1-1f1b-z1-none",
+        "tp1-pp4-vpp2-cp1-ep1-dp2-mbs1-zbv-z1-none", "tp1-pp4-vpp2-cp1-ep1-dp2-mbs1-dualpipev-z1-none",
+        "tp2-pp4-vpp2-cp1-ep1-dp1-mbs1-zbv-z1-none", "tp2-pp4-vpp2-cp1-ep1-dp1-mbs1-dualpipev-z1-none"}
+    assert "num_attention_heads (4) must be divisible" in invalid["tp8-pp1-vpp1-cp1-ep1-dp1-mbs1-1f1b-z1-none"]["reason"]
+    # ranked by step time, ranks 1..37
+    ok = [r for r in table if r["status"] == "ok"]
+    assert [r["rank"] for r in ok] == list(range(1, 38))
+    assert all(a["step_time_s"] <= b["step_time_s"] for a, b in zip(ok, ok[1:]))
+
+
+def test_table_rows_equal_plain_simulation(tmp_path):
+    """The sweep's numbers (worker caches, batching) are those of a fresh build + simulate()."""
+    sweep(tmp_path, *FIXED, "--top", "1")
+    table = read_table(tmp_path / "t.csv")
+    ok = [r for r in table if r["status"] == "ok"]
+    assert ok[0]["network"] == "flow" and all(r["network"] == "analytical" for r in ok[1:])
+    for row in (ok[0], ok[1], ok[len(ok) // 2], ok[-1]):
+        net = row["network"]
+        s = simulate(build_scenario(scenario_of(row, {"simulation": {"network": net}}))).summary()
+        for k in ("step_time_s", "mfu", "bubble_fraction", "peak_memory_gib", "sim_events", "num_microbatches"):
+            assert row[k] == s[k], (row["layout"], k)
+    # the flow winner also carries its analytical screen time
+    assert ok[0]["analytical_step_time_s"] == simulate(build_scenario(scenario_of(ok[0]))).summary()["step_time_s"]
+
+
+def test_memory_pruning_agrees_with_the_memory_calculator(tmp_path):
+    """A device with little memory (the median peak of the layouts): every layout the sweep calls
+    out-of-memory is one the memory calculator says does not fit, it is never simulated, and
+    every ranked layout fits."""
+    args = ["--set", "parallelism.zero_stage=1", "--set", "training.recompute=[none,full]",
+            "--set", "training.micro_batch_size=[1,2]", "--top", "0"]
+    sweep(tmp_path, *args, name="big.csv")
+    peaks = sorted(r["peak_memory_gib"] for r in read_table(tmp_path / "big.csv") if r["status"] in ("ok", "dominated"))
+    prof = yaml.safe_load((REPO / "topologies/devices/a100-sxm-80gb.yaml").read_text())
+    prof.update(name="a100-small", memory_gib=peaks[len(peaks) // 2])
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    res = sweep(tmp_path, *args, "--set", f"cluster.gpu={path}")
+    assert res["out_of_memory"] > 0 and res["ranked"] > 0
+    table = read_table(tmp_path / "t.csv")
+    simulated = {r["layout"] for r in _stream_rows(tmp_path / "t.csv") if r["stage"] != "screen"}
+    checked = 0
+    for row in table:
+        if row["status"] in ("oom", "ok", "dominated"):
+            sc = build_scenario(scenario_of(row, {"cluster": {"gpu": str(path)}}))
+            assert memory_report(sc).fits == (row["status"] != "oom"), row["layout"]
+            checked += 1
+        if row["status"] == "oom":
+            assert row["layout"] not in simulated and row["step_time_s"] is None and row["sim_events"] is None
+            assert "GiB > capacity" in row["reason"]
+    assert checked == res["feasible"] + res["out_of_memory"]
+    # full recompute is ranked exactly where the same layout without it does not fit
+    ranked_full = {r["layout"] for r in table if r["status"] == "ok" and r["recompute"] == "full"}
+    oom = {r["layout"] for r in table if r["status"] == "oom"}
+    assert ranked_full and all(lay.replace("-full", "-none") in oom for lay in ranked_full)
+
+
+def _stream_rows(out: Path) -> list[dict]:
+    import csv
+
+    with open(stream_path(out), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_dominated_layouts_are_never_faster(tmp_path):
+    """With ZeRO 1-3 x recompute, the pruned sweep ranks the same best layout as the exhaustive
+    one, and every layout it skipped simulates no faster than the layout that dominates it."""
+    args = ["--set", "training.micro_batch_size=1", "--set", "parallelism.tp=[1,2]", "--set", "parallelism.pp=[1,2]",
+            "--set", "parallelism.pipeline_schedule=[1f1b,zb-h1]", "--top", "0"]
+    pruned = sweep(tmp_path, *args, name="p.csv")
+    full = sweep(tmp_path, *args, "--no-prune", name="f.csv")
+    assert pruned["dominated"] > 0 and full["dominated"] == 0
+    assert pruned["best"] == {**full["best"], "sim_wall_s": pruned["best"]["sim_wall_s"]}
+    exhaustive = {r["layout"]: r for r in read_table(tmp_path / "f.csv")}
+    for r in read_table(tmp_path / "p.csv"):
+        if r["status"] == "dominated":
+            assert exhaustive[r["layout"]]["step_time_s"] >= exhaustive[r["dominated_by"]]["step_time_s"]
+
+
+def test_layouts_the_engine_rejects_are_counted_and_noted(tmp_path, monkeypatch):
+    """A ConfigError from the engine for a layout that passed validation (as `sim5d run` raised
+    for cp > 1 before context parallelism was simulated) makes that layout `unsupported`: not
+    ranked, counted, and explained in a note, while the sweep goes on."""
+    import sim.engine.simulate as engine
+    from sim.errors import ConfigError
+
+    real = engine.simulate
+
+    def simulate_without_pipelines(sc, **kw):
+        if sc.parallelism.pp > 1:
+            raise ConfigError("pipeline parallelism is not simulated in this test",
+                              key="parallelism.pipeline_model_parallel_size")
+        return real(sc, **kw)
+
+    monkeypatch.setattr(engine, "simulate", simulate_without_pipelines)  # forked workers inherit it
+    res = sweep(tmp_path, *FIXED, "--top", "1")
+    table = read_table(tmp_path / "t.csv")
+    unsupported = [r for r in table if r["status"] == "unsupported"]
+    assert res["unsupported"] == len(unsupported) == sum(1 for r in table if r["pp"] > 1 and r["status"] != "invalid")
+    assert res["ranked"] == sum(1 for r in table if r["status"] == "ok") == 3  # pp 1 with tp 1, 2, 4
+    assert all(r["rank"] is None and r["step_time_s"] is None and "not simulated in this test" in r["reason"]
+               for r in unsupported)
+    assert any(f"{len(unsupported)} layouts fit in memory but the engine does not simulate them" in n
+               for n in res["notes"])
+
+
+def test_json_contract_and_charts(tmp_path):
+    res = sweep(tmp_path, *FIXED, "--top", "2")
+    for k in ("evaluated", "feasible", "wall_s", "best"):
+        assert k in res
+    best = res["best"]
+    for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+              "expert_model_parallel_size", "data_parallel_size", "virtual_pipeline_model_parallel_size",
+              "pipeline_schedule", "zero_stage", "sequence_parallel",  # parallelism
+              "seq_length", "micro_batch_size", "global_batch_size", "recompute", "precision",  # training
+              "num_gpus", "step_time_s", "tokens_per_s", "mfu", "hfu", "compute_fraction",  # run summary
+              "exposed_comm_fraction", "bubble_fraction", "peak_memory_gib", "fits_in_memory", "sim_events"):
+        assert k in best, k
+    table = read_table(tmp_path / "t.csv")
+    assert best["step_time_s"] == table[0]["step_time_s"] and best["name"] == table[0]["layout"]
+    assert best["network"] == "flow"
+    for p in res["plots"]:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _wait_for(path: Path, stage: str, n: int, proc, timeout: float = 60.0) -> int:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if path.exists():
+            got = sum(1 for line in path.read_text().splitlines() if f",{stage}," in line)
+            if got >= n:
+                return got
+        if proc.poll() is not None:
+            return -1
+        time.sleep(0.01)
+    return -1
+
+
+def test_resume_after_a_killed_sweep_gives_the_same_table(tmp_path):
+    """SIGKILL a sweep (and its workers) part-way through its simulations, rerun the same command:
+    nothing that had finished is recomputed and the final table equals an uninterrupted run's."""
+    args = [*TINY, *FIXED, "--set", "training.micro_batch_size=[1,2]", "--set", "model.num_layers=8",
+            "--top", "2", "--workers", "1"]
+    ref = sweep(tmp_path, *args[len(TINY):], name="ref.csv")  # uninterrupted
+    out = tmp_path / "killed.csv"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", *args, "--out", str(out), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    got = _wait_for(stream_path(out), "analytical", 5, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert got >= 5 and proc.returncode == -signal.SIGKILL, "the sweep finished before it could be killed"
+    assert not out.exists()  # killed before the final table
+    before = _stream_rows(out)
+    done = sum(1 for r in before if r["stage"] == "analytical")
+    assert 5 <= done < ref["ranked"]
+    with open(stream_path(out), "a") as f:  # as if the kill had cut a line short
+        f.write("abc123,7,tp1-pp1")
+    res = sweep(tmp_path, *args[len(TINY):], name="killed.csv")
+    assert res["resumed_results"] == len(before)
+    rows = _stream_rows(out)
+    keys = [(r["layout"], r["stage"]) for r in rows]
+    assert len(keys) == len(set(keys)), "a finished result was computed again"
+    assert comparable(read_table(out)) == comparable(read_table(tmp_path / "ref.csv"))
+    for k in ("evaluated", "feasible", "ranked", "invalid", "out_of_memory", "dominated", "flow_simulated"):
+        assert res[k] == ref[k], k
+    assert comparable([res["best"]]) == comparable([ref["best"]])
+
+
+def test_rerun_of_a_finished_sweep_reuses_it_and_other_sweeps_are_refused(tmp_path):
+    first = sweep(tmp_path, *FIXED, "--top", "1")
+    again = sweep(tmp_path, *FIXED, "--top", "1")
+    assert again["resumed_results"] > 0 and comparable([again["best"]]) == comparable([first["best"]])
+    code, _, err = run_cli("sweep", *TINY, *FIXED, "--set", "training.global_batch_size=32",
+                           "--out", str(tmp_path / "t.csv"))
+    assert code == 2 and "another sweep" in err and "--restart" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpus", "12"], ["--gpus (12)", "whole nodes of 8"]),
+    (["--topology", "dgx-z100"], ["--topology", "unknown topology"]),
+    (["--set", "training.recompute=[none,sometimes]"], ["training.recompute", "'sometimes'", "none, selective, full"]),
+    (["--set", "parallelism.tp=[2,0]"], ["tensor_model_parallel_size", "0", ">= 1"]),
+    (["--set", "simulation.network=flow"], ["simulation.network", "--top"]),
+    (["--set", "cluster.num_nodes=2"], ["cluster.num_nodes", "--gpus"]),
+    (["--set", "training.precison=bf16"], ["precison"]),
+    (["--executor", "spark"], ["--executor", "spark"]),
+    (["--out", "x.txt"], ["--out", ".csv or .parquet"]),
+])
+def test_bad_input_exits_2_with_the_key(tmp_path, args, words):
+    base = [a for a in TINY]
+    for flag in ("--gpus", "--topology"):
+        if flag in args:
+            i = base.index(flag)
+            del base[i:i + 2]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, out, err = run_cli("sweep", *base, *args)
+    finally:
+        os.chdir(cwd)
+    assert code == 2, err
+    assert out == "" and "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_ray_executor_equals_local(tmp_path):
+    """The same sweep on a local Ray instance (started and stopped by the sweep, in a separate
+    process so that Ray's threads stay out of this one) gives the local pool's table."""
+    pytest.importorskip("ray")
+    args = [*FIXED, "--set", "training.micro_batch_size=[1,2]", "--top", "2"]
+    local = sweep(tmp_path, *args, name="local.csv")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "sim", "sweep", *TINY, *args, "--executor", "ray", "--workers", "2",
+                           "--out", str(tmp_path / "ray.csv"), "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ray = json.loads(proc.stdout)
+    assert (ray["executor"], local["executor"]) == ("ray", "local")
+    assert ray["ranked"] == local["ranked"] > 0
+    assert comparable(read_table(tmp_path / "ray.csv")) == comparable(read_table(tmp_path / "local.csv"))
+
+
+def _sleep_task(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_local_executor_yields_in_completion_order(monkeypatch):
+    from sim.sweep import evaluate
+    from sim.sweep.executors import LocalExecutor
+
+    monkeypatch.setitem(evaluate.TASKS, "sleep", _sleep_task)  # inherited by the forked workers
+    ex = LocalExecutor(2)
+    try:
+        got = list(ex.map_unordered([("sleep", (0.6,)), ("sleep", (0.05,)), ("sleep", (0.05,))]))
+    finally:
+        ex.close()
+    assert [i for i, _ in got] == [1, 2, 0] and [r for _, r in got] == [0.05, 0.05, 0.6]
+
+
+def test_parquet_table_equals_csv(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    sweep(tmp_path, *FIXED, "--top", "1", name="t.csv")
+    sweep(tmp_path, *FIXED, "--top", "1", name="t.parquet")
+    pq = pd.read_parquet(tmp_path / "t.parquet").drop(columns=["sim_wall_s"])
+    csv = pd.read_csv(tmp_path / "t.csv").drop(columns=["sim_wall_s"])
+    assert list(pq.columns) == list(csv.columns) and len(pq) == len(csv)
+    assert (pq["layout"] == csv["layout"]).all() and (pq["step_time_s"].fillna(-1) == csv["step_time_s"].fillna(-1)).all()
