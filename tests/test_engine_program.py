@@ -3,33 +3,14 @@ the p2p time, and each parallel dimension adds exactly its collectives."""
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import pytest
 
 from conftest import base_scenario
+from engine_fakes import UnitCosts
 from sim import schedules
 from sim.config import build_scenario
-from sim.engine.core import Comm, Engine, Launch
-from sim.engine.program import CostModel, LayerCost, ProgramBuilder
-
-
-class UnitCosts(CostModel):
-    """Each block: fwd 100 ns, dgrad 100, wgrad 100, recompute 50; embedding/head free; the
-    optimizer step 5 ns."""
-
-    def layer(self, layer):
-        d = {"fwd": 100, "dgrad": 100, "wgrad": 100, "recompute": 50}
-        return LayerCost(attn=d, mlp=d)
-
-    def embedding_ns(self, phase):
-        return 0
-
-    def head_ns(self, phase):
-        return 0
-
-    def optimizer_ns(self, n_params):
-        return 5
+from sim.engine.core import Engine
+from sim.engine.program import ProgramBuilder
 
 
 class FixedNetwork:
@@ -53,7 +34,7 @@ def _scenario(**par):
 def _run(sc, net):
     sched = schedules.build(sc.parallelism.pipeline_schedule, sc.parallelism.pp,
                             sc.derived.num_microbatches, sc.parallelism.vpp)
-    progs = ProgramBuilder(sc, sched, UnitCosts()).build()
+    progs = ProgramBuilder(sc, sched, UnitCosts(recompute=50)).build()
     eng = Engine(progs, net)
     return eng.run(), eng, progs, sched
 

@@ -8,29 +8,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import base_scenario, run_cli
+from engine_fakes import UnitCosts
 from sim import schedules
 from sim.config import build_scenario
 from sim.engine.core import Engine
-from sim.engine.program import CostModel, LayerCost, ProgramBuilder
+from sim.engine.program import ProgramBuilder
 
 EXPERT = 40
-
-
-class MoECosts(CostModel):
-    """Blocks 100 ns per phase, of which the routed experts are 40 on MoE layers."""
-
-    def layer(self, layer):
-        d = {"fwd": 100, "dgrad": 100, "wgrad": 100, "recompute": 0}
-        return LayerCost(attn=d, mlp=d, expert={"fwd": EXPERT, "dgrad": EXPERT, "wgrad": EXPERT})
-
-    def embedding_ns(self, phase):
-        return 0
-
-    def head_ns(self, phase):
-        return 0
-
-    def optimizer_ns(self, n_params):
-        return 5
 
 
 class A2ANetwork:
@@ -57,7 +41,7 @@ def _moe(tp=1, dp=2, ep=2, imbalance=None, sp=False, gbs=4):
 
 def _run(sc, net):
     sched = schedules.build("1f1b", 1, sc.derived.num_microbatches, 1)
-    eng = Engine(ProgramBuilder(sc, sched, MoECosts()).build(), net)
+    eng = Engine(ProgramBuilder(sc, sched, UnitCosts(expert=EXPERT)).build(), net)
     return eng.run()
 
 

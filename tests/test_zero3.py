@@ -7,26 +7,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import base_scenario, run_cli
+from engine_fakes import UnitCosts
 from sim import schedules, workload
 from sim.config import build_scenario
 from sim.engine.core import Engine
-from sim.engine.program import CostModel, LayerCost, ProgramBuilder
+from sim.engine.program import ProgramBuilder
 from sim.memory import memory_report
-
-
-class UnitCosts(CostModel):
-    def layer(self, layer):
-        d = {"fwd": 100, "dgrad": 100, "wgrad": 100, "recompute": 0}
-        return LayerCost(attn=d, mlp=d)
-
-    def embedding_ns(self, phase):
-        return 0
-
-    def head_ns(self, phase):
-        return 0
-
-    def optimizer_ns(self, n_params):
-        return 5
 
 
 class GatherNetwork:
