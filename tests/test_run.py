@@ -119,3 +119,30 @@ def test_bundled_scenarios_simulate(path):
     assert s["step_time_s"] > 0 and 0 < s["mfu"] < 1
     assert res.makespan_ns >= max(b.compute_ns for b in res.breakdowns.values())
     assert s["compute_fraction"] + s["exposed_comm_fraction"] + s["bubble_fraction"] == pytest.approx(1.0)
+
+
+def test_flow_network_never_exceeds_a_link_capacity(monkeypatch):
+    """Engine invariant with the flow network: after every rate solve, the summed rates on each
+    link direction stay within its capacity (DP reduce, PP sends and TP collectives of a 2-node
+    layout running concurrently)."""
+    import numpy as np
+    from sim.network.flow import FlowNetwork
+
+    checks = []
+    original = FlowNetwork._solve_rates
+
+    def checked(self, floor):
+        original(self, floor)
+        if len(self._flows):
+            flow_of = np.repeat(np.arange(len(self._flows)), self._len)
+            load = np.bincount(self._inc_edge, weights=self._rate[flow_of], minlength=self.capacity.shape[0])
+            assert np.all(load <= self.capacity * (1 + 1e-9) + 1e-12)
+            checks.append(len(self._flows))
+
+    monkeypatch.setattr(FlowNetwork, "_solve_rates", checked)
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 2048},
+                         training={"global_batch_size": 16, "seq_length": 256, "overlap_grad_reduce": True})
+    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 4}
+    data["simulation"] = {"network": "flow"}
+    res = simulate(build_scenario(data))
+    assert res.summary()["num_gpus"] == 16 and len(checks) > 10 and max(checks) >= 2
