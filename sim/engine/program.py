@@ -61,6 +61,7 @@ the stage's layers, timed by a cost model, and the communication each parallel d
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from sim.engine.core import Comm, CommSpec, Compute, Launch, Mark, Recv, Send, Wait
@@ -126,6 +127,36 @@ def cp_bytes(sc) -> dict:
     return {"kv": tokens * kv_heads * (d_qk + d_v) * e,
             "qkv": tokens * (heads * d_qk + kv_heads * (d_qk + d_v)) * e,
             "out": tokens * heads * d_v * e}
+
+
+def overlap_pair(first: list, second: list, tag) -> list:
+    """Interleave two actions' instructions as DualPipe runs an overlapped forward & backward
+    pair: each run of compute executes in turn, and where one action would block on a
+    collective (`Comm`), the collective is launched on its stream instead and the other action
+    computes meanwhile; the action waits for it only before its own next instruction."""
+    queues = [deque(first), deque(second)]
+    pending = [None, None]
+    out: list = []
+    n = 0
+    turn = 0
+    while queues[0] or queues[1]:
+        q = queues[turn]
+        if q:
+            if pending[turn] is not None:
+                out.append(Wait(pending[turn], "overlapped pair"))
+                pending[turn] = None
+            while q:
+                ins = q.popleft()
+                if type(ins) is Comm:
+                    h = (tag, n)
+                    n += 1
+                    out.append(Launch(h, ins.spec, ins.name, ins.spec.tag or "ep"))
+                    pending[turn] = h
+                    break
+                out.append(ins)
+        turn = 1 - turn
+    out.extend(Wait(h, "overlapped pair") for h in pending if h is not None)
+    return out
 
 
 class ProgramBuilder:
@@ -500,7 +531,15 @@ class ProgramBuilder:
                     b.kind == "W" and b.stage == a.stage for b in items)):
                 last_backward[a.stage] = i
         split = {s: any(b.kind == "W" and b.stage == s for b in items) for s in stages}
+        # DualPipe's overlapped F&B pairs: (index of the F part, index of the B part) in `items`
+        pairs, n = [], 0
+        for item in sched.ranks[r]:
+            if len(item.parts) == 2:
+                pairs.append((n, n + 1))
+            n += len(item.parts)
+        bounds = {}
         for i, a in enumerate(items):
+            bounds[i] = len(prog)
             s, mb = a.stage, a.microbatch
             if a.kind == "F":
                 if s in gather_handles:
@@ -564,6 +603,13 @@ class ProgramBuilder:
                             self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send grad s{prv} mb{mb}"))
             while self._pending_tp:
                 prog.append(Wait(self._pending_tp.pop(0), "tp overlap"))
+        bounds[len(items)] = len(prog)
+        # Overlapped pairs: the two chunks' kernels share the compute stream while each one's
+        # blocking communication runs under the other's computation (DeepSeek-V3 report sec.
+        # 3.2.1, fig. 4). Replace each pair's two instruction runs by their interleaving.
+        for f, b in reversed(pairs):
+            lo, mid, hi = bounds[f], bounds[b], bounds[b + 1]
+            prog[lo:hi] = overlap_pair(prog[lo:mid], prog[mid:hi], ("fb", r, lo))
         # gradient reduction (not overlapped), then wait for all of it
         handles = []
         for s in stages:
