@@ -119,3 +119,33 @@ def test_tied_embedding_grads_all_reduced_between_end_stages():
     # one call shared by the two end ranks (both simulated: they meet at the collective and the
     # network carries it once), V/tp x h x 2 bytes
     assert len(emb) == 1 and all(s.size_bytes == 512 * 256 * 2 and len(s.ranks) == 2 for s in emb)
+
+
+@pytest.mark.parametrize("coll, second_start", [(70, 100), (150, 150)])
+def test_tp_comm_overlap_runs_under_the_next_kernel_only(coll, second_start):
+    """A TP collective launched before two kernels overlaps the first; the second waits for
+    it: kernels 0-100 and max(100, collective)..+100."""
+    from sim.engine.core import CommSpec, Compute, Launch
+    from sim.engine.program import pair_tp_waits
+
+    h = ("tp", "x", 0)
+    seq = pair_tp_waits([Launch(h, CommSpec("all_reduce", (0, 1), coll, "tp"), "ar", "tp"),
+                         Compute(100, "k1"), Compute(100, "k2")], {h})
+    eng = Engine({0: seq}, FixedNetwork(coll=coll))
+    assert eng.run() == second_start + 100
+    starts = {r.name: r.start_ns for r in eng.records}
+    assert starts["k1"] == 0 and starts["k2"] == second_start and starts["ar"] == 0
+
+
+def test_tp_comm_overlap_shortens_the_step_but_not_below_compute():
+    base = _run(_scenario(tp=1, pp=1, dp=1), FixedNetwork(coll=7))[0]
+    exposed = _run(_scenario(tp=2, pp=1, dp=1), FixedNetwork(coll=7))[0]
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1024},
+                         training={"global_batch_size": 8, "seq_length": 128, "tp_comm_overlap": True})
+    data["parallelism"] = {"tp": 2, "pp": 1, "dp": 1}
+    overlapped = _run(build_scenario(data), FixedNetwork(coll=7))[0]
+    m = 8
+    # every collective is hidden except the last of each forward (the LM head costs 0 here,
+    # so no kernel follows it in the action); the backward's last one hides under its wgrad
+    assert overlapped == base + m * 7
+    assert base < overlapped < exposed

@@ -129,6 +129,29 @@ def cp_bytes(sc) -> dict:
             "out": tokens * heads * d_v * e}
 
 
+def pair_tp_waits(seq: list, handles: set) -> list:
+    """Place the waits of overlapped TP collectives (`tp_comm_overlap`): a collective launched
+    in `seq` may run under the next compute kernel only; the compute stream waits for it before
+    the kernel after that (or at the end of `seq`). time(collective + kernel) is then
+    max(collective, kernel), as with Transformer Engine's comm-GEMM overlap."""
+    out: list = []
+    armed: list = []   # [handle, computes seen since launch]
+    for ins in seq:
+        if type(ins) is Compute and ins.dur_ns:
+            for h in [a for a in armed if a[1] >= 1]:
+                out.append(Wait(h[0], "tp overlap"))
+                armed.remove(h)
+            out.append(ins)
+            for a in armed:
+                a[1] += 1
+            continue
+        out.append(ins)
+        if type(ins) is Launch and ins.handle in handles:
+            armed.append([ins.handle, 0])
+    out.extend(Wait(h, "tp overlap") for h, _ in armed)
+    return out
+
+
 def overlap_pair(first: list, second: list, tag) -> list:
     """Interleave two actions' instructions as DualPipe runs an overlapped forward & backward
     pair: each run of compute executes in turn, and where one action would block on a
@@ -266,8 +289,9 @@ class ProgramBuilder:
             return
         spec = CommSpec(op, self._group(pp_rank, "tp"), self.act_bytes, "tp")
         if self.sc.training.tp_comm_overlap:
-            # TP comm overlapped with the neighbouring GEMMs (Megatron/TE userbuffers): it runs
-            # on the TP stream and the compute stream waits only at the end of the action.
+            # TP comm overlapped with the neighbouring GEMM (Megatron/Transformer Engine
+            # userbuffers: AG+GEMM and GEMM+RS pipelined): it runs on the TP stream under the next
+            # compute kernel, and the kernel after that waits for it (see pair_tp_waits).
             prog.append(Launch(("tp", name, len(prog)), spec, name, "tp"))
             self._pending_tp.append(("tp", name, len(prog) - 1))
         else:
@@ -601,8 +625,9 @@ class ProgramBuilder:
                         prog.append(Send(("grad", prv, mb, dst), CommSpec(
                             "send_recv", (self.me, dst),
                             self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send grad s{prv} mb{mb}"))
-            while self._pending_tp:
-                prog.append(Wait(self._pending_tp.pop(0), "tp overlap"))
+            if self._pending_tp:
+                prog[bounds[i]:] = pair_tp_waits(prog[bounds[i]:], set(self._pending_tp))
+                self._pending_tp.clear()
         bounds[len(items)] = len(prog)
         # Overlapped pairs: the two chunks' kernels share the compute stream while each one's
         # blocking communication runs under the other's computation (DeepSeek-V3 report sec.
