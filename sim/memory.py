@@ -89,8 +89,10 @@ class MemoryReport:
 # Activations (Korthikanti et al. 2022, sec. 4.1; notation s, b, h, a, t as the paper).
 def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp: int, cp: int,
                            sequence_parallel: bool, recompute: str, attention_backend: str,
-                           precision: str = "bf16") -> float:
+                           precision: str = "bf16", routing_imbalance: float = 1.0) -> float:
     """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
+    `routing_imbalance` (MoE): the busiest expert rank's token share relative to the mean
+    (training.moe_routing_imbalance); its expert activations scale with it.
 
     Term by term (p = bytes per element, 2 for 16-bit; s the local sequence = seq / cp):
       norms:      two norm inputs, 2 x p*s*b*h                      (SP: / t)
@@ -153,7 +155,8 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
         k = model.moe_router_topk
         fe = model.moe_ffn_hidden_size
         act += 4 * s * b * model.num_experts                   # router probabilities (fp32)
-        tokens = k  # balanced routing: each rank processes k copies of its tokens on average
+        # each rank processes k copies of its tokens on average; the busiest, imbalance x that
+        tokens = k * routing_imbalance
         # dispatched (permuted) tokens: each of the k copies is an expert fc1 input (tp-sharded
         # sequence after the all-to-all when SP, replicated otherwise)
         act += tokens * p * sbh * rep
@@ -244,7 +247,8 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
         first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
         act = sum(layer_activation_bytes(m, layer, recompute=t.recompute,
                                          attention_backend=t.attention_backend,
-                                         precision=t.precision, **kw)
+                                         precision=t.precision, routing_imbalance=t.moe_routing_imbalance,
+                                         **kw)
                   for layer in range(first, first + n))
         if first == 0:
             act += embedding_activation_bytes(m, **kw)
@@ -288,7 +292,8 @@ def memory_report(sc: Scenario) -> MemoryReport:
                 full = layer_activation_bytes(
                     m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
                     sequence_parallel=p.sequence_parallel, recompute="none",
-                    attention_backend=t.attention_backend, precision=t.precision)
+                    attention_backend=t.attention_backend, precision=t.precision,
+                    routing_imbalance=t.moe_routing_imbalance)
                 work[rank] = max(work[rank], full)
 
     comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES

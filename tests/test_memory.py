@@ -239,3 +239,16 @@ def test_resolved_yaml_is_written_and_reloads(tmp_path, write_yaml):
     r = __import__("yaml").safe_load(out.read_text())
     assert r["derived"]["num_microbatches"] == 8 and r["derived"]["data_parallel_size"] == 2
     assert r["model"]["num_query_groups"] == 8 and r["parallelism"]["tensor_model_parallel_size"] == 2
+
+
+def test_routing_imbalance_scales_the_busiest_ranks_expert_activations():
+    """Only the routed-expert terms (k copies of the tokens through the expert MLP) scale."""
+    m = ModelSpec(name="moe", num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100,
+                  ffn_hidden_size=128, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=96)
+    kw = dict(seq=8, micro_batch=1, tp=1, cp=1, sequence_parallel=False, recompute="none",
+              attention_backend="flash", precision="bf16")
+    one = layer_activation_bytes(m, 0, **kw)
+    two = layer_activation_bytes(m, 0, routing_imbalance=2.0, **kw)
+    # per extra token copy: its fc1 input 2*s*h plus activation and fc2 inputs 2*s*(f + f)
+    expert_terms = 2 * (2 * 8 * 64 + 2 * 8 * (96 + 96))
+    assert two - one == pytest.approx(expert_terms)
