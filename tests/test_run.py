@@ -146,3 +146,20 @@ def test_flow_network_never_exceeds_a_link_capacity(monkeypatch):
     data["simulation"] = {"network": "flow"}
     res = simulate(build_scenario(data))
     assert res.summary()["num_gpus"] == 16 and len(checks) > 10 and max(checks) >= 2
+
+
+def test_pipeline_chart_spans_are_the_schedule_actions(tmp_path):
+    """The chart merges each action's kernels into one span: a 2-stage 1F1B step shows, per
+    stage, one F and one B span per microbatch, in the schedule's order."""
+    from sim import schedules
+    from sim.engine.outputs import action_spans, one_per_stage, plot_pipeline
+
+    sc = _small(pp=2, dp=2)
+    res = simulate(sc)
+    m = sc.derived.num_microbatches
+    sched = schedules.build("1f1b", 2, m)
+    for rank, pp in one_per_stage(res.pp_rank_of).items():
+        spans = [(k, mb) for k, mb, _, _ in action_spans(res.records, rank) if k in ("F", "B")]
+        assert spans == [(a.kind, str(a.microbatch)) for a in sched.ranks[pp]]
+    plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
+    assert (tmp_path / "p.png").stat().st_size > 0

@@ -90,22 +90,61 @@ def _kind(rec) -> str:
     return head if head in _KIND_COLOURS else "F"
 
 
+def one_per_stage(pp_rank_of: dict) -> dict:
+    """The lowest simulated rank of each pipeline stage (all ranks of a stage do the same work
+    in the symmetric layouts sim5d simulates; charts of 1,024 rows would be unreadable)."""
+    first: dict = {}
+    for rank, pp in sorted(pp_rank_of.items()):
+        first.setdefault(pp, rank)
+    return {rank: pp for pp, rank in first.items()}
+
+
+def _mb(rec) -> str:
+    return next((w[2:] for w in rec.name.split() if w.startswith("mb") and w[2:].isdigit()), "")
+
+
+def action_spans(records, rank: int) -> list:
+    """Compute-stream work of `rank` merged into action-level spans: consecutive kernels of one
+    kind (F, B, I, W, R, optimizer) on one microbatch become one (kind, mb, start_ns, end_ns)."""
+    recs = sorted((r for r in records if r.rank == rank and r.stream == "compute"
+                   and not r.cat.startswith("comm:")), key=lambda r: (r.start_ns, r.end_ns))
+    spans: list = []
+    for r in recs:
+        key = (_kind(r), _mb(r))
+        if spans and spans[-1][0] == key[0] and spans[-1][1] == key[1]:
+            spans[-1][3] = max(spans[-1][3], r.end_ns)
+        else:
+            spans.append([key[0], key[1], r.start_ns, r.end_ns])
+    return [tuple(x) for x in spans]
+
+
 def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str) -> None:
+    """The schedule chart of the simulated step: per pipeline stage, its actions (forward,
+    backward, recompute, ...) as bars with the microbatch number, exposed communication in red,
+    gaps (bubble) blank."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    pp_rank_of = one_per_stage(pp_rank_of)
     ranks = sorted(pp_rank_of, key=lambda r: pp_rank_of[r])
+    makespan = max((r.end_ns for r in records), default=1) or 1
     fig, ax = plt.subplots(figsize=(12, 0.6 * len(ranks) + 1.6))
     for i, rank in enumerate(ranks):
-        bars = {}
-        for r in records:
-            if r.rank == rank and r.stream == "compute":
-                bars.setdefault(_kind(r), []).append((r.start_ns / 1e6, (r.end_ns - r.start_ns) / 1e6))
+        bars: dict = {}
+        for kind, mb, start, end in action_spans(records, rank):
+            bars.setdefault(kind, []).append((start / 1e6, (end - start) / 1e6))
+            if mb and (end - start) > 0.012 * makespan and len(ranks) <= 32:
+                ax.text((start + end) / 2e6, i, mb, ha="center", va="center", fontsize=6, color="white")
         for k, segs in bars.items():
-            ax.broken_barh(segs, (i - 0.4, 0.8), facecolors=_KIND_COLOURS[k], linewidth=0)
+            ax.broken_barh(segs, (i - 0.4, 0.8), facecolors=_KIND_COLOURS[k], edgecolor="white",
+                           linewidth=0.2)
+        comm = [(r.start_ns / 1e6, (r.end_ns - r.start_ns) / 1e6) for r in records
+                if r.rank == rank and r.stream == "compute" and r.cat.startswith("comm:")]
+        if comm:
+            ax.broken_barh(comm, (i - 0.4, 0.8), facecolors=_KIND_COLOURS["comm"], linewidth=0)
     ax.set_yticks(range(len(ranks)), [f"pp {pp_rank_of[r]}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
@@ -125,7 +164,8 @@ def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = sorted(breakdowns, key=lambda r: pp_rank_of[r])
+    pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in breakdowns})
+    ranks = sorted(pp_rank_of, key=lambda r: pp_rank_of[r])
     labels = [f"pp {pp_rank_of[r]}" for r in ranks]
     comp = [breakdowns[r].compute_ns / 1e6 for r in ranks]
     comm = [breakdowns[r].exposed_comm_ns / 1e6 for r in ranks]
@@ -150,7 +190,8 @@ def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4))
-    for rank in sorted(mem, key=lambda r: pp_rank_of[r]):
+    pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in mem})
+    for rank in sorted(pp_rank_of, key=lambda r: pp_rank_of[r]):
         pts = mem[rank]
         xs, ys = [], []
         for (t, b), nxt in zip(pts, pts[1:] + [None]):
