@@ -234,6 +234,14 @@ class ComputeParams:
         return dict(self.attention or ()).get(name)
 
 
+def _check_class(device, key: str, cls, known) -> None:
+    """An `extra.compute.<key>` entry must name a known op class."""
+    if cls not in known:
+        from sim.suggest import did_you_mean
+        raise _bad(device, f"{key}.{cls}", f"unknown op class {cls!r}"
+                   f"{did_you_mean(str(cls), list(known))}; known: {', '.join(known)}")
+
+
 def _bad(device: DeviceProfile, key: str, msg: str) -> ConfigError:
     return ConfigError(msg, key="extra.compute" + (f".{key}" if key else ""), file=device.path or None)
 
@@ -327,10 +335,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     if not isinstance(ov, dict):
         raise _bad(device, "overhead_us", "must map op class -> microseconds")
     for k, v in ov.items():
-        if k not in OP_CLASSES:
-            from sim.suggest import did_you_mean
-            raise _bad(device, f"overhead_us.{k}", f"unknown op class {k!r}"
-                       f"{did_you_mean(str(k), list(OP_CLASSES))}; known: {', '.join(OP_CLASSES)}")
+        _check_class(device, "overhead_us", k, OP_CLASSES)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise _bad(device, f"overhead_us.{k}", f"{v!r} must be a number >= 0")
         class_overhead.append((k, float(v) * 1e-6))
@@ -339,11 +344,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     if not isinstance(bw, dict):
         raise _bad(device, "elementwise_gbps", "must map op class -> GB/s")
     for k, v in bw.items():
-        if k not in BANDWIDTH_CLASSES:
-            from sim.suggest import did_you_mean
-            raise _bad(device, f"elementwise_gbps.{k}", f"unknown op class {k!r}"
-                       f"{did_you_mean(str(k), list(BANDWIDTH_CLASSES))}; known: "
-                       f"{', '.join(BANDWIDTH_CLASSES)}")
+        _check_class(device, "elementwise_gbps", k, BANDWIDTH_CLASSES)
         if isinstance(v, dict):
             xs, ys = v.get("bytes"), v.get("gbps")
             if (set(v) != {"bytes", "gbps"} or not isinstance(xs, list) or not isinstance(ys, list)

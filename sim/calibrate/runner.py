@@ -106,6 +106,21 @@ class Timer:
 
 
 # ----------------------------------------------------------------------------------------------
+def _phase_runner(torch, phase: str, make, *, grad_output: bool):
+    """The timed call of one elementwise op: `make()` gives (f, inputs); the forward runs f
+    without autograd, the backward differentiates one retained output (with a random output
+    gradient, or none for a scalar loss)."""
+    f, inputs = make()
+    if phase == "fwd":
+        def run():
+            with torch.no_grad():
+                return f()
+        return run
+    out = f()
+    dout = torch.randn_like(out) if grad_output else None
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
 def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list[Task]:
     """Every kernel measurement of a size, in order."""
     F = torch.nn.functional
@@ -176,15 +191,7 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             nbytes = elementwise_bytes(op, phase, rows, width, es)
 
             def setup(phase=phase):
-                f, inputs = make()
-                if phase == "fwd":
-                    def run():
-                        with torch.no_grad():
-                            return f()
-                    return run
-                out = f()
-                dout = torch.randn_like(out)
-                return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+                return _phase_runner(torch, phase, make, grad_output=True)
 
             tasks.append(Task("elementwise", f"{op} {phase} {rows}x{width}", setup, dict(
                 kind="elementwise", op=op, phase=phase, dtype=main, batch=1, m=rows, n=width, k=1,
@@ -238,14 +245,7 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             nbytes = elementwise_bytes("cross_entropy", phase, tokens, vocab, es)
 
             def setup(phase=phase, ce=ce):
-                f, inputs = ce()
-                if phase == "fwd":
-                    def run():
-                        with torch.no_grad():
-                            return f()
-                    return run
-                out = f()
-                return lambda: torch.autograd.grad(out, inputs, retain_graph=True)
+                return _phase_runner(torch, phase, ce, grad_output=False)
 
             tasks.append(Task("elementwise", f"cross_entropy {phase} {tokens}x{vocab}", setup, dict(
                 kind="elementwise", op="cross_entropy", phase=phase, dtype=main, batch=1, m=tokens,
