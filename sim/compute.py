@@ -12,7 +12,10 @@ GEMM  C[M,N] = A[M,K] B[K,N] (a batch of them for grouped expert / batched atten
       128x128, either orientation: the tiles cuBLAS's kernels use); tiles = batch * ceil(M/tm) *
       ceil(N/tn) run in waves of `sm_count`; each wave costs one tile's 2*tm*tn*K FLOPs at the
       per-SM share of the device's *achievable* matmul rate, `mamf_tflops / sm_count` (MAMF:
-      the best matmul throughput measured over many large shapes, stas00/ml-engineering). So a
+      the best matmul throughput measured over many large shapes, stas00/ml-engineering),
+      times `sustained_matmul_fraction` (default 1): the share of that benchmark rate GEMMs
+      sustain inside training layers, fitted to published per-layer times where they exist
+      (sim/calibrate/layer_fit.py; e.g. A100 from Korthikanti et al. 2022 Table 4). So a
       large GEMM whose tiles fill the waves evenly runs at MAMF and none runs faster; a small or
       skinny one pays for its padded tiles and its idle SMs in the last wave (wave
       quantisation). When the output does not fill one wave even in the smallest tiles,
@@ -131,7 +134,7 @@ CAUSAL_FLOPS_RATIO = 0.75
 
 _KNOWN_KEYS = ("sm_count", "gemm_tiles", "mamf_tflops", "hbm_efficiency", "kernel_overhead_us",
                "attention", "split_k_max", "split_k_min_chunk", "gemm_efficiency", "overhead_us",
-               "elementwise_gbps")
+               "elementwise_gbps", "sustained_matmul_fraction")
 
 ELEMENTWISE_CLASSES = {
     "norm": ("input_norm", "pre_mlp_norm", "final_norm", "q_norm", "kv_norm"),
@@ -188,6 +191,9 @@ class ComputeParams:
     """((class, seconds per kernel), ...) from `overhead_us`."""
     class_bytes_per_s: tuple = ()
     """((class, achieved B/s), ...) from `elementwise_gbps`."""
+    sustained_matmul_fraction: float = 1.0
+    """Fraction of the MAMF that GEMMs sustain inside training layers (`sustained_matmul_fraction`;
+    1 = the benchmark's rate)."""
 
     def mamf(self, precision: str) -> float:
         return dict(self.mamf_flops)[precision]
@@ -295,6 +301,9 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     eff = c.get("hbm_efficiency", 1.0)
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise _bad(device, "hbm_efficiency", f"{eff!r} must be in (0, 1]")
+    sustained = c.get("sustained_matmul_fraction", 1.0)
+    if isinstance(sustained, bool) or not isinstance(sustained, (int, float)) or not 0 < sustained <= 1:
+        raise _bad(device, "sustained_matmul_fraction", f"{sustained!r} must be in (0, 1]")
     overhead = c.get("kernel_overhead_us", 0.0)
     if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0:
         raise _bad(device, "kernel_overhead_us", f"{overhead!r} must be a number >= 0")
@@ -369,7 +378,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         hbm_bytes_per_s=float(eff) * device.hbm_gbps * 1e9, kernel_overhead_s=float(overhead) * 1e-6,
         attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
         calibrated=calibrated, gemm_efficiency=gemm_eff, class_overhead_s=tuple(sorted(class_overhead)),
-        class_bytes_per_s=tuple(sorted(class_bw)))
+        class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=float(sustained))
 
 
 _CACHE: dict = {}
@@ -454,7 +463,7 @@ def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: st
         return 0.0
     if bytes_moved is None:
         bytes_moved = _gemm_bytes(m, n, k, batch, precision, out_fp32_rmw=weight_grad)
-    rate = p.mamf(precision) * p.gemm_eff(m, n, k)
+    rate = p.mamf(precision) * p.sustained_matmul_fraction * p.gemm_eff(m, n, k)
     if flops is not None and flops > 0 and flops != shape_flops:
         rate *= shape_flops / flops      # charge the op's own FLOP count on the same tiles
     t = _gemm_core_s(p, float(m), float(n), float(k), int(batch), rate, float(bytes_moved),

@@ -31,6 +31,18 @@ def base_scenario(**sections) -> dict:
     return data
 
 
+def device_profile(tmp_path, compute: dict):
+    """A minimal device profile (bf16 peak 312, 2,000 GB/s) with `extra.compute` = compute,
+    written under tmp_path and loaded."""
+    from sim.devices import load_device
+
+    data = {"name": "x", "memory_gib": 80, "peak_tflops": {"bf16": 312.0}, "hbm_gbps": 2000.0,
+            "extra": {"compute": compute}}
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_device(str(path))
+
+
 @pytest.fixture
 def write_yaml(tmp_path):
     def _write(data, name="scenario.yaml", text: str | None = None) -> str:

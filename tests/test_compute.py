@@ -8,8 +8,8 @@ import itertools
 import math
 
 import pytest
-import yaml
 
+from conftest import device_profile
 from sim.compute import (
     PHASES,
     achieved_tflops,
@@ -35,6 +35,9 @@ GPUS = [n for n in bundled_device_names() if "compute" in load_device(n).extra]
 # MAMF, stas00/ml-engineering compute/accelerator README (also published_runs.yaml
 # hardware_reference): A100 271.2, H100 794.5 TFLOP/s BF16.
 MAMF = {"a100-sxm-80gb": 271.2, "h100-sxm-80gb": 794.5}
+# Inside training layers GEMMs sustain a share of it: A100 0.857 (fitted to Korthikanti et al.
+# 2022 Table 4, tests/test_layer_fit.py), H100 1 (no published layer times).
+SUSTAINED = {"a100-sxm-80gb": 0.857, "h100-sxm-80gb": 1.0}
 
 
 def tflops(m, n, k, dev, prec="bf16", batch=1):
@@ -56,15 +59,18 @@ def test_every_gpu_profile_has_compute_constants():
 @pytest.mark.parametrize("name", sorted(MAMF))
 def test_large_square_gemms_reach_but_never_exceed_mamf(name):
     dev = load_device(name)
+    rate = MAMF[name] * SUSTAINED[name]
+    assert compute_params(dev).sustained_matmul_fraction == SUSTAINED[name]
     for s in (8192, 16384):
         achieved = tflops(s, s, s, dev)
-        assert 0.95 * MAMF[name] <= achieved <= MAMF[name], (s, achieved)
+        assert 0.95 * rate <= achieved <= rate, (s, achieved)
 
 
 @pytest.mark.parametrize("name", GPUS)
 def test_no_shape_beats_the_achievable_peak(name):
     dev = load_device(name)
-    mamf = compute_params(dev).mamf("bf16") / 1e12
+    p = compute_params(dev)
+    mamf = p.mamf("bf16") * p.sustained_matmul_fraction / 1e12
     sizes = (1, 100.5, 128, 1000, 4096, 5120, 12288)
     for m, n, k in itertools.product(sizes, (128, 1000, 4096, 14336), (64, 1024, 8192)):
         for batch in (1, 8):
@@ -305,12 +311,7 @@ def test_cpu_profile_without_compute_constants_uses_its_measured_numbers():
     assert all(v > 0 for k, v in phase_times_s(ops, cpu, "fp32").items())
 
 
-def _profile(tmp_path, compute):
-    data = {"name": "x", "memory_gib": 80, "peak_tflops": {"bf16": 312.0}, "hbm_gbps": 2000.0,
-            "extra": {"compute": compute}}
-    path = tmp_path / "x.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_device(str(path))
+_profile = device_profile
 
 
 def test_bad_compute_constants_are_config_errors(tmp_path):
@@ -342,7 +343,9 @@ def test_unknown_op_kind():
 
 
 # ---------------------------------------------------------------------------------------------
-# CHECK against a published measurement (not a fit: no constant above was tuned to it)
+# CHECK against a published measurement. A100's sustained_matmul_fraction was fitted to the
+# non-SP rows of this table (sim/calibrate/layer_fit.py), so those rows are in-sample here; the
+# SP rows and the differences between rows are not fitted.
 #
 # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 # Table 4: one GPT layer, h = 6144, a = 64, s = 2048, b = 4, t = 8 on A100 80GB, fp16, Megatron

@@ -46,12 +46,16 @@ def register(app: typer.Typer) -> None:
 
         con = Console()
         for name, d in result["sets"].items():
-            t = Table(title=f"{name}: MAPE {d['mape_pct']:.1f}% over {d['n']} cases", title_justify="left")
+            title = f"{name}: MAPE {d['mape_pct']:.1f}% over {d['n']} cases"
+            if d["n_fitted"]:
+                title += (f" ({d['n_fitted']} of them fitted, marked *; held out: "
+                          f"{d['mape_held_out_pct']:.1f}% over {d['n'] - d['n_fitted']})")
+            t = Table(title=title, title_justify="left")
             for col in ("case", "quantity", "measured", "predicted", "error"):
                 t.add_column(col, justify="left" if col in ("case", "quantity") else "right")
             rows = d["cases"] if d["n"] <= 40 else sorted(d["cases"], key=lambda r: -abs(r["error_pct"]))[:20]
             for r in rows:
-                t.add_row(r["id"], r["what"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}%")
+                t.add_row(("*" if r["fitted"] else "") + r["id"], r["what"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}%")
             con.print(t)
             if d["n"] > 40:
                 con.print(f"  (the 20 largest errors of {d['n']} shown; --json lists all)")
