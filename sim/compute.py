@@ -56,6 +56,14 @@ Elementwise (norms, activations, softmax, dropout, permutations, cross-entropy)
     fwd moves bytes_fwd; the whole backward (input and weight gradients of a norm are one
     kernel) is charged to dgrad; wgrad is 0.
 
+Host issue (`host_overhead_us`, default 0): a GPU runs what its host's framework issues, and
+eager PyTorch spends host time on every op (Python, dispatcher, autograd, the launch). A run of
+ops on one stream (a block of a layer in one phase) takes max(GPU time, host_units x
+host_overhead_us), `issue_bound_time_s`: large kernels hide the host, small ones wait for it.
+A host unit is one op's work in one phase. The value is measured by `sim5d calibrate run` (a
+stack of tiny GPT layers, forward and backward: host time per unit). A CPU device leaves it 0:
+its host and its kernels share the core, and the per-class overheads already hold the cost.
+
 Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8 GEMMs at the fp8
 MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error); fp32
 means TF32 tensor-core math. Operand bytes follow ops.py (fp8 operands 1 byte, outputs 2).
@@ -134,7 +142,7 @@ CAUSAL_FLOPS_RATIO = 0.75
 
 _KNOWN_KEYS = ("sm_count", "gemm_tiles", "mamf_tflops", "hbm_efficiency", "kernel_overhead_us",
                "attention", "split_k_max", "split_k_min_chunk", "gemm_efficiency", "overhead_us",
-               "elementwise_gbps", "sustained_matmul_fraction")
+               "elementwise_gbps", "sustained_matmul_fraction", "host_overhead_us")
 
 ELEMENTWISE_CLASSES = {
     "norm": ("input_norm", "pre_mlp_norm", "final_norm", "q_norm", "kv_norm"),
@@ -191,6 +199,9 @@ class ComputeParams:
     """((class, seconds per kernel), ...) from `overhead_us`."""
     class_bytes_per_s: tuple = ()
     """((class, achieved B/s), ...) from `elementwise_gbps`."""
+    host_overhead_s: float = 0.0
+    """Host (CPU) time to issue one op's work in one phase (`host_overhead_us`; 0 = the host
+    never limits the GPU)."""
     sustained_matmul_fraction: float = 1.0
     """Fraction of the MAMF that GEMMs sustain inside training layers (`sustained_matmul_fraction`;
     1 = the benchmark's rate)."""
@@ -304,6 +315,9 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     sustained = c.get("sustained_matmul_fraction", 1.0)
     if isinstance(sustained, bool) or not isinstance(sustained, (int, float)) or not 0 < sustained <= 1:
         raise _bad(device, "sustained_matmul_fraction", f"{sustained!r} must be in (0, 1]")
+    host = c.get("host_overhead_us", 0.0)
+    if isinstance(host, bool) or not isinstance(host, (int, float)) or host < 0:
+        raise _bad(device, "host_overhead_us", f"{host!r} must be a number >= 0")
     overhead = c.get("kernel_overhead_us", 0.0)
     if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0:
         raise _bad(device, "kernel_overhead_us", f"{overhead!r} must be a number >= 0")
@@ -378,7 +392,8 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         hbm_bytes_per_s=float(eff) * device.hbm_gbps * 1e9, kernel_overhead_s=float(overhead) * 1e-6,
         attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
         calibrated=calibrated, gemm_efficiency=gemm_eff, class_overhead_s=tuple(sorted(class_overhead)),
-        class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=float(sustained))
+        class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=float(sustained),
+        host_overhead_s=float(host) * 1e-6)
 
 
 _CACHE: dict = {}
@@ -592,6 +607,26 @@ def kernel_time_s(op: Op, phase: str, device: DeviceProfile, precision: str = "b
 def ops_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
     """Total time of a list of ops in one phase (kernels run back to back on one stream)."""
     return sum(kernel_time_s(op, phase, device, precision) for op in ops)
+
+
+def host_units(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> int:
+    """The ops of a list that do work in a phase: each is one issue by the host (a module-level
+    PyTorch op's forward, input-gradient or weight-gradient call)."""
+    return sum(1 for op in ops if kernel_time_s(op, phase, device, precision) > 0)
+
+
+def host_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
+    """Host time to issue a list of ops in one phase: host_units x `host_overhead_us`."""
+    h = compute_params(device).host_overhead_s
+    return host_units(ops, phase, device, precision) * h if h else 0.0
+
+
+def issue_bound_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
+    """Time of a run of ops on one stream when a host issues them: max(GPU time, host time).
+    The host issues kernels ahead of the GPU (CUDA launches are asynchronous), so whichever is
+    slower sets the pace; within the run the two overlap fully (the host starts issuing when
+    the run starts, and a slow host leaves the GPU idle between kernels)."""
+    return max(ops_time_s(ops, phase, device, precision), host_time_s(ops, phase, device, precision))
 
 
 def phase_times_s(ops, device: DeviceProfile, precision: str = "bf16") -> dict:

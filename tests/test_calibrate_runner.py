@@ -25,7 +25,9 @@ def test_tiny_run_measures_every_kind_and_fits(tmp_path):
     assert "perf_counter" in meta["timing"] and meta["status"].startswith("complete")
     assert meta["collective_backend"] == "gloo" and meta["threads"] == "1"
     kinds = {r["kind"] for r in rows}
-    assert kinds == {"gemm", "attention", "elementwise", "copy", "optimizer", "collective"}
+    assert kinds == {"gemm", "attention", "elementwise", "copy", "optimizer", "host", "collective"}
+    (host,) = [r for r in rows if r["kind"] == "host"]
+    assert host["batch"] == 4 and host["flops"] == 30      # 4 layers of 30 host units each
     assert {r["op"] for r in rows if r["kind"] == "collective"} == set(runner.COLLECTIVE_OPS)
     assert {r["op"] for r in rows if r["kind"] == "elementwise"} >= {"norm", "activation", "softmax",
                                                                       "cross_entropy", "embedding"}
@@ -46,6 +48,9 @@ def test_tiny_run_measures_every_kind_and_fits(tmp_path):
     assert code == 0, err
     dev = load_device(str(prof))
     assert dev.peak_tflops["fp32"] > 0 and dev.hbm_gbps > 0
+    # on a CPU the host measurement is reported, not written (the host runs the kernels itself)
+    assert "host_overhead_us" not in dev.extra["compute"]
+    assert "host:" in out + err and "not written" in out + err
 
 
 def test_interrupt_keeps_what_was_measured(tmp_path, monkeypatch):

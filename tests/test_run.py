@@ -28,23 +28,61 @@ def _small(**par):
     return build_scenario(data)
 
 
-def test_one_gpu_step_is_the_sum_of_its_kernels_and_the_optimizer():
-    sc = _small()
-    res = simulate(sc)
+def _one_gpu_expected_ns(sc, host_s: float) -> tuple[int, int]:
+    """Hand sum of a 1-GPU step: per microbatch, each block (embedding, LM head, attention block,
+    MLP block of each of the 4 layers) in each phase takes max(its kernels back to back, its ops
+    with work x the host time per op); 8 microbatches, then the optimizer. Also returns how many
+    blocks the host bounds."""
     dev, kw = sc.cluster.gpu, dict(micro_batch_size=1, seq_length=256, precision="bf16")
-    per_mb = 0
-    for ops in (workload.embedding_ops(sc.model, **kw), workload.output_ops(sc.model, **kw)):
-        per_mb += sum(s_to_ns(compute.ops_time_s(ops, ph, dev, "bf16")) for ph in ("fwd", "dgrad", "wgrad"))
+
+    def block(ops, ph):
+        gpu = compute.ops_time_s(ops, ph, dev, "bf16")
+        host = host_s * sum(1 for op in ops if compute.kernel_time_s(op, ph, dev, "bf16") > 0)
+        return s_to_ns(max(gpu, host)), host > gpu
+
     layer = workload.layer_ops(sc.model, 0, **kw)
     split = next(i for i, op in enumerate(layer) if op.name == "pre_mlp_norm")
-    for block in (layer[:split], layer[split:]):
-        per_mb += 4 * sum(s_to_ns(compute.ops_time_s(block, ph, dev, "bf16")) for ph in ("fwd", "dgrad", "wgrad"))
+    blocks = [(workload.embedding_ops(sc.model, **kw), 1), (workload.output_ops(sc.model, **kw), 1),
+              (layer[:split], 4), (layer[split:], 4)]
+    per_mb = bound = 0
+    for ops, times in blocks:
+        for ph in ("fwd", "dgrad", "wgrad"):
+            if ph == "dgrad" and ops is blocks[0][0]:
+                continue          # embedding dgrad is not run (nothing upstream needs it)
+            ns, host_bound = block(ops, ph)
+            per_mb += times * ns
+            bound += times * host_bound
     opt = s_to_ns(compute.optimizer_step_time_s(workload.total_params(sc.model), dev, "bf16", grad_bytes=2))
-    # embedding dgrad is not run (nothing upstream needs it): subtract it
-    emb_dgrad = s_to_ns(compute.ops_time_s(workload.embedding_ops(sc.model, **kw), "dgrad", dev, "bf16"))
-    assert res.makespan_ns == 8 * (per_mb - emb_dgrad) + opt
+    return 8 * per_mb + opt, bound
+
+
+def test_one_gpu_step_is_the_sum_of_its_kernels_and_the_optimizer():
+    """Without host overhead: the step is its kernels back to back plus the optimizer."""
+    import dataclasses
+
+    sc = _small()
+    dev = sc.cluster.gpu
+    extra = {**dev.extra, "compute": {**dev.extra["compute"], "host_overhead_us": 0.0}}
+    sc = dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, gpu=dataclasses.replace(dev, extra=extra)))
+    res = simulate(sc)
+    expected, bound = _one_gpu_expected_ns(sc, 0.0)
+    assert bound == 0 and res.makespan_ns == expected
     s = res.summary()
     assert s["compute_fraction"] == pytest.approx(1.0) and s["bubble_fraction"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_one_gpu_small_model_waits_for_its_host():
+    """The bundled A100 profile's host time per op (23.3 us, measured): this small model's
+    blocks are issued slower than its kernels run, and the step is the hand sum of max(kernels,
+    host) per block."""
+    sc = _small()
+    host_s = sc.cluster.gpu.extra["compute"]["host_overhead_us"] * 1e-6
+    assert host_s == pytest.approx(23.3e-6)
+    res = simulate(sc)
+    expected, bound = _one_gpu_expected_ns(sc, host_s)
+    assert bound > 0 and res.makespan_ns == expected
+    no_host, _ = _one_gpu_expected_ns(sc, 0.0)
+    assert res.makespan_ns > no_host
 
 
 def test_invariants_and_fractions(tmp_path):

@@ -14,17 +14,21 @@ method, sizes, status) and then a CSV table, one measurement a row::
     ...
 
 Columns (units in the name or below):
-- kind: gemm | attention | elementwise | copy | optimizer | collective
+- kind: gemm | attention | elementwise | copy | optimizer | host | collective
 - op: `gemm`; `sdpa` (attention); the elementwise class (sim.compute.ELEMENTWISE_CLASSES: norm,
-  activation, softmax, dropout, residual, embedding, cross_entropy, ...); `copy`; `adam`; the
-  collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send_recv)
-- phase: fwd | dgrad | wgrad (GEMMs, informational), fwd | bwd (attention, elementwise), step
+  activation, softmax, dropout, residual, embedding, cross_entropy, ...); `copy`; `adam`;
+  `gpt_layer` (host); the collective (all_reduce, all_gather, reduce_scatter, broadcast,
+  all_to_all, send_recv)
+- phase: fwd | dgrad | wgrad (GEMMs, informational), fwd | bwd (attention, elementwise), step,
+  fwd_bwd (host)
 - dtype: torch dtype name (float32, bfloat16, ...)
 - batch, m, n, k: the shape. GEMM: batch x [m,k] @ [k,n]. Attention: batch = sequences x heads,
   m = query length, n = key length, k = head dim. Elementwise / copy: m rows x n columns.
-  Optimizer: m = parameters, n = tensors. Collective: 0.
+  Optimizer: m = parameters, n = tensors. Host: batch = layers, m = tokens, n = hidden,
+  k = heads. Collective: 0.
 - causal: 1 for a causal attention measurement
-- flops, bytes: the work as sim.workload.ops counts it for the same op (what the fit divides by)
+- flops, bytes: the work as sim.workload.ops counts it for the same op (what the fit divides by;
+  host: flops = host units per layer, sim.calibrate.shapes.host_layer_units)
 - ranks, size_bytes: collectives (nccl-tests' size column); algbw_gbps, busbw_gbps: nccl-tests'
   algbw and busbw (GB/s = 1e9 B/s)
 - reps: timed repetitions; median_s, min_s: their median and minimum, seconds
@@ -41,7 +45,7 @@ from pathlib import Path
 from sim.errors import ConfigError
 
 FORMAT_VERSION = 1
-KINDS = ("gemm", "attention", "elementwise", "copy", "optimizer", "collective")
+KINDS = ("gemm", "attention", "elementwise", "copy", "optimizer", "host", "collective")
 COLUMNS = ("kind", "op", "phase", "dtype", "batch", "m", "n", "k", "causal", "flops", "bytes",
            "ranks", "size_bytes", "reps", "median_s", "min_s", "algbw_gbps", "busbw_gbps", "source")
 _INT = ("batch", "causal", "ranks", "size_bytes", "reps")

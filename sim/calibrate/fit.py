@@ -345,6 +345,14 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         compute["elementwise_gbps"] = ew_gbps
     compute["kernel_overhead_us"] = _round(float(np.median(ew_over)) * 1e6) if ew_over else overhead_us["gemm"]
     compute["overhead_us"] = overhead_us
+    # --- host issue time ----------------------------------------------------------------------
+    host = host_overhead_us(rows)
+    if host is not None:
+        if meta.get("device") == "cuda":
+            compute["host_overhead_us"] = host
+        else:
+            notes.append(f"host: {host:g} us per op and phase measured; not written (on a CPU the "
+                         "host runs the kernels itself: the per-class overheads hold that time)")
     # --- the profile ------------------------------------------------------------------------
     try:
         mem = float(memory_gib if memory_gib is not None else meta.get("memory_gib", "nan"))
@@ -391,6 +399,19 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
             {k: v for k, v in t.items() if k in ("op", "ranks", "alpha_us", "algbw_gbps", "busbw_gbps",
                                                  "backend")} for t in table]
     return res
+
+
+def host_overhead_us(rows) -> float | None:
+    """Host time per unit (one op's work in one phase) from the `host` rows: each row's time
+    per layer over the units per layer it records (flops column); the median over rows."""
+    rs = _rows(rows, kind="host")
+    if not rs:
+        return None
+    per = [r["median_s"] / (int(r["batch"]) * r["flops"]) for r in rs if r["batch"] and r["flops"] > 0]
+    if not per:
+        raise ConfigError("host rows need batch (layers) and flops (host units per layer) > 0",
+                          key="kind")
+    return _round(float(np.median(per)) * 1e6)
 
 
 def evaluate(dev, rows) -> list[ClassReport]:
@@ -474,6 +495,9 @@ def _errors(dev, rows, only: str | None = None) -> dict:
         elif kind == "copy":
             if r["bytes"] >= max(x["bytes"] for x in rows if x["kind"] == "copy"):
                 add("copy", r["bytes"] / (dev.hbm_gbps * 1e9), t)
+        elif kind == "host" and dev.extra["compute"].get("host_overhead_us"):
+            units = int(r["batch"]) * r["flops"]
+            add("host", units * dev.extra["compute"]["host_overhead_us"] * 1e-6, t)
         elif kind == "optimizer":
             n = r["m"]
             per = compute.optimizer_bytes_per_param("fp32")
@@ -490,14 +514,14 @@ def _label(r) -> str:
         return f"gemm {DTYPE_PRECISION.get(r['dtype'], 'fp32')}"
     if k == "elementwise":
         return r["op"] if r["phase"] == "fwd" else f"{r['op']}_bwd"
-    return {"attention": "attention", "copy": "copy", "optimizer": "optimizer"}.get(k, k)
+    return {"attention": "attention", "copy": "copy", "optimizer": "optimizer", "host": "host"}.get(k, k)
 
 
 def _class_order() -> dict:
     from sim.compute import BANDWIDTH_CLASSES
     names = ["gemm", "attention"] + [c for c in BANDWIDTH_CLASSES if c != "optimizer"]
     names = sorted(names, key=lambda c: (names.index(c[:-4]) + 0.5) if c.endswith("_bwd") else names.index(c))
-    return {c: i for i, c in enumerate(names + ["copy", "optimizer"])}
+    return {c: i for i, c in enumerate(names + ["copy", "optimizer", "host"])}
 
 
 _CLASS_ORDER = _class_order()
@@ -545,6 +569,8 @@ def _param_text(dev) -> dict:
                 if isinstance(v, dict) else f"{v:g} GB/s")
         out[cls] = f"{rate}, {ov.get(cls, 0):g} us"
     out["copy"] = f"hbm {dev.hbm_gbps:g} GB/s"
+    if c.get("host_overhead_us"):
+        out["host"] = f"{c['host_overhead_us']:g} us per op and phase"
     return out
 
 

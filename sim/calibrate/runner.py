@@ -280,7 +280,52 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             kind="optimizer", op="adam", phase="step", dtype="float32", batch=1, m=n_params,
             n=len(shapes), k=1, bytes=float(n_params * optimizer_bytes_per_param("fp32")),
             source=f"h{h} x{layers} layers")))
+    tasks.append(host_task(torch, device, main))
     return tasks
+
+
+def host_task(torch, device: str, dtype: str) -> Task:
+    """The host-overhead measurement: HOST_LAYER's tiny GPT layers, forward then backward (to
+    the input and every parameter), as eager PyTorch issues them. Per call: `layers` layers."""
+    from sim.calibrate.shapes import HOST_LAYER, host_layer_units
+
+    F, nn = torch.nn.functional, torch.nn
+    h, heads, s, b, n_layers = (HOST_LAYER[k] for k in ("hidden", "heads", "seq", "batch", "layers"))
+    d = h // heads
+    dev, dt = torch.device(device), getattr(torch, dtype)
+
+    class Layer(nn.Module):
+        # Megatron-LM's GPT layer in eager ops: LayerNorm, QKV, scaled and masked scores,
+        # softmax, attention dropout, P V, output projection, dropout + residual, LayerNorm,
+        # fc1, GELU, fc2, dropout + residual.
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.qkv, self.proj = nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h)
+            self.ln2, self.fc1, self.fc2 = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+        def forward(self, x, mask):
+            q, k, v = self.qkv(self.ln1(x)).view(s, b * heads, 3 * d).transpose(0, 1).chunk(3, dim=-1)
+            scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=d ** -0.5)
+            p = F.dropout(F.softmax(scores, dim=-1), 0.1, training=True)
+            ctx = torch.bmm(p, v).transpose(0, 1).reshape(s, b, h)
+            x = x + F.dropout(self.proj(ctx), 0.1, training=True)
+            return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), 0.1, training=True)
+
+    def setup():
+        layers = nn.ModuleList(Layer() for _ in range(n_layers)).to(dev, dt)
+        mask = torch.full((s, s), float("-inf"), device=dev, dtype=dt).triu(1).expand(b * heads, s, s)
+        x0 = torch.randn(s, b, h, device=dev, dtype=dt, requires_grad=True)
+
+        def run():
+            x = x0
+            for layer in layers:
+                x = layer(x, mask)
+            x.backward(torch.ones_like(x))
+        return run
+
+    return Task("host", f"host: {n_layers} GPT layers h{h} s{s} fwd+bwd", setup, dict(
+        kind="host", op="gpt_layer", phase="fwd_bwd", dtype=dtype, batch=n_layers, m=s * b, n=h,
+        k=heads, flops=float(host_layer_units()), source="flops = host units per layer"))
 
 
 def _numel(shape) -> int:

@@ -100,6 +100,29 @@ SIZES = {
 }
 SIZE_NAMES = tuple(SIZES)
 
+HOST_LAYER = {"hidden": 64, "heads": 4, "seq": 32, "batch": 1, "layers": 4}
+"""The host-overhead measurement: a stack of GPT layers (MHA, GELU MLP, dropout 0.1, unfused
+attention) so small that their kernels take microseconds, run forward and backward: its time is
+the host's issuing of the ops (sim.compute `host_overhead_us`)."""
+
+
+def host_layer_units(precision: str = "fp32") -> int:
+    """Host units (ops with work, summed over fwd, dgrad and wgrad) of one HOST_LAYER layer, as
+    sim.compute counts them on a device whose every op takes time."""
+    from sim.models import ModelSpec
+    from sim.workload.ops import layer_ops
+
+    h = HOST_LAYER
+    model = ModelSpec(name="host-probe", num_layers=h["layers"], hidden_size=h["hidden"],
+                      num_attention_heads=h["heads"], vocab_size=256, hidden_dropout=0.1,
+                      attention_dropout=0.1)
+    ops = layer_ops(model, 0, micro_batch_size=h["batch"], seq_length=h["seq"], precision=precision,
+                    flash_attention=False)
+    fwd = sum(1 for op in ops if op.flops_fwd > 0 or op.bytes_fwd > 0)
+    bwd = sum(1 for op in ops if op.flops_dgrad > 0 or op.bytes_bwd > 0)
+    wgrad = sum(1 for op in ops if op.flops_wgrad > 0)
+    return fwd + bwd + wgrad
+
 
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)

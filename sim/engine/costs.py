@@ -27,7 +27,8 @@ class DeviceCostModel(CostModel):
         self._layer = lru_cache(maxsize=None)(self._layer_cost)
 
     def _time(self, ops, phase) -> int:
-        return s_to_ns(compute.ops_time_s(ops, phase, self.device, self.sc.training.precision))
+        """A block's time: its kernels, or its host's issuing of them if that is slower."""
+        return s_to_ns(compute.issue_bound_time_s(ops, phase, self.device, self.sc.training.precision))
 
     def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
         p = self.sc.parallelism
