@@ -31,6 +31,31 @@ def base_scenario(**sections) -> dict:
     return data
 
 
+def assert_engine_invariants(res) -> None:
+    """The engine's invariants on a finished run: no two intervals overlap on one stream of one
+    rank, and each simulated rank ran exactly its pipeline rank's F and B/I actions of the
+    schedule, each once (one activation mark per action; DualPipe's overlapped pairs count as
+    their two actions)."""
+    from collections import Counter
+
+    from sim import schedules
+
+    by = {}
+    for r in res.records:
+        if r.stream != "mark":
+            by.setdefault((r.rank, r.stream), []).append((r.start_ns, r.end_ns))
+    for key, ivs in by.items():
+        ivs.sort()
+        assert all(a[1] <= b[0] for a, b in zip(ivs, ivs[1:])), f"overlap on {key}"
+    p, sc = res.scenario.parallelism, res.scenario
+    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    for rank, pp_rank in res.pp_rank_of.items():
+        got = Counter(r.name for r in res.records if r.stream == "mark" and r.rank == rank)
+        acts = [x for a in sched.ranks[pp_rank] for x in getattr(a, "parts", (a,))]
+        want = Counter(str(a) for a in acts if a.kind in ("F", "B", "I"))
+        assert got == want, f"rank {rank}: actions run {sorted(got - want)} extra, {sorted(want - got)} missing"
+
+
 def device_profile(tmp_path, compute: dict):
     """A minimal device profile (bf16 peak 312, 2,000 GB/s) with `extra.compute` = compute,
     written under tmp_path and loaded."""

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import REPO, base_scenario, run_cli
+from conftest import REPO, assert_engine_invariants, base_scenario, run_cli
 from sim import compute, workload
 from sim.config import build_scenario
 from sim.engine.simulate import simulate
@@ -88,20 +88,26 @@ def test_one_gpu_small_model_waits_for_its_host():
 def test_invariants_and_fractions(tmp_path):
     sc = _small(tp=2, pp=2, dp=2, sequence_parallel=True)
     res = simulate(sc)
-    # no overlapping intervals on one stream of one rank
-    by = {}
-    for r in res.records:
-        if r.stream != "mark":
-            by.setdefault((r.rank, r.stream), []).append((r.start_ns, r.end_ns))
-    for ivs in by.values():
-        ivs.sort()
-        assert all(a[1] <= b[0] for a, b in zip(ivs, ivs[1:]))
+    assert_engine_invariants(res)
     # every action exactly once: one activation mark per F and one per I/B
     marks = [r.name for r in res.records if r.stream == "mark"]
     assert len(marks) == len(set(marks)) == 2 * sc.derived.num_microbatches * sc.derived.num_virtual_stages
     s = res.summary()
     assert s["compute_fraction"] + s["exposed_comm_fraction"] + s["bubble_fraction"] == pytest.approx(1.0)
     assert 0 < s["exposed_comm_fraction"] < 1 and 0 < s["bubble_fraction"] < 1
+
+
+def test_invariant_check_catches_a_repeated_action_and_an_overlap():
+    import dataclasses
+
+    res = simulate(_small(pp=2))
+    mark = next(r for r in res.records if r.stream == "mark")
+    with pytest.raises(AssertionError, match="extra"):
+        assert_engine_invariants(dataclasses.replace(res, records=res.records + [mark]))
+    kernel = next(r for r in res.records if r.stream == "compute" and r.end_ns > r.start_ns + 1)
+    clash = dataclasses.replace(kernel, start_ns=kernel.start_ns + 1, name="clash")
+    with pytest.raises(AssertionError, match="overlap"):
+        assert_engine_invariants(dataclasses.replace(res, records=res.records + [clash]))
 
 
 def test_deterministic_bit_for_bit():
@@ -153,6 +159,7 @@ def test_bundled_scenarios_simulate(path):
     from sim.config import load_scenario
     sc = load_scenario(str(path), ["simulation.network=analytical"])
     res = simulate(sc)
+    assert_engine_invariants(res)
     s = res.summary()
     assert s["step_time_s"] > 0 and 0 < s["mfu"] < 1
     assert res.makespan_ns >= max(b.compute_ns for b in res.breakdowns.values())
