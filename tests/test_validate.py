@@ -65,6 +65,16 @@ def test_korthikanti_fitted_rows_are_marked_and_held_out_rows_within_15_percent(
     assert d["mape_held_out_pct"] == pytest.approx(sum(abs(r["error_pct"]) for r in held) / 4)
 
 
+def test_vtrain_cases_run_on_the_cluster_vtrain_states():
+    """vTrain's validation configs: 8 GPUs per node and 800 Gb/s inter-node per node (4 HDR NICs)."""
+    from sim.config import build_scenario
+
+    sc = build_scenario(validate.vtrain_cases("multi")[0].scenario)
+    topo = sc.cluster.topology
+    assert topo.gpus_per_node == 8
+    assert topo.node.nic.count * topo.node.nic.line_rate_gbit == 800
+
+
 def test_vtrain_data_and_licence_ship_with_the_package():
     text = (validate.DATA / "vtrain" / "LICENSE").read_text()
     assert "KAIST" in text and "Permission is hereby granted, free of charge" in text
