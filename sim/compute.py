@@ -16,7 +16,7 @@ GEMM  C[M,N] = A[M,K] B[K,N] (a batch of them for grouped expert / batched atten
       times `sustained_matmul_fraction` (default 1): the share of that benchmark rate GEMMs
       sustain inside training layers, fitted to published per-layer times where they exist
       (sim/calibrate/layer_fit.py; e.g. A100 from Korthikanti et al. 2022 Table 4). So a
-      large GEMM whose tiles fill the waves evenly runs at MAMF and none runs faster; a small or
+      large GEMM whose tiles fill the waves evenly runs at that rate and none runs faster; a small or
       skinny one pays for its padded tiles and its idle SMs in the last wave (wave
       quantisation). When the output does not fill one wave even in the smallest tiles,
       split-K is considered (K cut into s chunks of >= SPLIT_K_MIN_CHUNK, s <= SPLIT_K_MAX,

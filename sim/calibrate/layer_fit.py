@@ -1,8 +1,8 @@
 """Fit a device's `sustained_matmul_fraction` to published per-layer times.
 
 A matmul benchmark (MAMF) gives the best rate a GEMM reaches on its own; inside a training
-layer GEMMs run slower (the framework's cuBLAS version and its kernel choices for these shapes,
-clocks under sustained load). Where a paper publishes the forward and backward time of one
+layer GEMMs may run slower (an older cuBLAS, its kernel choices for these shapes, clocks under
+sustained load: the fit does not say which). Where a paper publishes the forward and backward time of one
 layer, that rate can be measured: the layer's elementwise kernels are timed at the measured HBM
 bandwidth and its collectives from nccl-tests figures (their own sources), and the one unknown,
 the fraction of MAMF the GEMMs sustain, is chosen to minimise the squared relative error over
