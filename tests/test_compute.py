@@ -311,21 +311,18 @@ def test_cpu_profile_without_compute_constants_uses_its_measured_numbers():
     assert all(v > 0 for k, v in phase_times_s(ops, cpu, "fp32").items())
 
 
-_profile = device_profile
-
-
 def test_bad_compute_constants_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="sm_cont"):
-        compute_params(_profile(tmp_path, {"sm_cont": 108}))
+        compute_params(device_profile(tmp_path, {"sm_cont": 108}))
     with pytest.raises(ConfigError, match="exceeds the datasheet peak"):
-        compute_params(_profile(tmp_path, {"mamf_tflops": {"bf16": 400.0}}))
+        compute_params(device_profile(tmp_path, {"mamf_tflops": {"bf16": 400.0}}))
     with pytest.raises(ConfigError, match="hbm_efficiency"):
-        compute_params(_profile(tmp_path, {"hbm_efficiency": 1.5}))
+        compute_params(device_profile(tmp_path, {"hbm_efficiency": 1.5}))
     with pytest.raises(ConfigError, match="attention.fwd_tflops"):
-        compute_params(_profile(tmp_path, {"attention": {"seqlen": [512, 1024], "fwd_tflops": [1],
+        compute_params(device_profile(tmp_path, {"attention": {"seqlen": [512, 1024], "fwd_tflops": [1],
                                                           "bwd_tflops": [1, 2]}}))
     # partial constants: MAMF given, no SMs -> no quantisation, the MAMF rate
-    dev = _profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
+    dev = device_profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
     assert gemm_time_s(4096, 4096, 4096, dev) == pytest.approx(2 * 4096**3 / 250e12)
 
 

@@ -10,13 +10,10 @@ from sim.devices import load_device
 from sim.errors import ConfigError
 
 
-_profile = device_profile
-
-
 def test_fraction_scales_compute_bound_gemm_time_exactly(tmp_path):
-    full = _profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
+    full = device_profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
     t_full = gemm_time_s(8192, 8192, 8192, full)
-    part = _profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}, "sustained_matmul_fraction": 0.8})
+    part = device_profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}, "sustained_matmul_fraction": 0.8})
     # 2 m n k / (250 TFLOP/s x 0.8): hand-worked
     assert gemm_time_s(8192, 8192, 8192, part) == pytest.approx(2 * 8192**3 / (250e12 * 0.8))
     assert gemm_time_s(8192, 8192, 8192, part) == pytest.approx(t_full / 0.8)
@@ -24,15 +21,15 @@ def test_fraction_scales_compute_bound_gemm_time_exactly(tmp_path):
 
 def test_fraction_leaves_memory_bound_gemms_alone(tmp_path):
     # a GEMV-like shape is bound by its bytes, which the fraction does not touch
-    full = _profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
-    part = _profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}, "sustained_matmul_fraction": 0.8})
+    full = device_profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}})
+    part = device_profile(tmp_path, {"mamf_tflops": {"bf16": 250.0}, "sustained_matmul_fraction": 0.8})
     assert gemm_time_s(1, 16384, 16384, part) == pytest.approx(gemm_time_s(1, 16384, 16384, full))
 
 
 @pytest.mark.parametrize("bad", [0, 1.2, -0.5, True, "high"])
 def test_bad_fraction_is_a_config_error_naming_the_key(tmp_path, bad):
     with pytest.raises(ConfigError, match="sustained_matmul_fraction") as e:
-        compute_params(_profile(tmp_path, {"sustained_matmul_fraction": bad}))
+        compute_params(device_profile(tmp_path, {"sustained_matmul_fraction": bad}))
     assert "(0, 1]" in str(e.value)
 
 
