@@ -271,6 +271,19 @@ def _positive(device, key, v, *, integer=False) -> float:
     return v
 
 
+def _fraction(device, key, v) -> float:
+    """A number in (0, 1]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise _bad(device, key, f"{v!r} must be in (0, 1]")
+    return float(v)
+
+
+def _non_negative(device, key, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise _bad(device, key, f"{v!r} must be a number >= 0")
+    return float(v)
+
+
 def _parse(device: DeviceProfile) -> ComputeParams:
     c = device.extra.get("compute")
     calibrated = c is not None
@@ -309,18 +322,10 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     ratio = (mamf_in["bf16"] / device.peak_tflops["bf16"]) if "bf16" in mamf_in else 1.0
     mamf = tuple(sorted((p, 1e12 * float(mamf_in.get(p, ratio * peak)))
                         for p, peak in device.peak_tflops.items()))
-    eff = c.get("hbm_efficiency", 1.0)
-    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 < eff <= 1:
-        raise _bad(device, "hbm_efficiency", f"{eff!r} must be in (0, 1]")
-    sustained = c.get("sustained_matmul_fraction", 1.0)
-    if isinstance(sustained, bool) or not isinstance(sustained, (int, float)) or not 0 < sustained <= 1:
-        raise _bad(device, "sustained_matmul_fraction", f"{sustained!r} must be in (0, 1]")
-    host = c.get("host_overhead_us", 0.0)
-    if isinstance(host, bool) or not isinstance(host, (int, float)) or host < 0:
-        raise _bad(device, "host_overhead_us", f"{host!r} must be a number >= 0")
-    overhead = c.get("kernel_overhead_us", 0.0)
-    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0:
-        raise _bad(device, "kernel_overhead_us", f"{overhead!r} must be a number >= 0")
+    eff = _fraction(device, "hbm_efficiency", c.get("hbm_efficiency", 1.0))
+    sustained = _fraction(device, "sustained_matmul_fraction", c.get("sustained_matmul_fraction", 1.0))
+    host = _non_negative(device, "host_overhead_us", c.get("host_overhead_us", 0.0))
+    overhead = _non_negative(device, "kernel_overhead_us", c.get("kernel_overhead_us", 0.0))
     attention = None
     a = c.get("attention")
     if a is not None:
@@ -359,9 +364,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         raise _bad(device, "overhead_us", "must map op class -> microseconds")
     for k, v in ov.items():
         _check_class(device, "overhead_us", k, OP_CLASSES)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise _bad(device, f"overhead_us.{k}", f"{v!r} must be a number >= 0")
-        class_overhead.append((k, float(v) * 1e-6))
+        class_overhead.append((k, _non_negative(device, f"overhead_us.{k}", v) * 1e-6))
     class_bw = []
     bw = c.get("elementwise_gbps", {})
     if not isinstance(bw, dict):
@@ -389,11 +392,11 @@ def _parse(device: DeviceProfile) -> ComputeParams:
                                 c.get("split_k_min_chunk", SPLIT_K_MIN_CHUNK), integer=True))
     return ComputeParams(
         device=device.name, sm_count=sms, gemm_tiles=tuple(sorted(norm_tiles)), mamf_flops=mamf,
-        hbm_bytes_per_s=float(eff) * device.hbm_gbps * 1e9, kernel_overhead_s=float(overhead) * 1e-6,
+        hbm_bytes_per_s=eff * device.hbm_gbps * 1e9, kernel_overhead_s=overhead * 1e-6,
         attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
         calibrated=calibrated, gemm_efficiency=gemm_eff, class_overhead_s=tuple(sorted(class_overhead)),
-        class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=float(sustained),
-        host_overhead_s=float(host) * 1e-6)
+        class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=sustained,
+        host_overhead_s=host * 1e-6)
 
 
 _CACHE: dict = {}
