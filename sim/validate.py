@@ -1,8 +1,10 @@
 """`sim5d validate`: the project's own comparison against measured training runs.
 
 Data (copied into the package, sim/data/validation/): published_runs.yaml (Narayanan et al. 2021
-Table 1; Qi et al. 2024 Zero Bubble Table 4; Korthikanti et al. 2022 Table 4 layer times) and
-vTrain's 1,549 measured A100 iterations (VIA-Research/vTrain, MIT licence: vtrain/LICENSE).
+Table 1; Qi et al. 2024 Zero Bubble Table 4; Korthikanti et al. 2022 Table 4 layer times),
+vTrain's 1,549 measured A100 iterations (VIA-Research/vTrain, MIT licence: vtrain/LICENSE) and
+h100_calibration.yaml (two H100 steps of NVIDIA/dgxc-benchmarking v25.02, the fit of the H100's
+sustained_matmul_fraction: in sample, reported with each run's leave-one-out error).
 
 Each set turns its rows into scenarios with the settings its source states (listed per set
 below); nothing is tuned per case. Predicted vs measured, the error per case and the MAPE per
@@ -19,7 +21,7 @@ from pathlib import Path
 import yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
-SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi")
+SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration")
 
 
 @dataclass(frozen=True)
@@ -160,12 +162,38 @@ def korthikanti_cases() -> list[Case]:
     return out
 
 
+def _h100_runs():
+    from sim.calibrate.step_fit import load_runs
+
+    return load_runs(DATA / "h100_calibration.yaml")
+
+
+def h100_calibration_cases() -> list[Case]:
+    """The measured H100 steps the H100's sustained_matmul_fraction is fitted to
+    (h100_calibration.yaml: NVIDIA/dgxc-benchmarking v25.02, NeMo; its `common:` holds the
+    settings its header states), on the bundled h100-sxm-80gb profile: in sample."""
+    return [Case("h100-calibration", r.name, r.scenario, r.step_time_s) for r in _h100_runs()]
+
+
+def h100_calibration_loo() -> dict:
+    """{case id: leave-one-out error, %}: each run predicted by the fraction fitted to the other
+    (sim.calibrate.step_fit, from the profile's value)."""
+    from sim.calibrate.step_fit import loo_errors
+
+    return loo_errors(_h100_runs())
+
+
+LOO = {"h100-calibration": h100_calibration_loo}
+"""Sets whose cases were fitted to, with their leave-one-out errors."""
+
+
 def cases(sets=SETS) -> list[Case]:
     out = []
     for s in sets:
         out += {"korthikanti": korthikanti_cases, "narayanan": narayanan_cases,
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
-                "vtrain-multi": lambda: vtrain_cases("multi")}[s]()
+                "vtrain-multi": lambda: vtrain_cases("multi"),
+                "h100-calibration": h100_calibration_cases}[s]()
     return out
 
 
@@ -207,9 +235,12 @@ def predict(case: Case) -> float:
 
 def fitted(case: Case) -> bool:
     """Whether a device constant was fitted to this case (the A100's sustained_matmul_fraction
-    to Korthikanti's non-sequence-parallel rows, sim.calibrate.layer_fit): in-sample."""
+    to Korthikanti's non-sequence-parallel rows, sim.calibrate.layer_fit; the H100's to the
+    h100-calibration steps, sim.calibrate.step_fit): in-sample."""
     from sim.calibrate.layer_fit import FIT_VARIANTS
 
+    if case.set == "h100-calibration":
+        return True
     return case.set == "korthikanti" and case.id.rsplit("-", 1)[0] in FIT_VARIANTS
 
 
@@ -220,13 +251,16 @@ def _predict_row(case: Case) -> dict:
             "fitted": fitted(case)}
 
 
-def _mape(rows) -> float:
-    return sum(abs(r["error_pct"]) for r in rows) / len(rows) if rows else float("nan")
+def _mape(rows) -> float | None:
+    """Mean absolute error, %; None without rows (JSON null: a set whose every case was fitted
+    has no held-out MAPE)."""
+    return sum(abs(r["error_pct"]) for r in rows) / len(rows) if rows else None
 
 
 def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
     """Predict every case of `sets`; returns {"sets": {name: {"mape_pct", "mape_held_out_pct",
-    "n", "n_fitted", "cases"}}} (held out: the cases no constant was fitted to)."""
+    "n", "n_fitted", "cases"}}} (held out: the cases no constant was fitted to). Sets of `LOO`
+    also give each case's `loo_error_pct` and the set's `mape_loo_pct` (leave-one-out)."""
     todo = cases(sets)
     rows = []
     if workers > 1 and len(todo) > 8:
@@ -247,4 +281,10 @@ def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
         held = [r for r in rs if not r["fitted"]]
         out[s] = {"cases": rs, "n": len(rs), "n_fitted": len(rs) - len(held),
                   "mape_pct": _mape(rs), "mape_held_out_pct": _mape(held)}
+        if s in LOO:
+            loo = LOO[s]()
+            for r in rs:
+                r["loo_error_pct"] = loo.get(r["id"])
+            have = [abs(r["loo_error_pct"]) for r in rs if r["loo_error_pct"] is not None]
+            out[s]["mape_loo_pct"] = sum(have) / len(have) if have else None
     return {"sets": out}

@@ -19,20 +19,11 @@ topologies/devices/a100-sxm-80gb.yaml; tests/test_layer_fit.py re-runs this fit 
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 
+from sim.calibrate.constants import FIT_KEYS, with_compute
+
 FIT_VARIANTS = ("baseline_no_recompute", "full_recompute", "selective_recompute")
-
-
-def _with_fraction(sc, fraction: float):
-    """The scenario with its device's sustained_matmul_fraction replaced."""
-    dev = sc.cluster.gpu
-    extra = copy.deepcopy(dev.extra)
-    extra.setdefault("compute", {})["sustained_matmul_fraction"] = fraction
-    gpu = dataclasses.replace(dev, extra=extra)
-    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, gpu=gpu))
 
 
 def korthikanti_rows(*, fit_only: bool = True):
@@ -52,15 +43,19 @@ def korthikanti_rows(*, fit_only: bool = True):
 def predicted(rows, fraction: float) -> list[float]:
     from sim.validate import _layer_times
 
-    return [_layer_times(_with_fraction(sc, fraction))[what] for _, sc, _, what in rows]
+    return [_layer_times(with_compute(sc, {"sustained_matmul_fraction": fraction}))[what] for _, sc, _, what in rows]
 
 
 def sq_error(rows, fraction: float) -> float:
     return sum((p / m - 1.0) ** 2 for p, (_, _, m, _) in zip(predicted(rows, fraction), rows))
 
 
-def fit_fraction(rows=None, *, lo: float = 0.3, hi: float = 1.0, tol: float = 1e-6) -> float:
-    """The fraction in [lo, hi] minimising the squared relative error (golden-section search;
+_RANGE = FIT_KEYS["sustained_matmul_fraction"]
+
+
+def fit_fraction(rows=None, *, lo: float = _RANGE.lo, hi: float = _RANGE.hi, tol: float = 1e-6) -> float:
+    """The fraction in [lo, hi] (its physical range, sim.calibrate.constants) minimising the
+    squared relative error (golden-section search;
     the error is unimodal in the fraction: every GEMM time is proportional to 1/fraction once
     its tiles, not its bytes, bound it)."""
     rows = korthikanti_rows() if rows is None else rows

@@ -1,6 +1,8 @@
-"""`sim5d calibrate run --device cpu|cuda --out FILE.csv` (PyTorch micro-benchmarks) and
+"""`sim5d calibrate run --device cpu|cuda --out FILE.csv` (PyTorch micro-benchmarks),
 `sim5d calibrate fit FILE.csv --out PROFILE.yaml [--topology-out TOPO.yaml]` (a device profile,
-and a topology with the fitted link alpha-beta, that `cluster.gpu:` / `cluster.topology:` accept).
+and a topology with the fitted link alpha-beta, that `cluster.gpu:` / `cluster.topology:` accept)
+and `sim5d calibrate steps RUNS.yaml --gpu PROFILE --out PROFILE.yaml` (device constants fitted to
+measured training steps, sim.calibrate.step_fit).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Optional
 import typer
 
 calibrate_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                            help="Measure kernels and collectives with PyTorch; fit a device profile.")
+                            help="Measure kernels and collectives with PyTorch; fit a device profile "
+                                   "(to them, or to measured training steps).")
 
 
 @calibrate_app.command("run")
@@ -130,6 +133,82 @@ def fit_cmd(
                        f"{100 * c['mape']:>8.1f}% {sim}")
     for n in res.notes:
         typer.echo(f"# note: {n}")
+
+
+_STEPS_HELP = (
+    "Fit device constants to measured step times, through the simulator (analytical network).\n\n"
+    "Settings a run does not state take the scenario defaults (bf16, recompute none, zero_stage 0, "
+    "no overlap): state the framework's (e.g. zero_stage 1, overlap_grad_reduce and "
+    "overlap_param_gather true) in `common:`.\n\n"
+    "Refused with exit 2: fewer runs than constants; a constant the runs do not identify (no "
+    "sensitivity, or collinear with another); a fitted value at the edge of its physical range.\n\n"
+    "Prints each run's measured and predicted step and error, and its leave-one-out error (the run "
+    "predicted by the constants fitted to the other runs).")
+
+
+@calibrate_app.command("steps", help=_STEPS_HELP)
+def steps_cmd(
+    runs_file: Path = typer.Argument(..., metavar="RUNS.yaml", help="Measured steps: `runs:` (name, "
+                                     "model, gpus, parallelism, training, step_time_s[, cluster]) and "
+                                     "an optional `common:` (cluster, parallelism, training) merged "
+                                     "into each run."),
+    gpu: str = typer.Option(..., "--gpu", help="Device profile to start from (bundled name or path)."),
+    out: Path = typer.Option(..., "--out", help="Device profile YAML to write."),
+    topology: Optional[str] = typer.Option(None, "--topology", help="Topology of the runs that name "
+                                           "none (required unless every run or `common:` names one)."),
+    fit: Optional[list[str]] = typer.Option(None, "--fit", help="extra.compute key to fit (repeatable; "
+                                            "default sustained_matmul_fraction; also host_overhead_us)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: the file stem)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """`sim5d calibrate steps` (sim.calibrate.step_fit; help: _STEPS_HELP)."""
+    from sim.calibrate import step_fit
+    from sim.calibrate.constants import FIT_KEYS
+    from sim.devices import load_device
+    from sim.errors import ConfigError
+
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
+    device = load_device(gpu, key="--gpu")
+    runs = step_fit.load_runs(runs_file, topology=topology, gpu=device.path)
+    res = step_fit.fit_steps(runs, tuple(fit or ()))
+    names = ", ".join(r.name for r in runs)
+    command = f"sim5d calibrate steps {runs_file.name} --gpu {gpu}"
+    fitted = ", ".join(f"{k} = {v:g}" for k, v in res.written.items())
+    header = (f"# Device profile: {device.name} with {fitted} fitted by `{command}`\n"
+              f"# (sim/calibrate/step_fit.py) to {len(runs)} measured steps: {names}.\n")
+    for r in res.rows:
+        loo = f", leave-one-out {r['loo_error_pct']:+.1f}%" if r["loo_error_pct"] is not None else ""
+        header += (f"#   {r['name']}: measured {r['measured_s']:.4g} s, predicted {r['predicted_s']:.4g} s "
+                   f"({r['error_pct']:+.1f}%{loo})\n")
+    step_fit.write_profile(device, res.written, out, name=name or out.stem, header=header,
+                           source=f"{', '.join(res.keys)} fitted by `{command}` to {names}")
+    load_device(str(out), key="--out")        # the written profile loads as cluster.gpu does
+    if as_json:
+        typer.echo(json.dumps({
+            "profile": str(out), "gpu": device.name, "runs_file": str(runs_file), "fitted": res.written,
+            "start": res.start, "runs": res.rows, "mape_pct": res.mape_pct, "mape_loo_pct": res.mape_loo_pct,
+            "simulations": res.simulations}))
+        return
+    typer.echo(f"# sim5d calibrate steps {runs_file} --gpu {gpu} -> {out}")
+    for k, v in res.written.items():
+        s = FIT_KEYS[k]
+        typer.echo(f"# fitted {k} = {v:.{s.digits}f}{s.unit} (was {res.start[k]:g}; physical range "
+                   f"[{s.lo:g}, {s.hi:g}]{s.unit})")
+    w = max(len(r["name"]) for r in res.rows)
+    typer.echo(f"  {'run':<{w}} {'GPUs':>5} {'measured':>10} {'predicted':>10} {'error':>7} {'LOO error':>10}")
+    for r in res.rows:
+        loo = f"{r['loo_error_pct']:+.1f}%" if r["loo_error_pct"] is not None else "-"
+        typer.echo(f"  {r['name']:<{w}} {r['gpus']:>5} {r['measured_s']:>8.4g} s {r['predicted_s']:>8.4g} s "
+                   f"{r['error_pct']:>+6.1f}% {loo:>10}")
+    if res.mape_loo_pct is not None:
+        typer.echo(f"# MAPE {res.mape_pct:.1f}% (in sample); leave-one-out MAPE {res.mape_loo_pct:.1f}% "
+                   "(each run predicted by the constants fitted to the others)")
+    else:
+        typer.echo(f"# MAPE {res.mape_pct:.1f}% (in sample); leave-one-out: not available ({len(runs)} "
+                   f"run{'s' if len(runs) != 1 else ''} for {len(res.keys)} constant"
+                   f"{'s' if len(res.keys) != 1 else ''}: without one run too few are left to fit)")
+    typer.echo("# predicted: the simulator (analytical network) on the written profile")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         sets: Optional[str] = typer.Option(None, "--sets", help="Comma-separated sets (default all): "
-                                           "korthikanti, narayanan, zero-bubble, vtrain-single, vtrain-multi."),
+                                           "korthikanti, narayanan, zero-bubble, vtrain-single, vtrain-multi, "
+                                           "h100-calibration."),
         workers: int = typer.Option(0, "--workers", help="Processes (default: the CPU count)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
@@ -47,15 +48,25 @@ def register(app: typer.Typer) -> None:
         con = Console()
         for name, d in result["sets"].items():
             title = f"{name}: MAPE {d['mape_pct']:.1f}% over {d['n']} cases"
-            if d["n_fitted"]:
+            if d["n_fitted"] == d["n"]:
+                title += " (all fitted, marked *: in sample)"
+            elif d["n_fitted"]:
                 title += (f" ({d['n_fitted']} of them fitted, marked *; held out: "
                           f"{d['mape_held_out_pct']:.1f}% over {d['n'] - d['n_fitted']})")
+            loo = "mape_loo_pct" in d
+            if loo:
+                title += ("; leave-one-out MAPE " + (f"{d['mape_loo_pct']:.1f}%" if d["mape_loo_pct"] is not None
+                                                     else "not available") + " (each case from the fit to the others)")
             t = Table(title=title, title_justify="left")
-            for col in ("case", "quantity", "measured", "predicted", "error"):
+            for col in ("case", "quantity", "measured", "predicted", "error") + (("LOO error",) if loo else ()):
                 t.add_column(col, justify="left" if col in ("case", "quantity") else "right")
             rows = d["cases"] if d["n"] <= 40 else sorted(d["cases"], key=lambda r: -abs(r["error_pct"]))[:20]
             for r in rows:
-                t.add_row(("*" if r["fitted"] else "") + r["id"], r["what"], f"{r['measured']:.4g}", f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}%")
+                cells = [("*" if r["fitted"] else "") + r["id"], r["what"], f"{r['measured']:.4g}",
+                         f"{r['predicted']:.4g}", f"{r['error_pct']:+.1f}%"]
+                if loo:
+                    cells.append(f"{r['loo_error_pct']:+.1f}%" if r["loo_error_pct"] is not None else "-")
+                t.add_row(*cells)
             con.print(t)
             if d["n"] > 40:
                 con.print(f"  (the 20 largest errors of {d['n']} shown; --json lists all)")
