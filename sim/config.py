@@ -18,10 +18,12 @@ from typing import Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sim import pipeline_layout
 from sim.devices import DeviceProfile, load_device
 from sim.errors import ConfigError
 from sim.models import MODEL_FIELDS, ModelSpec
 from sim.paths import bundled_dir
+from sim.pipeline_layout import LayoutError
 from sim.presets import PRESETS
 from sim.suggest import did_you_mean
 from sim.topology import TopologySpec, load_topology
@@ -153,6 +155,17 @@ class ParallelIn(_Strict):
     """Layers on the first pipeline stage (the rest split evenly), as Megatron-LM."""
     decoder_last_pipeline_num_layers: Optional[int] = Field(None, ge=1)
     """Layers on the last pipeline stage (the rest split evenly), as Megatron-LM."""
+    pipeline_model_parallel_layout: Optional[Union[str, list]] = None
+    """Megatron-Core's custom layout: the items of each virtual stage in the order vpp(0)pp(0),
+    vpp(0)pp(1), ..., vpp(-1)pp(-1); items E (embedding), t (decoder layer), L (loss). A string
+    (`Et*3|(t*4|)*30,t*3L`: '|' splits stages, `X*N` / `(...)*N` repeat) or a list of lists
+    (`[[embedding, decoder], [decoder, loss]]`). Sets vpp = stages / pp. Default none (even split)."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer in the even pipeline split: the first virtual stage holds
+    one decoder layer fewer (Megatron-Core). Default false."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the loss (output layer) as one layer in the even pipeline split: the last virtual
+    stage holds one decoder layer fewer (Megatron-Core). Default false."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism over the TP group (norm/dropout activations split by tp).
     Default false, as Megatron-LM."""
@@ -255,6 +268,10 @@ class Parallelism:
     """p2p (ring attention) | a2a (Ulysses all-to-all)."""
     reshard_after_forward: bool = True
     """ZeRO-3: re-gather each layer's parameters before its backward."""
+    pipeline_model_parallel_layout: Optional[str] = None
+    """The given layout, as a compact Megatron string, else None."""
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -301,6 +318,10 @@ class Derived:
     """The pipeline rank that holds each virtual stage (the schedule's placement)."""
     layers_per_rank: tuple
     """Decoder layers held by each pipeline rank (dualpipe holds two copies)."""
+    embedding_stages: tuple = (0,)
+    """Virtual stages that run the embedding (dualpipe: one per direction)."""
+    loss_stages: tuple = ()
+    """Virtual stages that run the output layer and the loss."""
 
 
 @dataclass(frozen=True)
@@ -483,9 +504,73 @@ def _nodes_and_dp(p: ParallelIn, cluster: ClusterIn, topo: TopologySpec, err) ->
     return gpus, nodes, dp
 
 
-def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, err):
-    """Decoder layers per pipeline stage and per virtual stage, as Megatron-LM splits them."""
+def _pipeline_layout(model: ModelSpec, p: ParallelIn, pp: int, schedule: str, err):
+    """The custom layout (`pipeline_model_parallel_layout`, parsed and checked), or [] when only
+    account_for_*_in_pipeline_split asks for one (built once vpp is known), or None."""
+    given = p.pipeline_model_parallel_layout is not None
+    account = p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split
+    if not (given or account):
+        return None
+    key = ("parallelism.pipeline_model_parallel_layout" if given else
+           "parallelism.account_for_embedding_in_pipeline_split" if p.account_for_embedding_in_pipeline_split
+           else "parallelism.account_for_loss_in_pipeline_split")
+    what = key.split(".")[1]
+    if given and account:
+        raise err(key, "pipeline_model_parallel_layout places the embedding and the loss itself; "
+                  "remove account_for_embedding/loss_in_pipeline_split (Megatron-Core allows one or the other)")
+    for other in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        if getattr(p, other) is not None:
+            raise err(f"parallelism.{other}", f"{other} ({getattr(p, other)}) cannot be combined with "
+                      f"{what}: use one way of splitting the layers")
+    if pp < 2:
+        raise err(key, f"{what} needs pipeline_model_parallel_size > 1 (got {pp})")
+    if p.pipeline_schedule in TWO_CHUNK_SCHEDULES:
+        raise err("parallelism.pipeline_schedule", f"{what} is Megatron's interleaved placement (virtual "
+                  f"stage a x pp + b on rank b); {p.pipeline_schedule}'s V-shaped or mirrored placement "
+                  "cannot take it")
+    if not given:
+        return []
+    try:
+        stages = pipeline_layout.parse(p.pipeline_model_parallel_layout)
+        pipeline_layout.check(stages, model.num_layers, pp)
+    except LayoutError as e:
+        raise err(key, f"pipeline_model_parallel_layout {e}") from None
+    return stages
+
+
+def _uneven_layout_hint(L: int, pp: int, vpp: int, first, last) -> str:
+    """A pipeline_model_parallel_layout equivalent to uneven first/last stages whose layer counts
+    do not divide by vpp: the first stage's first chunk (with the embedding) and the last stage's
+    last chunk (with the loss) take the fewer layers; '' when the middle does not split evenly."""
+    middle_stages = pp - (1 if first else 0) - (1 if last else 0)
+    middle = L - (first or 0) - (last or 0)
+    if middle_stages <= 0 or middle <= 0 or middle % (middle_stages * vpp):
+        return ""
+    per = middle // (middle_stages * vpp)
+    chunks = [[per] * vpp for _ in range(pp)]
+    for s, n, low_first in ((0, first, True), (pp - 1, last, False)):
+        if n:
+            q, r = divmod(n, vpp)
+            sizes = [q + (1 if c >= vpp - r else 0) for c in range(vpp)]
+            chunks[s] = sizes if low_first else sizes[::-1]
+    stages = [["t"] * chunks[b][a] for a in range(vpp) for b in range(pp)]
+    stages[0] = ["E"] + stages[0]
+    stages[-1] = stages[-1] + ["L"]
+    return (f"; Megatron-Core expresses such stages with pipeline_model_parallel_layout, e.g. "
+            f"{pipeline_layout.to_string(stages)!r}")
+
+
+def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, err, layout=None):
+    """Decoder layers per pipeline stage and per virtual stage, as Megatron-LM splits them (or
+    as a Megatron-Core layout places them: virtual stage s on rank s % pp)."""
     L = model.num_layers
+    if layout is not None:
+        layers_vs = tuple(st.count("t") for st in layout)
+        rank_vs = tuple(s % pp for s in range(len(layout)))
+        per_rank = [0] * pp
+        for s, n in enumerate(layers_vs):
+            per_rank[rank_vs[s]] += n
+        return layers_vs, tuple(sum(layers_vs[:s]) for s in range(len(layout))), rank_vs, tuple(per_rank)
     first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
     key = "parallelism.pipeline_model_parallel_size"
     if (first or last) and pp == 1:
@@ -505,7 +590,7 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
         if n and n % chunks_per_pp_stage:
             raise err(f"parallelism.{name}", f"{name} ({n}) must be divisible by "
                       f"virtual_pipeline_model_parallel_size ({vpp}): each chunk of the stage holds "
-                      "the same number of layers")
+                      "the same number of layers" + _uneven_layout_hint(L, pp, vpp, first, last))
     if middle < 0 or (middle_stages == 0 and middle != 0) or (middle_stages > 0 and middle <= 0):
         raise err("parallelism.decoder_first_pipeline_num_layers",
                   f"first ({first}) + last ({last}) layers leave {middle} layers for {middle_stages} "
@@ -619,6 +704,18 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("parallelism.pipeline_schedule", f"unknown schedule {schedule!r}"
                   f"{did_you_mean(schedule, SCHEDULE_NAMES)}; one of {', '.join(SCHEDULE_NAMES)}")
     vpp_given = p.virtual_pipeline_model_parallel_size
+    layout = _pipeline_layout(model, p, pp, schedule, err)
+    if layout is not None and p.pipeline_model_parallel_layout is not None:
+        vpp_layout = len(layout) // pp
+        if vpp_given not in (None, vpp_layout):
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"virtual_pipeline_model_parallel_size ({vpp_given}) contradicts "
+                      f"pipeline_model_parallel_layout: its {len(layout)} stages over "
+                      f"pipeline_model_parallel_size ({pp}) make {vpp_layout} chunks per rank (omit vpp "
+                      "or make them agree)")
+        vpp_given = vpp_layout
+        if p.pipeline_schedule is None and vpp_layout > 1:
+            schedule = "interleaved-1f1b"
     if schedule in TWO_CHUNK_SCHEDULES:
         if vpp_given not in (None, 2):
             raise err("parallelism.virtual_pipeline_model_parallel_size",
@@ -716,7 +813,22 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     m = t.global_batch_size // (t.micro_batch_size * dp)
 
     # layers vs pp x vpp
-    layers_vs, first_layer, stage_rank, per_rank = _stage_layers(model, p, pp, vpp, schedule, err)
+    if layout is not None and p.pipeline_model_parallel_layout is None:
+        # account_for_*_in_pipeline_split: Megatron-Core's even split counting E / L as layers
+        try:
+            layout = pipeline_layout.even_split(model.num_layers, pp, vpp,
+                                                embedding=p.account_for_embedding_in_pipeline_split,
+                                                loss=p.account_for_loss_in_pipeline_split)
+        except LayoutError as e:
+            key = ("account_for_embedding_in_pipeline_split" if p.account_for_embedding_in_pipeline_split
+                   else "account_for_loss_in_pipeline_split")
+            raise err(f"parallelism.{key}", f"with {key}, {e}") from None
+    layers_vs, first_layer, stage_rank, per_rank = _stage_layers(model, p, pp, vpp, schedule, err, layout)
+    if layout is not None:
+        emb_stages, loss_stages = (0,), (len(layers_vs) - 1,)
+    else:
+        emb_stages = tuple(s for s in range(len(layers_vs)) if first_layer[s] == 0)
+        loss_stages = tuple(s for s in range(len(layers_vs)) if first_layer[s] + layers_vs[s] == model.num_layers)
 
     # the schedule's own preconditions (microbatches vs pp, etc.)
     if pp > 1:
@@ -743,13 +855,19 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                 zero_stage=p.zero_stage, rank_order=order,
                                 cp_comm_type=cp_comm_type,
                                 reshard_after_forward=(True if p.reshard_after_forward is None
-                                                       else p.reshard_after_forward)),
+                                                       else p.reshard_after_forward),
+                                pipeline_model_parallel_layout=(
+                                    pipeline_layout.to_string(layout)
+                                    if p.pipeline_model_parallel_layout is not None else None),
+                                account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+                                account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split),
         training=Training(**t.model_dump()),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
                         num_microbatches=m, num_virtual_stages=len(layers_vs),
                         layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
-                        stage_rank=stage_rank, layers_per_rank=per_rank),
+                        stage_rank=stage_rank, layers_per_rank=per_rank,
+                        embedding_stages=emb_stages, loss_stages=loss_stages),
         source=file or "",
     )
 
@@ -806,7 +924,10 @@ def resolved_dict(sc: Scenario) -> dict:
             "sequence_parallel": p.sequence_parallel, "pipeline_schedule": p.pipeline_schedule,
             "zero_stage": p.zero_stage, "rank_order": "-".join(p.rank_order),
             "cp_comm_type": p.cp_comm_type if p.cp > 1 else None,
-            "reshard_after_forward": p.reshard_after_forward if p.zero_stage == 3 else None},
+            "reshard_after_forward": p.reshard_after_forward if p.zero_stage == 3 else None,
+            "pipeline_model_parallel_layout": p.pipeline_model_parallel_layout,
+            "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
+            "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split},
         "training": asdict(sc.training),
         "simulation": asdict(sc.simulation),
         "derived": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sc.derived).items()},

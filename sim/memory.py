@@ -206,7 +206,6 @@ def _stage_weights_bytes(sc: Scenario):
     """Per pipeline rank: (dense params per GPU, expert params per GPU, largest layer's params
     per GPU) for the layers, embedding and head the rank holds."""
     m, p, d = sc.model, sc.parallelism, sc.derived
-    L = m.num_layers
     out = []
     for r in range(p.pp):
         dense = expert = 0.0
@@ -223,8 +222,8 @@ def _stage_weights_bytes(sc: Scenario):
                 dense += ld
                 expert += le
                 largest = max(largest, ld + le)
-            has_emb = has_emb or first == 0
-            has_head = has_head or first + n == L
+            has_emb = has_emb or s in d.embedding_stages
+            has_head = has_head or s in d.loss_stages
         if has_emb:
             e = workload.embedding_params(m)
             dense += e.tp_sharded / p.tp + e.tp_replicated
@@ -250,9 +249,9 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
                                          precision=t.precision, routing_imbalance=t.moe_routing_imbalance,
                                          **kw)
                   for layer in range(first, first + n))
-        if first == 0:
+        if s in d.embedding_stages:
             act += embedding_activation_bytes(m, **kw)
-        if first + n == m.num_layers:
+        if s in d.loss_stages:
             act += head_activation_bytes(m, precision=t.precision, **kw)
         out.append(act)
     return out

@@ -231,14 +231,12 @@ class ProgramBuilder:
         sc, d, p = self.sc, self.sc.derived, self.sc.parallelism
         out = {}
         for s in range(d.num_virtual_stages):
-            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
             total = 0.0
-            if first == 0:
+            if s in d.embedding_stages:
                 e = workload.embedding_params(sc.model)
                 total += e.tp_sharded / p.tp + e.tp_replicated
-            if first + n == sc.model.num_layers:
-                holds_emb = any(d.first_layer_of_virtual_stage[x] == 0 for x in range(d.num_virtual_stages)
-                                if d.stage_rank[x] == d.stage_rank[s])
+            if s in d.loss_stages:
+                holds_emb = any(d.stage_rank[x] == d.stage_rank[s] for x in d.embedding_stages)
                 o = workload.output_params(sc.model, include_tied_copy=not holds_emb)
                 total += o.tp_sharded / p.tp + o.tp_replicated
             out[s] = total
@@ -487,9 +485,8 @@ class ProgramBuilder:
         if not self.sc.model.tie_embeddings:
             return None
         d = self.sc.derived
-        emb = {d.stage_rank[s] for s in range(d.num_virtual_stages) if d.first_layer_of_virtual_stage[s] == 0}
-        head = {d.stage_rank[s] for s in range(d.num_virtual_stages)
-                if d.first_layer_of_virtual_stage[s] + d.layers_per_virtual_stage[s] == self.sc.model.num_layers}
+        emb = {d.stage_rank[s] for s in d.embedding_stages}
+        head = {d.stage_rank[s] for s in d.loss_stages}
         if emb == head:
             return None          # every rank that needs the embedding holds both ends
         if r in emb and r not in head and len(head) == 1:

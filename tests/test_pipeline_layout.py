@@ -1,0 +1,198 @@
+"""Megatron-Core pipeline layouts: `pipeline_model_parallel_layout` and
+`account_for_embedding/loss_in_pipeline_split` (sim.pipeline_layout, sim.config).
+
+Truths: Megatron-Core's documented layout semantics (transformer_config.py: stage i = a x pp + b
+is vpp stage a of pp rank b; '|' splits stages, `X*N` and `(...)*N` repeat), the Llama 3 paper's
+405B split (126 = 7 + 14 x 8 + 7, sec. 3.3.2), and per-stage memory worked by hand from the
+parameter count of a GPT layer and Korthikanti et al. 2022's activation formula."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sim import pipeline_layout as pl
+from sim.config import build_scenario, resolved_dict
+from sim.errors import ConfigError
+from sim.memory import memory_report
+from sim.units import GiB
+
+
+def test_deepseek_string_expands_as_megatron_documents():
+    # DeepSeek-V3's documented layout with the MTP item replaced by a decoder layer:
+    # stage 0 = E + 3 layers, 29 stages of 2, then one layer, then the loss alone.
+    stages = pl.parse("Et*3|(tt|)*29,t|L")
+    assert len(stages) == 32
+    assert stages[0] == ["E", "t", "t", "t"]
+    assert all(st == ["t", "t"] for st in stages[1:30])
+    assert stages[30] == ["t"] and stages[31] == ["L"]
+    pl.check(stages, 3 + 58 + 1, 16)
+
+
+def test_list_form_and_long_names_equal_the_string_form():
+    assert pl.parse([["embedding", "decoder"], ["decoder", "decoder", "decoder", "loss"]]) == \
+        pl.parse("Et|t*3L") == [["E", "t"], ["t", "t", "t", "L"]]
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("Et*3|(tt|)*29,m|L", "MTP"),
+    ("Et|tX|L", "'X'"),
+    ("Et|(tt|L", "unbalanced"),
+    ("E*|tL", "'*'"),
+])
+def test_bad_strings_say_why(text, rule):
+    with pytest.raises(pl.LayoutError, match=rule):
+        pl.parse(text)
+
+
+def test_check_rules():
+    with pytest.raises(pl.LayoutError, match="multiple of pipeline_model_parallel_size"):
+        pl.check(pl.parse("Et|t|tL"), 3, 2)
+    with pytest.raises(pl.LayoutError, match="places 3 decoder layers; the model has num_layers = 4"):
+        pl.check(pl.parse("Et|ttL"), 4, 2)
+    with pytest.raises(pl.LayoutError, match="embedding E"):
+        pl.check(pl.parse("tE|tL"), 2, 2)
+    with pytest.raises(pl.LayoutError, match="loss L"):
+        pl.check(pl.parse("Et|Lt"), 2, 2)
+
+
+def _scenario(par, *, model=None, schedule_extra=None, gbs=2):
+    m = model or {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 1000,
+                  "max_position_embeddings": 256, "hidden_dropout": 0.1, "attention_dropout": 0.1}
+    return build_scenario({
+        "model": m,
+        "cluster": {"topology": "dgx-h100-ndr"},
+        "parallelism": {"tp": 1, "dp": 1, **par},
+        "training": {"seq_length": 256, "micro_batch_size": 1, "global_batch_size": gbs,
+                     "recompute": "none", "attention_backend": "unfused", **(schedule_extra or {})},
+        "simulation": {"network": "analytical"}})
+
+
+def test_llama3_405b_even_split_counting_embedding_and_loss():
+    sc = build_scenario({"model": "llama3-405b", "cluster": {"topology": "dgx-h100-ndr"},
+                         "parallelism": {"tp": 8, "pp": 16, "vpp": 2, "dp": 1,
+                                         "account_for_embedding_in_pipeline_split": True,
+                                         "account_for_loss_in_pipeline_split": True},
+                         "training": {"seq_length": 8192, "global_batch_size": 16}})
+    d = sc.derived
+    # Llama 3 paper sec. 3.3.2: 7 layers on the first and last pipeline rank, 8 elsewhere
+    assert d.layers_per_rank == (7,) + (8,) * 14 + (7,)
+    assert d.layers_per_virtual_stage[0] == 3 and d.layers_per_virtual_stage[-1] == 3
+    assert set(d.layers_per_virtual_stage[1:-1]) == {4}
+    assert d.embedding_stages == (0,) and d.loss_stages == (31,)
+    assert sc.parallelism.pipeline_schedule == "interleaved-1f1b"
+
+
+def test_layout_sets_vpp_and_places_stages_on_ranks():
+    sc = _scenario({"pp": 2, "pipeline_model_parallel_layout": [["E", "t"], ["t", "t", "t"], ["t"], ["t", "L"]]},
+                   gbs=4)
+    d, p = sc.derived, sc.parallelism
+    assert p.vpp == 2 and p.pipeline_schedule == "interleaved-1f1b"
+    assert d.layers_per_virtual_stage == (1, 3, 1, 1)
+    assert d.stage_rank == (0, 1, 0, 1)         # stage a x pp + b on rank b
+    assert d.first_layer_of_virtual_stage == (0, 1, 4, 5)
+    assert d.layers_per_rank == (2, 4)
+    assert resolved_dict(sc)["parallelism"]["pipeline_model_parallel_layout"] == "E,t|t*3|t|t,L"
+
+
+def test_memory_per_stage_of_a_layout_by_hand():
+    """pp 2, GPipe, 2 microbatches, layout E+1 layer | 5 layers+L: per-rank states and
+    activations from the GPT layer's 12h^2 + 13h parameters and Korthikanti's 34sbh + 5as^2b."""
+    sc = _scenario({"pp": 2, "pipeline_schedule": "gpipe",
+                    "pipeline_model_parallel_layout": "E,t|t*5,L"})
+    h, a, s, b, V, P = 512, 8, 256, 1, 1000, 256
+    layer = 12 * h * h + 13 * h          # QKV, out-proj, fc1, fc2 with biases, two LayerNorms
+    rank0 = layer + V * h + P * h        # word + learned position embeddings
+    rank1 = 5 * layer + 2 * h + V * h    # final LayerNorm, untied LM head
+    rep = memory_report(sc)
+    for st, n in zip(rep.per_stage, (rank0, rank1)):
+        assert st.weights_bytes == pytest.approx(2 * n)
+        assert st.grads_bytes == pytest.approx(2 * n)
+        assert st.optimizer_bytes == pytest.approx(12 * n)
+    act_layer = s * b * h * 34 + 5 * a * s * s * b       # Korthikanti eq. 1 (16-bit, dropout)
+    emb = s * b * h                                       # embedding-dropout mask
+    head = 2 * 2 * s * b * h + 4 * s * b * V              # final-norm and head inputs, fp32 logits
+    m = 2                                                 # GPipe holds every microbatch
+    assert rep.per_stage[0].activations_bytes == pytest.approx(m * (act_layer + emb))
+    assert rep.per_stage[1].activations_bytes == pytest.approx(m * (5 * act_layer + head))
+
+
+def test_layout_with_empty_end_stages_places_embedding_and_loss_once():
+    # E alone on stage 0 and L alone on the last stage: each counted once, by its item
+    sc = _scenario({"pp": 2, "pipeline_model_parallel_layout": "E|t*3|t*3|L"}, gbs=4)
+    d = sc.derived
+    assert d.layers_per_virtual_stage == (0, 3, 3, 0)
+    rep = memory_report(sc)
+    h, V, P = 512, 1000, 256
+    layer = 12 * h * h + 13 * h
+    assert rep.per_stage[0].weights_bytes == pytest.approx(2 * (3 * layer + V * h + P * h))
+    assert rep.per_stage[1].weights_bytes == pytest.approx(2 * (3 * layer + 2 * h + V * h))
+
+
+def test_layout_simulates_and_uneven_chunks_change_the_step():
+    from sim.engine.simulate import simulate
+    even = simulate(_scenario({"pp": 2, "pipeline_model_parallel_layout": "E,t*2|t*2|t|t,L"}, gbs=4))
+    skew = simulate(_scenario({"pp": 2, "pipeline_model_parallel_layout": "E,t*3|t*2|t|L"}, gbs=4))
+    assert even.makespan_ns > 0 and skew.makespan_ns > 0
+    # rank 0 holds 3 + 1 layers instead of 2 + 1 and sets the pace: the skewed layout is slower
+    assert skew.makespan_ns > even.makespan_ns
+
+
+@pytest.mark.parametrize("par, key, rule", [
+    ({"pp": 2, "vpp": 3, "pipeline_model_parallel_layout": "E,t|t*3|t|t,L"},
+     "parallelism.virtual_pipeline_model_parallel_size", "make 2 chunks per rank"),
+    ({"pp": 2, "pipeline_model_parallel_layout": "E,t|t*3|t|t,L", "account_for_loss_in_pipeline_split": True},
+     "parallelism.pipeline_model_parallel_layout", "one or the other"),
+    ({"pp": 2, "pipeline_model_parallel_layout": "E,t*3|t*3,L", "decoder_first_pipeline_num_layers": 3},
+     "parallelism.decoder_first_pipeline_num_layers", "cannot be combined"),
+    ({"pp": 2, "pipeline_model_parallel_layout": "E,t*3|t*3,L", "pipeline_schedule": "zbv"},
+     "parallelism.pipeline_schedule", "V-shaped"),
+    ({"pp": 2, "pipeline_model_parallel_layout": "E,t*3|t*2,L"},
+     "parallelism.pipeline_model_parallel_layout", "places 5 decoder layers"),
+    ({"pp": 4, "account_for_embedding_in_pipeline_split": True},
+     "parallelism.account_for_embedding_in_pipeline_split", "= 7 must be divisible"),
+])
+def test_bad_layouts_name_the_key(par, key, rule):
+    with pytest.raises(ConfigError, match=rule) as e:
+        _scenario(par, gbs=8)
+    assert e.value.key == key
+
+
+def test_uneven_stages_not_divisible_by_vpp_suggest_a_layout():
+    with pytest.raises(ConfigError) as e:
+        _scenario({"pp": 2, "vpp": 2, "decoder_first_pipeline_num_layers": 3}, gbs=4,
+                  model={"num_layers": 7, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 1000})
+    assert "'E,t|t*2|t*2|t*2,L'" in e.value.message
+    # and the suggestion is itself a valid layout with the asked-for first stage
+    sc = _scenario({"pp": 2, "pipeline_model_parallel_layout": "E,t|t*2|t*2|t*2,L"}, gbs=4,
+                   model={"num_layers": 7, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 1000})
+    assert sc.derived.layers_per_rank == (3, 4)
+
+
+def test_cli_bad_layout_exits_2_without_traceback(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("model: gpt-1.7b\ncluster: {topology: dgx-a100-hdr}\n"
+                 "parallelism: {pp: 2, pipeline_model_parallel_layout: 'Et*3|(tt|)*10,m|L'}\n"
+                 "training: {seq_length: 2048, global_batch_size: 8}\n")
+    r = subprocess.run([sys.executable, "-m", "sim", "memory", str(f)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "parallelism.pipeline_model_parallel_layout" in r.stderr and "MTP" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_bundled_llama3_405b_runs_the_papers_layout_on_16384_gpus(zero):
+    """TP8 PP16 VPP2, 7-layer first/last ranks, ZeRO-2 (and the bundled FSDP-without-reshard,
+    ZeRO-3): interleaved 1F1B with 16 microbatches per pipeline idles each rank about
+    (p - 1) / v of a microbatch's forward+backward out of (m + (p - 1) / v) of them:
+    7.5 / 23.5 = 0.319 (Narayanan et al. 2021 sec. 2.2.2); less busy end ranks idle more."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    sets = [] if zero == 3 else ["parallelism.zero_stage=2", "parallelism.reshard_after_forward=null"]
+    sc = load_scenario("scenarios/llama3-405b-h100x16384.yaml", sets)
+    assert sc.derived.num_gpus == 16384 and sc.parallelism.zero_stage == zero
+    assert sc.derived.layers_per_rank == (7,) + (8,) * 14 + (7,)
+    summary = simulate(sc).summary()
+    assert summary["fits_in_memory"]
+    assert 0.30 <= summary["bubble_fraction"] <= 0.5
