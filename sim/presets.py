@@ -134,6 +134,21 @@ def _build() -> dict:
                 "18432, vocab_size 129280, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim "
                 "128, tie_word_embeddings false, max_position_embeddings 163840. MLA modelled "
                 "exactly (no absorption); the MTP module is not included"))
+
+    # Squared ReLU is a non-gated 2-matrix MLP: the same shapes (params, FLOPs, activations) as
+    # 'gelu' here; only the elementwise function differs.
+    presets["nemotron4-340b"] = ModelSpec(
+        name="nemotron4-340b", num_layers=96, hidden_size=18432, num_attention_heads=96,
+        num_query_groups=8, ffn_hidden_size=73728, vocab_size=256000, activation="gelu",
+        normalization="layernorm", add_bias_linear=False, position_embedding_type="rope",
+        max_position_embeddings=4096, tie_embeddings=False,
+        source=("NVIDIA, Nemotron-4 340B Technical Report (arXiv 2406.11704) sec. 2: 96 layers, "
+                "hidden 18432, 96 attention heads, 8 KV heads (GQA), sequence 4096, vocabulary "
+                "256000, squared-ReLU MLP, RoPE, no biases, untied embeddings, no dropout; NeMo "
+                "Nemotron4Config340B (ffn_hidden_size 73728) and NeMo-Framework-Launcher "
+                "conf/training/nemotron/nemotron_340b.yaml (layernorm1p, bias false, "
+                "squared-relu, share_embeddings_and_output_weights false). Squared ReLU modelled "
+                "as the non-gated 'gelu' shape"))
     return presets
 
 
