@@ -257,9 +257,14 @@ def _mape(rows) -> float | None:
     return sum(abs(r["error_pct"]) for r in rows) / len(rows) if rows else None
 
 
+def _mean_signed(rows) -> float | None:
+    """Mean signed error, % (negative: sim5d predicts too short a time on average)."""
+    return sum(r["error_pct"] for r in rows) / len(rows) if rows else None
+
+
 def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
     """Predict every case of `sets`; returns {"sets": {name: {"mape_pct", "mape_held_out_pct",
-    "n", "n_fitted", "cases"}}} (held out: the cases no constant was fitted to). Sets of `LOO`
+    "mean_signed_error_pct", "n", "n_fitted", "cases"}}} (held out: the cases no constant was fitted to). Sets of `LOO`
     also give each case's `loo_error_pct` and the set's `mape_loo_pct` (leave-one-out)."""
     todo = cases(sets)
     rows = []
@@ -280,7 +285,8 @@ def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
         rs = [r for r in rows if r["set"] == s]
         held = [r for r in rs if not r["fitted"]]
         out[s] = {"cases": rs, "n": len(rs), "n_fitted": len(rs) - len(held),
-                  "mape_pct": _mape(rs), "mape_held_out_pct": _mape(held)}
+                  "mape_pct": _mape(rs), "mape_held_out_pct": _mape(held),
+                  "mean_signed_error_pct": _mean_signed(rs)}
         if s in LOO:
             loo = LOO[s]()
             for r in rs:

@@ -86,7 +86,11 @@ def test_cli_json_and_bad_set():
     code, out, _ = run_cli("validate", "--sets", "korthikanti", "--json")
     assert code == 0
     d = json.loads(out)["sets"]["korthikanti"]
-    assert set(d) >= {"cases", "n", "mape_pct", "mape_held_out_pct", "n_fitted"}
+    assert set(d) >= {"cases", "n", "mape_pct", "mape_held_out_pct", "n_fitted", "mean_signed_error_pct"}
     assert not math.isnan(d["mape_pct"])
+    # the mean signed error is the plain mean of the per-case errors, the MAPE of their sizes
+    errs = [r["error_pct"] for r in d["cases"]]
+    assert d["mean_signed_error_pct"] == pytest.approx(sum(errs) / len(errs))
+    assert d["mape_pct"] == pytest.approx(sum(abs(e) for e in errs) / len(errs))
     code, out, err = run_cli("validate", "--sets", "narayanen")
     assert code == 2 and "narayanan" in out + err and "Traceback" not in out + err

@@ -47,7 +47,8 @@ def register(app: typer.Typer) -> None:
 
         con = Console()
         for name, d in result["sets"].items():
-            title = f"{name}: MAPE {d['mape_pct']:.1f}% over {d['n']} cases"
+            title = (f"{name}: MAPE {d['mape_pct']:.1f}%, mean signed error {d['mean_signed_error_pct']:+.1f}% "
+                     f"over {d['n']} cases")
             if d["n_fitted"] == d["n"]:
                 title += " (all fitted, marked *: in sample)"
             elif d["n_fitted"]:
