@@ -91,7 +91,8 @@ def evaluate(path: str, overrides: list[str]) -> dict:
     p = sc.parallelism
     row = {"name": sc.name, "file": str(path), "model": sc.model.name, "topology": sc.cluster.topology.name,
            "gpu": sc.cluster.gpu.name, "network": sc.simulation.network,
-           "layout": (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep} dp{p.dp} {p.pipeline_schedule} "
+           "layout": (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep}"
+                      f"{f' etp{p.etp}' if p.etp != p.tp else ''} dp{p.dp} {p.pipeline_schedule} "
                       f"ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} {sc.training.recompute}"),
            "tokens_per_step": sc.tokens_per_step, "profile_price_per_gpu_hour_usd": sc.cluster.gpu.price_per_gpu_hour_usd}
     row.update({k: v for k, v in s.items() if k != "name"})

@@ -40,6 +40,8 @@ PARALLEL_ALIASES = {
     "context_parallel_degree": "context_parallel_size",
     "ep": "expert_model_parallel_size",
     "expert_parallel_degree": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "expert_tensor_parallel_degree": "expert_tensor_parallel_size",
     "dp": "data_parallel_size",
     "vpp": "virtual_pipeline_model_parallel_size",
     "pipeline_parallel_schedule": "pipeline_schedule",
@@ -146,6 +148,14 @@ class ParallelIn(_Strict):
     """CP: the sequence split over this many GPUs, ring attention (alias cp). Default 1."""
     expert_model_parallel_size: int = Field(1, ge=1)
     """EP: routed experts split over this many GPUs, taken from dp x cp (alias ep). Default 1."""
+    expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
+    """ETP (alias etp; Megatron-Core `--expert-tensor-parallel-size`): each routed expert's
+    matrices split over this many GPUs, separately from the attention / dense part's
+    tensor_model_parallel_size. The expert layers re-split each pipeline stage's tp x cp x dp
+    GPUs into etp x ep x expert-data-parallel, so etp x ep must divide tp x cp x dp. E.g. tp 4,
+    etp 1, ep 8: attention split 4 ways, each GPU holding num_experts / 8 whole experts. Only
+    for MoE models; etp != tp needs sequence_parallel when tp > 1 (as Megatron-Core). Default:
+    tensor_model_parallel_size."""
     data_parallel_size: Optional[int] = Field(None, ge=1)
     """DP replicas (alias dp); default gpus / (tp x pp x cp)."""
     virtual_pipeline_model_parallel_size: Optional[int] = Field(None, ge=1)
@@ -272,6 +282,18 @@ class Parallelism:
     """The given layout, as a compact Megatron string, else None."""
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    etp: Optional[int] = None
+    """Expert tensor-parallel size (None: tp, Megatron-Core's default)."""
+
+    def __post_init__(self):
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: the GPUs of a pipeline stage, tp x cp x dp, over etp x ep
+        (Megatron-Core's expert_data_parallel_size). With etp = tp it is dp x cp / ep."""
+        return (self.tp * self.cp * self.dp) // (self.etp * self.ep)
 
 
 @dataclass(frozen=True)
@@ -766,10 +788,33 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     if model.is_moe and model.num_experts % ep:
         raise err("parallelism.expert_model_parallel_size",
                   f"num_experts ({model.num_experts}) must be divisible by expert_model_parallel_size ({ep})")
-    if (dp * cp) % ep:
+    # expert tensor parallelism (Megatron-Core initialize_model_parallel(expert_tensor_parallel_size=
+    # ...)): default tp; the expert layers re-split a stage's tp x cp x dp GPUs into etp x ep x edp
+    etp_given = p.expert_tensor_parallel_size
+    etp = tp if etp_given is None else etp_given
+    etp_key = "parallelism.expert_tensor_parallel_size"
+    if etp != tp and not model.is_moe:
+        raise err(etp_key, f"expert_tensor_parallel_size ({etp}) applies only to MoE models; {model.name} "
+                  f"has num_experts = 0 (remove it, or set it to tensor_model_parallel_size = {tp})")
+    if etp == tp and (dp * cp) % ep:
         raise err("parallelism.expert_model_parallel_size",
                   f"expert_model_parallel_size ({ep}) must divide data_parallel_size x context_parallel_size "
                   f"= {dp} x {cp} = {dp * cp}: expert parallel groups are carved from the dp x cp ranks")
+    if etp != tp and (tp * cp * dp) % (etp * ep):
+        raise err(etp_key,
+                  f"expert_tensor_parallel_size x expert_model_parallel_size = {etp} x {ep} = {etp * ep} must "
+                  f"divide tensor_model_parallel_size x context_parallel_size x data_parallel_size = "
+                  f"{tp} x {cp} x {dp} = {tp * cp * dp}: the expert layers re-split each pipeline stage's "
+                  "GPUs into expert-tensor x expert-parallel x expert-data-parallel groups")
+    if model.is_moe and model.moe_ffn_hidden_size % etp:
+        raise err(etp_key if etp_given is not None else "parallelism.tensor_model_parallel_size",
+                  f"moe_ffn_hidden_size ({model.moe_ffn_hidden_size}) must be divisible by the expert "
+                  f"tensor-parallel size ({etp}{'' if etp_given is not None else ' = tensor_model_parallel_size'})")
+    if etp != tp and tp > 1 and not p.sequence_parallel:
+        raise err(etp_key,
+                  f"expert_tensor_parallel_size ({etp}) != tensor_model_parallel_size ({tp}) needs "
+                  "sequence_parallel: true (Megatron-Core's MoE layer refuses tensor parallelism without "
+                  "sequence parallelism in training; each TP rank dispatches its own s/tp tokens)")
     if model.is_moe and not (1 <= model.moe_router_topk <= model.num_experts):
         raise err("model.moe_router_topk", f"moe_router_topk ({model.moe_router_topk}) must be between 1 and "
                   f"num_experts ({model.num_experts})")
@@ -853,7 +898,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                 decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
                                 sequence_parallel=p.sequence_parallel, pipeline_schedule=schedule,
                                 zero_stage=p.zero_stage, rank_order=order,
-                                cp_comm_type=cp_comm_type,
+                                cp_comm_type=cp_comm_type, etp=etp,
                                 reshard_after_forward=(True if p.reshard_after_forward is None
                                                        else p.reshard_after_forward),
                                 pipeline_model_parallel_layout=(
@@ -918,6 +963,7 @@ def resolved_dict(sc: Scenario) -> dict:
         "parallelism": {
             "tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
             "context_parallel_size": p.cp, "expert_model_parallel_size": p.ep,
+            "expert_tensor_parallel_size": p.etp,
             "data_parallel_size": p.dp, "virtual_pipeline_model_parallel_size": p.vpp,
             "decoder_first_pipeline_num_layers": p.decoder_first_pipeline_num_layers,
             "decoder_last_pipeline_num_layers": p.decoder_last_pipeline_num_layers,

@@ -3,8 +3,12 @@
 Follows Megatron-Core's RankGenerator (megatron/core/parallel_state.py): the global rank is a
 mixed-radix number over the dimensions in `rank_order`, innermost first (default
 tp-cp-ep-dp-pp). Dense layers use the (tp, cp, dp, pp) decomposition with ep left out; expert
-layers re-split the cp x dp block of a pipeline stage into (ep, expert-dp) with ep innermost
-(Megatron-Core's expert rank generator, "MoE parallel folding", with expert TP = tp). Placement
+layers re-split the tp x cp x dp block of a pipeline stage into (expert-tp, ep, expert-dp), innermost
+first, numbering the block with tp innermost and then cp and dp in rank order (Megatron-Core's
+expert rank generator, "MoE parallel folding": RankGenerator(tp=expert_tensor_parallel_size,
+ep=ep, dp=expert_data_parallel_size, cp=1, pp=pp) in initialize_model_parallel; the same
+numbering as Megatron-Core's for its default order tp-cp-ep-dp-pp). With expert TP = tp (the
+default) that is the cp x dp block split into (ep, expert-dp) with ep innermost. Placement
 is in rank order: rank r is GPU r % gpus_per_node of node r // gpus_per_node, so the innermost
 dimension (tp by default) stays inside a node.
 """
@@ -27,6 +31,8 @@ class Coord:
     """Expert-parallel index (position in the expert group)."""
     edp: int
     """Expert-data-parallel index."""
+    etp: int = 0
+    """Expert-tensor-parallel index (= tp with the default expert TP size)."""
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,29 @@ class Layout:
     pp: int
     gpus_per_node: int
     rank_order: tuple = ("tp", "cp", "ep", "dp", "pp")
+    etp: int | None = None
+    """Expert tensor-parallel size; None: tp."""
 
     def __post_init__(self):
         if sorted(self.rank_order) != sorted(("tp", "cp", "ep", "dp", "pp")):
             raise ValueError(f"rank_order {self.rank_order} must name tp, cp, ep, dp, pp once each")
-        if (self.cp * self.dp) % self.ep:
-            raise ValueError(f"ep ({self.ep}) must divide cp x dp ({self.cp * self.dp})")
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+        if (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            raise ValueError(f"etp x ep ({self.etp} x {self.ep}) must divide tp x cp x dp "
+                             f"({self.tp} x {self.cp} x {self.dp})")
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: tp x cp x dp / (etp x ep)."""
+        return (self.tp * self.cp * self.dp) // (self.etp * self.ep)
 
     @classmethod
     def from_scenario(cls, sc) -> "Layout":
         p = sc.parallelism
         return cls(tp=p.tp, cp=p.cp, ep=p.ep, dp=p.dp, pp=p.pp,
-                   gpus_per_node=sc.cluster.topology.gpus_per_node, rank_order=tuple(p.rank_order))
+                   gpus_per_node=sc.cluster.topology.gpus_per_node, rank_order=tuple(p.rank_order),
+                   etp=p.etp)
 
     @property
     def world_size(self) -> int:
@@ -71,14 +88,30 @@ class Layout:
         for d in self._dense_order:
             c[d] = r % self._size(d)
             r //= self._size(d)
-        # expert split of the cp x dp block, in the order cp and dp appear (innermost first)
-        inner_first = [d for d in self._dense_order if d in ("cp", "dp")]
+        # expert split of the stage's tp x cp x dp block: tp innermost, then cp and dp in the
+        # order they appear (innermost first); that index is split into (etp, ep, edp)
         j = 0
         stride = 1
-        for d in inner_first:
+        for d in self._cp_dp_order:
             j += c[d] * stride
             stride *= self._size(d)
-        return Coord(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=c["pp"], ep=j % self.ep, edp=j // self.ep)
+        j = c["tp"] + self.tp * j
+        return Coord(tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=c["pp"], ep=(j // self.etp) % self.ep,
+                     edp=j // (self.etp * self.ep), etp=j % self.etp)
+
+    @cached_property
+    def _cp_dp_order(self) -> tuple:
+        return tuple(d for d in self._dense_order if d in ("cp", "dp"))
+
+    def _expert_rank(self, etp: int, ep: int, edp: int, pp: int) -> int:
+        """Global rank of expert coordinates (the inverse of `coord`'s expert split)."""
+        j = etp + self.etp * (ep + self.ep * edp)
+        c = {"tp": j % self.tp, "pp": pp}
+        j //= self.tp
+        for d in self._cp_dp_order:
+            c[d] = j % self._size(d)
+            j //= self._size(d)
+        return self.rank(**c)
 
     def rank(self, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         """Global rank of dense coordinates."""
@@ -98,8 +131,9 @@ class Layout:
         return rank % self.gpus_per_node
 
     def group(self, rank: int, dim: str) -> tuple:
-        """The ranks of `rank`'s process group along `dim` (tp, cp, dp, pp, ep, edp, or 'dp-cp'
-        for the gradient / distributed-optimizer group), sorted by their index in the group."""
+        """The ranks of `rank`'s process group along `dim` (tp, cp, dp, pp, ep, edp, etp (expert
+        tensor parallel), or 'dp-cp' for the gradient / distributed-optimizer group), sorted by
+        their index in the group."""
         me = self.coord(rank)
         if dim in DENSE_DIMS:
             base = {d: getattr(me, d) for d in DENSE_DIMS}
@@ -111,14 +145,12 @@ class Layout:
         if dim == "dp-cp":
             return tuple(self.rank(tp=me.tp, pp=me.pp, cp=c, dp=d)
                          for d in range(self.dp) for c in range(self.cp))
-        if dim in ("ep", "edp"):
-            block = [r for r in self.group(rank, "dp-cp")]
-            coords = {r: self.coord(r) for r in block}
-            if dim == "ep":
-                members = [r for r in block if coords[r].edp == me.edp]
-                return tuple(sorted(members, key=lambda r: coords[r].ep))
-            members = [r for r in block if coords[r].ep == me.ep]
-            return tuple(sorted(members, key=lambda r: coords[r].edp))
+        if dim == "ep":
+            return tuple(self._expert_rank(me.etp, i, me.edp, me.pp) for i in range(self.ep))
+        if dim == "edp":
+            return tuple(self._expert_rank(me.etp, me.ep, i, me.pp) for i in range(self.edp))
+        if dim == "etp":
+            return tuple(self._expert_rank(i, me.ep, me.edp, me.pp) for i in range(self.etp))
         raise ValueError(f"unknown dimension {dim!r}")
 
     def nodes_spanned(self, ranks) -> int:

@@ -7,8 +7,9 @@ Rajbhandari et al. 2020, ZeRO, sec. 3): per parameter 2 bytes of 16-bit weights,
 bytes. fp32 training keeps 4 + 4 + 8 (no master copy) = 16 too. ZeRO shards over the
 data-parallel group, which Megatron-LM's distributed optimizer takes as dp x cp:
 stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights. Routed-expert
-parameters are sharded over ep (and over tp: Megatron-Core's expert_tensor_parallel_size
-defaults to tp) and their ZeRO group is the expert-data-parallel group, dp x cp / ep.
+parameters are sharded over ep x etp (Megatron-Core's expert_tensor_parallel_size, default tp)
+and their ZeRO group is the expert-data-parallel group, tp x cp x dp / (etp x ep) (dp x cp / ep
+with etp = tp).
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", sec. 4, Table 2), generalised term by term to GQA, SwiGLU, MoE and flash
@@ -52,6 +53,12 @@ class StageMemory:
     activations_bytes: float
     other_bytes: float
     peak_live_microbatch_chunks: int
+    dense_params: float = 0.0
+    """Parameters of the rank's model-parallel shard outside the routed experts (layers split by
+    tp, embedding / LM head), before ZeRO sharding."""
+    routed_expert_params: float = 0.0
+    """Routed-expert parameters of the rank's shard: the stage's routed experts / (ep x etp),
+    before ZeRO sharding (their ZeRO group is the expert-data-parallel group)."""
 
     @property
     def total_bytes(self) -> float:
@@ -64,7 +71,8 @@ class StageMemory:
                 "optimizer_gib": self.optimizer_bytes / GiB,
                 "activations_gib": self.activations_bytes / GiB, "other_gib": self.other_bytes / GiB,
                 "total_gib": self.total_bytes / GiB,
-                "peak_live_microbatch_chunks": self.peak_live_microbatch_chunks}
+                "peak_live_microbatch_chunks": self.peak_live_microbatch_chunks,
+                "dense_params": self.dense_params, "routed_expert_params": self.routed_expert_params}
 
 
 @dataclass(frozen=True)
@@ -89,10 +97,12 @@ class MemoryReport:
 # Activations (Korthikanti et al. 2022, sec. 4.1; notation s, b, h, a, t as the paper).
 def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp: int, cp: int,
                            sequence_parallel: bool, recompute: str, attention_backend: str,
-                           precision: str = "bf16", routing_imbalance: float = 1.0) -> float:
+                           precision: str = "bf16", routing_imbalance: float = 1.0,
+                           etp: int | None = None) -> float:
     """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
     `routing_imbalance` (MoE): the busiest expert rank's token share relative to the mean
-    (training.moe_routing_imbalance); its expert activations scale with it.
+    (training.moe_routing_imbalance); its expert activations scale with it. `etp` (MoE): the
+    expert tensor-parallel size, default tp.
 
     Term by term (p = bytes per element, 2 for 16-bit; s the local sequence = seq / cp):
       norms:      two norm inputs, 2 x p*s*b*h                      (SP: / t)
@@ -104,7 +114,10 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
                   2f for SwiGLU's gate and up); fc2 input p*s*b*f/t; dropout mask s*b*h (SP: / t)
       MoE:        router input as fc1; each token's top-k copies through the expert MLP
                   (k x the MLP terms with the expert width), shared experts as a dense MLP,
-                  router probabilities 4*s*b*E (fp32).
+                  router probabilities 4*s*b*E (fp32). With etp != tp (Megatron-Core's alltoall
+                  dispatcher) each rank dispatches its s/t tokens (SP) and all-gathers the
+                  received ones over the etp group: the expert fc1 input is k*p*s*b*h*etp/t,
+                  the activation and fc2 inputs (width f/etp) k*p*s*b*(f_in + f)/t as with etp = tp.
     For GPT (MHA, GELU, f = 4h, dropout) this is Korthikanti's 34*s*b*h + 5*a*s^2*b, and with
     TP it is Table 2's s*b*h*(10 + 24/t + 5*a*s/(h*t)) (SP: s*b*h/t*(34 + 5*a*s/h)).
     Selective recompute drops the s^2 terms (core attention recomputed); full recompute keeps
@@ -159,7 +172,7 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
         tokens = k * routing_imbalance
         # dispatched (permuted) tokens: each of the k copies is an expert fc1 input (tp-sharded
         # sequence after the all-to-all when SP, replicated otherwise)
-        act += tokens * p * sbh * rep
+        act += tokens * p * sbh * (rep if etp is None or etp == t else etp / t)
         act += tokens * p * s * b * (gated * fe + fe) / t      # expert activation and fc2 inputs
         if model.moe_shared_experts:
             fs = model.moe_shared_experts * fe
@@ -218,7 +231,7 @@ def _stage_weights_bytes(sc: Scenario):
             for layer in range(first, first + n):
                 lp = workload.layer_params(m, layer)
                 ld = lp.tp_sharded / p.tp + lp.tp_replicated
-                le = lp.routed_experts / (p.ep * p.tp)
+                le = lp.routed_experts / (p.ep * p.etp)
                 dense += ld
                 expert += le
                 largest = max(largest, ld + le)
@@ -247,7 +260,7 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
         act = sum(layer_activation_bytes(m, layer, recompute=t.recompute,
                                          attention_backend=t.attention_backend,
                                          precision=t.precision, routing_imbalance=t.moe_routing_imbalance,
-                                         **kw)
+                                         etp=p.etp, **kw)
                   for layer in range(first, first + n))
         if s in d.embedding_stages:
             act += embedding_activation_bytes(m, **kw)
@@ -260,7 +273,8 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
 def _communicators(sc: Scenario) -> int:
     """Process groups a rank belongs to that have more than one member."""
     p = sc.parallelism
-    return sum(1 for size in (p.tp, p.cp, p.dp * p.cp, p.ep, p.pp) if size > 1)
+    etp = p.etp if p.etp != p.tp else 1   # a separate expert-TP group only when etp != tp
+    return sum(1 for size in (p.tp, p.cp, p.dp * p.cp, p.ep, p.pp, etp) if size > 1)
 
 
 def memory_report(sc: Scenario) -> MemoryReport:
@@ -270,7 +284,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
     p, t, d = sc.parallelism, sc.training, sc.derived
     wb = STATE_BYTES[t.precision][0]
     dense_group = p.dp * p.cp
-    expert_group = max(1, (p.dp * p.cp) // p.ep)
+    expert_group = p.edp
 
     stage_act = stage_activation_bytes(sc)
     if p.pp > 1:
@@ -292,7 +306,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
                     m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
                     sequence_parallel=p.sequence_parallel, recompute="none",
                     attention_backend=t.attention_backend, precision=t.precision,
-                    routing_imbalance=t.moe_routing_imbalance)
+                    routing_imbalance=t.moe_routing_imbalance, etp=p.etp)
                 work[rank] = max(work[rank], full)
 
     comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES
@@ -318,7 +332,8 @@ def memory_report(sc: Scenario) -> MemoryReport:
         stages.append(StageMemory(pp_rank=r, weights_bytes=weights, grads_bytes=grads,
                                   optimizer_bytes=optim, activations_bytes=live[r] + work[r],
                                   other_bytes=other,
-                                  peak_live_microbatch_chunks=int(live_counts[r])))
+                                  peak_live_microbatch_chunks=int(live_counts[r]),
+                                  dense_params=dense, routed_expert_params=expert))
     return MemoryReport(per_stage=tuple(stages), capacity_bytes=sc.cluster.gpu.memory_bytes)
 
 
@@ -329,7 +344,8 @@ def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
 
     p = sc.parallelism
     title = (f"{sc.name}: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name} "
-             f"(tp {p.tp}, pp {p.pp}, vpp {p.vpp}, cp {p.cp}, ep {p.ep}, dp {p.dp}, "
+             f"(tp {p.tp}, pp {p.pp}, vpp {p.vpp}, cp {p.cp}, ep {p.ep}"
+             f"{f', etp {p.etp}' if p.etp != p.tp else ''}, dp {p.dp}, "
              f"{p.pipeline_schedule}, ZeRO-{p.zero_stage}, recompute {sc.training.recompute})")
     table = Table(title=title, title_justify="left")
     for col in ("pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "in flight"):

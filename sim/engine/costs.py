@@ -32,7 +32,7 @@ class DeviceCostModel(CostModel):
 
     def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
         p = self.sc.parallelism
-        ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.tp, causal=True,
+        ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.etp, causal=True,
                                  flash_attention=self.flash, **self.kw)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []

@@ -16,6 +16,12 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   all-to-all size; tokens = b x s/cp, / tp under SP). `training.moe_routing_imbalance` (max /
   mean tokens per EP rank) scales the busiest rank's routed-expert GEMMs and its all-to-all
   volume; the representative rank is that busiest rank, since every EP peer waits for it.
+  Expert TP (`expert_tensor_parallel_size`, default tp; Megatron-Core): the routed experts are
+  split over etp x ep, re-splitting a stage's tp x cp x dp GPUs into etp x ep x expert-DP. With
+  etp != tp the MoE block follows the alltoall token dispatcher: the all-to-all over ep, then an
+  all-gather of the received tokens over the expert-TP group (etp x the all-to-all size) before
+  the expert GEMMs and a reduce-scatter after them; no attention-TP collectives around the MoE
+  block (except for shared experts); expert gradients reduce over expert-DP (`_etp`, `_tp_mlp`).
 - CP (`parallelism.cp_comm_type`), per layer and microbatch:
   p2p, ring attention (Liu et al. 2023; Megatron-LM / Transformer Engine
   AttnFuncWithCPAndKVP2P): after the QKV projection the rank's K/V block, 2 x s/cp x b x
@@ -201,7 +207,11 @@ class ProgramBuilder:
         self.sp = p.sequence_parallel and p.tp > 1
         self.cp_bytes = cp_bytes(sc)
         self.imbalance = sc.training.moe_routing_imbalance
-        self.zero3 = p.zero_stage >= 3 and p.dp * p.cp > 1
+        self.zero3 = p.zero_stage >= 3 and (p.dp * p.cp > 1 or p.edp > 1)
+        # expert TP != tp (Megatron-Core expert_tensor_parallel_size): the MoE block follows the
+        # alltoall token dispatcher; with etp = tp the MoE block keeps the dense block's TP
+        # collectives around the dispatch (see _tp_mlp, _etp)
+        self.etp_split = p.etp != p.tp
         self.params_per_stage = self._params_per_stage()
         self.end_params = self._end_params()
         from sim.memory import stage_activation_bytes
@@ -219,7 +229,7 @@ class ProgramBuilder:
             layers = []
             for layer in range(first, first + n):
                 lp = workload.layer_params(sc.model, layer)
-                layers.append((lp.tp_sharded / p.tp + lp.tp_replicated, lp.routed_experts / (p.ep * p.tp)))
+                layers.append((lp.tp_sharded / p.tp + lp.tp_replicated, lp.routed_experts / (p.ep * p.etp)))
             out[s] = layers
         return out
 
@@ -310,6 +320,26 @@ class ProgramBuilder:
         # every token's top-k copies of its hidden state leave for the experts' ranks
         prog.append(Comm(CommSpec("all_to_all", self._group(pp_rank, "ep"), self.a2a_bytes(), "ep"), name))
 
+    def _tp_mlp(self, layer) -> bool:
+        """Whether the MLP block of `layer` has TP collectives over the attention TP group: dense
+        layers, and MoE layers with etp = tp (the SP all-gather / reduce-scatter around the
+        dispatch, as before); with etp != tp only the shared experts (a TP-sharded MLP) need them."""
+        m = self.sc.model
+        return not (self.etp_split and m.is_moe_layer(layer) and not m.moe_shared_experts)
+
+    def _etp(self, prog, pp_rank, layer, name, op):
+        """Expert-TP collectives with etp != tp, Megatron-Core's MoEAlltoAllTokenDispatcher
+        (megatron/core/transformer/moe/token_dispatcher.py): after the dispatch all-to-all over
+        the ep group the received tokens are all-gathered over the expert-TP group
+        (dispatch_postprocess: gather_from_sequence_parallel_region(group=tp_group), tp_group =
+        the expert TP group) and before the combine all-to-all the expert output is
+        reduce-scattered over it (combine_preprocess); the backward runs the opposite
+        collectives. Size: the gathered buffer, etp x the all-to-all size."""
+        p = self.sc.parallelism
+        if not (self.etp_split and p.etp > 1 and self.sc.model.is_moe_layer(layer)):
+            return
+        prog.append(Comm(CommSpec(op, self._group(pp_rank, "etp"), p.etp * self.a2a_bytes(), "ep"), name))
+
     # -- CP ------------------------------------------------------------------------------
     @staticmethod
     def _split(total: int, n: int) -> list:
@@ -382,13 +412,17 @@ class ProgramBuilder:
             self._tp(prog, r, f"{tag} L{layer} attn all-gather", ag)
         self._attn_forward(prog, r, layer, mb, c, tag)
         self._tp(prog, r, f"{tag} L{layer} attn {rs}", rs)
-        if ag:
+        tp_mlp = self._tp_mlp(layer)
+        if ag and tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp all-gather", ag)
         self._a2a(prog, r, layer, f"{tag} L{layer} dispatch")
+        self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather", "all_gather")
         prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}",
                             "recompute" if tag == "R" else "compute"))
+        self._etp(prog, r, layer, f"{tag} L{layer} expert reduce-scatter", "reduce_scatter")
         self._a2a(prog, r, layer, f"{tag} L{layer} combine")
-        self._tp(prog, r, f"{tag} L{layer} mlp {rs}", rs)
+        if tp_mlp:
+            self._tp(prog, r, f"{tag} L{layer} mlp {rs}", rs)
 
     def _dgrad(self, prog, r, layer, mb, block, c, lc, ik, name):
         if block == "attn" and self.sc.parallelism.cp > 1:
@@ -412,15 +446,24 @@ class ProgramBuilder:
                     self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
                 else:
                     prog.append(Compute(c["recompute"], f"R {name}", "recompute"))
+            tp = block == "attn" or self._tp_mlp(layer)
+            if block == "mlp":
+                # etp != tp: the backward of the combine's reduce-scatter
+                self._etp(prog, r, layer, f"B {name} expert grad all-gather", "all_gather")
             if self.sp:
                 # re-gather the block input for wgrad, overlapped with dgrad (Megatron-LM)
-                if do_weight:
+                if do_weight and tp:
                     self._tp(prog, r, f"B {name} input all-gather", "all_gather")
                 self._dgrad(prog, r, layer, mb, block, c, lc, ik, name)
-                self._tp(prog, r, f"B {name} grad reduce-scatter", "reduce_scatter")
+                if tp:
+                    self._tp(prog, r, f"B {name} grad reduce-scatter", "reduce_scatter")
             else:
                 self._dgrad(prog, r, layer, mb, block, c, lc, ik, name)
-                self._tp(prog, r, f"B {name} grad all-reduce", "all_reduce")
+                if tp:
+                    self._tp(prog, r, f"B {name} grad all-reduce", "all_reduce")
+            if block == "mlp":
+                # etp != tp: the backward of the dispatch's all-gather
+                self._etp(prog, r, layer, f"B {name} expert grad reduce-scatter", "reduce_scatter")
         if do_weight:
             prog.append(Compute(self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"],
                                 f"{wk} {name} wgrad"))
@@ -444,7 +487,7 @@ class ProgramBuilder:
         specs = []
         if n_dense:
             specs.append(CommSpec("all_gather", self._group(r, "dp-cp"), int(n_dense * 2), "dp"))
-        if n_expert and (p.dp * p.cp) // p.ep > 1:
+        if n_expert and p.edp > 1:
             specs.append(CommSpec("all_gather", self._group(r, "edp"), int(n_expert * 2), "dp"))
         return specs
 
@@ -502,8 +545,7 @@ class ProgramBuilder:
         specs = []
         if p.dp * p.cp > 1 and n_dense:
             specs.append(CommSpec(op, self._group(r, "dp-cp"), int(n_dense * gb), "dp"))
-        edp = (p.dp * p.cp) // p.ep
-        if edp > 1 and n_expert:
+        if p.edp > 1 and n_expert:
             specs.append(CommSpec(op, self._group(r, "edp"), int(n_expert * gb), "dp"))
         return specs
 
@@ -665,7 +707,7 @@ class ProgramBuilder:
             n_local += self.end_params[s] / (p.dp * p.cp if p.zero_stage >= 1 else 1)
             for n_dense, n_expert in self.params_per_stage[s]:
                 n_local += n_dense / (p.dp * p.cp if p.zero_stage >= 1 else 1)
-                n_local += n_expert / (max(1, p.dp * p.cp // p.ep) if p.zero_stage >= 1 else 1)
+                n_local += n_expert / (p.edp if p.zero_stage >= 1 else 1)
         prog.append(Compute(self.costs.optimizer_ns(n_local), "optimizer step", "optimizer"))
         if 1 <= p.zero_stage <= 2 and p.dp * p.cp > 1 and not t.overlap_param_gather:
             for s in stages:
