@@ -234,10 +234,11 @@ def non_gemm_params(m: ModelSpec) -> int:
     h = m.hidden_size
     if m.name.startswith("gpt"):
         return m.num_layers * 13 * h + 2 * h     # 3h+h+4h+h biases + two LayerNorms 4h; final 2h
-    per_layer = 2 * h
+    norm = 2 * h if m.normalization == "layernorm" else h   # LayerNorm: weight and bias; RMSNorm: weight
+    per_layer = 2 * norm
     if m.multi_latent_attention:
         per_layer += m.q_lora_rank + m.kv_lora_rank
-    return m.num_layers * per_layer + h
+    return m.num_layers * per_layer + norm
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
