@@ -215,6 +215,18 @@ def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: s
             n_params * ob / (group if zero_stage >= 1 else 1))
 
 
+def tp_share(params, tp: int) -> float:
+    """Parameters per GPU of a block (sim.workload's tp_sharded / tp_replicated split) under TP."""
+    return params.tp_sharded / tp + params.tp_replicated
+
+
+def layer_params_per_gpu(model, p, layer: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters per GPU of one decoder layer before ZeRO: the dense part
+    split by tp, the routed experts by ep x etp (Megatron-Core)."""
+    lp = workload.layer_params(model, layer)
+    return tp_share(lp, p.tp), lp.routed_experts / (p.ep * p.etp)
+
+
 def _stage_weights_bytes(sc: Scenario):
     """Per pipeline rank: (dense params per GPU, expert params per GPU, largest layer's params
     per GPU) for the layers, embedding and head the rank holds."""
@@ -229,22 +241,18 @@ def _stage_weights_bytes(sc: Scenario):
                 continue
             first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
             for layer in range(first, first + n):
-                lp = workload.layer_params(m, layer)
-                ld = lp.tp_sharded / p.tp + lp.tp_replicated
-                le = lp.routed_experts / (p.ep * p.etp)
+                ld, le = layer_params_per_gpu(m, p, layer)
                 dense += ld
                 expert += le
                 largest = max(largest, ld + le)
             has_emb = has_emb or s in d.embedding_stages
             has_head = has_head or s in d.loss_stages
         if has_emb:
-            e = workload.embedding_params(m)
-            dense += e.tp_sharded / p.tp + e.tp_replicated
+            dense += tp_share(workload.embedding_params(m), p.tp)
         if has_head:
             # With tied embeddings, a last stage without the embedding keeps its own copy of the
             # word embedding for the LM head (Megatron-LM, and its gradient is all-reduced).
-            o = workload.output_params(m, include_tied_copy=not has_emb)
-            dense += o.tp_sharded / p.tp + o.tp_replicated
+            dense += tp_share(workload.output_params(m, include_tied_copy=not has_emb), p.tp)
         out.append((dense, expert, largest))
     return out
 

@@ -220,35 +220,30 @@ class ProgramBuilder:
     # -- static facts --------------------------------------------------------------------
     def _params_per_stage(self) -> dict:
         """Parameters per GPU of each virtual stage (dense and routed experts separately)."""
-        from sim import workload
+        from sim.memory import layer_params_per_gpu
 
         sc, d, p = self.sc, self.sc.derived, self.sc.parallelism
         out = {}
         for s in range(d.num_virtual_stages):
             first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-            layers = []
-            for layer in range(first, first + n):
-                lp = workload.layer_params(sc.model, layer)
-                layers.append((lp.tp_sharded / p.tp + lp.tp_replicated, lp.routed_experts / (p.ep * p.etp)))
-            out[s] = layers
+            out[s] = [layer_params_per_gpu(sc.model, p, layer) for layer in range(first, first + n)]
         return out
 
     def _end_params(self) -> dict:
         """Parameters per GPU of the embedding / LM head a virtual stage holds (reduced and
         updated with the stage's layers)."""
         from sim import workload
+        from sim.memory import tp_share
 
         sc, d, p = self.sc, self.sc.derived, self.sc.parallelism
         out = {}
         for s in range(d.num_virtual_stages):
             total = 0.0
             if s in d.embedding_stages:
-                e = workload.embedding_params(sc.model)
-                total += e.tp_sharded / p.tp + e.tp_replicated
+                total += tp_share(workload.embedding_params(sc.model), p.tp)
             if s in d.loss_stages:
                 holds_emb = any(d.stage_rank[x] == d.stage_rank[s] for x in d.embedding_stages)
-                o = workload.output_params(sc.model, include_tied_copy=not holds_emb)
-                total += o.tp_sharded / p.tp + o.tp_replicated
+                total += tp_share(workload.output_params(sc.model, include_tied_copy=not holds_emb), p.tp)
             out[s] = total
         return out
 
