@@ -217,6 +217,14 @@ class TrainingIn(_Strict):
     """ZeRO parameter all-gather overlapped with the forward (Megatron default false)."""
     tp_comm_overlap: bool = False
     """TP communication overlapped with GEMMs (Megatron default false)."""
+    tp_async_backward: bool = True
+    """The backward of a column-parallel linear (QKV projection, dense fc1) runs its TP
+    collectives asynchronously, as Megatron-LM has since early 2022 and Megatron-Core always
+    (ColumnParallelLinearWithAsyncAllreduce, then LinearWithGradAccumulationAndAsyncCommunication):
+    the input gradient's all-reduce under the weight-gradient GEMM, or with sequence parallelism
+    the input's re-gather under the input-gradient GEMM and the reduce-scatter under the weight-
+    gradient GEMM. false: blocking, as Megatron-LM of 2021 (Narayanan et al.'s SC21 runs) or
+    `--no-async-tensor-model-parallel-allreduce`. Default true; no effect with tp_comm_overlap."""
     attention_backend: Literal["flash", "unfused"] = "flash"
     """flash: fused flash attention, no s^2 score matrix stored (Dao et al. 2022); unfused: the
     softmax and dropout of the scores are stored (Korthikanti et al. 2022's accounting)."""
@@ -308,6 +316,7 @@ class Training:
     tp_comm_overlap: bool
     attention_backend: str
     moe_routing_imbalance: float = 1.0
+    tp_async_backward: bool = True
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ def narayanan_cases() -> list[Case]:
             "parallelism": par,
             "training": {"seq_length": 2048, "micro_batch_size": r["micro_batch"],
                          "global_batch_size": r["global_batch"], "recompute": "full", "precision": "fp16",
-                         "attention_backend": "unfused", "overlap_grad_reduce": r["params_b"] < 39},
+                         "attention_backend": "unfused", "overlap_grad_reduce": r["params_b"] < 39,
+                         "tp_async_backward": False},
             "simulation": {"network": "analytical"}}, float(r["iteration_time_s_derived"])))
     return out
 
@@ -208,16 +209,22 @@ def _layer_times(sc) -> dict:
     net = ClusterNetwork(sc)
     ranks = tuple(range(sc.parallelism.tp))
     size = _act_bytes(sc)
+    blocks = (c.attn, c.mlp)
+    overlap = sc.training.tp_async_backward   # program.py's _async_column_backward
     if sc.parallelism.sequence_parallel:
         ag = net.time_ns(CommSpec("all_gather", ranks, size, "tp"))
         rs = net.time_ns(CommSpec("reduce_scatter", ranks, size, "tp"))
         comm_f = 2 * (ag + rs)
-        comm_b = 2 * rs            # the input re-gathers overlap the dgrad GEMMs (Megatron-LM)
+        # per block: the output gradient's all-gather (blocking), the input re-gather and the
+        # input gradient's reduce-scatter (under the column GEMM's dgrad / wgrad when async)
+        comm_b = 2 * ag + (sum(max(0, ag - b["col_dgrad"]) + max(0, rs - b["col_wgrad"]) for b in blocks)
+                           if overlap else 2 * (ag + rs))
     else:
         ar = net.time_ns(CommSpec("all_reduce", ranks, size, "tp"))
-        comm_f = comm_b = 2 * ar
+        comm_f = 2 * ar
+        comm_b = sum(max(0, ar - b["col_wgrad"]) for b in blocks) if overlap else 2 * ar
     fwd = c.attn["fwd"] + c.mlp["fwd"] + comm_f
-    bwd = sum(b["dgrad"] + b["wgrad"] + b["recompute"] for b in (c.attn, c.mlp)) + comm_b
+    bwd = sum(b["dgrad"] + b["wgrad"] + b["recompute"] for b in blocks) + comm_b
     if sc.training.recompute == "full":
         bwd += fwd
     return {"layer_forward_s": fwd / 1e9, "layer_backward_s": bwd / 1e9}

@@ -8,13 +8,17 @@ from sim.engine.program import CostModel, LayerCost
 class UnitCosts(CostModel):
     """Every attention and MLP block costs `block` ns per phase (fwd, dgrad, wgrad) and
     `recompute` ns of selective recompute; with `expert`, the MLP block's routed experts are
-    `expert` ns of it per phase; embedding and LM head are free; the optimizer step is 5 ns."""
+    `expert` ns of it per phase; `column`: ns of each block's dgrad and of its wgrad that are the
+    column-parallel GEMM's (0: none, its TP collectives block); embedding and LM head are free;
+    the optimizer step is 5 ns."""
 
-    def __init__(self, block: int = 100, recompute: int = 0, expert: int | None = None):
-        self.block, self.recompute, self.expert = block, recompute, expert
+    def __init__(self, block: int = 100, recompute: int = 0, expert: int | None = None,
+                 column: int = 0):
+        self.block, self.recompute, self.expert, self.column = block, recompute, expert, column
 
     def layer(self, layer):
-        d = {"fwd": self.block, "dgrad": self.block, "wgrad": self.block, "recompute": self.recompute}
+        d = {"fwd": self.block, "dgrad": self.block, "wgrad": self.block, "recompute": self.recompute,
+             "col_dgrad": self.column, "col_wgrad": self.column}
         if self.expert is None:
             return LayerCost(attn=d, mlp=d)
         e = {"fwd": self.expert, "dgrad": self.expert, "wgrad": self.expert}

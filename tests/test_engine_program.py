@@ -67,14 +67,46 @@ def test_tensor_parallel_adds_exactly_its_collectives():
     assert t2 - t1 == n_tp * 7
 
 
+def _tp_step(column, *, sp=False, async_bwd=True, coll=7):
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024},
+                         training={"global_batch_size": 8, "seq_length": 128, "tp_async_backward": async_bwd})
+    data["parallelism"] = {"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": sp}
+    sc = build_scenario(data)
+    sched = schedules.build("1f1b", 1, sc.derived.num_microbatches, 1)
+    net = FixedNetwork(coll=coll)
+    eng = Engine(ProgramBuilder(sc, sched, UnitCosts(column=column)).build(), net)
+    return eng.run(), sc.derived.num_microbatches
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_backward_hides_tp_collectives_under_the_column_gemm(sp):
+    """Megatron-LM's async backward of a column-parallel linear, worked by hand: 4 layers x 2
+    blocks, collectives 7 ns. Blocking (tp_async_backward false), every collective is exposed;
+    async with a column GEMM of 60 ns per phase, the backward's all-reduce (no SP) or re-gather
+    and reduce-scatter (SP) vanish under it and only SP's output-gradient all-gather stays; with
+    a 3 ns column GEMM each hides 3 of its 7 ns. The compute is the same in every case."""
+    blocking, m = _tp_step(60, sp=sp, async_bwd=False)
+    hidden, _ = _tp_step(60, sp=sp)
+    partial, _ = _tp_step(3, sp=sp)
+    blocks = m * 4 * 2
+    hidden_per_block = 2 * 7 if sp else 7      # re-gather + reduce-scatter, or the all-reduce
+    assert blocking - hidden == blocks * hidden_per_block
+    assert partial - hidden == blocks * (2 if sp else 1) * (7 - 3)
+    # no column GEMM in the block (MoE, MLA): the collectives block as before
+    none, _ = _tp_step(0, sp=sp)
+    assert none == blocking
+
+
 def test_sequence_parallel_swaps_all_reduce_for_gather_scatter():
     sc = _scenario(tp=2, pp=1, dp=1, sequence_parallel=True)
     net = FixedNetwork()
     _run(sc, net)
     ops = [s.op for s in net.seen if s.tag == "tp"]
     m = sc.derived.num_microbatches
-    # forward: AG + RS per block; backward: AG (input re-gather) + RS per block
-    assert ops.count("all_gather") == m * 4 * 4 and ops.count("reduce_scatter") == m * 4 * 4
+    # forward: AG + RS per block; backward per block: AG of the output gradient (the backward of
+    # the forward's RS, Korthikanti et al. 2022 sec. 4.2.2), AG (input re-gather for wgrad), RS
+    assert ops.count("all_gather") == m * 4 * 6 and ops.count("reduce_scatter") == m * 4 * 4
     assert "all_reduce" not in ops
 
 

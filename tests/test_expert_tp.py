@@ -204,9 +204,10 @@ def test_dispatcher_collectives_and_expert_gradients():
     assert sorted(s.op for s in etp) == ["all_gather"] * (2 * m * layers) + ["reduce_scatter"] * (2 * m * layers)
     assert {s.size_bytes for s in etp} == {2 * a2a_bytes}
     # the attention keeps its SP collectives over tp (fwd all-gather + reduce-scatter, bwd
-    # re-gather + reduce-scatter); the MoE block (no shared experts) has none over tp
+    # output-gradient all-gather, input re-gather, reduce-scatter); the MoE block (no shared
+    # experts) has none over tp
     tp = [s for s in rec.seen if s.tag == "tp"]
-    assert len(tp) == 4 * m * layers and {s.ranks for s in tp} == {(0, 1, 2, 3)}
+    assert len(tp) == 5 * m * layers and {s.ranks for s in tp} == {(0, 1, 2, 3)}
     # gradients: dense over dp (0, 4); routed experts, routed / (ep x etp) per GPU, over edp (0, 4)
     from sim import workload
     lp = workload.layer_params(sc.model, 0)

@@ -50,9 +50,11 @@ def test_fit_uses_only_the_rows_without_sequence_parallelism():
     assert len(layer_fit.korthikanti_rows(fit_only=False)) == 10
 
 
-def test_held_out_sequence_parallel_rows_within_15_percent():
-    """The two SP variants were not fitted: their four times check the SP model out of sample."""
+def test_held_out_sequence_parallel_rows_within_5_percent():
+    """The two SP variants were not fitted: their four times check the SP model out of sample
+    (the backward's output-gradient all-gather, the re-gather under the dgrad GEMM and the
+    reduce-scatter under the wgrad GEMM)."""
     rows = [r for r in layer_fit.korthikanti_rows(fit_only=False) if "sequence_parallel" in r[0]]
     f = load_device("a100-sxm-80gb").extra["compute"]["sustained_matmul_fraction"]
     for (cid, _, measured, _), pred in zip(rows, layer_fit.predicted(rows, f)):
-        assert pred == pytest.approx(measured, rel=0.15), cid
+        assert pred == pytest.approx(measured, rel=0.05), cid

@@ -10,8 +10,10 @@ the published times.
 
 A100 (fp16, Megatron-LM): Korthikanti et al. 2022 Table 4, one GPT layer (h 6144, 64 heads,
 s 2048, b 4, TP 8). The fit uses the rows without sequence parallelism (no recompute, selective,
-full: six times whose collectives are plain all-reduces); the two sequence-parallel rows stay
-out-of-sample checks of the SP model. The result is written, rounded to 3 digits, in
+full: six times whose collectives are plain all-reduces: two in the forward, and in the
+backward two that Megatron-LM of 2022 ran under the QKV / fc1 weight-gradient GEMMs,
+`training.tp_async_backward`); the two sequence-parallel rows stay out-of-sample checks of the
+SP model. The result is written, rounded to 3 digits, in
 topologies/devices/a100-sxm-80gb.yaml; tests/test_layer_fit.py re-runs this fit against it.
 
     python -m sim.calibrate.layer_fit      # prints the fit and the per-row errors

@@ -14,6 +14,10 @@ from sim.units import s_to_ns
 # fp32 main-grad accumulation would make it 4.
 GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
 
+COLUMN_GEMMS = ("qkv_proj", "fc1")
+"""The column-parallel GEMMs whose backward overlaps the block's input-gradient TP collective
+(Megatron-LM's ColumnParallelLinear: the QKV projection and the dense MLP's first linear)."""
+
 
 class DeviceCostModel(CostModel):
     def __init__(self, sc):
@@ -40,6 +44,7 @@ class DeviceCostModel(CostModel):
             d = {ph: self._time(block, ph) for ph in ("fwd", "dgrad", "wgrad")}
             d["recompute"] = (self._time(workload.recompute_ops(block, "selective"), "fwd")
                               if self.sc.training.recompute == "selective" else 0)
+            d.update(self._column_gemm_ns(block))
             blocks.append(d)
         attn = ops[:split]
         first_core = next(i for i, op in enumerate(attn) if op.name == "attn_scores")
@@ -51,6 +56,17 @@ class DeviceCostModel(CostModel):
         experts = [op for op in ops[split:] if op.expert]
         expert = {ph: self._time(experts, ph) for ph in ("fwd", "dgrad", "wgrad")} if experts else None
         return LayerCost(attn=blocks[0], mlp=blocks[1], attn_core=core_d, expert=expert)
+
+    def _column_gemm_ns(self, block) -> dict:
+        """The block's column-parallel GEMM (qkv_proj of an attention block, fc1 of a dense MLP),
+        whose backward runs the TP collective of the block's input gradient asynchronously
+        (program.py, `tp_async_backward`): its dgrad and wgrad kernel times. 0 for blocks without
+        one (MoE, MLA: their TP collectives stay blocking)."""
+        col = next((op for op in block if op.name in COLUMN_GEMMS), None)
+        if col is None:
+            return {"col_dgrad": 0, "col_wgrad": 0}
+        return {f"col_{ph}": s_to_ns(compute.kernel_time_s(col, ph, self.device, self.sc.training.precision))
+                for ph in ("dgrad", "wgrad")}
 
     def _cp_correction_ns(self) -> dict:
         """One ring step's memory-bound bookkeeping (Transformer Engine's CP attention).

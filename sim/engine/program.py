@@ -8,9 +8,14 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   in the forward (after the row-parallel out_proj / fc2) and one of the input gradient in the
   backward (before the column-parallel QKV / fc1), per attention and MLP block. With SP
   (Korthikanti et al. 2022 sec. 4.2.2) each all-reduce becomes an all-gather before the block
-  and a reduce-scatter after it, and the backward re-gathers the block input for the weight
-  gradient (launched ahead of the input-gradient GEMMs so that it overlaps them, as
-  Megatron-LM does). TP collectives are exposed on the compute stream unless `tp_comm_overlap`.
+  and a reduce-scatter after it; in the backward, the output gradient is all-gathered (the
+  reduce-scatter's backward), the block input re-gathered for the column-parallel weight
+  gradient (Megatron-LM saves the sequence shard), and the input gradient reduce-scattered.
+  Forward TP collectives are exposed on the compute stream unless `tp_comm_overlap`; in the
+  backward, `training.tp_async_backward` (default, Megatron-LM since 2022) runs the column-
+  parallel linear's collectives under its GEMMs: the all-reduce (or SP's reduce-scatter) of the
+  input gradient under the QKV / fc1 weight-gradient GEMM, SP's re-gather under their input-
+  gradient GEMM (`_async_column_backward`); the output-gradient all-gather stays exposed.
 - EP: the MoE token dispatch and combine all-to-alls, forward and backward (exposed). Each
   rank sends its tokens' top-k copies: tokens x topk x hidden x bytes per rank (nccl-tests'
   all-to-all size; tokens = b x s/cp, / tp under SP). `training.moe_routing_imbalance` (max /
@@ -445,9 +450,18 @@ class ProgramBuilder:
             if block == "mlp":
                 # etp != tp: the backward of the combine's reduce-scatter
                 self._etp(prog, r, layer, f"B {name} expert grad all-gather", "all_gather")
+            if self.sp and tp:
+                # the backward of the forward's closing reduce-scatter (Korthikanti et al. 2022,
+                # sec. 4.2.2: g-bar, reduce-scatter forward / all-gather backward): the output
+                # gradient is gathered over the sequence before the block's input gradient
+                self._tp(prog, r, f"B {name} output-grad all-gather", "all_gather")
+            if tp and do_weight and self._async_bwd(c):
+                self._async_column_backward(prog, r, layer, mb, block, c, lc, name)
+                return
             if self.sp:
-                # re-gather the block input for wgrad, overlapped with dgrad (Megatron-LM)
-                if do_weight and tp:
+                # re-gather the block input for the column-parallel linear's wgrad (Megatron-LM
+                # saves the sequence shard); an MoE block's experts keep their permuted inputs
+                if do_weight and tp and not (block == "mlp" and self.sc.model.is_moe_layer(layer)):
                     self._tp(prog, r, f"B {name} input all-gather", "all_gather")
                 self._dgrad(prog, r, layer, mb, block, c, lc, ik, name)
                 if tp:
@@ -462,6 +476,50 @@ class ProgramBuilder:
         if do_weight:
             prog.append(Compute(self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"],
                                 f"{wk} {name} wgrad"))
+
+    def _async_bwd(self, c: dict) -> bool:
+        """Whether a block's backward TP collectives run asynchronously under its column-parallel
+        GEMM (`training.tp_async_backward`; blocks with such a GEMM: sim.engine.costs)."""
+        t = self.sc.training
+        return t.tp_async_backward and not t.tp_comm_overlap and c.get("col_wgrad", 0) > 0
+
+    def _async_column_backward(self, prog, r, layer, mb, block, c, lc, name):
+        """A full backward (input and weight gradients) of a block whose column-parallel linear
+        runs its TP collectives asynchronously (Megatron-LM's LinearWithGradAccumulationAnd-
+        AsyncCommunication.backward, megatron/core/tensor_parallel/layers.py): the rest of the
+        block's input gradient first (the row-parallel linear's, the core or the activation,
+        norms), then the column GEMM's. With sequence parallelism the block input is re-gathered
+        under the column GEMM's dgrad and the input gradient reduce-scattered under its wgrad;
+        without, the input gradient is all-reduced under its wgrad. The compute stream waits
+        for each collective before it goes on (handle.wait()); the block's other weight
+        gradients follow (autograd runs the row-parallel linear's before; the order within one
+        stream does not change the time)."""
+        dgrad = self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"]
+        wgrad = self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"]
+        col_d, col_w = c["col_dgrad"], c["col_wgrad"]
+        group = self._group(r, "tp")
+        if block == "attn" and self.sc.parallelism.cp > 1:
+            core = lc.attn_core
+            prog.append(Compute(c["dgrad"] - core["pre_dgrad"] - core["dgrad"], f"B {name} out dgrad"))
+            self._cp_core_backward(prog, r, layer, mb, core, name)
+            prog.append(Compute(core["pre_dgrad"] - col_d, f"B {name} qkv-side dgrad"))
+        else:
+            prog.append(Compute(dgrad - col_d, f"B {name} dgrad"))
+        if self.sp:
+            h = ("tp-async", name, "all-gather", len(prog))
+            prog.append(Launch(h, CommSpec("all_gather", group, self.act_bytes, "tp"),
+                               f"B {name} input all-gather", "tp"))
+            prog.append(Compute(col_d, f"B {name} column dgrad"))
+            prog.append(Wait(h, f"B {name} input all-gather"))
+            op, what = "reduce_scatter", "grad reduce-scatter"
+        else:
+            prog.append(Compute(col_d, f"B {name} column dgrad"))
+            op, what = "all_reduce", "grad all-reduce"
+        h = ("tp-async", name, what, len(prog))
+        prog.append(Launch(h, CommSpec(op, group, self.act_bytes, "tp"), f"B {name} {what}", "tp"))
+        prog.append(Compute(col_w, f"B {name} column wgrad"))
+        prog.append(Wait(h, f"B {name} {what}"))
+        prog.append(Compute(wgrad - col_w, f"B {name} wgrad"))
 
     def _backward_layer(self, prog, r, layer, mb, do_input, do_weight):
         c = self._cost(layer)
