@@ -50,7 +50,7 @@ Flash attention (kind 'attention'; fused kernel, one per phase)
     BF16 (Transformer Engine's default), so fp8 uses the BF16 table; fp32 scales it by the
     TF32/BF16 peak ratio.
 
-Elementwise (norms, activations, softmax, dropout, permutations, cross-entropy)
+Elementwise (norms, activations, softmax, dropout, permutations, cross-entropy, FP8 casts)
     time = bytes / (hbm_efficiency x hbm bandwidth) + kernel_overhead
 
     fwd moves bytes_fwd; the whole backward (input and weight gradients of a norm are one
@@ -65,7 +65,8 @@ stack of tiny GPT layers, forward and backward: host time per unit). A CPU devic
 its host and its kernels share the core, and the per-class overheads already hold the cost.
 
 Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8 GEMMs at the fp8
-MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error); fp32
+MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error), except
+those ops.py marks `high_precision` (LM head, router, unfused attention), at BF16's; fp32
 means TF32 tensor-core math. Operand bytes follow ops.py (fp8 operands 1 byte, outputs 2).
 
 Fallback (a profile without `extra.compute`, e.g. the measured `cpu-local` profile): the
@@ -90,7 +91,7 @@ absent = the behaviour above):
         PyTorch eager's per-op cost). Classes: `gemm`, `attention` (one fused kernel per
         phase, split over its two ops as above), `optimizer` (per launch) and the elementwise
         classes of `ELEMENTWISE_CLASSES` (`norm`, `activation`, `softmax`, `dropout`,
-        `residual`, `rotary`, `embedding`, `cross_entropy`, `moe_permute`), each optionally
+        `residual`, `rotary`, `embedding`, `cross_entropy`, `moe_permute`, `fp8_cast`), each optionally
         with a `<class>_bwd` entry for its backward kernels (PyTorch's backward kernels differ
         from the forward ones: dropout's forward draws random numbers, its backward only
         multiplies). A class not given uses `kernel_overhead_us`; a `_bwd` class not given uses
@@ -124,7 +125,7 @@ from functools import cached_property, lru_cache
 
 from sim.devices import PRECISIONS, DeviceProfile
 from sim.errors import ConfigError
-from sim.workload.ops import ACTIVATION_BYTES, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
+from sim.workload.ops import ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
 
 PHASES = ("fwd", "dgrad", "wgrad")
 """Forward, input-gradient backward, weight-gradient backward (ops.py's FLOP split)."""
@@ -154,6 +155,7 @@ ELEMENTWISE_CLASSES = {
     "embedding": ("embedding_lookup",),
     "cross_entropy": ("cross_entropy",),
     "moe_permute": ("moe_permute", "moe_unpermute"),
+    "fp8_cast": FP8_CAST_OPS,
 }
 """Op classes of sim.workload.ops' elementwise ops (by op name), for the calibrated per-class
 keys `elementwise_gbps` and `overhead_us`."""
@@ -491,6 +493,8 @@ def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: st
 
 def _gemm_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
     m, n, k, b = op.m, op.n, op.k, op.batch
+    if precision == "fp8" and op.high_precision:
+        precision = "bf16"      # outside Transformer Engine's FP8 recipe (sim.workload.ops)
     if phase == "fwd":
         if op.flops_fwd <= 0:
             return 0.0

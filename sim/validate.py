@@ -4,7 +4,9 @@ Data (copied into the package, sim/data/validation/): published_runs.yaml (Naray
 Table 1; Qi et al. 2024 Zero Bubble Table 4; Korthikanti et al. 2022 Table 4 layer times),
 vTrain's 1,549 measured A100 iterations (VIA-Research/vTrain, MIT licence: vtrain/LICENSE) and
 h100_calibration.yaml (two H100 steps of NVIDIA/dgxc-benchmarking v25.02, the fit of the H100's
-sustained_matmul_fraction: in sample, reported with each run's leave-one-out error).
+sustained_matmul_fraction: in sample, reported with each run's leave-one-out error) and
+h100_published.yaml (ten other H100 steps of the same collection: FP8, Nemotron-4 340B, up to
+2,048 GPUs; out of sample).
 
 Each set turns its rows into scenarios with the settings its source states (listed per set
 below); nothing is tuned per case. Predicted vs measured, the error per case and the MAPE per
@@ -21,7 +23,8 @@ from pathlib import Path
 import yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
-SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration")
+SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration",
+        "h100-published")
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,16 @@ def h100_calibration_loo() -> dict:
     return loo_errors(_h100_runs())
 
 
+def h100_published_cases() -> list[Case]:
+    """H100 steps of the same benchmark collection that nothing is fitted to (h100_published.yaml:
+    the calibration recipes in FP8 and at 16x the GPUs, Nemotron-4 340B in BF16 and FP8), on
+    the bundled h100-sxm-80gb profile: out of sample."""
+    from sim.calibrate.step_fit import load_runs
+
+    return [Case("h100-published", r.name, r.scenario, r.step_time_s)
+            for r in load_runs(DATA / "h100_published.yaml")]
+
+
 LOO = {"h100-calibration": h100_calibration_loo}
 """Sets whose cases were fitted to, with their leave-one-out errors."""
 
@@ -194,7 +207,8 @@ def cases(sets=SETS) -> list[Case]:
         out += {"korthikanti": korthikanti_cases, "narayanan": narayanan_cases,
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
                 "vtrain-multi": lambda: vtrain_cases("multi"),
-                "h100-calibration": h100_calibration_cases}[s]()
+                "h100-calibration": h100_calibration_cases,
+                "h100-published": h100_published_cases}[s]()
     return out
 
 

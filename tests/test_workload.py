@@ -119,6 +119,30 @@ def test_bytes_by_hand_and_precision():
         assert fp8[name].flops == fp32[name].flops == op.flops
 
 
+def test_fp8_recipe_casts_before_each_fp8_gemm_and_keeps_head_and_router_bf16():
+    """Transformer Engine's FP8 recipe (ops.py docstring), by hand on the tiny model: each decoder
+    GEMM is preceded by its cast-transpose kernel, which reads the BF16 input (forward) or output
+    gradient (backward) and writes it as FP8 and as its FP8 transpose: 2 + 1 + 1 bytes per
+    element. BF16 has no cast ops; the LM head stays BF16 (2-byte operands)."""
+    bf = layer_ops(TINY, 0, micro_batch_size=1, seq_length=4, precision="bf16")
+    f8 = layer_ops(TINY, 0, micro_batch_size=1, seq_length=4, precision="fp8")
+    names = [op.name for op in f8]
+    assert [op.name for op in bf] == [n for n in names if not n.endswith("_fp8_cast")]
+    gemms = [op.name for op in bf if op.kind == "gemm"]
+    assert gemms == ["qkv_proj", "out_proj", "fc1", "fc2"]
+    for g in gemms:
+        assert names[names.index(g) - 1] == f"{g}_fp8_cast"
+    d = by_name(f8)
+    # qkv: X is 4 tokens x 8, dY 4 x 16 (4 heads + 2 x 2 KV groups, d = 2)
+    assert d["qkv_proj_fp8_cast"].bytes_fwd == 4 * 8 * 4 and d["qkv_proj_fp8_cast"].bytes_bwd == 4 * 16 * 4
+    # fc2: X is the SwiGLU output 4 x 12, dY 4 x 8
+    assert d["fc2_fp8_cast"].bytes_fwd == 4 * 12 * 4 and d["fc2_fp8_cast"].bytes_bwd == 4 * 8 * 4
+    assert all(d[f"{g}_fp8_cast"].flops == 0 for g in gemms)
+    head8 = by_name(output_ops(TINY, micro_batch_size=1, seq_length=4, precision="fp8"))["lm_head"]
+    head16 = by_name(output_ops(TINY, micro_batch_size=1, seq_length=4, precision="bf16"))["lm_head"]
+    assert head8.high_precision and head8.bytes_fwd == head16.bytes_fwd == (4 * 8 + 8 * 16 + 4 * 16) * 2
+
+
 def test_dropout_masks_add_bytes():
     no = by_name(layer_ops(TINY, 0, micro_batch_size=1, seq_length=4))["attn_bias_dropout_add"]
     yes = by_name(layer_ops(TINY.with_(hidden_dropout=0.1), 0, micro_batch_size=1,

@@ -46,6 +46,14 @@ FLOP conventions (per op):
 
 Bytes per element (`precision`): bf16/fp16 2, fp32 4. fp8 (Transformer Engine recipe): GEMM
 operands are cast to 1-byte FP8 while GEMM outputs and all other activations stay 2-byte BF16.
+Only the decoder layers' linear layers run in FP8 (Transformer Engine modules inside
+Megatron-Core's fp8 autocast): the LM head, the MoE router and unfused attention's batched
+GEMMs stay BF16 (`Op.high_precision`). Each FP8 GEMM is preceded by `<gemm>_fp8_cast`, TE's
+cast-transpose kernels (transformer_engine cast_transpose / fp8_cast_transpose_bgrad_fused):
+forward, the BF16 input read and written as FP8 and as its FP8 transpose (kept for the wgrad
+GEMM), batch*m*k*(2 + 1 + 1) bytes; backward, the same for the output gradient, batch*m*n*4.
+Not counted: the weights' cast (once per step with TE's cached FP8 weights) and the amax
+bookkeeping (one small fused kernel and all-reduce per autocast region).
 GEMM bytes: forward reads A and B and writes C; dgrad reads dC and B, writes dA; wgrad reads A
 and dC and read-modify-writes the fp32 main_grad (Megatron gradient_accumulation_fusion).
 Dropout masks are 1 byte per element.
@@ -125,6 +133,9 @@ class Op:
     flops_bwd_extra: float = 0.0
     """FLOPs a fused kernel re-does inside its own backward (flash attention: S = Q K^T);
     outside every model-FLOPs convention."""
+    high_precision: bool = False
+    """A GEMM that stays BF16 under the FP8 recipe (LM head, router, unfused attention's batched
+    GEMMs): timed at the BF16 rate with 2-byte operands when the training precision is fp8."""
 
     @property
     def flops_bwd(self) -> float:
@@ -152,6 +163,7 @@ class _Ctx:
     eg: int          # GEMM operand bytes
     causal: bool
     flash: bool
+    fp8: bool = False
 
     @property
     def s_local(self) -> int:
@@ -193,18 +205,44 @@ def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, preci
         _div(seq_length // cp, tp, "seq_length / cp (sequence parallel)")
     return _Ctx(b=micro_batch_size, s=seq_length, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp,
                 ea=ACTIVATION_BYTES[precision], eg=GEMM_INPUT_BYTES[precision], causal=causal,
-                flash=flash_attention)
+                flash=flash_attention, fp8=precision == "fp8")
 
 
 def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sharded: bool,
-          seq_sharded: bool = False, expert: bool = False) -> Op:
-    """A weight GEMM: activations A[m,k] times weights B[k,n] (batch of them for experts)."""
+          seq_sharded: bool = False, expert: bool = False, high_precision: bool = False) -> Op:
+    """A weight GEMM: activations A[m,k] times weights B[k,n] (batch of them for experts).
+    high_precision: outside the FP8 recipe (module docstring)."""
     f = 2.0 * batch * m * n * k
-    fwd = batch * (m * k * c.eg + k * n * c.eg + m * n * c.ea)
-    dgrad = batch * (m * n * c.eg + k * n * c.eg + m * k * c.ea)
-    wgrad = batch * (m * k * c.eg + m * n * c.eg + 2 * k * n * MAIN_GRAD_BYTES)
+    eg = c.ea if high_precision else c.eg
+    fwd = batch * (m * k * eg + k * n * eg + m * n * c.ea)
+    dgrad = batch * (m * n * eg + k * n * eg + m * k * c.ea)
+    wgrad = batch * (m * k * eg + m * n * eg + 2 * k * n * MAIN_GRAD_BYTES)
     return Op(name, "gemm", batch, m, n, k, f, f, f, fwd, dgrad + wgrad, tp_sharded,
-              seq_sharded=seq_sharded, expert=expert)
+              seq_sharded=seq_sharded, expert=expert, high_precision=high_precision)
+
+
+FP8_GEMMS = ("qkv_proj", "q_proj", "q_down_proj", "q_up_proj", "kv_down_proj", "kv_up_proj",
+             "out_proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")
+"""The decoder GEMMs that run in FP8 under the FP8 recipe (each gets a cast op)."""
+FP8_CAST_OPS = tuple(f"{g}_fp8_cast" for g in FP8_GEMMS)
+
+
+def _with_fp8_casts(c: _Ctx, ops: list[Op]) -> list[Op]:
+    """Under the FP8 recipe, TE's cast-transpose kernel before each FP8 GEMM (module docstring)."""
+    if not c.fp8:
+        return ops
+    out = []
+    for op in ops:
+        if op.kind == "gemm" and not op.high_precision:
+            if op.name not in FP8_GEMMS:
+                raise ValueError(f"GEMM {op.name!r} has no FP8 cast op (sim.workload.ops.FP8_GEMMS)")
+            per = c.ea + 2 * GEMM_INPUT_BYTES["fp8"]
+            out.append(_elementwise(f"{op.name}_fp8_cast", op.m, op.k, op.batch * op.m * op.k * per,
+                                    op.batch * op.m * op.n * per, batch=op.batch,
+                                    tp_sharded=op.tp_sharded, seq_sharded=op.seq_sharded,
+                                    expert=op.expert))
+        out.append(op)
+    return out
 
 
 def _elementwise(name: str, rows: float, width: int, bytes_fwd: float, bytes_bwd: float, *,
@@ -295,9 +333,9 @@ def _core_attention(c: _Ctx, model: ModelSpec, heads: int, kv_heads: int, d_qk: 
     v = batch * sk * d_v
     o = batch * sq * d_v
     scores = Op("attn_scores", "gemm", batch, sq, sk, d_qk, full_scores, 2 * full_scores, 0.0,
-                bytes_fwd=(q + kk) * c.eg + ss * ea,
-                bytes_bwd=(ss + kk) * c.eg + q * ea + (q + ss) * c.eg + kk * ea,
-                tp_sharded=True, selective_recompute=True)
+                bytes_fwd=(q + kk) * ea + ss * ea,
+                bytes_bwd=(ss + kk) * ea + q * ea + (q + ss) * ea + kk * ea,
+                tp_sharded=True, selective_recompute=True, high_precision=True)
     ops = [scores,
            _elementwise("attn_softmax", sq, sk, 2 * ss * ea, 3 * ss * ea, batch=batch,
                         tp_sharded=True, selective=True)]
@@ -306,9 +344,9 @@ def _core_attention(c: _Ctx, model: ModelSpec, heads: int, kv_heads: int, d_qk: 
         ops.append(_elementwise("attn_dropout", sq, sk, fwd, bwd, batch=batch, tp_sharded=True,
                                 selective=True))
     ops.append(Op("attn_values", "gemm", batch, sq, d_v, sk, full_values, 2 * full_values, 0.0,
-                  bytes_fwd=(ss + v) * c.eg + o * ea,
-                  bytes_bwd=(o + v) * c.eg + ss * ea + (ss + o) * c.eg + v * ea,
-                  tp_sharded=True, selective_recompute=True))
+                  bytes_fwd=(ss + v) * ea + o * ea,
+                  bytes_bwd=(o + v) * ea + ss * ea + (ss + o) * ea + v * ea,
+                  tp_sharded=True, selective_recompute=True, high_precision=True))
     return ops
 
 
@@ -373,7 +411,7 @@ def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
     rows = c.tokens_sp                                  # tokens entering the dispatcher
     m_e = c.tokens * topk * c.ep * c.etp / (E * c.tp)  # average tokens per local expert
     ea = c.ea
-    ops = [_gemm(c, "router", rows, E, h, tp_sharded=False, seq_sharded=True)]
+    ops = [_gemm(c, "router", rows, E, h, tp_sharded=False, seq_sharded=True, high_precision=True)]
     # permute: read the tokens, write topk copies in expert order; backward sums them back.
     ops.append(_elementwise("moe_permute", rows, h, (1 + topk) * rows * h * ea,
                             (1 + topk) * rows * h * ea, seq_sharded=True))
@@ -417,7 +455,7 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
     else:
         ops += _dense_mlp(c, model, model.ffn_hidden_size)
     ops.append(_bias_dropout_add(c, model, "mlp_bias_dropout_add"))
-    return ops
+    return _with_fp8_casts(c, ops)
 
 
 def embedding_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
@@ -464,7 +502,7 @@ def output_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
     v_local = -(-model.vocab_size // c.tp)
     logits = T * v_local
     return [_norm(c, "final_norm", c.tokens_sp, h, residual_fork=False),
-            _gemm(c, "lm_head", T, v_local, h, tp_sharded=True),
+            _gemm(c, "lm_head", T, v_local, h, tp_sharded=True, high_precision=True),
             _elementwise("cross_entropy", T, v_local, logits * (c.ea + 4), logits * (4 + c.ea),
                          tp_sharded=True)]
 
