@@ -13,9 +13,17 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="sim5d: simulate one step of distributed LLM training (5D parallelism).")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from sim import __version__
+
+        typer.echo(f"sim5d {__version__}")
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print sim5d's version and exit.")) -> None:
     """sim5d: simulate one step of distributed LLM training (5D parallelism)."""
 
 
@@ -42,10 +50,28 @@ _compare.register(app)
 # --- end of command registration ---
 
 
+def _flags_without_type(cmd) -> None:
+    """Typer's help shows every option's type, flags too (`--json <bool>`); a flag takes no value,
+    so its type column stays empty (metavar ""), the --help flag included."""
+    for param in cmd.params + [cmd.get_help_option(cmd.context_class(cmd))]:
+        # duck-typed: typer's options are not click.Option subclasses
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+            param.metavar = ""
+    for sub in getattr(cmd, "commands", {}).values():
+        _flags_without_type(sub)
+
+
+def command():
+    """The click command of the app, as `sim5d` runs it."""
+    cmd = typer.main.get_command(app)
+    _flags_without_type(cmd)
+    return cmd
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
-        app(args=argv, standalone_mode=True)
+        command().main(args=argv, standalone_mode=True, prog_name="sim5d")
     except Sim5dError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -123,10 +123,15 @@ class ModelIn(_Strict):
     multi_latent_attention: Optional[bool] = None
     """DeepSeek multi-head latent attention."""
     q_lora_rank: Optional[int] = Field(None, ge=0)
+    """MLA: rank of the compressed query (Megatron-Core q_lora_rank; DeepSeek-V3 1536)."""
     kv_lora_rank: Optional[int] = Field(None, ge=0)
+    """MLA: rank of the compressed key-value latent (DeepSeek-V3 512)."""
     qk_head_dim: Optional[int] = Field(None, ge=0)
+    """MLA: per-head query/key dimension without the rotary part (DeepSeek-V3 128)."""
     qk_pos_emb_head_dim: Optional[int] = Field(None, ge=0)
+    """MLA: per-head rotary (decoupled RoPE) dimension of query and key (DeepSeek-V3 64)."""
     v_head_dim: Optional[int] = Field(None, ge=0)
+    """MLA: per-head value dimension (DeepSeek-V3 128)."""
 
 
 class ClusterIn(_Strict):
@@ -404,8 +409,12 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
                 raise ConfigError(f"--set {item!r}: {'.'.join(parts[:i + 1])} is {child!r}, not a mapping",
                                   key=".".join(parts))
             node = child
+        aliases = SECTION_ALIASES.get(parts[0], {}) if len(parts) == 2 else {}
+        canon = aliases.get(parts[-1], parts[-1])
+        for other in [k for k in node if k != parts[-1] and aliases.get(k, k) == canon]:
+            del node[other]     # `--set pp=4` replaces the file's `pipeline_model_parallel_size`
         node[parts[-1]] = value
-        lines[tuple(parts)] = "--set"
+        lines[tuple(parts)] = f"--set {item}"   # errors about this key name the override (_where)
     return data
 
 
@@ -419,24 +428,24 @@ def _canonicalize(data: dict, lines: dict) -> dict:
     for k in list(data):
         if k not in top_known:
             raise ConfigError(f"unknown key {k!r}{did_you_mean(k, top_known)}; known: {', '.join(top_known)}",
-                              key=k).located(None, _line(lines, (k,)))
+                              key=k).located(*_where(lines, (k,), None))
     for section, model in SECTION_MODELS.items():
         sub = data.get(section)
         if not isinstance(sub, dict):
             continue
         aliases = SECTION_ALIASES.get(section, {})
         known = list(model.model_fields)
-        out = {}
+        out, given = {}, {}
         for k, v in sub.items():
             canon = aliases.get(k, k)
             if canon not in known:
                 raise ConfigError(f"unknown key {k!r}{did_you_mean(k, known + list(aliases))}",
-                                  key=f"{section}.{k}").located(None, _line(lines, (section, k)))
+                                  key=f"{section}.{k}").located(*_where(lines, (section, k), None))
             if canon in out:
-                raise ConfigError(f"{k!r} and {canon!r} are the same key given twice (an alias and its "
-                                  "canonical name); keep one", key=f"{section}.{canon}").located(
-                    None, _line(lines, (section, k)))
-            out[canon] = v
+                raise ConfigError(f"{given[canon]!r} and {k!r} are the same key ({canon}) given twice "
+                                  "(an alias and its canonical name, or two aliases); keep one",
+                                  key=f"{section}.{canon}").located(*_where(lines, (section, k), None))
+            out[canon], given[canon] = v, k
             if canon != k and (section, k) in lines:
                 lines[(section, canon)] = lines[(section, k)]
         data[section] = out
@@ -449,6 +458,19 @@ def _canonicalize(data: dict, lines: dict) -> dict:
 def _line(lines: dict, path: tuple):
     v = lines.get(tuple(path))
     return v if isinstance(v, int) else None
+
+
+def _where(lines: dict, path, file: str | None) -> tuple:
+    """(file, line) of the innermost located key on `path`: the file and its line, or, for a value
+    a `--set` gave, the override itself as the location (`--set key=value`, no line)."""
+    path = tuple(path)
+    for n in range(len(path), 0, -1):
+        v = lines.get(path[:n])
+        if isinstance(v, str):
+            return v, None
+        if isinstance(v, int) and v:
+            return file, v
+    return file, None
 
 
 def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> ConfigError:
@@ -468,12 +490,8 @@ def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> Conf
         msg = "unknown key"
     else:
         msg = f"{given!r} is not valid: {e['msg']}"
-    line = None
-    for n in range(len(loc), 0, -1):
-        line = _line(lines, tuple(loc[:n]))
-        if line:
-            break
-    return ConfigError(msg, key=key, file=file, line=line)
+    where, line = _where(lines, loc, file)
+    return ConfigError(msg, key=key, file=where, line=line)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -695,13 +713,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise _pydantic_error(ve, lines, file) from None
 
     def err(key: str, msg: str) -> ConfigError:
-        path = tuple(key.split("."))
-        line = None
-        for n in range(len(path), 0, -1):
-            line = _line(lines, path[:n])
-            if line:
-                break
-        return ConfigError(msg, key=key, file=file, line=line)
+        where, line = _where(lines, key.split("."), file)
+        return ConfigError(msg, key=key, file=where, line=line)
 
     model = _build_model(raw.model, lines, file)
     try:
@@ -891,12 +904,20 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
             schedules.check(schedule, pp, m, vpp, keys={
                 "name": "parallelism.pipeline_schedule",
                 "pp": "parallelism.pipeline_model_parallel_size",
-                "microbatches": "training.global_batch_size",
-                "chunks": "parallelism.virtual_pipeline_model_parallel_size"})
+                "microbatches": "num_microbatches",
+                "chunks": "parallelism.virtual_pipeline_model_parallel_size"}, suggest=False)
         except ConfigError as e:
-            raise err(e.key or "parallelism.pipeline_schedule",
-                      f"{e.message} (num_microbatches = global_batch_size / (micro_batch_size x "
-                      f"data_parallel_size) = {t.global_batch_size} / ({t.micro_batch_size} x {dp}) = {m})") from None
+            if e.key != "num_microbatches":
+                raise err(e.key or "parallelism.pipeline_schedule", e.message) from None
+            # the rule is on the microbatch count; the user sets it through the global batch
+            per = t.micro_batch_size * dp
+            fix = " or ".join(f"{x * per} ({x} microbatches)"
+                              for x in schedules.nearest_microbatches(schedule, pp, m))
+            raise err("training.global_batch_size",
+                      f"{t.global_batch_size} gives num_microbatches = global_batch_size / "
+                      f"(micro_batch_size x data_parallel_size) = {t.global_batch_size} / "
+                      f"({t.micro_batch_size} x {dp}) = {m}, and {e.message}; use "
+                      f"training.global_batch_size = {fix}") from None
 
     name = raw.name or default_name
     return Scenario(

@@ -7,12 +7,20 @@ the CLI prints its message on stderr and exits with code 2, never a traceback.
 from __future__ import annotations
 
 EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
 
 
 class Sim5dError(Exception):
     """Base class for errors caused by the user's input (exit code 2)."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class DoesNotFit(Sim5dError):
+    """`--strict` and a layout whose peak memory exceeds the device's capacity (exit code 3; the
+    outputs are written first)."""
+
+    exit_code = EXIT_DOES_NOT_FIT
 
 
 class ConfigError(Sim5dError):

@@ -92,6 +92,19 @@ class MemoryReport:
         return {"peak_gib": self.peak_bytes / GiB, "capacity_gib": self.capacity_bytes / GiB,
                 "fits": self.fits, "per_stage": [s.to_json() for s in self.per_stage]}
 
+    @property
+    def peak_stage(self) -> int:
+        """The pipeline rank with the peak (the first of equal ones)."""
+        return max(range(len(self.per_stage)), key=lambda i: (self.per_stage[i].total_bytes, -i))
+
+
+def does_not_fit_message(name: str, gpu: str, peak_gib: float, capacity_gib: float,
+                         stage: int | None = None) -> str:
+    """The warning `run`, `memory` and `compare` print on stderr for a layout that does not fit."""
+    where = f" on pipeline rank {stage}" if stage is not None else ""
+    return (f"{name} does not fit in memory: peak {peak_gib:.1f} GiB per GPU{where} > "
+            f"{capacity_gib:.1f} GiB on {gpu} (step times assume it would fit; see sim5d memory)")
+
 
 # ----------------------------------------------------------------------------------------------
 # Activations (Korthikanti et al. 2022, sec. 4.1; notation s, b, h, a, t as the paper).

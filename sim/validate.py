@@ -126,7 +126,10 @@ def vtrain_cases(which: str) -> list[Case]:
     for i, r in enumerate(_vtrain_rows(fname)):
         tp, dp, pp = int(r["tensor parallelism"]), int(r["data parallelism"]), int(r["pipeline parallelism"])
         seq = int(r["sequence length"])
-        out.append(Case(f"vtrain-{which}", f"{which}-{i}", {
+        # the id names the row and its model and layout (vTrain's CSV has no names)
+        cid = (f"{which}-{i} h{r['hidden size']} L{r['# layers']} s{seq} tp{tp} pp{pp} dp{dp} "
+               f"mb{r['micro batch']} gb{r['global batch']}")
+        out.append(Case(f"vtrain-{which}", cid, {
             "name": f"vtrain-{which}-{i}",
             "model": {"num_layers": int(r["# layers"]), "hidden_size": int(r["hidden size"]),
                       "num_attention_heads": int(r["attention heads"]),

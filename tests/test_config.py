@@ -181,7 +181,7 @@ def test_types_are_strict(write_yaml):
 def test_alias_and_canonical_together_is_an_error(write_yaml):
     data = base_scenario()
     data["parallelism"]["tp"] = 2
-    _bad(write_yaml, data, "'tp' and 'tensor_model_parallel_size' are the same key")
+    _bad(write_yaml, data, "'tensor_model_parallel_size' and 'tp' are the same key (tensor_model_parallel_size)")
 
 
 def test_precision_must_exist_on_device(write_yaml):

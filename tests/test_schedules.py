@@ -58,7 +58,8 @@ def test_registry_and_defaults():
     assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv",
                               "dualpipe", "dualpipev")
     assert set(SCHEDULES) == set(SCHEDULE_NAMES)
-    assert [default_chunks(n) for n in SCHEDULE_NAMES] == [1, 1, 1, 1, 1, 2, 2, 2]
+    # interleaved-1f1b defaults to its least, 2 chunks (issue #13: it used to default to an error)
+    assert [default_chunks(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 1, 1, 2, 2, 2]
     assert [splits_backward(n) for n in SCHEDULE_NAMES] == [False, False, False, True, True,
                                                             True, True, True]
     s = build("1f1b", 4, 8)
@@ -256,7 +257,6 @@ def test_validate_rejects_broken_schedules():
      r"--microbatches \(6\) must be a multiple of --pp \(4\) for interleaved-1f1b \(Megatron-LM "
      r"groups microbatches by pp\); use 4 or 8"),
     (("interleaved-1f1b", 4, 8, 1), r"--chunks \(1\) must be at least 2 for interleaved-1f1b"),
-    (("interleaved-1f1b", 4, 8, None), r"--chunks \(1\) must be at least 2"),
     (("zbv", 4, 8, 3), r"--chunks \(3\) must be 2 for zbv"),
     (("dualpipe", 3, 8, None), r"--pp \(3\) must be even for dualpipe"),
     (("dualpipe", 4, 9, None), r"--microbatches \(9\) must be even for dualpipe"),

@@ -67,7 +67,7 @@ def test_json_overlapped_pairs_and_cost_flags(capsys):
 @pytest.mark.parametrize("args,needle", [
     (["interleaved-1f1b", "--pp", "4", "--microbatches", "6", "--chunks", "2"],
      "--microbatches (6) must be a multiple of --pp (4) for interleaved-1f1b"),
-    (["interleaved-1f1b", "--pp", "4", "--microbatches", "8"], "--chunks (1) must be at least 2"),
+    (["interleaved-1f1b", "--pp", "4", "--microbatches", "8", "--chunks", "1"], "--chunks (1) must be at least 2"),
     (["foo", "--pp", "4", "--microbatches", "8"], "NAME ('foo') is not a known pipeline schedule"),
     (["dualpipe", "--pp", "3", "--microbatches", "8"], "--pp (3) must be even for dualpipe"),
     (["1f1b", "--pp", "4", "--microbatches", "8", "--forward", "abc"], "--forward ('abc') is not a number"),

@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         workers: Optional[int] = typer.Option(None, "--workers", help="Scenarios simulated at once "
                                               "(default: the cores)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        strict: bool = typer.Option(False, "--strict", help="Exit with code 3 (after the table) "
+                                    "when a scenario does not fit in memory."),
     ) -> None:
         """Simulate scenarios and compare step time, MFU, memory, the time breakdown and cost:
         $ per step, $ per billion tokens, days and $ to train --tokens."""
@@ -64,18 +66,41 @@ def register(app: typer.Typer) -> None:
         chart = C.plot(rows, n_tokens, plot)
         if as_json:
             typer.echo(json.dumps({"tokens": n_tokens, "plot": str(chart), "scenarios": rows}))
-            return
-        from rich.console import Console
-        from rich.table import Table
+        else:
+            _table(rows, n_tokens, chart)
+        _check_fits(rows, strict)
 
-        console = Console(width=max(120, Console().width))
-        t = Table(title=f"comparison (cost of training {C.format_tokens(n_tokens)} tokens)", title_justify="left")
-        t.add_column("")
-        for r in rows:
-            t.add_column(r["name"], justify="right")
-        for label, key, fmt in ROWS:
-            t.add_row(label, *(("-" if r.get(key) is None else fmt.format(r[key])) for r in rows))
-        console.print(t)
-        if any(r["price_source"] == "unknown" for r in rows):
-            console.print("note: no price for some GPUs (profile price_per_gpu_hour_usd is 0): pass --price")
-        console.print(f"chart: {chart}")
+
+def _check_fits(rows: list[dict], strict: bool) -> None:
+    """Warn on stderr for every scenario that does not fit; with --strict, exit code 3."""
+    import sys
+
+    from sim.errors import DoesNotFit
+    from sim.memory import does_not_fit_message
+
+    bad = [does_not_fit_message(r["name"], r["gpu"], r["peak_memory_gib"], r["memory_capacity_gib"])
+           for r in rows if not r["fits_in_memory"]]
+    if strict and bad:
+        raise DoesNotFit("; ".join(bad) + " (--strict)")
+    for msg in bad:
+        print(f"warning: {msg}", file=sys.stderr)
+
+
+def _table(rows: list[dict], n_tokens: float, chart) -> None:
+    """The side-by-side table; a scenario that does not fit is marked in its column's header."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sim import compare as C
+
+    console = Console(width=max(120, Console().width))
+    t = Table(title=f"comparison (cost of training {C.format_tokens(n_tokens)} tokens)", title_justify="left")
+    t.add_column("")
+    for r in rows:
+        t.add_column(r["name"] if r["fits_in_memory"] else f"{r['name']} (DOES NOT FIT)", justify="right")
+    for label, key, fmt in ROWS:
+        t.add_row(label, *(("-" if r.get(key) is None else fmt.format(r[key])) for r in rows))
+    console.print(t)
+    if any(r["price_source"] == "unknown" for r in rows):
+        console.print("note: no price for some GPUs (profile price_per_gpu_hour_usd is 0): pass --price")
+    console.print(f"chart: {chart}")

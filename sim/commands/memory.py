@@ -14,6 +14,8 @@ def register(app: typer.Typer) -> None:
         scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        strict: bool = typer.Option(False, "--strict", help="Exit with code 3 when the layout does "
+                                    "not fit in memory."),
     ) -> None:
         """Per pipeline rank: weights, grads, optimizer, activations; peak vs device capacity."""
         from sim.config import load_scenario
@@ -26,3 +28,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(report.to_json()))
         else:
             render_memory_table(sc, report)
+        from sim.commands.run import check_fit
+
+        check_fit(sc, report, strict)

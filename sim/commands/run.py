@@ -45,6 +45,8 @@ def register(app: typer.Typer) -> None:
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default runs/<name>/)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
+        strict: bool = typer.Option(False, "--strict", help="Exit with code 3 (after writing the "
+                                    "outputs) when the layout does not fit in memory."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, a timeline CSV and charts."""
@@ -65,11 +67,26 @@ def register(app: typer.Typer) -> None:
         summary = write_outputs(result, folder)
         if as_json:
             typer.echo(json.dumps(summary))
-            return
-        con = Console()
-        con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
-        for k, v in summary.items():
-            if k == "name":
-                continue
-            con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
-        con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev)")
+        else:
+            con = Console()
+            con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
+            for k, v in summary.items():
+                if k in ("name", "memory"):
+                    continue
+                con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
+            con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev)")
+        check_fit(sc, result.memory, strict)
+
+
+def check_fit(sc, report, strict: bool) -> None:
+    """A layout that does not fit: a warning on stderr, and with --strict exit code 3."""
+    if report.fits:
+        return
+    from sim.errors import DoesNotFit
+    from sim.memory import GiB, does_not_fit_message
+
+    msg = does_not_fit_message(sc.name, sc.cluster.gpu.name, report.peak_bytes / GiB,
+                               report.capacity_bytes / GiB, report.peak_stage)
+    if strict:
+        raise DoesNotFit(f"{msg} (--strict)")
+    print(f"warning: {msg}", file=sys.stderr)

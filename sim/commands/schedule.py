@@ -59,14 +59,28 @@ def run_schedule(name: str, pp: Optional[int], microbatches: Optional[int], chun
     return S.replay(sched, costs)
 
 
-def _summary(result, files: list[str]) -> None:
+def csv_origin(sched) -> str:
+    """What a schedule read from a CSV is: the built-in schedule of its name when the actions are
+    exactly that schedule's for the same pp / microbatches / chunks, else a custom order."""
+    from sim import schedules as S
+
+    try:
+        same = S.build(sched.name, sched.pp, sched.microbatches, sched.chunks).ranks == sched.ranks
+    except ConfigError:
+        same = False
+    return (f"the actions of {sched.name}" if same else
+            f"a custom order (not {sched.name}'s; its {sched.layout} stage placement)")
+
+
+def _summary(result, files: list[str], from_csv: Optional[str] = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     s = result.schedule
     console = Console()
-    console.print(f"[bold]{s.name}[/bold]: pp {s.pp}, microbatches {s.microbatches}, chunks "
-                  f"{s.chunks} ({s.num_stages} stages, {s.layout} placement)")
+    head = f"{from_csv}, read as {csv_origin(s)}" if from_csv else f"[bold]{s.name}[/bold]"
+    console.print(f"{head}: pp {s.pp}, microbatches {s.microbatches}, chunks "
+                  f"{s.chunks} ({s.num_stages} stages, {s.layout} placement)", highlight=False)
     console.print(f"makespan {_fmt(result.makespan)}, bubble fraction "
                   f"{float(result.bubble_fraction):.4f} ({float(result.bubble_fraction):.1%})")
     table = Table(show_edge=False)
@@ -93,8 +107,8 @@ def register(app: typer.Typer) -> None:
         pp: Optional[int] = typer.Option(None, "--pp", help="P, pipeline ranks."),
         microbatches: Optional[int] = typer.Option(None, "--microbatches", help="M, microbatches per step."),
         chunks: Optional[int] = typer.Option(
-            None, "--chunks", help="V, model chunks per rank (interleaved-1f1b: >= 2; zbv, "
-                                   "dualpipe, dualpipev: 2, the default for them; others: 1)."),
+            None, "--chunks", help="V, model chunks per rank (interleaved-1f1b: >= 2, default 2; "
+                                   "zbv, dualpipe, dualpipev: 2, the default for them; others: 1)."),
         forward: str = typer.Option("1", "--forward", help="F, time of one forward (per stage)."),
         backward_input: str = typer.Option("1", "--backward-input", help="I, time of one input-backward."),
         backward_weight: str = typer.Option("1", "--backward-weight", help="W, time of one weight-backward."),
@@ -137,4 +151,4 @@ def register(app: typer.Typer) -> None:
                 "peak_activations": list(result.peak_activations),
             }))
         else:
-            _summary(result, files)
+            _summary(result, files, from_csv)

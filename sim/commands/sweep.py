@@ -45,6 +45,9 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="Table FILE, .csv or .parquet "
                                            "(default sweeps/<model>-<topology>-<N>gpu.csv)."),
         top: int = typer.Option(8, "--top", help="Best layouts re-simulated with the flow network (0: none)."),
+        flow_within: float = typer.Option(5.0, "--flow-within", help="Also re-simulate with flow every "
+                                          "layout whose analytical step time is within this many percent "
+                                          "of the best flow step time (0: only --top)."),
         no_prune: bool = typer.Option(False, "--no-prune", help="Also simulate dominated layouts."),
         tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Let tp exceed a node."),
         restart: bool = typer.Option(False, "--restart", help="Discard earlier results of this FILE."),
@@ -64,7 +67,8 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
-                         executor=executor, workers=workers, out=out, top=top, prune=not no_prune,
+                         executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
+                         prune=not no_prune,
                          tp_across_nodes=tp_across_nodes, restart=restart, plots=not no_plots,
                          memory_fraction=max_memory_fraction)
         try:

@@ -69,6 +69,7 @@ class RunResult:
             "peak_memory_gib": mem.peak_bytes / GiB,
             "memory_capacity_gib": mem.capacity_bytes / GiB,
             "fits_in_memory": mem.fits,
+            "memory": mem.to_json(),
             "sim_events": self.events,
             "sim_wall_s": self.wall_s,
         }

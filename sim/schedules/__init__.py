@@ -59,8 +59,9 @@ _SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 
 
 def default_chunks(name: str) -> int:
-    """Model chunks per rank when none is given: 2 for zbv, dualpipe, dualpipev; else 1."""
-    return 2 if name in _TWO_CHUNKS else 1
+    """Model chunks per rank when none is given: 2 for interleaved-1f1b (its least), zbv,
+    dualpipe, dualpipev; else 1."""
+    return 2 if name in _TWO_CHUNKS or name == "interleaved-1f1b" else 1
 
 
 def splits_backward(name: str) -> bool:
@@ -69,11 +70,17 @@ def splits_backward(name: str) -> bool:
 
 
 def check(name: str, pp: int, microbatches: int, chunks: int | None = None,
-          keys: dict | None = None) -> int:
+          keys: dict | None = None, suggest: bool = True) -> int:
     """Check the schedule's preconditions; raise ConfigError naming the key, the value and the
     rule. `keys` maps 'name', 'pp', 'microbatches', 'chunks' to the names to report (default:
-    '--schedule', '--pp', '--microbatches', '--chunks'). Returns the chunks to use."""
-    return _checks.check(name, pp, microbatches, chunks, keys, SCHEDULE_NAMES, default_chunks)
+    '--schedule', '--pp', '--microbatches', '--chunks'); `suggest`: end a broken microbatch
+    rule with the nearest valid counts. Returns the chunks to use."""
+    return _checks.check(name, pp, microbatches, chunks, keys, SCHEDULE_NAMES, default_chunks, suggest)
+
+
+def nearest_microbatches(name: str, pp: int, microbatches: int) -> list[int]:
+    """The valid microbatch counts nearest to `microbatches` for the schedule (below, above)."""
+    return _checks.nearest_microbatches(name, pp, microbatches)
 
 
 def build(name: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
@@ -87,6 +94,7 @@ def build(name: str, pp: int, microbatches: int, chunks: int | None = None) -> S
 __all__ = [
     "KINDS", "Action", "Overlap", "Item", "parse_action", "Schedule", "ScheduleError", "Timed",
     "SCHEDULES", "SCHEDULE_NAMES", "LAYOUT", "default_chunks", "splits_backward", "check",
+    "nearest_microbatches",
     "build", "validate", "replay", "Replay", "Costs", "peak_live", "to_csv", "write_csv",
     "read_csv", "from_csv",
 ]

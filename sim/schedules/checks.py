@@ -25,10 +25,13 @@ def _int(value, key: str) -> int:
     return value
 
 
-def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default_chunks) -> int:
+def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default_chunks,
+          suggest: bool = True) -> int:
     """Check one (schedule, pp, microbatches, chunks); return the chunks to use.
 
-    `chunks` None means the family's default. Raises ConfigError on the first broken rule.
+    `chunks` None means the family's default. Raises ConfigError on the first broken rule; a
+    broken microbatch rule ends with the nearest valid counts unless `suggest` is false (a
+    caller that reports them in its own units, e.g. the scenario's global batch size).
     """
     k = dict(DEFAULT_KEYS)
     k.update(keys or {})
@@ -51,11 +54,9 @@ def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default
                 f"{k['chunks']} ({v}) must be at least 2 for interleaved-1f1b (model chunks per "
                 f"pipeline rank; with 1 chunk use 1f1b)", key=k["chunks"])
         if m % pp:
-            lo, hi = (m // pp) * pp, (m // pp + 1) * pp
-            fix = f"{lo} or {hi}" if lo else f"{hi}"
             raise ConfigError(
                 f"{k['microbatches']} ({m}) must be a multiple of {k['pp']} ({pp}) for "
-                f"interleaved-1f1b (Megatron-LM groups microbatches by pp); use {fix}",
+                f"interleaved-1f1b (Megatron-LM groups microbatches by pp){_use(name, pp, m, suggest)}",
                 key=k["microbatches"])
     if name in ("zbv", "dualpipe", "dualpipev") and v != 2:
         raise ConfigError(f"{k['chunks']} ({v}) must be 2 for {name} (it always holds 2 model "
@@ -68,11 +69,36 @@ def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default
         if m % 2:
             raise ConfigError(
                 f"{k['microbatches']} ({m}) must be even for dualpipe (half of the microbatches "
-                f"go in each direction); use {m + 1}",
+                f"go in each direction){_use(name, pp, m, suggest)}",
                 key=k["microbatches"])
     if name in ("dualpipe", "dualpipev") and m < 2 * pp:
         raise ConfigError(
             f"{k['microbatches']} ({m}) must be at least 2 x {k['pp']} = 2 x {pp} = {2 * pp} for "
-            f"{name} (deepseek-ai/DualPipe asserts num_chunks >= num_ranks * 2)",
+            f"{name} (deepseek-ai/DualPipe asserts num_chunks >= num_ranks * 2){_use(name, pp, m, suggest)}",
             key=k["microbatches"])
     return v
+
+
+def microbatches_ok(name: str, pp: int, m: int) -> bool:
+    """Whether `m` microbatches satisfy the schedule's microbatch rules (those of `check`)."""
+    if m < 1:
+        return False
+    if name == "interleaved-1f1b" and m % pp:
+        return False
+    if name == "dualpipe" and m % 2:
+        return False
+    if name in ("dualpipe", "dualpipev") and m < 2 * pp:
+        return False
+    return True
+
+
+def nearest_microbatches(name: str, pp: int, m: int) -> list[int]:
+    """The valid microbatch counts nearest to `m`: the largest below it (if any) and the
+    smallest above it (every rule is met by large enough even multiples of pp)."""
+    below = next((x for x in range(m - 1, 0, -1) if microbatches_ok(name, pp, x)), None)
+    above = next(x for x in range(m + 1, m + 4 * pp + 4) if microbatches_ok(name, pp, x))
+    return [x for x in (below, above) if x is not None]
+
+
+def _use(name: str, pp: int, m: int, suggest: bool) -> str:
+    return f"; use {' or '.join(map(str, nearest_microbatches(name, pp, m)))}" if suggest else ""

@@ -8,8 +8,10 @@ Pipeline (design.md "sweep"):
 3. skip dominated layouts (sim.sweep.space.dominators; `prune=False` keeps them);
 4. simulate the rest with `simulation.network: analytical` (alpha-beta, fast) and rank them by
    step time;
-5. re-simulate the `top` best with the flow network model (links shared, contention) and rank
-   those first, by their flow step time.
+5. re-simulate the `top` best with the flow network model (links shared, contention), then
+   every other layout whose analytical step time is within `flow_within` (5%) of the best flow
+   step time, and rank the flow-simulated ones first, by their flow step time; the `network`
+   column says which model timed each row.
 
 Work runs in batches on an executor (sim.sweep.executors: a local process pool or Ray); every
 result is streamed to FILE.stream.csv as it finishes, so an interrupted sweep resumes where it
@@ -35,9 +37,11 @@ from sim.errors import ConfigError
 from sim.sweep import space
 from sim.sweep.evaluate import build
 from sim.sweep.space import Grid, Layout
-from sim.sweep.store import RUN_KEYS, StreamWriter, read_stream, stream_path, write_table
+from sim.sweep.store import RUN_KEYS, StreamWriter, check_writable, read_stream, stream_path, write_table
 
 DEFAULT_TOP = 8
+DEFAULT_FLOW_WITHIN = 0.05
+"""Layouts within 5% (analytical) of the best flow step time are re-simulated with flow too."""
 DEFAULT_SEQ_CAP = 8192
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
 LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size", "pipeline_schedule",
@@ -59,6 +63,10 @@ class SweepSpec:
     workers: int | None = None
     out: Path | None = None
     top: int = DEFAULT_TOP
+    flow_within: float = DEFAULT_FLOW_WITHIN
+    """After the --top flow re-simulations, also re-simulate with flow every layout whose
+    analytical step time is within this fraction of the best flow step time (so no
+    analytical-only row could beat a flow-ranked one by more than that)."""
     prune: bool = True
     tp_across_nodes: bool = False
     restart: bool = False
@@ -111,6 +119,9 @@ def prepare(spec: SweepSpec) -> Prepared:
         raise ConfigError(f"--gpus ({spec.gpus}) must be at least 1", key="--gpus")
     if spec.top < 0:
         raise ConfigError(f"--top ({spec.top}) must be 0 or more", key="--top")
+    if not 0 <= spec.flow_within <= 1:
+        raise ConfigError(f"--flow-within ({spec.flow_within * 100:g}%) must be between 0% and 100%",
+                          key="--flow-within")
     if not 0 < spec.memory_fraction <= 1:
         raise ConfigError(f"--max-memory-fraction ({spec.memory_fraction}) must be in (0, 1]",
                           key="--max-memory-fraction")
@@ -258,6 +269,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
     if out.suffix not in (".csv", ".parquet"):
         raise ConfigError(f"--out {out}: the table is written as CSV or parquet; use a .csv or .parquet file",
                           key="--out")
+    check_writable(out)
     spath = stream_path(out)
     if spec.restart:
         for p in (spath, out):
@@ -323,6 +335,16 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         top = [i for _, i in ok[:spec.top]]
         todo = [(i, layouts[i]) for i in top if i not in flow]
         _run_phase(executor, "simulate", prep.base, todo, 1, ("flow",), on_sim(flow), bar, "re-simulate (flow)")
+        # every layout whose analytical time is close to the best flow time is ranked by flow too
+        # (flow adds contention, so a layout just behind on the analytical network can overtake)
+        best_flow = min((flow[i]["step_time_s"] for i in top if flow.get(i, {}).get("status") == "ok"),
+                        default=None)
+        if best_flow is not None and spec.flow_within > 0:
+            near = [i for t, i in ok[spec.top:] if t <= best_flow * (1 + spec.flow_within)]
+            top += near
+            todo = [(i, layouts[i]) for i in near if i not in flow]
+            _run_phase(executor, "simulate", prep.base, todo, 1, ("flow",), on_sim(flow), bar,
+                       f"re-simulate (flow, within {spec.flow_within:.0%} of the best)")
     finally:
         bar.stop()
         writer.close()
@@ -418,6 +440,11 @@ def _counts(table) -> dict:
 
 def _notes(table, counts, spec) -> list[str]:
     notes = []
+    n_flow = counts["flow_simulated"]
+    if n_flow and counts["ranked"] > n_flow:
+        notes.append(f"ranks 1-{n_flow} are flow-network step times, the rest analytical (column "
+                     f"'network'); every analytical-only layout is more than {spec.flow_within:.0%} "
+                     "slower than the best flow time even before contention (--flow-within)")
     if counts["unsupported"]:
         by_key: dict = {}
         for r in table:

@@ -114,6 +114,25 @@ class StreamWriter:
         self._f.close()
 
 
+def check_writable(out: Path) -> None:
+    """Fail before a sweep, not after it: the table's folder must be writable, and a .parquet
+    table needs pyarrow (the `parquet` extra)."""
+    if out.suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"--out {out}: writing parquet needs pyarrow (pip install "
+                              "'sim5d[parquet]' or pip install pyarrow); or use a .csv file",
+                              key="--out") from None
+    probe = out.with_name(out.name + ".probe")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write there ({e.strerror})", key="--out") from None
+
+
 def write_table(rows: list[dict], columns: list[str], out: Path) -> None:
     """The final table as CSV (repr floats) or parquet (by FILE's suffix), written atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
