@@ -339,7 +339,7 @@ def main(argv=None) -> int:
               f"processes {100 * load.fraction:.0f}% of the CPU]")
     profile_path, topo_path = out / "cpu-fitted.yaml", out / "cpu-fitted-topology.yaml"
     res = fit_file(csv, name="cpu-fitted", topology_base="cpu-local", gpu_ref=str(profile_path.resolve()),
-                   topology_name="cpu-fitted-topology")
+                   topology_name="cpu-fitted-topology", match_host=True)
     write_yaml(res.profile, profile_path)
     write_yaml(res.topology, topo_path)
     print("# fit errors per op class (the simulator's prediction of each measurement):")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -379,3 +380,226 @@ def test_committed_cpu_calibration_loads_and_simulates(write_yaml, tmp_path, mon
     assert code == 0, err
     s = json.loads(out)
     assert 0 < s["step_time_s"] < 10 and s["exposed_comm_fraction"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Physical ranges, degenerate fits, fit-error warnings and the CPU host's topology (issue #13,
+# item 9: a --size tiny CPU run wrote a 1 PB/s loopback and a 601% broadcast error silently)
+def _coll(op, sizes, time_of, ranks=2):
+    return [csvio.row(kind="collective", op=op, ranks=ranks, size_bytes=s, median_s=time_of(s),
+                      min_s=time_of(s), reps=5, source="gloo") for s in sizes]
+
+
+def _truth_topology(tmp_path, *, gpus=2, gbps=1.7, step_us=45.0):
+    """cpu-local with a known loopback (bandwidth, per-step latency) and `gpus` ranks."""
+    from sim.topology import load_topology
+
+    truth = yaml.safe_load(open(load_topology("cpu-local").path))
+    truth["gpus_per_node"] = gpus
+    truth["node"]["loopback"] = {"bandwidth_gbps": gbps, "latency_ns": int(step_us * 1000)}
+    truth["collectives"]["step_latency_us"] = {"loopback": {"ring": {"Simple": step_us},
+                                                            "tree": {"Simple": step_us}}}
+    p = tmp_path / f"truth-{gpus}.yaml"
+    p.write_text(yaml.safe_dump(truth))
+    return load_topology(str(p))
+
+
+def _simulated(topo, op, ranks, sizes, scale=1.0):
+    from sim.network.collectives import simulate_collective
+
+    algo = "ring" if op == "all_reduce" else "auto"
+    return _coll(op, sizes, lambda s: scale * simulate_collective(topo, op, ranks, s, algorithm=algo,
+                                                                  network="analytical").time_s,
+                 ranks=ranks)
+
+
+SIZES_WIDE = [2 ** k for k in range(10, 27, 4)]
+
+
+def _fit_cli(tmp_path, rows, *extra, meta=None):
+    csv = tmp_path / "m.csv"
+    csvio.write_csv(csv, meta or {"device": "cpu", "memory_gib": "11.0"}, rows)
+    prof, topo = tmp_path / "p.yaml", tmp_path / "t.yaml"
+    code, out, err = run_cli("calibrate", "fit", str(csv), "--out", str(prof), *extra)
+    return code, out, err, prof, topo
+
+
+def test_tiny_collectives_that_do_not_grow_with_size_are_refused_not_a_1_pb_s_link(tmp_path):
+    # the issue's case: gloo at 1 KiB and 64 KiB only, the larger one no slower
+    rows = synthetic_rows() + _coll("all_reduce", [1 << 10, 1 << 16],
+                                    lambda s: 1.28e-3 if s < 4096 else 1.09e-3)
+    code, out, err, prof, topo = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"))
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.startswith("error: collectives.all_reduce: the fitted all_reduce (2 ranks) bus "
+                          "bandwidth = inf GB/s")
+    assert "physical range (0, 21) GB/s" in err and "hbm_gbps" in err
+    assert "1024 B: 1.28 ms, 65536 B: 1.09 ms" in err
+    assert not prof.exists() and not topo.exists()
+
+
+def test_link_constants_outside_their_range_are_refused(tmp_path):
+    topo = _truth_topology(tmp_path)
+    # a link faster than the device memory it copies through
+    fast = _simulated(_truth_topology(tmp_path, gbps=500.0), "all_reduce", 2, SIZES_WIDE)
+    with pytest.raises(ConfigError, match=r"loopback link bandwidth node\.loopback\.bandwidth_gbps = 500 "
+                                          r"GB/s is at or outside its physical range \(0\.001, 21\) GB/s"):
+        fit_topology(fast, "cpu-local", "cpu-local", name="t", memory_gbps=21.0)
+    # the same rows are accepted under a faster memory, and recovered
+    fitted, _ = fit_topology(fast, "cpu-local", "cpu-local", name="t", memory_gbps=1000.0)
+    assert fitted["node"]["loopback"]["bandwidth_gbps"] == pytest.approx(500.0, rel=1e-3)
+    # a per-step latency above 10 ms
+    slow = _simulated(_truth_topology(tmp_path, step_us=20000.0), "all_reduce", 2, SIZES_WIDE)
+    with pytest.raises(ConfigError, match=r"per-step latency .* = 2e\+04 us is at or outside its "
+                                          r"physical range \[0, 1e\+04\) us"):
+        fit_topology(slow, "cpu-local", "cpu-local", name="t", memory_gbps=21.0)
+    assert topo.gpus_per_node == 2
+
+
+def _scale_class(rows, op, f):
+    return [dict(r, median_s=f(r)) if r["kind"] == "elementwise" and r["op"] == op else r for r in rows]
+
+
+@pytest.mark.parametrize("transform, match", [
+    # a per-kernel overhead of 5 ms
+    (lambda rows: _scale_class(rows, "dropout", lambda r: r["median_s"] + 5e-3),
+     r"overhead_us\.dropout: the fitted dropout overhead overhead_us\.dropout = 5020 us is at or "
+     r"outside its physical range \[0, 1000\) us"),
+    # a class 100x faster than the copy roofline (21 GB/s): above 20 x hbm_gbps
+    (lambda rows: _scale_class(rows, "residual", lambda r: r["bytes"] / 2100e9),
+     r"elementwise_gbps\.residual: the fitted residual bandwidth at \d+ bytes \(elementwise_gbps\.residual\) "
+     r"= 2100 GB/s is at or outside its physical range \(0, 420\) GB/s"),
+    # GEMMs at 1e6 x the true rate: 95,000 TFLOP/s
+    (lambda rows: [dict(r, median_s=r["median_s"] * 1e-6) if r["kind"] == "gemm" else r for r in rows],
+     r"mamf_tflops\.fp32: the fitted matmul rate mamf_tflops\.fp32 = [\d.]+e\+0[45] TFLOP/s is at or outside "
+     r"its physical range \(0, 2e\+04\) TFLOP/s"),
+    # a copy at 100 TB/s
+    (lambda rows: [dict(r, median_s=r["bytes"] / 1e14) if r["kind"] == "copy" else r for r in rows],
+     r"hbm_gbps: the fitted memory bandwidth .* = 1e\+05 GB/s is at or outside its physical range "
+     r"\(0, 5e\+04\) GB/s"),
+    # an elementwise class whose time falls as its bytes grow: an unbounded bandwidth
+    (lambda rows: _scale_class(rows, "softmax", lambda r: 1e-3 / r["bytes"] ** 0.1),
+     r"softmax: the time does not grow with the bytes \(.* B in .* us"),
+], ids=["overhead", "class-bandwidth", "gemm-rate", "memory-bandwidth", "unbounded-bandwidth"])
+def test_compute_constants_outside_their_range_are_refused(tmp_path, transform, match):
+    rows = transform(synthetic_rows())
+    with pytest.raises(ConfigError, match=match):
+        fit_rows({"memory_gib": "11"}, _read_back(tmp_path, rows)[1], name="x")
+    code, out, err, prof, _ = _fit_cli(tmp_path, rows)
+    assert code == 2 and out == "" and "Traceback" not in err and not prof.exists()
+    assert err.startswith("error: ") and re.search(match, err)
+
+
+def test_fits_inside_the_ranges_recover_known_constants_and_write(tmp_path):
+    """The constants of the synthetic device sit well inside every range: the fit passes."""
+    rows = synthetic_rows() + _coll("broadcast", SIZES_WIDE, lambda s: 200e-6 + s / 2.5e9)
+    meta, rows = _read_back(tmp_path, rows)
+    res = fit_rows(meta, rows, name="x")
+    (b,) = res.collectives
+    assert b["alpha_us"] == pytest.approx(200.0, rel=1e-3) and b["algbw_gbps"] == pytest.approx(2.5, rel=1e-3)
+    assert res.warnings == []
+
+
+@pytest.mark.parametrize("transform, match", [
+    # every collective measured at one size (bandwidth and latency not separable)
+    (lambda rows: rows + _coll("all_reduce", [1 << 16] * 3, lambda s: 1e-3),
+     r"all_reduce \(2 ranks\): every measurement has size 65536 bytes .* latency and bandwidth cannot "
+     r"be separated"),
+    # one elementwise size only (as the old --size tiny measured embedding and cross-entropy)
+    (lambda rows: [r for r in rows if not (r["op"] == "embedding" and r["m"] != 4096)],
+     r"embedding: all 1 measurement\(s\) move \d+ bytes: its bandwidth and per-kernel overhead "
+     r"cannot be separated"),
+    # GEMMs of one FLOP count: rate and overhead not separable
+    (lambda rows: [r for r in rows if r["kind"] != "gemm"] + [r for r in rows if r["kind"] == "gemm"][:1],
+     r"gemm fp32: every one of the 1 GEMM measurement\(s\) has .* FLOPs: the matmul rate and the "
+     r"per-GEMM overhead cannot be separated"),
+    # attention measured once per (phase, causal, sequence length): fewer points than constants
+    (lambda rows: [r for r in rows if r["kind"] != "attention" or r["batch"] == 4],
+     r"attention: 16 measurements for 17 constants .* the overhead cannot be separated from the rates"),
+], ids=["collective-one-size", "class-one-size", "gemm-one-size", "attention-one-per-group"])
+def test_degenerate_fits_are_refused(tmp_path, transform, match):
+    rows = transform(synthetic_rows())
+    code, out, err, prof, _ = _fit_cli(tmp_path, rows)
+    assert code == 2 and out == "" and "Traceback" not in err and not prof.exists()
+    assert re.search(match, err), err
+
+
+def test_degenerate_link_fit_is_refused():
+    rows = _coll("all_reduce", [1 << 20] * 3, lambda s: 2e-3)
+    with pytest.raises(ConfigError, match=r"3 all_reduce measurement\(s\) \(1048576 B: 2 ms\) cannot "
+                                          r"separate the loopback link's bandwidth from its per-step "
+                                          r"latency"):
+        fit_topology(rows, "cpu-local", "cpu-local", name="t")
+
+
+def test_gemms_over_too_few_intensities_get_no_curve(tmp_path):
+    # square GEMMs of two sizes: two intensities, so rate and overhead only
+    dev = true_device()
+    rows = [r for r in synthetic_rows() if r["kind"] != "gemm"]
+    for n in (64, 64, 256, 256):
+        t = compute.gemm_time_s(n, n, n, dev, "fp32")
+        rows.append(csvio.row(kind="gemm", op="gemm", phase="fwd", dtype="float32", batch=1, m=n, n=n,
+                              k=n, flops=2.0 * n ** 3, bytes=12.0 * n * n, reps=5, median_s=t, min_s=t))
+    res = fit_rows({"memory_gib": "11"}, _read_back(tmp_path, rows)[1], name="x")
+    assert "gemm_efficiency" not in res.profile["extra"]["compute"]
+    assert any("no efficiency curve fitted" in n for n in res.notes)
+
+
+def test_fit_errors_above_25_percent_are_warned_on_stderr(tmp_path):
+    topo = _truth_topology(tmp_path)
+    rows = synthetic_rows()
+    # every other GEMM 2x slower: no rate / curve reproduces them
+    gi = [i for i, r in enumerate(rows) if r["kind"] == "gemm"]
+    for i in gi[::2]:
+        rows[i] = dict(rows[i], median_s=2 * rows[i]["median_s"])
+    # all_reduce as the link model times it; broadcast 7x faster than the model (the issue's 601%)
+    rows += (_simulated(topo, "all_reduce", 2, SIZES_WIDE)
+             + _simulated(topo, "broadcast", 2, SIZES_WIDE, 1 / 7))
+    code, out, err, prof, t = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"))
+    assert code == 0, err
+    assert prof.exists() and t.exists()
+    warn = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert any(w.startswith("warning: gemm fp32: fit error ") and "exceeds 25%" in w for w in warn), err
+    assert any(w.startswith("warning: broadcast (2 ranks): error of the simulator on the written topology "
+                            "600.0% exceeds 25%") for w in warn), err
+    assert not any(w.startswith(("warning: all_reduce", "warning: norm")) for w in warn), err
+    # --json: the same warnings in the object and on stderr
+    code, out, err2, *_ = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"), "--json")
+    assert code == 0 and err2 == err
+    assert [f"warning: {w}" for w in json.loads(out)["warnings"]] == warn
+
+
+def test_cpu_topology_matches_the_measured_host(tmp_path):
+    """A CPU CSV's --topology-out is the measured host (its ranks on the loopback), not a GPU
+    cluster's topology; --topology names another base explicitly."""
+    topo4 = _truth_topology(tmp_path, gpus=4, gbps=2.2, step_us=60.0)
+    rows = synthetic_rows() + _simulated(topo4, "all_reduce", 4, SIZES_WIDE)
+    code, out, err, prof, t = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"))
+    assert code == 0, err
+    d = yaml.safe_load(t.read_text())
+    assert d["gpus_per_node"] == 4 and d["max_nodes"] == 1
+    assert d["node"]["gpu_interconnect"] == "loopback" and set(d["node"]) == {"gpu_interconnect", "loopback"}
+    assert d["fabric"] == {"kind": "none"}
+    assert d["node"]["loopback"]["bandwidth_gbps"] == pytest.approx(2.2, rel=1e-3)
+    assert d["collectives"]["step_latency_us"]["loopback"]["ring"]["Simple"] == pytest.approx(60.0, rel=1e-3)
+    assert "gpus_per_node 4 as measured" in d["source"]
+    # a GPU topology only when asked for by name
+    code, out, err, prof, t = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"),
+                                       "--topology", "dgx-h100-ndr")
+    assert code == 0, err
+    d = yaml.safe_load(t.read_text())
+    assert d["node"]["gpu_interconnect"] == "nvswitch" and d["gpus_per_node"] == 8
+
+
+def test_tiny_size_measures_what_separates_every_constant():
+    """`--size tiny` gives every fitted class two sizes or more (bandwidth vs overhead), attention
+    two FLOP counts per sequence length, and collectives up to MiB sizes (bandwidth vs latency)."""
+    t = SIZES["tiny"]
+    for spec in (SIZES["tiny"], SIZES["quick"], SIZES["full"]):
+        assert len({r * w for r, w in spec.elementwise}) >= 2
+        assert len({tok * h for tok, h, _v in spec.embedding}) >= 2
+        assert len({tok * v for tok, v in spec.cross_entropy}) >= 2
+        assert len(set(spec.copy_elems)) >= 2 and len({h for h, _l in spec.optimizer}) >= 2
+        for s in {a[2] for a in spec.attention}:
+            assert len({b * h for b, h, s2, _d in spec.attention if s2 == s}) >= 2, s
+        assert len(spec.collective_sizes) >= 3 and max(spec.collective_sizes) >= 1 << 22
+    assert t.max_reps <= 5

@@ -21,7 +21,19 @@ needs no new code path to be simulated (sim.compute's docstring defines each key
 
 The fit errors reported per class are computed by sim.compute / sim.network on the written
 profile and topology (loaded back), not by the fitting formulas: what is printed is what a
-simulation with the profile will do.
+simulation with the profile will do. A class or collective whose mean |error| exceeds 25%
+(WARN_ERROR) is listed in FitResult.warnings (the command prints them on stderr).
+
+Refused (ConfigError; the command exits 2 and writes nothing):
+- a fitted constant at or outside its physical range (RANGES, each with its reason): e.g. a link
+  or collective bandwidth above the device's measured memory bandwidth (or unbounded: times that
+  do not grow with the size), a per-step latency above 10 ms, a kernel overhead above 1 ms;
+- a degenerate fit: a class, collective or link whose measurements cannot separate its
+  constants (one size only, so bandwidth and overhead / latency are one number; fewer
+  measurements than constants). A GEMM set too narrow for the efficiency curve gets none.
+
+With a base topology the link is fitted on it; for a CPU CSV the command's default base is the
+measured host (HOST_TEMPLATE's loopback with gpus_per_node = the measured ranks).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import numpy as np
 import yaml
 
 from sim.calibrate import csvio
+from sim.calibrate.constants import FIT_KEYS
 from sim.calibrate.runner import DTYPE_PRECISION
 from sim.errors import ConfigError
 
@@ -46,6 +59,85 @@ REPRESENTATIVE_OP = {"norm": "final_norm", "activation": "act", "softmax": "attn
                      "cross_entropy": "cross_entropy", "moe_permute": "moe_permute"}
 INTRA_CLASS = {"loopback": "loopback", "nvswitch": "nvlink", "nvlink-mesh": "nvlink", "pcie": "pcie"}
 LINK_SECTION = {"loopback": "loopback", "nvlink": "nvlink", "pcie": "pcie"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Physical ranges of the fitted constants. A fit that ends at or outside one is refused
+# (ConfigError, exit 2), not written: the measurements then ask the constant to absorb something
+# it does not describe (noise, an overhead the sizes cannot separate from a bandwidth, a cache).
+@dataclass(frozen=True)
+class Range:
+    lo: float
+    hi: float
+    unit: str
+    why: str
+    lo_closed: bool = False
+    """lo itself is allowed (a time of 0: nothing measurable); else lo < value."""
+
+    def check(self, what: str, value: float, *, key: str, hi: float | None = None,
+              hint: str = "") -> None:
+        hi = self.hi if hi is None else hi
+        lo_ok = value >= self.lo if self.lo_closed else value > self.lo
+        if math.isfinite(value) and lo_ok and value < hi:
+            return
+        span = f"{'[' if self.lo_closed else '('}{self.lo:g}, {hi:.4g})"
+        raise ConfigError(f"the fitted {what} = {value:.4g}{self.unit} is at or outside its physical "
+                          f"range {span}{self.unit} ({self.why}); not written"
+                          + (f": {hint}" if hint else ""), key=key)
+
+
+RANGES = {
+    # A rate is positive; 20 PFLOP/s is above the dense peak of any device made (Blackwell Ultra:
+    # 15 PFLOP/s dense FP4). Attention is matmuls, so its rates share the ceiling.
+    "tflops": Range(0.0, 2e4, " TFLOP/s", "a rate is positive and below 20 PFLOP/s, above any "
+                    "device's dense peak"),
+    # I = 2MNK / (MK + KN + MN) is under 1 only for a matmul narrower than 2; above 3e4 (a
+    # 32768-cube GEMM has 21845) no GEMM would reach half the rate, so the curve would be
+    # absorbing a rate the GEMMs never show.
+    "half_intensity": Range(0.1, 3e4, "", "the efficiency curve must halve within the intensities "
+                            "GEMMs have"),
+    # p: below 0.1 the efficiency changes by under 2x over 3 decades of intensity (no curve);
+    # above 10 it is a step at I0, which no GEMM library shows.
+    "exponent": Range(0.1, 10.0, "", "a curve that neither stays flat nor steps"),
+    # A time is >= 0 (0: none measurable). 1 ms per kernel is 40x eager PyTorch's ~25 us dispatch
+    # per op and 200x a CUDA launch: a larger fixed cost is a stall or a size the fit mistook.
+    "overhead_us": Range(0.0, 1000.0, " us", "a time >= 0 and below 1 ms per kernel, 40x eager "
+                         "PyTorch's dispatch cost", lo_closed=True),
+    # The optimizer's overhead is per step (2 passes over every tensor, looped in Python by
+    # torch's Adam: tens of us per tensor on a CPU), so it has a 10 ms ceiling.
+    "optimizer_overhead_us": Range(0.0, 1e4, " us", "a time >= 0 and below 10 ms per optimizer "
+                                   "step", lo_closed=True),
+    # The fastest memory of any device (HBM3e: 8 TB/s on B200) is well below 50 TB/s; a small
+    # copy in a CPU's caches is faster than its DRAM, still far below that.
+    "memory_gbps": Range(0.0, 5e4, " GB/s", "a bandwidth is positive and below 50 TB/s, above "
+                         "any device's memory"),
+    # An elementwise class's bytes may come from caches faster than the copy roofline (this
+    # project's 2-core CPU: residual at 3.3x its copy rate) but not 20x faster: a rate that high
+    # is an overhead the sizes did not separate from the bandwidth. hi = 20 x hbm_gbps.
+    "class_gbps": Range(0.0, math.inf, " GB/s", "positive and at most 20x the measured copy "
+                        "bandwidth hbm_gbps (caches are faster than memory, not 20x)"),
+    # A link's bytes are read from and written to device memory, so it cannot be faster than
+    # the device's memory bandwidth (hi = hbm_gbps of the profile); below 1 MB/s (10 Mb/s
+    # Ethernet is 1.25 MB/s) no cluster communicates.
+    "link_gbps": Range(1e-3, math.inf, " GB/s", "above 1 MB/s and at most the device memory "
+                       "bandwidth hbm_gbps: a link's bytes are read from and written to it"),
+    "busbw_gbps": Range(0.0, math.inf, " GB/s", "positive and at most the device memory bandwidth "
+                        "hbm_gbps: a collective's bytes are read from and written to it"),
+    # One step of a collective is one message: 0 (none measurable) up to 10 ms (gloo's whole
+    # small all_reduce on loopback is ~0.6 ms; beyond 10 ms a process is descheduled, not sending).
+    "step_latency_us": Range(0.0, 1e4, " us", "a time >= 0 and below 10 ms per message",
+                             lo_closed=True),
+    # A collective's fixed cost covers all its steps (2(n-1) messages of a ring): up to 100 ms.
+    "alpha_us": Range(0.0, 1e5, " us", "a time >= 0 and below 100 ms per call", lo_closed=True),
+    # measured (not fitted) host time per op; its range and why: sim.calibrate.constants
+    "host_overhead_us": Range(FIT_KEYS["host_overhead_us"].lo, FIT_KEYS["host_overhead_us"].hi,
+                              " us", FIT_KEYS["host_overhead_us"].why, lo_closed=True),
+}
+"""Physical ranges of the constants `calibrate fit` writes, by kind."""
+CLASS_GBPS_CACHE_FACTOR = 20.0
+"""An elementwise class's rate may exceed the copy roofline by at most this factor."""
+WARN_ERROR = 0.25
+"""A class whose mean |error| (the simulator on the written profile) exceeds this is warned of."""
 
 
 @dataclass
@@ -71,6 +163,8 @@ class FitResult:
     """Per (op, ranks): dict(op, ranks, alpha_us, algbw_gbps, busbw_gbps, n, mape)."""
     topology: dict | None = None
     notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    """Classes and collectives whose fit error exceeds WARN_ERROR (printed on stderr)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,6 +336,8 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if hbm <= 0:
         raise ConfigError("cannot fit a memory bandwidth: no copy or elementwise rows with bytes > 0",
                           key="bytes")
+    RANGES["memory_gbps"].check("memory bandwidth hbm_gbps (bytes / time of the largest copy)",
+                                hbm / 1e9, key="hbm_gbps")
     # --- GEMMs per precision ----------------------------------------------------------------
     dtypes = []
     for r in gemm_rows:
@@ -256,15 +352,43 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     curve = overhead = None
     for d in [primary] + [x for x in dtypes if x != primary]:
         rs = _rows(gemm_rows, dtype=d)
+        prec = DTYPE_PRECISION[d]
         args = (_arr(rs, "flops"), _arr(rs, "bytes"), _arr(rs, "m"), _arr(rs, "n"), _arr(rs, "k"),
                 _arr(rs, "median_s"), hbm)
         if curve is None:
-            R, i0, p, o = fit_gemm(*args)
+            # rate and overhead: two FLOP counts at least; the efficiency curve's two constants
+            # on top: four rows over three intensities spread over 4x at least (where its knee
+            # can show), else no curve (a note)
+            flops = sorted(set(args[0].tolist()))
+            if len(flops) < 2:
+                raise ConfigError(
+                    f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
+                    "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
+                    "GEMMs of two sizes or more)", key="mamf_tflops")
+            ints = _intensity(args[2], args[3], args[4])
+            n_int = len({round(float(x), 6) for x in ints})
+            spread = float(ints.max() / ints.min())
+            if n_int >= 3 and len(rs) >= 4 and spread >= 4.0:
+                R, i0, p, o = fit_gemm(*args)
+            else:
+                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0))
+                notes.append(f"gemm {prec}: {len(rs)} GEMMs over {n_int} arithmetic intensit"
+                             f"{'y' if n_int == 1 else 'ies'} ({ints.min():.3g} to {ints.max():.3g}): "
+                             "no efficiency curve fitted (its two constants need four GEMMs over "
+                             "three intensities spread over 4x or more)")
             curve, overhead = (i0, p), o
+            RANGES["overhead_us"].check("GEMM overhead overhead_us.gemm", o * 1e6, key="overhead_us.gemm")
+            if i0 > 0:
+                RANGES["half_intensity"].check("GEMM efficiency curve's half_intensity", i0,
+                                               key="gemm_efficiency.half_intensity")
+                RANGES["exponent"].check("GEMM efficiency curve's exponent", p,
+                                         key="gemm_efficiency.exponent")
         else:
             R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead)
+        RANGES["tflops"].check(f"matmul rate mamf_tflops.{prec}", R / 1e12, key=f"mamf_tflops.{prec}",
+                               hint="the GEMM times do not grow with their FLOPs" if R <= 0 else "")
         best = float(np.max(_arr(rs, "flops") / _arr(rs, "median_s")))
-        gemm[DTYPE_PRECISION[d]] = (R, best)
+        gemm[prec] = (R, best)
     peak = {p: _round(max(R, best) / 1e12 * 1.0001, 5) for p, (R, best) in gemm.items()}
     mamf = {p: min(_round(R / 1e12, 5), peak[p]) for p, (R, _b) in gemm.items()}
     compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
@@ -276,7 +400,24 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if att:
         prec = DTYPE_PRECISION.get(att[0]["dtype"], "fp32")
         groups = [(r["phase"], int(r["causal"]), int(r["n"])) for r in att]
+        # a rate per (phase, causal, sequence length) and one overhead shared by all: the
+        # overhead is separable only where a group has two FLOP counts (two head counts)
+        flops_of: dict = {}
+        for g, r in zip(groups, att):
+            flops_of.setdefault(g, set()).add(r["flops"])
+        if len(att) < len(flops_of) + 1 or max(len(v) for v in flops_of.values()) < 2:
+            raise ConfigError(
+                f"attention: {len(att)} measurements for {len(flops_of) + 1} constants (a rate per "
+                f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
+                "sequence length measured at two FLOP counts: the overhead cannot be separated "
+                "from the rates (measure two head counts or batch sizes per sequence length, as "
+                "`sim5d calibrate run` does)", key="attention")
         o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups)
+        RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
+                                    key="overhead_us.attention")
+        for (phase, causal, sl), v in sorted(rates.items()):
+            RANGES["tflops"].check(f"attention rate ({phase}{', causal' if causal else ''}, "
+                                   f"sequence length {sl})", v / 1e12, key="attention")
         # the profile's table is at BF16 (sim.compute scales fp32 by the fp32/bf16 peak ratio)
         scale = 1.0
         if prec == "fp32" and "bf16" in peak:
@@ -320,19 +461,29 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         if not rs:
             continue
         B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
-        x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T)
-        if x <= 0:
-            notes.append(f"{cls}: time does not grow with bytes; not written")
-            continue
         sizes = sorted(set(B.tolist()))
-        if len(sizes) >= 2:
-            # a rate curve over bytes: each size's rate once the fitted overhead is taken off
-            # (at most 3/4 of its time, so that a size stays bandwidth-bound), median per size
-            rate = B / np.maximum(T - kernels * o, 0.25 * T)
-            ew_gbps[cls] = {"bytes": [int(b) for b in sizes],
-                            "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
-        else:
-            ew_gbps[cls] = _round(1.0 / x / 1e9)
+        if len(sizes) < 2:
+            raise ConfigError(
+                f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
+                "and per-kernel overhead cannot be separated (measure two sizes or more)", key=cls)
+        x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T)
+        measured = ", ".join(f"{b:.4g} B in {1e6 * float(np.median(T[B == b])):.4g} us" for b in sizes)
+        if x <= 0:
+            raise ConfigError(
+                f"{cls}: the time does not grow with the bytes ({measured}): its bandwidth would be "
+                "unbounded; not written (measure larger sizes, or more repetitions)", key=cls)
+        # a rate curve over bytes: each size's rate once the fitted overhead is taken off (at
+        # most 3/4 of its time, so that a size stays bandwidth-bound), median per size
+        rate = B / np.maximum(T - kernels * o, 0.25 * T)
+        ew_gbps[cls] = {"bytes": [int(b) for b in sizes],
+                        "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
+        over = "optimizer_overhead_us" if cls == "optimizer" else "overhead_us"
+        RANGES[over].check(f"{cls} overhead overhead_us.{cls}", o * 1e6, key=f"overhead_us.{cls}",
+                           hint=measured)
+        for b, g in zip(ew_gbps[cls]["bytes"], ew_gbps[cls]["gbps"]):
+            RANGES["class_gbps"].check(f"{cls} bandwidth at {b} bytes (elementwise_gbps.{cls})", g,
+                                       key=f"elementwise_gbps.{cls}",
+                                       hi=CLASS_GBPS_CACHE_FACTOR * hbm / 1e9, hint=measured)
         overhead_us[cls] = _round(o * 1e6)
         if cls != "optimizer":
             ew_over.append(o)
@@ -349,6 +500,8 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     host = host_overhead_us(rows)
     if host is not None:
         if meta.get("device") == "cuda":
+            RANGES["host_overhead_us"].check("host time per op host_overhead_us", host,
+                                             key="host_overhead_us")
             compute["host_overhead_us"] = host
         else:
             notes.append(f"host: {host:g} us per op and phase measured; not written (on a CPU the "
@@ -381,14 +534,29 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         rep.held_out = held.get(rep.name)
     # --- collectives ------------------------------------------------------------------------
     coll = _rows(rows, kind="collective")
+    # their bandwidth's ceiling: the measured memory bandwidth (without copy rows hbm is only a
+    # lower bound of it: then the absolute ceiling)
+    mem_ceiling = hbm / 1e9 if copies else RANGES["memory_gbps"].hi
     table = []
     from sim.network.nccl_tests import bus_factor
     for key in sorted({(r["op"], int(r["ranks"])) for r in coll}):
         rs = [r for r in coll if (r["op"], int(r["ranks"])) == key]
-        a, b = fit_alpha_beta(_arr(rs, "size_bytes"), _arr(rs, "median_s"))
-        pred = a + _arr(rs, "size_bytes") * b
-        err = np.abs(pred / _arr(rs, "median_s") - 1)
-        algbw = _round(1.0 / b / 1e9) if b > 0 else None    # None: no size dependence seen
+        what = f"{key[0]} ({key[1]} ranks)"
+        sizes, times = _arr(rs, "size_bytes"), _arr(rs, "median_s")
+        measured = _size_times(sizes, times)
+        if len(set(sizes.tolist())) < 2:
+            raise ConfigError(f"{what}: every measurement has size {int(sizes[0])} bytes ({measured}): "
+                              "its latency and bandwidth cannot be separated (measure two sizes or "
+                              "more)", key="size_bytes")
+        a, b = fit_alpha_beta(sizes, times)
+        RANGES["alpha_us"].check(f"{what} latency alpha", a * 1e6, key=f"collectives.{key[0]}",
+                                 hint=measured)
+        busbw = bus_factor(*key) / b / 1e9 if b > 0 else math.inf
+        RANGES["busbw_gbps"].check(f"{what} bus bandwidth", busbw, key=f"collectives.{key[0]}",
+                                   hi=mem_ceiling, hint=_sizes_hint(measured, busbw > 1.0))
+        pred = a + sizes * b
+        err = np.abs(pred / times - 1)
+        algbw = _round(1.0 / b / 1e9)
         table.append({"op": key[0], "ranks": key[1], "alpha_us": _round(a * 1e6),
                       "algbw_gbps": algbw,
                       "busbw_gbps": _round(algbw * bus_factor(*key)) if algbw else None,
@@ -398,7 +566,42 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         profile["extra"]["collectives"] = [
             {k: v for k, v in t.items() if k in ("op", "ranks", "alpha_us", "algbw_gbps", "busbw_gbps",
                                                  "backend")} for t in table]
+    res.warnings = fit_warnings(res)
     return res
+
+
+def _sizes_hint(measured: str, too_fast: bool) -> str:
+    """The measurements, and (for a bandwidth above its range) what that means."""
+    return measured + ("; the times do not grow enough with the size to tell a bandwidth from the "
+                       "latency: measure larger sizes (`sim5d calibrate run --size quick`)"
+                       if too_fast else "")
+
+
+def _size_times(sizes, times) -> str:
+    """'1024 B: 1.28 ms, 65536 B: 1.09 ms' (the median time per size)."""
+    sizes, times = np.asarray(sizes, float), np.asarray(times, float)
+    return ", ".join(f"{int(s)} B: {1e3 * float(np.median(times[sizes == s])):.3g} ms"
+                     for s in sorted(set(sizes.tolist())))
+
+
+def fit_warnings(res: FitResult) -> list[str]:
+    """A line per op class or collective whose mean |error| exceeds WARN_ERROR: the simulator on
+    the written profile (and topology) will not reproduce those measurements."""
+    out = []
+    for c in res.report:
+        if c.mape > WARN_ERROR:
+            out.append(f"{c.name}: fit error {100 * c.mape:.1f}% (mean |err| of {c.n} measurements, "
+                       f"max {100 * c.max_err:.1f}%) exceeds {100 * WARN_ERROR:g}%")
+    for c in res.collectives:
+        what = f"{c['op']} ({c['ranks']} ranks)"
+        if c["mape"] > WARN_ERROR:
+            out.append(f"{what}: alpha-beta fit error {100 * c['mape']:.1f}% exceeds "
+                       f"{100 * WARN_ERROR:g}%")
+        if c.get("sim_mape", 0.0) > WARN_ERROR:
+            out.append(f"{what}: error of the simulator on the written topology "
+                       f"{100 * c['sim_mape']:.1f}% exceeds {100 * WARN_ERROR:g}% (its link is fitted "
+                       f"to {', '.join(c.get('fitted_to', TOPOLOGY_FIT_OPS))})")
+    return out
 
 
 def host_overhead_us(rows) -> float | None:
@@ -622,10 +825,16 @@ efficiency (gloo's all_gather and send/recv run at other rates than its all_redu
 of the other ops on the fitted topology are reported."""
 
 
-def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_OPS) -> tuple[dict, list]:
+def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_OPS,
+                 memory_gbps: float | None = None, gpus_per_node: int | None = None
+                 ) -> tuple[dict, list]:
     """A topology like `base` whose intra-node link class has the bandwidth and per-step latency
     that make the simulator's `ops` match the measured ones. Returns (topology mapping,
-    [(op, n, mape)] as the simulator predicts every measured collective on it)."""
+    [(op, n, mape)] as the simulator predicts every measured collective on it).
+
+    `memory_gbps`: the device's memory bandwidth, the link bandwidth's ceiling (default: the
+    absolute ceiling of RANGES["memory_gbps"]). `gpus_per_node`: replaces the base's (the
+    measured host's ranks, when the base is only a template such as cpu-local)."""
     from sim.network.collectives import OPS
     from sim.topology import load_topology
 
@@ -633,15 +842,17 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
     if topo.node is None:
         raise ConfigError(f"topology {base!r} has no node section to fit", key="--topology")
     cls = INTRA_CLASS[topo.node.gpu_interconnect]
+    per_node = gpus_per_node or topo.gpus_per_node
     coll = [r for r in rows if r["kind"] == "collective" and r["op"] in OPS
-            and 2 <= int(r["ranks"]) <= topo.gpus_per_node]
+            and 2 <= int(r["ranks"]) <= per_node]
     if not coll:
-        raise ConfigError(f"no collective rows with 2..{topo.gpus_per_node} ranks (one node of "
+        raise ConfigError(f"no collective rows with 2..{per_node} ranks (one node of "
                           f"{topo.name}) to fit its {cls} links", key="--topology")
     every = coll
     coll = [r for r in coll if r["op"] in ops] or every
     raw = dict(topo.raw)
     raw.pop("name", None)
+    raw["gpus_per_node"] = per_node
     # probes: the time is base latency + l1 x step + d1 / bandwidth (Simple protocol)
     t_a = _sim_times_ns(_with_link(raw, cls, bw=1.0, step_us=1.0), coll)
     t_b = _sim_times_ns(_with_link(raw, cls, bw=1.0, step_us=0.0), coll)
@@ -650,15 +861,32 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
     base_lat = (t_b * 1e-9) - d1
     l1 = (t_a - t_b) * 1e-9 / 1.0           # seconds per us of step latency
     t = _arr(coll, "median_s")
+    fit_ops = ", ".join(sorted({r["op"] for r in coll}))
+    measured = _size_times(_arr(coll, "size_bytes"), t)
+    # two constants: two measurements at least, whose step counts and bytes are not proportional
+    A = np.column_stack([l1, d1]) / t[:, None]
+    sv = np.linalg.svd(A / np.maximum(np.linalg.norm(A, axis=0), 1e-300), compute_uv=False)
+    if len(coll) < 2 or sv[-1] < 1e-6:
+        raise ConfigError(f"{len(coll)} {fit_ops} measurement(s) ({measured}) cannot separate the "
+                          f"{cls} link's bandwidth from its per-step latency (two constants): "
+                          "measure two sizes or more", key="--topology-out")
     y = np.maximum(t - base_lat, 1e-12)
     step, inv_bw = fit_linear_time(np.column_stack([l1, d1]), y)
     step_us = float(step)
-    bw = 1.0 / inv_bw if inv_bw > 0 else 1e6
+    bw = 1.0 / inv_bw if inv_bw > 0 else math.inf
+    hint = f"fitted to {fit_ops}: {measured}"
+    RANGES["link_gbps"].check(f"{cls} link bandwidth node.{LINK_SECTION[cls]}.bandwidth_gbps", bw,
+                              key="--topology-out", hi=memory_gbps or RANGES["memory_gbps"].hi,
+                              hint=_sizes_hint(hint, bw > 1.0))
+    RANGES["step_latency_us"].check(f"{cls} per-step latency collectives.step_latency_us.{cls}",
+                                    step_us, key="--topology-out", hint=hint)
     fitted = _with_link(raw, cls, bw=_round(bw), step_us=_round(step_us))
     fitted = {"name": name, **{k: v for k, v in fitted.items() if k != "name"}}
     fitted["gpu"] = gpu_ref
     fitted["source"] = (f"sim5d calibrate fit: {cls} bandwidth and per-step latency fitted to "
-                        f"{len(coll)} measured collectives (base topology {topo.name})")
+                        f"{len(coll)} measured collectives (base topology {topo.name}"
+                        + (f", gpus_per_node {per_node} as measured" if per_node != topo.gpus_per_node
+                           else "") + ")")
     fitted["source"] += f", fitted to {', '.join(sorted({r['op'] for r in coll}))}"
     pred = _sim_times_ns(fitted, every) * 1e-9
     t = _arr(every, "median_s")
@@ -671,20 +899,47 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
 
 
 # ----------------------------------------------------------------------------------------------
+HOST_TEMPLATE = "cpu-local"
+"""The topology a CPU CSV's --topology-out is built on when no --topology is given: one host whose
+ranks (processes) talk over the loopback; its gpus_per_node becomes the measured ranks."""
+
+
+def host_ranks(rows, meta: dict) -> int:
+    """The ranks the CSV's collectives ran with (the measured host's processes)."""
+    ranks = [int(r["ranks"]) for r in _rows(rows, kind="collective")]
+    if ranks:
+        return max(ranks)
+    try:
+        return int(meta.get("ranks", 0))
+    except ValueError:
+        return 0
+
+
 def fit_file(path, *, name: str, memory_gib: float | None = None, topology_base: str | None = None,
-             gpu_ref: str | None = None, topology_name: str | None = None) -> FitResult:
+             gpu_ref: str | None = None, topology_name: str | None = None,
+             match_host: bool = False) -> FitResult:
+    """Fit `path`; with `topology_base`, also its topology. `match_host`: the base is a template
+    (HOST_TEMPLATE) whose gpus_per_node becomes the CSV's measured ranks."""
     meta, rows = csvio.read_csv(path)
     res = fit_rows(meta, rows, name=name, memory_gib=memory_gib)
     if topology_base is not None:
         if not _rows(rows, kind="collective"):
             raise ConfigError("--topology-out needs collective rows in the CSV (run `sim5d calibrate "
                               "run` with --ranks >= 2)", key="--topology-out")
-        topo, errs = fit_topology(rows, topology_base, gpu_ref or name, name=topology_name or f"{name}-topology")
+        per_node = host_ranks(rows, meta) if match_host else None
+        topo, errs = fit_topology(rows, topology_base, gpu_ref or name,
+                                  name=topology_name or f"{name}-topology",
+                                  memory_gbps=res.profile["hbm_gbps"] if _rows(rows, kind="copy")
+                                  else None, gpus_per_node=per_node)
         res.topology = topo
+        fitted_to = [o for o in TOPOLOGY_FIT_OPS if o in {op for op, _n, _m in errs}] or \
+            [op for op, _n, _m in errs]
         for op, n, mape in errs:
             for c in res.collectives:
                 if c["op"] == op:
                     c["sim_mape"] = mape
+                    c["fitted_to"] = fitted_to
+        res.warnings = fit_warnings(res)
     return res
 
 

@@ -72,10 +72,13 @@ SIZES = {
     "tiny": SizeSpec(
         presets=("gpt-1.7b",), tps=(8,), max_weight_elems=1e6, gemm_flop_budget=2.5e7, tokens=64,
         grid=(32, 64), grid_max_flops=1e7,
-        attention=((1, 2, 32, 16), (1, 2, 64, 16)),
-        elementwise=((64, 64), (128, 128)), embedding=((64, 32, 256),), cross_entropy=((64, 256),),
-        copy_elems=(1 << 14, 1 << 16), optimizer=((32, 1), (64, 1)),
-        collective_sizes=(1 << 10, 1 << 16), warmup=1, min_reps=3, max_reps=3, budget_s=0.0),
+        # two sizes of every class at least, spread wide enough for its bandwidth to show over
+        # its overhead (`calibrate fit` refuses a class whose sizes cannot separate the two)
+        attention=((1, 2, 32, 16), (1, 4, 32, 16), (1, 2, 64, 16), (1, 4, 64, 16)),
+        elementwise=((64, 64), (256, 256), (1024, 1024)), embedding=((64, 32, 256), (512, 256, 1024)),
+        cross_entropy=((64, 256), (512, 1024)), copy_elems=(1 << 14, 1 << 20),
+        optimizer=((32, 1), (256, 1)),
+        collective_sizes=(1 << 10, 1 << 16, 1 << 22), warmup=1, min_reps=5, max_reps=5, budget_s=0.0),
     "quick": SizeSpec(
         presets=_ALL_PRESETS, tps=(1, 2, 4, 8), max_weight_elems=4e6, gemm_flop_budget=1e9,
         tokens=2048, grid=(64, 256, 1024, 2048), grid_max_flops=4.5e9,

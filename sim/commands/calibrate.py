@@ -50,7 +50,15 @@ def run_cmd(
     typer.echo(f"wrote {n} measurements to {out}")
 
 
-@calibrate_app.command("fit")
+_FIT_HELP = (
+    "Fit the compute model per op class and the collectives' alpha-beta; write a profile.\n\n"
+    "Refused with exit 2, nothing written: a fitted constant at or outside its physical range "
+    "(sim.calibrate.fit.RANGES: e.g. a link faster than the device memory, a latency above 10 ms), "
+    "or measurements that cannot separate a class's constants (one size only). A class or "
+    "collective whose fit error exceeds 25% is warned of on stderr.")
+
+
+@calibrate_app.command("fit", help=_FIT_HELP)
 def fit_cmd(
     csv_file: Path = typer.Argument(..., metavar="FILE.csv", help="A CSV of `sim5d calibrate run`."),
     out: Path = typer.Option(..., "--out", help="Device profile YAML to write."),
@@ -60,15 +68,17 @@ def fit_cmd(
     topology_out: Optional[Path] = typer.Option(None, "--topology-out", help="Also write a topology "
                                                 "with the fitted intra-node link bandwidth/latency."),
     topology: Optional[str] = typer.Option(None, "--topology", help="Base topology of --topology-out "
-                                           "(default: cpu-local for a CPU CSV)."),
+                                           "(required for a CUDA CSV; default for a CPU CSV: the "
+                                           "measured host, i.e. cpu-local's loopback with "
+                                           "gpus_per_node = the measured ranks)."),
     topology_gpu: Optional[str] = typer.Option(None, "--topology-gpu", help="The `gpu:` the written "
                                                "topology names (default: the written profile: by name "
                                                "in the bundled devices folder, else by absolute path)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
-    """Fit the compute model per op class and the collectives' alpha-beta; write a profile."""
+    """`sim5d calibrate fit` (sim.calibrate.fit; help: _FIT_HELP)."""
     from sim.calibrate import csvio
-    from sim.calibrate.fit import fit_file, write_yaml
+    from sim.calibrate.fit import HOST_TEMPLATE, fit_file, write_yaml
     from sim.devices import device_dir
     from sim.errors import ConfigError
 
@@ -81,6 +91,7 @@ def fit_cmd(
         raise ConfigError(f"--memory-gib = {memory_gib} must be a positive number", key="--memory-gib")
     name = name or out.stem
     base = None
+    match_host = False
     if topology_out is not None:
         base = topology
         if base is None:
@@ -88,7 +99,8 @@ def fit_cmd(
             if meta.get("device") != "cpu":
                 raise ConfigError("--topology-out needs --topology BASE for a non-CPU CSV (the "
                                   "topology whose intra-node links are fitted)", key="--topology")
-            base = "cpu-local"
+            # the measured host: its ranks over the loopback, not a GPU cluster's topology
+            base, match_host = HOST_TEMPLATE, True
     # a profile written into the bundled devices folder is referred to by name, else by path
     try:
         bundled = out.resolve().parent == device_dir().resolve()
@@ -96,7 +108,7 @@ def fit_cmd(
         bundled = False
     gpu_ref = topology_gpu or (out.stem if bundled else str(out.resolve()))
     res = fit_file(csv_file, name=name, memory_gib=memory_gib, topology_base=base, gpu_ref=gpu_ref,
-                   topology_name=topology_out.stem if topology_out else None)
+                   topology_name=topology_out.stem if topology_out else None, match_host=match_host)
     header = (f"# Device profile fitted by `sim5d calibrate fit {csv_file.name}` (sim/calibrate/fit.py).\n"
               "# extra.compute keys are defined in sim/compute.py; fit errors per op class below.\n")
     for c in res.report:
@@ -113,7 +125,8 @@ def fit_cmd(
             "profile": str(out), "topology": str(topology_out) if topology_out else None,
             "classes": [{"class": c.name, "n": c.n, "mape": c.mape, "max_error": c.max_err,
                          "held_out_mape": c.held_out, "params": c.params} for c in res.report],
-            "collectives": res.collectives, "notes": res.notes}))
+            "collectives": res.collectives, "notes": res.notes, "warnings": res.warnings}))
+        _warn(res.warnings)
         return
     typer.echo(f"# sim5d calibrate fit {csv_file} -> {out}" + (f", {topology_out}" if topology_out else ""))
     typer.echo(f"# {'class':<17} {'n':>4} {'mean|err|':>10} {'max|err|':>9} {'held-out':>9}  fitted")
@@ -133,6 +146,13 @@ def fit_cmd(
                        f"{100 * c['mape']:>8.1f}% {sim}")
     for n in res.notes:
         typer.echo(f"# note: {n}")
+    _warn(res.warnings)
+
+
+def _warn(warnings) -> None:
+    """Each fit warning (a class or collective the written files will not reproduce) on stderr."""
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
 
 
 _STEPS_HELP = (
