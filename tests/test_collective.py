@@ -41,6 +41,40 @@ def test_ring_allreduce_across_nodes_bounded_by_the_nics():
     assert r.busbw_gbps <= 2 * 23.7 + 1e-9
 
 
+@pytest.mark.parametrize("topo,nic,nvlink", [("dgx-h100-ndr", 47.0, 370.0), ("dgx-a100-hdr", 24.0, 230.0),
+                                             ("hgx-h800-ndr", 47.0, 160.0)])
+@pytest.mark.parametrize("gpus", [12, 20])
+def test_partial_node_ring_uses_the_nics_of_its_gpus(topo, nic, nvlink, gpus):
+    # Hand-worked: the last node holds GPUs 0-3, whose nearest NICs are rails 0-3. NCCL keeps the
+    # fewest channels any rank found (init.cc: nChannels = min over ranks): C = 4 rail-aligned
+    # channels. Ring: each channel crosses every used NIC link once per direction -> busbw = C x NIC;
+    # each GPU sends over NVLink in at most C of C channels -> busbw <= NVLink. Before the fix the
+    # rails 4-7 of the full node reached the partial node through its CPUs (one NIC's worth, 43.9).
+    C = 4
+    ring = sim(topo, "all_reduce", gpus, 8 * GiB, algorithm="ring").busbw_gbps
+    assert ring == pytest.approx(min(C * nic, nvlink), rel=0.02)
+    full = sim(topo, "all_reduce", 16, 8 * GiB, algorithm="ring").busbw_gbps
+    assert nic < ring <= full + 1e-9
+    # Tree: 2C trees of S/2C each. The busiest NIC sends L = 2 (2 nodes: one edge per tree, up in
+    # one tree and down in its mirror) or L = 3 (3 nodes, ncclGetDtree chains 1-2-0 and 2-0-1: the
+    # middle node) tree edges per rail pair, so algbw <= 2C x NIC / L; a chain-middle GPU sends up
+    # and down on every tree, 2 x S over NVLink -> algbw <= NVLink / 2; Simple tree efficiency 0.92.
+    L = {12: 2, 20: 3}[gpus]
+    tree = sim(topo, "all_reduce", gpus, 8 * GiB, algorithm="tree").algbw_gbps
+    assert tree == pytest.approx(0.92 * min(2 * C * nic / L, nvlink / 2), rel=0.02)
+
+
+def test_partial_node_channels_are_rail_aligned_on_shared_rails():
+    G = build_graph(load_topology("dgx-h100-ndr"), 2)
+    ranks = gpus_of(G)[4:8] + gpus_of(G)[8:16]  # node 0: GPUs 4-7 (rails 4-7), node 1: all 8
+    plan = plan_collective(G, "all_reduce", ranks, GiB, algorithm="ring")
+    leaves = {G.graph["edge_list"][e][1] for ph in plan.phases for p in ph.paths for e in p
+              if G.nodes[G.graph["edge_list"][e][1]]["kind"] == "leaf"}
+    assert {G.nodes[x]["rail"] for x in leaves} == {4, 5, 6, 7}  # the rails both nodes have
+    assert not any(G.nodes[G.graph["edge_list"][e][1]]["kind"] == "spine"
+                   for ph in plan.phases for p in ph.paths for e in p)
+
+
 # shared/validation/published_runs.yaml, hardware_reference.measured (nccl-tests #149/#212/#290, nccl #812)
 HW_REF = {"nccl_allreduce_busbw_8xa100_intranode_gbps": 230, "nccl_allreduce_busbw_8xh100_intranode_gbps": 480,
           "nccl_allreduce_busbw_dgx_a100_multinode_gbps": 192, "ndr400_per_nic_achieved_gbps": 47,

@@ -92,8 +92,44 @@ def test_summary_injection_and_bisection():
     assert s["injection_gbps_per_gpu"] == {"intra_node": 230.0, "inter_node": 24.0}
     assert s["bisection_gbps"] == pytest.approx(8 * 24.0)   # one node's 8 NICs
     s = summarize(build_graph(load_topology("dgx-h100-ndr"), 1))
-    # 4 GPUs' NVLink into the switch, plus their 4 PCIe Gen5 links (P2P over PCIe is a path too)
-    assert s["bisection_gbps"] == pytest.approx(4 * 370.0 + 4 * 48.0)
+    # inside one node over the GPU interconnect only: 4 GPUs' NVLink into the switch (NCCL does not
+    # add PCIe P2P or a NIC hairpin to NVLink traffic)
+    assert s["bisection_gbps"] == pytest.approx(4 * 370.0)
+    # NVLS: 308.6 GB/s multimem per GPU -> busbw 308.6 x 2(8-1)/(8+1) = 480 (nccl #812 measures 480)
+    assert s["nvls_allreduce_busbw_gbps"] == pytest.approx(480.0, abs=0.1)
+    # dgx-a100-hdr on one node printed 254 GB/s per GPU (NVLink 230 + PCIe 24) above the injection
+    s = summarize(build_graph(load_topology("dgx-a100-hdr"), 1))
+    assert s["bisection_gbps_per_gpu"] == pytest.approx(230.0)
+    # pcie-l40s: GPUs 0-3 on socket 0, 4-7 on socket 1: the cut is min(uplink 24, UPI 22) = 22
+    s = summarize(build_graph(load_topology("pcie-l40s"), 1))
+    assert s["bisection_gbps"] == pytest.approx(22.0)
+    # 3 nodes: node 0 sends to nodes 1-2 through its 8 NICs: 8 x 24 = 192, 24 per sending GPU
+    s = summarize(build_graph(load_topology("dgx-a100-hdr"), 3))
+    assert s["bisection_gbps"] == pytest.approx(192.0) and s["bisection_gbps_per_gpu"] == pytest.approx(24.0)
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_bisection_per_gpu_never_exceeds_injection(name):
+    t = load_topology(name)
+    for n in sorted({1, 2, 3, 4} & set(range(1, t.max_nodes + 1))):
+        s = summarize(build_graph(t, n))
+        inj = s["injection_gbps_per_gpu"]["inter_node" if n > 1 else "intra_node"]
+        assert 0 < s["bisection_gbps_per_gpu"] <= inj * (1 + 1e-9), (name, n, s["bisection_gbps_per_gpu"], inj)
+        for k in ("bisection_gbps", "bisection_gbps_per_gpu", "nvls_gbps_per_gpu",
+                  "injection_gbps_per_gpu.inter_node", "injection_gbps_per_gpu.intra_node"):
+            assert "GB/s" in s["definitions"][k]
+
+
+def test_topology_cli_defines_every_figure():
+    r = _cli("topology", "dgx-h100-ndr")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "All figures are achievable GB/s (1e9 B/s), one direction" in out
+    assert "370 GB/s inside the node (one GPU's link into the GPU interconnect)" in out
+    assert "47 GB/s into the network (the node's NICs / its GPUs)" in out
+    assert "308.6 x 2(8-1)/(8+1) = 480.0 GB/s" in out
+    assert "1480.0 GB/s from the first half of the GPUs to the second" in out
+    assert "370.0 GB/s per sending GPU" in out
 
 
 def test_max_nodes_from_fabric_capacity():
@@ -171,3 +207,70 @@ def test_topology_cli_bad_input_exit_2(tmp_path):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr and r.stderr.strip()
+
+
+# --- the drawing (sim.topology.summary.draw_graph) ---
+
+def _drawn(fig):
+    """(texts, legend labels, {gid: artist}) of a draw_graph figure."""
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    gids = {a.get_gid(): a for a in list(ax.collections) + list(ax.patches) + list(ax.texts) if a.get_gid()}
+    return texts, labels, gids
+
+
+def test_plot_groups_nodes_and_labels_link_bandwidths(monkeypatch):
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sim.topology.summary import draw_graph
+
+    backend = matplotlib.get_backend()
+    monkeypatch.setattr(matplotlib, "use", lambda *a, **k: pytest.fail("must not call matplotlib.use"))
+    fig = draw_graph(build_graph(load_topology("dgx-h100-ndr"), 2))
+    assert matplotlib.get_backend() == backend
+    texts, labels, gids = _drawn(fig)
+    assert {"node 0", "node 1"} <= set(texts)
+    # every link class labelled with its topology bandwidth (dgx-h100-ndr.yaml), on a link and in the legend
+    want = {"nvlink": 370, "pcie": 48, "pcie_uplink": 48, "inter_socket": 22, "nic": 47, "fabric": 47}
+    for cls, bw in want.items():
+        assert gids[f"bw:{cls}"].get_text() == f"{bw} GB/s"
+    assert "NVLink (GPU to NVSwitch / peer): 370 GB/s" in labels
+    assert "PCIe uplink (switch to CPU): 48 GB/s" in labels and "inter-socket (CPU to CPU): 22 GB/s" in labels
+    colours = {cls: tuple(gids[f"links:{cls}"].get_colors()[0]) for cls in want}
+    assert len({colours["pcie"], colours["pcie_uplink"], colours["inter_socket"]}) == 3
+    assert len(gids["nodes:gpu"].get_offsets()) == 16
+    assert len(gids["nodes:spine"].get_offsets()) == 32   # every spine of a 2-node cluster
+    # the legend lies right of the drawing, not on it
+    r = FigureCanvasAgg(fig).get_renderer()
+    assert fig.legends[0].get_window_extent(r).x0 >= fig.axes[0].get_window_extent(r).x1
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-ndr", "pcie-l40s"])
+def test_plot_of_one_node_draws_no_fabric(name):
+    from sim.topology.summary import draw_graph
+
+    texts, labels, gids = _drawn(draw_graph(build_graph(load_topology(name), 1)))
+    assert "node 0" in texts and len(gids["nodes:gpu"].get_offsets()) == 8
+    assert not {"nodes:leaf", "nodes:spine", "links:nic", "links:fabric"} & set(gids)
+    assert not any("switch to switch" in x or "leaf" in x for x in labels)
+
+
+@pytest.mark.parametrize("name,nics", [("dgx-h100-ndr", 8), ("pcie-l40s", 2)])
+def test_plot_of_64_nodes_is_summarised(name, nics):
+    from sim.topology.summary import draw_graph
+
+    G = build_graph(load_topology(name), 64)
+    fig = draw_graph(G)
+    texts, labels, gids = _drawn(fig)
+    assert len(gids["nodes:gpu"].get_offsets()) == 3 * 8        # nodes 0, 1 and 63, not 512 GPUs
+    assert {"node 0", "node 1", "node 63"} <= set(texts)
+    assert any("61 more nodes" in t for t in texts)
+    assert "nodes:spine" not in gids and {"block:leaf", "block:spine"} <= set(gids)
+    nic_bw = load_topology(name).node.nic.bandwidth_gbps
+    assert gids["bw:nic"].get_text() == f"{64 * nics} links x {nic_bw:g} GB/s"   # every NIC of 64 nodes
+    f = G.graph["fabric"]
+    link_bw = load_topology(name).fabric.link.bandwidth_gbps
+    assert gids["bw:fabric"].get_text() == f"{f['leaves'] * f['leaf_up_ports']} links x {link_bw:g} GB/s"
+    assert fig.get_size_inches()[0] * 120 < 4000                # the old drawing was 4800 px of dots

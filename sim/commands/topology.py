@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
     def topology_cmd(
         name: str = typer.Argument(..., help="Bundled topology name or a topology YAML path."),
         nodes: int = typer.Option(1, "--nodes", help="Servers in the cluster."),
-        plot: Optional[str] = typer.Option(None, "--plot", help="Draw the graph to this PNG file."),
+        plot: Optional[str] = typer.Option(None, "--plot", help="Draw the cluster to this PNG file "
+                                           "(32+ nodes: nodes 0, 1 and the last; the fabric summarised)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """GPUs, links by class, per-GPU injection and bisection bandwidth of a cluster."""
@@ -60,12 +61,23 @@ def _render(s: dict) -> None:
         t.add_row(cls, str(d["links"]), ", ".join(f"{x:g}" for x in bw) if isinstance(bw, list) else f"{bw:g}")
     c.print(t)
     inj = s["injection_gbps_per_gpu"]
-    c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s inside the node, {inj['inter_node']:g} GB/s "
-            "into the network (per direction)")
+    c.print("All figures are achievable GB/s (1e9 B/s), one direction:", highlight=False)
+    c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s inside the node (one GPU's link into the "
+            f"GPU interconnect), {inj['inter_node']:g} GB/s into the network (the node's NICs / its GPUs)",
+            highlight=False)
     if s.get("nvls_gbps_per_gpu"):
-        c.print(f"NVLink SHARP (NVLS): {s['nvls_gbps_per_gpu']:g} GB/s per GPU")
+        g = s["gpus_per_node"]
+        c.print(f"NVLink SHARP (NVLS): {s['nvls_gbps_per_gpu']:g} GB/s per GPU through the switch's multimem "
+                f"engine (an all-reduce moves S(n+1)/n each way), so an NVLS all-reduce on {g} GPUs has "
+                f"busbw {s['nvls_gbps_per_gpu']:g} x 2({g}-1)/({g}+1) = "
+                f"{s['nvls_allreduce_busbw_gbps']:.1f} GB/s",
+                highlight=False)
     if "bisection_gbps" in s:
-        c.print(f"bisection (first half of the GPUs -> second half): {s['bisection_gbps']:.1f} GB/s, "
-                f"{s['bisection_gbps_per_gpu']:.1f} GB/s per GPU")
+        inside = s["num_nodes"] == 1
+        c.print(f"bisection: {s['bisection_gbps']:.1f} GB/s from the first half of the "
+                f"{'GPUs' if inside else 'nodes'} to the second (max-flow"
+                f"{' over the GPU interconnect' if inside else ''}), {s['bisection_gbps_per_gpu']:.1f} GB/s "
+                f"per sending GPU (at most its {'intra-node' if inside else 'network'} injection)",
+                highlight=False)
     if s.get("plot"):
         c.print(f"drawing: {s['plot']}")

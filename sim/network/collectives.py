@@ -14,6 +14,8 @@ Algorithms (`algorithm=`):
 - ``ring``: NCCL rings. On one node one ring over the GPUs in index order; across nodes one ring
   per rail (channel): it enters each node at the GPU nearest rail r's NIC, visits the node's other
   GPUs and leaves from the next-nearest GPU through the same NIC to the same rail of the next node.
+  A node uses only the NICs of its own GPUs, and the channel count is the fewest rails any node
+  has (a partially filled node: its rails; NCCL init.cc takes the min of nChannels over ranks).
 - ``tree``: NCCL's double binary tree (all_reduce only): inside a node a chain from the GPU nearest
   the rail's NIC; across nodes the two complementary binary trees of ncclGetDtree, each carrying
   half the data, on every rail.
@@ -161,8 +163,19 @@ class _Layout:
         ic = G.graph["topology"].node.gpu_interconnect
         self.intra_class = {"nvswitch": "nvlink", "nvlink-mesh": "nvlink", "pcie": "pcie",
                             "loopback": "loopback"}[ic]
-        # rails in use: the rails of the participating GPUs (NCCL binds channels to NICs near them)
-        self.rails = sorted({nodes[g]["rail"] for g in ordered}) if self.nics else []
+        # Channels across nodes. Each node searches its channels over the NICs near its own GPUs
+        # and all ranks then keep the fewest channels any of them found (NCCL init.cc:
+        # graphs[a]->nChannels = std::min over ranks), so a partially filled node caps the channel
+        # count at its own rails. Channel c uses the c-th rail of every server, rails that all
+        # servers have first, so channels stay rail-aligned where they can.
+        own = [sorted({nodes[g]["rail"] for g in srv}) for srv in self.servers] if self.nics else []
+        shared = sorted(set.intersection(*map(set, own))) if own else []
+        self.server_rails = [shared + [r for r in o if r not in shared] for o in own]
+        self.n_channels = min(map(len, own)) if own else 0
+
+    def channel_rails(self, c: int) -> list:
+        """The rail (NIC) each server uses for cross-node channel c."""
+        return [rails[c] for rails in self.server_rails]
 
     def distance(self, gpu: str, rail: int) -> tuple:
         nd = self.G.nodes
@@ -294,11 +307,12 @@ def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, r
         channels = [(None, lay.ranks)]
     else:
         channels = []
-        for r in lay.rails:
+        for c in range(lay.n_channels):
+            rails = lay.channel_rails(c)
             order = []
-            for srv in lay.servers:
+            for srv, r in zip(lay.servers, rails):
                 order += lay.order_for_rail(srv, r)
-            channels.append((r, order))
+            channels.append((rails, order))
     C = len(channels)
     if op == "all_reduce":
         nsteps, per_edge = 2 * (n - 1), 2.0 * (n - 1) / n * nbytes / C
@@ -307,7 +321,8 @@ def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, r
     else:  # broadcast: a pipelined chain from the root
         nsteps, per_edge = n - 1, nbytes / C
     G = lay.G
-    for ci, (rail, order) in enumerate(channels):
+    srv_of = {g: i for i, s in enumerate(lay.servers) for g in s}
+    for ci, (rails, order) in enumerate(channels):
         if op == "broadcast":
             k = order.index(root) if root in order else 0
             order = order[k:] + order[:k]
@@ -315,8 +330,10 @@ def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, r
         else:
             pairs = list(zip(order, order[1:] + order[:1]))
         for a, b in pairs:
-            cross = G.nodes[a]["server"] != G.nodes[b]["server"]
-            path = router.path(a, b, rail=rail if cross else None, key=ci)
+            if G.nodes[a]["server"] != G.nodes[b]["server"]:
+                path = router.path(a, b, rail=rails[srv_of[a]], dst_rail=rails[srv_of[b]], key=ci)
+            else:
+                path = router.path(a, b, key=ci)
             ph.add(path, per_edge, f"ring{ci}:{a}->{b}")
     if granularity == "step" and nsteps > 1:
         ph.nbytes = [x / nsteps for x in ph.nbytes]
@@ -334,11 +351,12 @@ def _tree_phases(lay: _Layout, router, nbytes: int):
             ph.add(router.path(a, b), nbytes, f"tree:down:{a}->{b}")
         return [ph]
     parents = dtree_parents(lay.n_servers)
-    C = 2 * len(lay.rails)
+    C = 2 * lay.n_channels
     per = nbytes / C
     ci = 0
-    for r in lay.rails:
-        chains = [lay.order_for_rail(srv, r) for srv in lay.servers]
+    for c in range(lay.n_channels):
+        rails = lay.channel_rails(c)
+        chains = [lay.order_for_rail(srv, r) for srv, r in zip(lay.servers, rails)]
         # order_for_rail puts the exit GPU last; a tree chain only needs the head first
         for t in (0, 1):
             for chain in chains:
@@ -349,8 +367,9 @@ def _tree_phases(lay: _Layout, router, nbytes: int):
                 if parent < 0:
                     continue
                 hc, hp = chains[child][0], chains[parent][0]
-                ph.add(router.path(hc, hp, rail=r, key=ci), per, f"tree{ci}:up:{hc}->{hp}")
-                ph.add(router.path(hp, hc, rail=r, key=ci), per, f"tree{ci}:down:{hp}->{hc}")
+                rc, rp = rails[child], rails[parent]
+                ph.add(router.path(hc, hp, rail=rc, dst_rail=rp, key=ci), per, f"tree{ci}:up:{hc}->{hp}")
+                ph.add(router.path(hp, hc, rail=rp, dst_rail=rc, key=ci), per, f"tree{ci}:down:{hp}->{hc}")
             ci += 1
     return [ph]
 
@@ -381,7 +400,8 @@ def _hier_phases(lay: _Layout, router, nbytes: int, granularity: str):
     for j in range(g):
         col = [srv[j] for srv in lay.servers]
         for a, b in zip(col, col[1:] + col[:1]):
-            inter.add(router.path(a, b, rail=G.nodes[a]["rail"], key=j), 2.0 * (nn - 1) / nn * shard,
+            inter.add(router.path(a, b, rail=G.nodes[a]["rail"], dst_rail=G.nodes[b]["rail"], key=j),
+                      2.0 * (nn - 1) / nn * shard,
                       f"hier:ar{j}:{a}->{b}")
     phases = [intra_rs, inter, intra_ag]
     if granularity == "step":

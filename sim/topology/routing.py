@@ -43,14 +43,16 @@ class Router:
         self._cache: dict = {}
 
     # --- public ---
-    def path(self, src: str, dst: str, *, rail: int | None = None, key: int = 0) -> tuple[int, ...]:
+    def path(self, src: str, dst: str, *, rail: int | None = None, key: int = 0,
+             dst_rail: int | None = None) -> tuple[int, ...]:
         """Edge ids from src to dst (GPU or NIC names). Between servers each end uses the NIC of its
         own rail; `rail` pins both ends to that rail's NICs (how NCCL's ring and tree channels pair
-        NICs). `key` feeds the ECMP hash (e.g. the channel)."""
-        ck = (src, dst, rail, key)
+        NICs), `dst_rail` the receiving end to another rail. `key` feeds the ECMP hash (e.g. the
+        channel)."""
+        ck = (src, dst, rail, key, dst_rail)
         p = self._cache.get(ck)
         if p is None:
-            nodes = self.path_nodes(src, dst, rail=rail, key=key)
+            nodes = self.path_nodes(src, dst, rail=rail, key=key, dst_rail=dst_rail)
             p = tuple(self.eid[(a, b)] for a, b in zip(nodes, nodes[1:]))
             self._cache[ck] = p
         return p
@@ -61,7 +63,8 @@ class Router:
     def path_bottleneck_gbps(self, path) -> float:
         return min((self.bandwidth_gbps[e] for e in path), default=float("inf"))
 
-    def path_nodes(self, src: str, dst: str, *, rail: int | None = None, key: int = 0) -> list[str]:
+    def path_nodes(self, src: str, dst: str, *, rail: int | None = None, key: int = 0,
+                   dst_rail: int | None = None) -> list[str]:
         G = self.G
         for x in (src, dst):
             if x not in G:
@@ -75,11 +78,12 @@ class Router:
         nics = G.graph["nics_per_node"]
         if nics == 0:
             raise ConfigError(f"no network path from {src} to {dst}: the node has no NICs", key="rank")
-        if rail is not None and not 0 <= rail < nics:
-            raise ConfigError(f"rail = {rail} must be in 0..{nics - 1}", key="rail")
-        # Each end uses its own nearest NIC unless the caller pins a rail for both (NCCL channels).
+        for r in (rail, dst_rail):
+            if r is not None and not 0 <= r < nics:
+                raise ConfigError(f"rail = {r} must be in 0..{nics - 1}", key="rail")
+        # Each end uses its own nearest NIC unless the caller pins a rail (NCCL channels).
         ra = rail if rail is not None else G.nodes[src]["rail"]
-        rb = rail if rail is not None else G.nodes[dst]["rail"]
+        rb = dst_rail if dst_rail is not None else rail if rail is not None else G.nodes[dst]["rail"]
         nic_a = src if G.nodes[src]["kind"] == "nic" else f"n{sa}.nic{ra}"
         nic_b = dst if G.nodes[dst]["kind"] == "nic" else f"n{sb}.nic{rb}"
         head = self._intra(src, nic_a) if src != nic_a else [nic_a]
