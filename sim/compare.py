@@ -17,6 +17,7 @@ empty (null in JSON) rather than zero.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -34,8 +35,9 @@ def parse_tokens(text: str) -> float:
         raise ConfigError(f"--tokens {text!r} is not a token count; use a number with an optional K, M, B "
                           "or T suffix, e.g. 15T or 300B", key="--tokens")
     n = float(m.group(1)) * _TOKEN_UNITS[m.group(2).upper()]
-    if n <= 0:
-        raise ConfigError(f"--tokens {text!r} must be positive", key="--tokens")
+    if not 0 < n < 1e18:
+        raise ConfigError(f"--tokens {text!r} must be positive and below 1e18 (a quintillion)",
+                          key="--tokens")
     return n
 
 
@@ -57,8 +59,9 @@ def parse_prices(items: list[str]) -> tuple[float | None, dict]:
         except ValueError:
             raise ConfigError(f"--price {item!r}: the price must be a number of US dollars per GPU-hour, "
                               "as X or NAME=X (NAME: a scenario or device-profile name)", key="--price") from None
-        if price < 0:
-            raise ConfigError(f"--price {item!r}: the price must not be negative", key="--price")
+        if not math.isfinite(price) or price < 0:
+            raise ConfigError(f"--price {item!r}: the price must be a finite, non-negative number",
+                              key="--price")
         if sep:
             named[name.strip()] = price
         else:
@@ -144,23 +147,25 @@ def compare(paths: list[str], overrides: list[str], *, tokens: float, price_item
 
 # ----------------------------------------------------------------------------------------------
 def plot(rows: list[dict], tokens: float, path: Path) -> Path:
-    """Side-by-side bars: step time split into compute / exposed comm / bubble, MFU, peak memory
-    against capacity, $ per billion tokens, days and $ to train `tokens`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Side-by-side bars, each with its value: step time split into compute / exposed comm /
+    bubble, MFU, peak memory against capacity, $ per billion tokens, days and $ to train `tokens`.
+    Text is drawn as is: a `$` never starts matplotlib's math mode."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     names = [r["name"] for r in rows]
     x = range(len(rows))
-    colours = plt.get_cmap("tab10").colors
-    fig, axes = plt.subplots(2, 3, figsize=(max(12, 2.2 * len(rows) * 3 / 2), 7.5))
+    colours = colormaps["tab10"].colors
+    fig = Figure(figsize=(max(12, 2.2 * len(rows) * 3 / 2), 7.5), layout="constrained")
+    axes = fig.subplots(2, 3)
     ax = axes[0][0]
     bottom = [0.0] * len(rows)
     for part, colour in (("compute", "#2ca02c"), ("exposed_comm", "#d62728"), ("bubble", "#bbbbbb")):
         vals = [r[f"{part}_s"] for r in rows]
         ax.bar(x, vals, bottom=bottom, color=colour, label=part.replace("_", " "))
         bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.3g}", ha="center", va="bottom", fontsize=8)
     ax.set_title("step time (s)")
     ax.legend(fontsize=7)
 
@@ -172,13 +177,15 @@ def plot(rows: list[dict], tokens: float, path: Path) -> Path:
                 continue
             ax.bar(i, v, color=colours[i % len(colours)])
             ax.text(i, v, fmt.format(v), ha="center", va="bottom", fontsize=8)
-        ax.set_title(title)
+        ax.set_title(title, parse_math=False)
 
     bars(axes[0][1], "mfu", "MFU (%)", "{:.1f}", 100.0)
     ax = axes[0][2]
     bars(ax, "peak_memory_gib", "peak memory per GPU (GiB)", "{:.1f}")
     for i, r in enumerate(rows):
-        ax.plot([i - 0.4, i + 0.4], [r["memory_capacity_gib"]] * 2, color="red", lw=1.5)
+        ax.plot([i - 0.4, i + 0.4], [r["memory_capacity_gib"]] * 2, color="red", lw=1.5,
+                label="capacity" if i == 0 else None)
+    ax.legend(fontsize=7, loc="best")
     bars(axes[1][0], "usd_per_billion_tokens", "$ per billion tokens", "{:,.0f}")
     bars(axes[1][1], "days_to_train", f"days to train {format_tokens(tokens)} tokens", "{:.1f}", missing="")
     bars(axes[1][2], "usd_to_train", f"$M to train {format_tokens(tokens)} tokens", "{:.2f}", 1e-6)
@@ -188,9 +195,9 @@ def plot(rows: list[dict], tokens: float, path: Path) -> Path:
             a.grid(axis="y", alpha=0.3)
     fig.suptitle("; ".join(f"{r['name']}: {r['num_gpus']} x {r['gpu']} @ "
                            f"{'$%.2f/GPU-h' % r['price_per_gpu_hour_usd'] if r['price_per_gpu_hour_usd'] else 'no price'}"
-                           for r in rows), fontsize=8)
-    fig.tight_layout()
+                           for r in rows), fontsize=8, parse_math=False)
+    for a in axes.flat:
+        a.margins(y=0.12)                                     # room for the value labels
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

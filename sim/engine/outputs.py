@@ -1,5 +1,8 @@
 """What `sim5d run` writes: timeline.csv, trace.json.gz (Chrome trace / Perfetto) and charts.
 
+timeline.csv: one row per record (times in ns); `value_bytes`, on memory marks only, is the
+activation memory an action allocated (+) or freed (-).
+
 Trace format: the Chrome Trace Event Format (JSON object with `traceEvents`, timestamps in
 microseconds): one process per simulated rank named with its coordinates, one thread per stream
 (compute, pp, dp, tp, ...), complete events ("X") for every interval, flow events ("s"/"f")
@@ -11,6 +14,8 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.units import GiB
@@ -19,12 +24,15 @@ STREAM_TIDS = {"compute": 1, "pp": 2, "dp": 3, "tp": 4, "cp": 5, "ep": 6}
 
 
 def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
+    """One row per record; `value_bytes` is set on memory marks only: the activation bytes an
+    action allocated (+) or freed (-) at that instant."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["rank", "pp_rank", "stream", "name", "category", "start_ns", "end_ns", "duration_ns", "value"])
+        w.writerow(["rank", "pp_rank", "stream", "name", "category", "start_ns", "end_ns", "duration_ns",
+                    "value_bytes"])
         for r in sorted(records, key=lambda x: (x.rank, x.start_ns, x.end_ns, x.stream, x.name)):
             w.writerow([r.rank, pp_rank_of.get(r.rank, ""), r.stream, r.name, r.cat, r.start_ns, r.end_ns,
-                        r.end_ns - r.start_ns, r.value if r.stream == "mark" else ""])
+                        r.end_ns - r.start_ns, round(r.value) if r.stream == "mark" else ""])
 
 
 def memory_series(records, static_bytes: dict) -> dict:
@@ -43,17 +51,28 @@ def memory_series(records, static_bytes: dict) -> dict:
 
 def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> dict:
     """The trace as a dict. `labels[rank]` names the process (its coordinates); `p2p` is the
-    engine's send/recv log, drawn as flow arrows from the send to the receiving compute."""
+    engine's send/recv log, drawn as flow arrows from the send to the receiving compute. Each
+    rank declares a thread only for the streams it has events on; zero-length communication
+    (a collective over one GPU) is left out."""
     ev = []
+    shown = [r for r in records if r.stream != "mark" and (r.stream == "compute" or r.end_ns > r.start_ns)]
+    tids = dict(STREAM_TIDS)
+    for s in sorted({r.stream for r in shown} - set(tids)):
+        tids[s] = 9 + len(tids) - len(STREAM_TIDS)
+    used: dict = {}
+    for r in shown:
+        used.setdefault(r.rank, set()).add(r.stream)
+    for info in (p2p or {}).values():
+        if "src" in info and "dst" in info:
+            used.setdefault(info["src"], set()).add("pp")
+            used.setdefault(info["dst"], set()).add("compute")
     for rank, label in labels.items():
         ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": label}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-        for stream, tid in STREAM_TIDS.items():
-            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": stream}})
-    for r in sorted(records, key=lambda x: (x.rank, x.start_ns, x.stream)):
-        if r.stream == "mark":
-            continue
-        ev.append({"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": STREAM_TIDS.get(r.stream, 9),
+        for stream in sorted(used.get(rank, ()), key=tids.get):
+            ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[stream], "args": {"name": stream}})
+    for r in sorted(shown, key=lambda x: (x.rank, x.start_ns, x.stream)):
+        ev.append({"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": tids[r.stream],
                    "ts": r.start_ns / 1000.0, "dur": (r.end_ns - r.start_ns) / 1000.0})
     for i, (key, info) in enumerate(sorted((p2p or {}).items(), key=lambda kv: kv[1].get("sent_ns", 0))):
         if "src" not in info or "dst" not in info:
@@ -72,8 +91,9 @@ def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> d
 
 def write_trace(records, labels, mem, path: Path, p2p: dict | None = None) -> None:
     data = json.dumps(chrome_trace(records, labels, mem, p2p), separators=(",", ":"))
-    with gzip.open(path, "wt") as f:
-        f.write(data)
+    # mtime 0: the same scenario gives a byte-identical file (gzip stores a time stamp otherwise)
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        f.write(data.encode())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,51 +138,262 @@ def action_spans(records, rank: int) -> list:
     return [tuple(x) for x in spans]
 
 
-def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str) -> None:
-    """The schedule chart of the simulated step: per pipeline stage, its actions (forward,
-    backward, recompute, ...) as bars with the microbatch number, exposed communication in red,
-    gaps (bubble) blank."""
-    import matplotlib
+@dataclass
+class Box:
+    """One box of the pipeline chart: an action, parts = [(kind, mb)], or DualPipe's overlapped
+    F&B pair, parts = [(F, mb), (B, mb)]; its extent, each part's kernel intervals and the
+    recompute kernels inside it."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    parts: list
+    start_ns: int
+    end_ns: int
+    kernels: list
+    recompute: list
+
+
+_MARK_RE = re.compile(r"^\d+([FBI])(\d+)$")
+
+
+def _roles(rec) -> tuple:
+    """(the action kinds a compute kernel can belong to, whether it fixes its action's kind): a
+    layer's F/B/I/W kernel fixes it; head, embedding and recompute kernels join the action around
+    them (a full backward's LM head runs as "I head" then "W head")."""
+    words = rec.name.split()
+    head = words[0] if words else ""
+    if rec.cat == "optimizer":
+        return ("optimizer",), True
+    if head == "R":
+        return ("B", "I"), False
+    if head in ("F", "B", "I", "W") and len(words) > 1 and words[1][:1] == "L" and words[1][1:].isdigit():
+        return (head,), True
+    return {"I": ("B", "I"), "W": ("B", "W"), "B": ("B",)}.get(head, ("F",)), False
+
+
+def chart_boxes(records, rank: int) -> list:
+    """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
+    an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
+    are DualPipe's overlapped pair and form one box."""
+    mine = sorted((r for r in records if r.rank == rank and (
+        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))),
+        key=lambda r: (r.start_ns, r.stream != "mark", r.end_ns))
+    runs: list = []
+    for r in mine:
+        if r.stream == "mark":
+            m = _MARK_RE.match(r.name)
+            for run in reversed(runs[-4:]) if m else ():
+                if not run["closed"] and run["mb"] == m.group(2) and (
+                        run["kind"] == m.group(1) or (run["kind"] == "?" and m.group(1) in run["compat"])):
+                    run["closed"] = True
+                    break
+            continue
+        compat, fixes = _roles(r)
+        mb = _mb(r)
+        last = runs[-1] if runs else None
+        if last and not last["closed"] and last["mb"] == mb and (
+                last["kind"] in compat or (last["kind"] == "?" and last["compat"] & set(compat))):
+            if last["kind"] == "?":
+                last["compat"] &= set(compat)
+                if fixes:
+                    last["kind"] = compat[0]
+            last["end"] = max(last["end"], r.end_ns)
+        else:
+            last = {"kind": compat[0] if fixes or len(compat) == 1 else "?", "mb": mb, "compat": set(compat),
+                    "start": r.start_ns, "end": r.end_ns, "kernels": [], "recompute": [], "closed": False}
+            runs.append(last)
+        (last["recompute"] if r.name.startswith("R ") else last["kernels"]).append((r.start_ns, r.end_ns))
+    for run in runs:
+        if run["kind"] == "?":
+            run["kind"] = "B" if "B" in run["compat"] else sorted(run["compat"])[0]
+
+    def key(run):
+        return run["kind"], run["mb"]
+
+    boxes, i = [], 0
+    while i < len(runs):
+        a = runs[i]
+        j = i + 1
+        if (i + 2 < len(runs) and not a["closed"] and {a["kind"], runs[i + 1]["kind"]} == {"F", "B"}
+                and key(runs[i + 2]) == key(a)):
+            keys, done = {key(a), key(runs[i + 1])}, set()
+            j = i
+            while j < len(runs) and key(runs[j]) in keys and key(runs[j]) not in done:
+                if runs[j]["closed"]:
+                    done.add(key(runs[j]))
+                j += 1
+        group = runs[i:j]
+        parts = sorted({key(g) for g in group}, key=lambda k: k[0] != "F")
+        boxes.append(Box(parts, group[0]["start"], max(g["end"] for g in group),
+                         [[iv for g in group if key(g) == part for iv in g["kernels"]] for part in parts],
+                         [iv for g in group for iv in g["recompute"]]))
+        i = j
+    return boxes
+
+
+_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
+          "R": "recompute", "optimizer": "optimizer", "comm": "exposed comm", "pair": "overlapped F&B",
+          "idle": "idle (bubble)"}
+_IDLE = "#e6e6e6"
+_MIN_BOX_PX = 10.0
+"""Below this median box width the pipeline chart shows each stage's time shares instead."""
+_SHARE_PX = 3.0
+"""Width of one window of the time-share view, in pixels."""
+
+
+def _time_in_bins(intervals, edges):
+    """Time each window [edges[k], edges[k+1]) spends inside the union of `intervals`."""
+    import numpy as np
+
+    merged: list = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        elif e > s:
+            merged.append([s, e])
+    if not merged:
+        return np.zeros(len(edges) - 1)
+    st, en = np.array(merged, dtype=float).T
+    cum = np.concatenate([[0.0], np.cumsum(en - st)])
+    k = np.searchsorted(en, edges, side="right")          # intervals over by each edge
+    inside = np.where(k < len(st), np.clip(edges - st[np.minimum(k, len(st) - 1)], 0, None), 0.0)
+    return np.diff(cum[k] + inside)
+
+
+def _text_colour(hex_colour: str) -> str:
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(hex_colour)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
+
+
+def _draw_boxes(ax, y: int, boxes: list, comm: list, pt_per_ns: float) -> set:
+    """One row of the detailed chart: a box per action (microbatch numbers where they fit), the
+    halves of each overlapped pair inside one black border, recompute and exposed comm on top."""
+    segs: dict = {}
+    pairs, shown = [], set()
+    for b in boxes:
+        w = (b.end_ns - b.start_ns) / len(b.parts)
+        for j, (kind, mb) in enumerate(b.parts):
+            x0 = b.start_ns + j * w
+            segs.setdefault(kind, []).append((x0 / 1e6, w / 1e6))
+            size = min(7.0, 1.5 * w * pt_per_ns / max(1, len(mb)))
+            if mb and size >= 4.5:
+                ax.text((x0 + w / 2) / 1e6, y, mb, ha="center", va="center", fontsize=size,
+                        color=_text_colour(_KIND_COLOURS[kind]), clip_on=True, zorder=4)
+        if len(b.parts) == 2:
+            pairs.append((b.start_ns / 1e6, (b.end_ns - b.start_ns) / 1e6))
+    for kind, xs in segs.items():
+        ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=_KIND_COLOURS[kind], edgecolor="white", linewidth=0.3,
+                       zorder=1)
+        shown.add(kind)
+    rec = [(s / 1e6, (e - s) / 1e6) for b in boxes for s, e in b.recompute]
+    for k, xs in (("R", rec), ("comm", [(s / 1e6, (e - s) / 1e6) for s, e in comm])):
+        if xs:
+            ax.broken_barh(xs, (y - 0.4, 0.8), facecolors=_KIND_COLOURS[k], linewidth=0, zorder=2)
+            shown.add(k)
+    if pairs:
+        ax.broken_barh(pairs, (y - 0.4, 0.8), facecolors="none", edgecolor="black", linewidth=1.2, zorder=3)
+        shown.add("pair")
+    return shown
+
+
+def _draw_shares(ax, y: int, boxes: list, comm: list, edges) -> set:
+    """One row of the aggregated chart: per window, the share of time in each kind stacked from
+    the bottom of the row (the rest is idle); overlapped F&B phases inside black borders."""
+    import numpy as np
+    from matplotlib.patches import StepPatch
+
+    cats: dict = {k: [] for k in ("F", "B", "I", "W", "R", "optimizer")}
+    for b in boxes:
+        for (kind, _), ks in zip(b.parts, b.kernels):
+            cats[kind].extend(ks)
+        cats["R"].extend(b.recompute)
+    cats["comm"] = comm
+    width = edges[1] - edges[0]
+    base = np.zeros(len(edges) - 1)
+    shown = set()
+    for k, ivs in cats.items():
+        if not ivs:
+            continue
+        share = np.minimum(_time_in_bins(ivs, edges) / width, 1.0 - base)
+        lower = y + 0.4 - 0.8 * base
+        ax.add_artist(StepPatch(lower - 0.8 * share, edges / 1e6, baseline=lower, fill=True,
+                                color=_KIND_COLOURS[k], linewidth=0, zorder=1))   # no costly autoscale
+        base = base + share
+        shown.add(k)
+    spans: list = []
+    for b in boxes:
+        if len(b.parts) == 2:
+            if spans and b.start_ns - spans[-1][1] < 2 * width:
+                spans[-1][1] = max(spans[-1][1], b.end_ns)
+            else:
+                spans.append([b.start_ns, b.end_ns])
+    if spans:
+        ax.broken_barh([(s / 1e6, (e - s) / 1e6) for s, e in spans], (y - 0.4, 0.8), facecolors="none",
+                       edgecolor="black", linewidth=1.2, zorder=3)
+        shown.add("pair")
+    return shown
+
+
+def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str) -> None:
+    """The schedule chart of the simulated step, a row per pipeline stage: a box per action
+    (forward, backward, ...) with its microbatch number where it fits, DualPipe's overlapped F&B
+    pairs as one black-bordered box (as `sim5d schedule --plot`), recompute and exposed
+    communication on top, idle time (bubble) grey. When the median box would be narrower than
+    10 pixels (too narrow for a number), each row shows instead the share of each kind in
+    windows of 3 pixels. The legend, below the axes, names only what the chart shows."""
+    import numpy as np
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    pp_rank_of = one_per_stage(pp_rank_of)
-    ranks = sorted(pp_rank_of, key=lambda r: pp_rank_of[r])
+    stage_of = one_per_stage(pp_rank_of)
+    ranks = sorted(stage_of, key=stage_of.get)
+    by_rank: dict = {rank: [] for rank in ranks}
+    for r in records:
+        if r.rank in by_rank:
+            by_rank[r.rank].append(r)
     makespan = max((r.end_ns for r in records), default=1) or 1
-    fig, ax = plt.subplots(figsize=(12, 0.6 * len(ranks) + 1.6))
+    boxes = {rank: chart_boxes(by_rank[rank], rank) for rank in ranks}
+    comm = {rank: [(r.start_ns, r.end_ns) for r in by_rank[rank]
+                   if r.stream == "compute" and r.cat.startswith("comm:")] for rank in ranks}
+    width_in, dpi = 12.0, 110
+    fig = Figure(figsize=(width_in, 0.55 * len(ranks) + 2.0), dpi=dpi, layout="constrained")
+    ax = fig.subplots()
+    plot_in = width_in - 1.3                                   # the axes' width, about
+    widths = sorted(b.end_ns - b.start_ns for bs in boxes.values() for b in bs)
+    aggregate = bool(widths) and widths[len(widths) // 2] * plot_in * dpi / makespan < _MIN_BOX_PX
+    edges = np.linspace(0, makespan, int(plot_in * dpi / _SHARE_PX) + 1)
+    shown = {"idle"}
     for i, rank in enumerate(ranks):
-        bars: dict = {}
-        for kind, mb, start, end in action_spans(records, rank):
-            bars.setdefault(kind, []).append((start / 1e6, (end - start) / 1e6))
-            if mb and (end - start) > 0.012 * makespan and len(ranks) <= 32:
-                ax.text((start + end) / 2e6, i, mb, ha="center", va="center", fontsize=6, color="white")
-        for k, segs in bars.items():
-            ax.broken_barh(segs, (i - 0.4, 0.8), facecolors=_KIND_COLOURS[k], edgecolor="white",
-                           linewidth=0.2)
-        comm = [(r.start_ns / 1e6, (r.end_ns - r.start_ns) / 1e6) for r in records
-                if r.rank == rank and r.stream == "compute" and r.cat.startswith("comm:")]
-        if comm:
-            ax.broken_barh(comm, (i - 0.4, 0.8), facecolors=_KIND_COLOURS["comm"], linewidth=0)
-    ax.set_yticks(range(len(ranks)), [f"pp {pp_rank_of[r]}" for r in ranks])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (ms)")
+        ax.broken_barh([(0, makespan / 1e6)], (i - 0.4, 0.8), facecolors=_IDLE, linewidth=0, zorder=0)
+        if aggregate:
+            shown |= _draw_shares(ax, i, boxes[rank], comm[rank], edges)
+        else:
+            shown |= _draw_boxes(ax, i, boxes[rank], comm[rank], plot_in * 72 / makespan)
+    ax.set_yticks(range(len(ranks)), [f"pp {stage_of[r]}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlim(0, makespan / 1e6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if aggregate:
+        most = max(len(bs) for bs in boxes.values())
+        ax.set_xlabel(f"time (ms); {most} actions on the busiest stage are too narrow to draw one by one: "
+                      f"each column is the share of a {(edges[1] - edges[0]) / 1e6:.3g} ms window")
+    else:
+        ax.set_xlabel("time (ms)")
     ax.set_title(title)
-    names = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
-             "R": "recompute", "comm": "exposed comm", "optimizer": "optimizer"}
-    ax.legend(handles=[Patch(color=c, label=names[k]) for k, c in _KIND_COLOURS.items()],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=7, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    handles = []
+    for k in _NAMES:
+        if k in shown:
+            face = {"pair": "white", "idle": _IDLE}.get(k) or _KIND_COLOURS[k]
+            handles.append(Patch(facecolor=face, edgecolor="black" if k == "pair" else face,
+                                 linewidth=1.2 if k == "pair" else 0, label=_NAMES[k]))
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
+    fig.savefig(path)
 
 
 def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Per pipeline stage, the step split into compute, exposed communication and bubble."""
+    from matplotlib.figure import Figure
 
     pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in breakdowns})
     ranks = sorted(pp_rank_of, key=lambda r: pp_rank_of[r])
@@ -170,39 +401,40 @@ def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -
     comp = [breakdowns[r].compute_ns / 1e6 for r in ranks]
     comm = [breakdowns[r].exposed_comm_ns / 1e6 for r in ranks]
     bub = [breakdowns[r].bubble_ns / 1e6 for r in ranks]
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(ranks) + 1.8))
+    fig = Figure(figsize=(8, 0.5 * len(ranks) + 1.8), layout="constrained")
+    ax = fig.subplots()
     ax.barh(labels, comp, color="#3b75af", label="compute")
     ax.barh(labels, comm, left=comp, color="#c44e52", label="exposed communication")
     ax.barh(labels, bub, left=[a + b for a, b in zip(comp, comm)], color="#d9d9d9", label="bubble / idle")
     ax.invert_yaxis()
     ax.set_xlabel("time in the step (ms)")
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", ncol=3, frameon=False)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, title: str) -> None:
-    import matplotlib
+    """Memory per GPU over the step, a line per pipeline stage, from 0 to above the capacity."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
     pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in mem})
-    for rank in sorted(pp_rank_of, key=lambda r: pp_rank_of[r]):
+    n = len(pp_rank_of)
+    colours = [f"C{i}" for i in range(n)] if n <= 10 else [colormaps["viridis"](0.9 * i / (n - 1)) for i in range(n)]
+    for colour, rank in zip(colours, sorted(pp_rank_of, key=lambda r: pp_rank_of[r])):
         pts = mem[rank]
         xs, ys = [], []
         for (t, b), nxt in zip(pts, pts[1:] + [None]):
             xs.append(t / 1e6)
             ys.append(b / GiB)
-        ax.step(xs, ys, where="post", label=f"pp {pp_rank_of[rank]}")
+        ax.step(xs, ys, where="post", color=colour, label=f"pp {pp_rank_of[rank]}")
     ax.axhline(capacity_bytes / GiB, color="k", linestyle="--", linewidth=1, label="capacity")
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("GiB per GPU")
+    top = max([capacity_bytes] + [b for pts in mem.values() for _, b in pts]) / GiB
+    ax.set_ylim(0, 1.08 * top)
     ax.set_title(title)
-    ax.legend(fontsize="small", ncol=2)
-    fig.tight_layout()
+    fig.legend(loc="outside right upper", fontsize="small", ncol=1 + len(pp_rank_of) // 17, frameon=False)
     fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -34,10 +34,9 @@ def _text_colour(rgb) -> str:
 
 
 def plot_schedule(result: Replay, path: str | Path, title: str | None = None) -> None:
-    """Draw `result`'s timeline to `path` (PNG, or any format matplotlib's Agg backend writes)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Draw `result`'s timeline to `path` (PNG, or any format matplotlib's Agg backend writes),
+    on a `Figure` of its own: pyplot's backend is left alone."""
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
     s = result.schedule
@@ -47,7 +46,8 @@ def plot_schedule(result: Replay, path: str | Path, title: str | None = None) ->
     width_in = min(max(10.0, 0.32 * n_boxes + 2), 40.0)
     legend_rows = 2 if width_in < 14 else 1
     height_in = 1.5 + 0.25 * legend_rows + 0.55 * P
-    fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=110)
+    fig = Figure(figsize=(width_in, height_in), dpi=110)
+    ax = fig.subplots()
     # points per time unit, to size the numbers so that they fit their boxes
     pts_per_unit = (width_in - 1.5) * 72 / makespan
     box_h = 0.8
@@ -105,7 +105,4 @@ def plot_schedule(result: Replay, path: str | Path, title: str | None = None) ->
                  f"makespan {float(result.makespan):g}, bubble {float(result.bubble_fraction):.1%}")
     ax.set_title(title, fontsize=10)
     fig.tight_layout(rect=(0, (0.1 + 0.22 * legend_rows) / height_in, 1, 1))
-    try:
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
+    fig.savefig(path)

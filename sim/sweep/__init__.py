@@ -361,7 +361,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         from sim.sweep import charts
 
         stem = out.with_suffix("")
-        title = (f"{prep.model_name} on {spec.gpus} x {prep.topology}: seq {prep.seq_length}, "
+        title = (f"{prep.model_name} on {spec.gpus} GPUs ({prep.topology}): seq {prep.seq_length}, "
                  f"global batch {prep.global_batch_size}")
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))

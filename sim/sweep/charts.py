@@ -1,5 +1,6 @@
 """Sweep charts: the step-time vs memory Pareto plot (coloured by schedule) and the tp x pp
-heatmap of the best step time."""
+heatmap of the best step time. Drawn on `matplotlib.figure.Figure`s: pyplot's backend, and so
+a notebook's, is left alone."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ SCHEDULE_COLOURS = dict(zip(SCHEDULE_NAMES, ("#7f7f7f", "#1f77b4", "#ff7f0e", "#
                                              "#9467bd", "#8c564b", "#e377c2")))
 
 
-def _plt():
-    import matplotlib
+def num_gpus(table: list[dict]) -> int | None:
+    """The sweep's GPU count: every layout's tp x pp x cp x dp."""
+    for r in table:
+        if r.get("num_gpus"):
+            return int(r["num_gpus"])
+    for r in table:
+        if all(r.get(k) for k in ("tp", "pp", "cp", "dp")):
+            return int(r["tp"] * r["pp"] * r["cp"] * r["dp"])
+    return None
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(figsize):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots()
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -33,14 +43,16 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 def pareto(table: list[dict], path: Path, title: str, memory_fraction: float = 1.0) -> Path:
     """Step time vs peak memory per GPU of every ranked layout, coloured by schedule, with the
     Pareto front, the device capacity (and the headroom limit below it) and the winner marked."""
-    plt = _plt()
     ok = [r for r in table if r["status"] == "ok"]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = _figure((9, 6.2))
     for s in SCHEDULE_NAMES:
-        pts = [r for r in ok if r["pipeline_schedule"] == s]
-        if pts:
-            ax.scatter([r["peak_memory_gib"] for r in pts], [r["step_time_s"] for r in pts], s=14, alpha=0.7,
-                       color=SCHEDULE_COLOURS[s], label=f"{s} ({len(pts)})", edgecolors="none")
+        for net, marker in (("analytical", "o"), ("flow", "D")):      # which model timed the point
+            pts = [r for r in ok if r["pipeline_schedule"] == s and r.get("network", "analytical") == net]
+            if pts:
+                ax.scatter([r["peak_memory_gib"] for r in pts], [r["step_time_s"] for r in pts],
+                           s=14 if net == "analytical" else 26, alpha=0.7, marker=marker,
+                           color=SCHEDULE_COLOURS[s], edgecolors="none" if net == "analytical" else "black",
+                           label=f"{s} ({len(pts)})" if net == "analytical" else f"{s}, flow network ({len(pts)})")
     front = pareto_front([(r["peak_memory_gib"], r["step_time_s"]) for r in ok])
     if front:
         xs, ys = zip(*front)
@@ -59,19 +71,19 @@ def pareto(table: list[dict], path: Path, title: str, memory_fraction: float = 1
     ax.set_ylabel("step time (s)")
     ax.set_title(f"{title}\n{len(ok)} layouts ranked", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
-    fig.tight_layout()
+    fig.legend(fontsize=7, loc="outside lower center", ncol=3, frameon=False)   # off the points
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
 def heatmap(table: list[dict], path: Path, title: str) -> Path:
-    """Best step time over every other dimension for each (tp, pp); cells say why none ranked."""
+    """Best step time over every other dimension for each (tp, pp); every other cell says why
+    none ranked (not simulated, OOM, invalid, or no layout: tp x pp above the GPUs)."""
     import numpy as np
+    from matplotlib import colormaps
 
-    plt = _plt()
+    gpus = num_gpus(table)
     tps = sorted({r["tp"] for r in table})
     pps = sorted({r["pp"] for r in table})
     grid = np.full((len(pps), len(tps)), np.nan)
@@ -90,10 +102,11 @@ def heatmap(table: list[dict], path: Path, title: str) -> Path:
             else:
                 statuses = {r["status"] for r in cell}
                 label[i][j] = ("not simulated" if statuses & {"unsupported", "dominated", "error"} else
-                               "OOM" if "oom" in statuses else "invalid" if cell else "")
-    fig, ax = plt.subplots(figsize=(1.9 * len(tps) + 2.5, 1.0 * len(pps) + 2.0))
+                               "OOM" if "oom" in statuses else "invalid" if cell else
+                               f"no layout:\ntp x pp > {gpus} GPUs" if gpus and tp * pp > gpus else "no layout")
+    fig, ax = _figure((1.9 * len(tps) + 2.5, 1.0 * len(pps) + 2.0))
     masked = np.ma.masked_invalid(grid)
-    cmap = plt.get_cmap("viridis_r").with_extremes(bad="#dddddd")
+    cmap = colormaps["viridis_r"].with_extremes(bad="#dddddd")
     im = ax.imshow(masked, cmap=cmap, aspect="auto")
     lo, hi = (np.nanmin(grid), np.nanmax(grid)) if np.isfinite(grid).any() else (0.0, 1.0)
     for i in range(len(pps)):
@@ -107,8 +120,6 @@ def heatmap(table: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("pipeline parallel (pp)")
     ax.set_title(f"{title}\nbest step time per tp x pp (grey: no ranked layout)", fontsize=10)
     fig.colorbar(im, ax=ax, label="step time (s)")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

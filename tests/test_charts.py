@@ -1,0 +1,291 @@
+"""The charts' content (issue #13): what each figure says and draws, read off the Figure object
+(texts, legend entries, artists, axis limits), and that no chart changes pyplot's backend."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from conftest import REPO, base_scenario
+from sim import schedules
+from sim.config import build_scenario
+from sim.engine import outputs
+from sim.engine.simulate import simulate
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every Figure saved while the test runs (the charts build, save and drop their figures)."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    original = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved
+
+
+def _extent(fig, artist):
+    """`artist`'s box in display pixels, after the figure is drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return artist.get_window_extent(canvas.get_renderer())
+
+
+def _legend_labels(fig) -> list[str]:
+    legends = fig.legends or [a.get_legend() for a in fig.axes if a.get_legend()]
+    return [t.get_text() for leg in legends for t in leg.get_texts()]
+
+
+def _sim(pp: int, gbs: int, schedule: str = "1f1b", moe: bool = False, **training):
+    model = {"num_layers": 8 if moe else 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1024}
+    if moe:
+        model.update(num_experts=4, moe_router_topk=2)
+    data = base_scenario(model=model, training={"global_batch_size": gbs, "seq_length": 128, **training})
+    data["parallelism"] = {"tp": 1, "pp": pp, "dp": 2 if moe else 1, "ep": 2 if moe else 1,
+                           "pipeline_schedule": schedule}
+    data["simulation"] = {"network": "analytical"}
+    return simulate(build_scenario(data))
+
+
+# ---------------------------------------------------------------------------------------------- 11
+def test_pipeline_chart_labels_every_action_and_names_only_what_it_draws(figures, tmp_path):
+    """Few microbatches: one box per action with its microbatch number (each of 8 microbatches
+    twice per stage: F and B); the legend lists forward, backward, optimizer and idle only, below
+    the axes, not over the bars."""
+    res = _sim(pp=2, gbs=8)
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
+    fig = figures[-1]
+    ax = fig.axes[0]
+    assert Counter(t.get_text() for t in ax.texts) == {str(mb): 4 for mb in range(8)}
+    labels = _legend_labels(fig)
+    assert set(labels) <= {"forward", "backward", "optimizer", "exposed comm", "idle (bubble)"}
+    assert {"forward", "backward", "idle (bubble)"} <= set(labels)
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert _extent(fig, fig.legends[0]).y1 < _extent(fig, ax).y0
+    assert ax.get_xlabel() == "time (ms)"
+
+
+def test_pipeline_chart_aggregates_when_boxes_are_narrow(figures, tmp_path):
+    """128 microbatches on 4 stages: boxes would be under a pixel wide, so each row shows the
+    share of each kind per window instead: no microbatch numbers, the x label says so, and the
+    stacked shares of a fully busy window add up to the row's height."""
+    res = _sim(pp=4, gbs=128)
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
+    fig = figures[-1]
+    ax = fig.axes[0]
+    assert len(ax.texts) == 0
+    assert "too narrow to draw one by one" in ax.get_xlabel() and "share of a" in ax.get_xlabel()
+    assert "backward (input)" not in _legend_labels(fig) and "overlapped F&B" not in _legend_labels(fig)
+    from matplotlib.patches import StepPatch
+
+    steps = [p for p in ax.patches if isinstance(p, StepPatch)]
+    assert steps
+    heights = Counter()
+    for p in steps:
+        data = p.get_data()
+        row = round(float(max(data.baseline)))          # the row's index: baseline is y + 0.4 - ...
+        for k, (top, base) in enumerate(zip(data.values, data.baseline)):
+            heights[row, k] += base - top
+    assert max(heights.values()) == pytest.approx(0.8)    # some window fully busy
+    assert all(h <= 0.8 + 1e-9 for h in heights.values())
+    assert ax.get_xlim()[0] == 0
+
+
+@pytest.mark.parametrize("schedule", ["dualpipe", "dualpipev"])
+def test_pipeline_chart_boxes_are_the_schedule_items_with_overlapped_pairs(figures, tmp_path, schedule):
+    """MoE DualPipe / DualPipeV: the chart's boxes on each stage are the schedule's items in
+    order, each overlapped F&B pair one box of two parts (its kernels alternate on the compute
+    stream around the all-to-alls); a weight pass run twice in a row for one microbatch (the
+    V's turn) shows as one box. The detailed chart draws a black border per pair."""
+    res = _sim(pp=2, gbs=16, schedule=schedule, moe=True, recompute="selective")
+    sc = res.scenario
+    sched = schedules.build(schedule, 2, sc.derived.num_microbatches, sc.parallelism.vpp)
+    n_pairs = 0
+    for rank, pp in outputs.one_per_stage(res.pp_rank_of).items():
+        got = [b.parts for b in outputs.chart_boxes(res.records, rank) if b.parts[0][0] != "optimizer"]
+        want = [[(a.kind, str(a.microbatch)) for a in item.parts] for item in sched.ranks[pp]]
+        want = [w for i, w in enumerate(want) if not (i and w[0][0] == "W" and w == want[i - 1])]
+        assert got == want
+        n_pairs += sum(len(parts) == 2 for parts in got)
+    assert n_pairs > 0
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
+    fig = figures[-1]
+    borders = [c for c in fig.axes[0].collections if c.get_linewidth()[0] == pytest.approx(1.2)]
+    assert sum(len(c.get_paths()) for c in borders) == n_pairs
+    assert "overlapped F&B" in _legend_labels(fig)
+
+
+# ---------------------------------------------------------------------------------------------- 12
+def _compare_rows():
+    row = dict(num_gpus=16, compute_s=2.0, exposed_comm_s=0.5, bubble_s=0.25, mfu=0.45, peak_memory_gib=50.0,
+               memory_capacity_gib=80.0, usd_per_billion_tokens=120.0, days_to_train=30.0, usd_to_train=2.5e6)
+    return [dict(row, name="a-h100", gpu="h100", price_per_gpu_hour_usd=3.0),
+            dict(row, name="b-h200", gpu="h200", price_per_gpu_hour_usd=2.0, compute_s=1.5)]
+
+
+def test_compare_chart_keeps_dollars_labels_bars_and_names_the_capacity(figures, tmp_path):
+    """Two priced scenarios: the title shows both `$x.xx/GPU-h` as text (an even number of `$`
+    used to turn the middle into math), every bar has its value, the capacity line is in a
+    legend."""
+    from matplotlib import cbook
+
+    from sim.compare import plot
+
+    plot(_compare_rows(), 1e12, tmp_path / "c.png")
+    fig = figures[-1]
+    title = fig._suptitle
+    assert "$3.00/GPU-h" in title.get_text() and "$2.00/GPU-h" in title.get_text()
+    for text in [title] + [a.title for a in fig.axes]:
+        if "$" in text.get_text():
+            assert not text.get_parse_math() or not cbook.is_math_text(text.get_text())
+    step, mfu, mem = fig.axes[0], fig.axes[1], fig.axes[2]
+    assert [t.get_text() for t in step.texts] == ["2.75", "2.25"]
+    assert [t.get_text() for t in mfu.texts] == ["45.0", "45.0"]
+    assert [t.get_text() for t in mem.get_legend().get_texts()] == ["capacity"]
+    for a in fig.axes:                             # every value label inside its axes
+        top = a.get_ylim()[1]
+        assert all(t.get_position()[1] < top for t in a.texts)
+
+
+# ---------------------------------------------------------------------------------------------- 14
+def _sweep_table():
+    """A 4-GPU sweep's table: tp x pp in {1, 2, 4}^2; (1, 4) invalid, (4, 2) and up no layout."""
+    rows = []
+
+    def row(tp, pp, status, t=None, mem=None):
+        rows.append(dict(index=len(rows), tp=tp, pp=pp, cp=1, ep=1, dp=4 // (tp * pp), vpp=1, status=status,
+                         step_time_s=t, peak_memory_gib=mem, memory_capacity_gib=80.0, mfu=0.4,
+                         pipeline_schedule="1f1b", micro_batch_size=1, zero_stage=1, recompute="none",
+                         layout=f"tp{tp}-pp{pp}", network="analytical",
+                         num_gpus=4 if status == "ok" else None))
+
+    row(1, 1, "ok", 1.0, 60.0)
+    rows[-1]["network"] = "flow"
+    row(2, 1, "ok", 1.2, 40.0)
+    row(4, 1, "ok", 1.5, 30.0)
+    row(1, 2, "ok", 1.1, 35.0)
+    row(2, 2, "oom")
+    row(1, 4, "invalid")
+    return rows
+
+
+def test_sweep_charts_say_gpus_keep_the_legend_off_the_points_and_label_every_cell(figures, tmp_path):
+    from sim.sweep import charts
+
+    title = "tiny on 4 GPUs (dgx-a100-hdr): seq 256, global batch 16"    # as sim.sweep writes it
+    charts.pareto(_sweep_table(), tmp_path / "p.png", title, 0.9)
+    fig = figures[-1]
+    ax = fig.axes[0]
+    assert ax.get_title().startswith("tiny on 4 GPUs (dgx-a100-hdr): seq 256")
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert any(label.startswith("best: tp1-pp1") for label in _legend_labels(fig))
+    # which network model timed each point: the flow-ranked one has its own marker and entry
+    assert "1f1b, flow network (1)" in _legend_labels(fig) and "1f1b (3)" in _legend_labels(fig)
+    assert not _extent(fig, fig.legends[0]).overlaps(_extent(fig, ax))
+
+    charts.heatmap(_sweep_table(), tmp_path / "h.png", title)
+    fig = figures[-1]
+    ax = fig.axes[0]
+    assert "4 GPUs (dgx-a100-hdr)" in ax.get_title()
+    cells = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in ax.texts}
+    assert len(cells) == 9 and all(cells.values())           # every cell labelled
+    # x: tp 1, 2, 4; y: pp 1, 2, 4
+    assert cells[1, 1] == "OOM" and cells[0, 2] == "invalid"
+    assert cells[2, 1] == cells[1, 2] == cells[2, 2] == "no layout:\ntp x pp > 4 GPUs"
+    assert cells[0, 0].startswith("1 s, MFU 40%")
+
+
+def test_memory_chart_starts_at_zero(figures, tmp_path):
+    res = _sim(pp=2, gbs=8)
+    mem = outputs.memory_series(res.records, {r: 30 * 2**30 for r in res.pp_rank_of})
+    outputs.plot_memory(mem, res.pp_rank_of, 80 * 2**30, tmp_path / "m.png", "t")
+    fig = figures[-1]
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    assert low == 0 and high > 80
+    assert "capacity" in _legend_labels(fig) and ax.get_legend() is None   # legend beside the axes
+    assert not _extent(fig, fig.legends[0]).overlaps(_extent(fig, ax))
+
+
+# ---------------------------------------------------------------------------------------------- 15
+_NO_BACKEND_CHANGE = r"""
+import sys
+from pathlib import Path
+import matplotlib
+matplotlib.use("svg")                 # a sentinel: the charts must leave it
+def refuse(*a, **k):
+    raise AssertionError("matplotlib.use called")
+matplotlib.use = refuse
+sys.path.insert(0, "tests")
+from test_charts import _compare_rows, _sim, _sweep_table
+from sim.compare import plot
+from sim.engine import outputs
+from sim.schedules import build, replay
+from sim.schedules.plot import plot_schedule
+from sim.sweep import charts
+out = Path(sys.argv[1])
+res = _sim(pp=2, gbs=8)
+outputs.plot_pipeline(res.records, res.pp_rank_of, out / "p.png", "t")
+outputs.plot_breakdown(res.breakdowns, res.pp_rank_of, out / "b.png", "t")
+mem = outputs.memory_series(res.records, {r: 0 for r in res.pp_rank_of})
+outputs.plot_memory(mem, res.pp_rank_of, 2**30, out / "m.png", "t")
+plot(_compare_rows(), 1e12, out / "c.png")
+charts.pareto(_sweep_table(), out / "s.png", "t")
+charts.heatmap(_sweep_table(), out / "h.png", "t")
+plot_schedule(replay(build("dualpipe", 4, 8)), out / "d.png")
+assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
+assert "matplotlib.pyplot" not in sys.modules
+print(sorted(p.name for p in out.iterdir()))
+"""
+
+
+def test_no_chart_touches_the_backend_or_pyplot(tmp_path):
+    """Every chart function, in a fresh interpreter whose backend is set to svg and where
+    `matplotlib.use` raises: the backend is still svg afterwards, pyplot was never imported,
+    and every PNG was written."""
+    proc = subprocess.run([sys.executable, "-c", _NO_BACKEND_CHANGE, str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['b.png',", "'c.png',", "'d.png',", "'h.png',", "'m.png',", "'p.png',",
+                                   "'s.png']"]
+
+
+# ---------------------------------------------------------------------------------------------- 17a
+def test_timeline_value_is_in_bytes_and_trace_threads_are_the_used_streams(tmp_path):
+    """timeline.csv names its unit (value_bytes: activation bytes allocated at each forward's
+    mark, freed at each backward's, so they sum to 0 per rank); each rank's Perfetto process
+    declares exactly the threads it has events on (pp 1, dp 1, tp 1: compute and pp only)."""
+    res = _sim(pp=2, gbs=8)
+    outputs.write_timeline_csv(res.records, tmp_path / "t.csv", res.pp_rank_of)
+    with open(tmp_path / "t.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[-1] == "value_bytes" and "value" not in rows[0]
+    marks = [r for r in rows if r["stream"] == "mark"]
+    assert marks and all(r["value_bytes"].lstrip("-").isdigit() for r in marks)      # whole bytes
+    assert not any(r["value_bytes"] for r in rows if r["stream"] != "mark")
+    act = {pp: s.activations_bytes for pp, s in enumerate(res.memory.per_stage)}
+    for rank, pp in res.pp_rank_of.items():
+        vals = [float(r["value_bytes"]) for r in marks if int(r["rank"]) == rank]
+        assert sum(vals) == 0 and max(vals) > 0 and max(vals) <= act[pp]
+
+    labels = {rank: f"rank {rank}" for rank in res.pp_rank_of}
+    trace = json.loads(json.dumps(outputs.chrome_trace(res.records, labels, {}, res.p2p)))
+    ev = trace["traceEvents"]
+    for rank in res.pp_rank_of:
+        declared = {e["tid"]: e["args"]["name"] for e in ev
+                    if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == rank}
+        used = {e["tid"] for e in ev if e["ph"] == "X" and e["pid"] == rank}
+        assert set(declared) == used, (rank, declared, used)
+        assert set(declared.values()) == {"compute", "pp"}
