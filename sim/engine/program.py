@@ -481,7 +481,8 @@ class ProgramBuilder:
         """Whether a block's backward TP collectives run asynchronously under its column-parallel
         GEMM (`training.tp_async_backward`; blocks with such a GEMM: sim.engine.costs)."""
         t = self.sc.training
-        return t.tp_async_backward and not t.tp_comm_overlap and c.get("col_wgrad", 0) > 0
+        return (self.sc.parallelism.tp > 1 and t.tp_async_backward and not t.tp_comm_overlap
+                and c.get("col_wgrad", 0) > 0)
 
     def _async_column_backward(self, prog, r, layer, mb, block, c, lc, name):
         """A full backward (input and weight gradients) of a block whose column-parallel linear
