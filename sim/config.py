@@ -377,6 +377,22 @@ class Scenario:
 
 
 # ----------------------------------------------------------------------------------------------
+MAX_NAME = 200
+"""Characters in a scenario name (it names the output folder runs/<name>/; file names stop at 255
+bytes)."""
+
+
+def _check_name(name: str, err) -> None:
+    """The scenario name becomes a folder under runs/: one path component, no separators."""
+    bad = [c for c in ("/", "\\", "\x00") if c in name]
+    if bad or name in ("", ".", "..") or len(name) > MAX_NAME or not name.isprintable():
+        why = (f"contains {bad[0]!r}" if bad else f"is {len(name)} characters (at most {MAX_NAME})"
+               if len(name) > MAX_NAME else "is a folder reference" if name in (".", "..")
+               else "is empty or not printable")
+        raise err("name", f"{name[:60]!r} {why}: the name becomes the output folder runs/<name>/, so "
+                          "it must be one file name (letters, digits, '-', '_', '.')")
+
+
 def _split_override(item: str) -> tuple[list[str], object]:
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. "
@@ -389,7 +405,25 @@ def _split_override(item: str) -> tuple[list[str], object]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    _check_values(value, key.strip(), f"--set {item[:80]}")
     return parts, value
+
+
+def _check_values(value, key: str, where: str) -> None:
+    """A --set value passes the file loader's checks too (finite numbers, bounded strings)."""
+    from sim.yamlio import check_scalar
+
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(v, f"{key}.{k}", where)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, f"{key}.{i}", where)
+    else:
+        try:
+            check_scalar(value, key)
+        except ConfigError as e:
+            raise e.located(where, None) from None
 
 
 def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
@@ -450,7 +484,8 @@ def _canonicalize(data: dict, lines: dict) -> dict:
                 lines[(section, canon)] = lines[(section, k)]
         data[section] = out
     par = data.get("parallelism")
-    if isinstance(par, dict) and par.get("pipeline_schedule") in SCHEDULE_VALUE_ALIASES:
+    if isinstance(par, dict) and isinstance(par.get("pipeline_schedule"), str) \
+            and par["pipeline_schedule"] in SCHEDULE_VALUE_ALIASES:
         par["pipeline_schedule"] = SCHEDULE_VALUE_ALIASES[par["pipeline_schedule"]]
     return data
 
@@ -495,6 +530,33 @@ def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> Conf
 
 
 # ----------------------------------------------------------------------------------------------
+LIMITS = {
+    "model.num_layers": 4096, "model.hidden_size": 1 << 20, "model.num_attention_heads": 1 << 14,
+    "model.vocab_size": 1 << 24, "model.num_experts": 1 << 16, "model.ffn_hidden_size": 1 << 22,
+    "training.seq_length": 1 << 24, "training.global_batch_size": 1 << 24,
+    "training.micro_batch_size": 1 << 16, "num_microbatches": 1 << 17, "num_gpus": 1 << 20,
+}
+"""Largest sizes sim5d simulates (docs/interfaces.md, "Limits"): an order of magnitude above any
+published run (Llama 3 405B: 126 layers, h 16,384, 16,384 GPUs, 128K context), so that a typo
+(2**63) is an error before any allocation, not a MemoryError or an hour of simulation."""
+
+
+def _check_model_shape(model: ModelSpec, err) -> None:
+    """Shapes that cannot exist: sizes beyond LIMITS, query groups that do not divide the heads,
+    a hidden size the heads do not divide (unless kv_channels sets the head width)."""
+    for key, limit in LIMITS.items():
+        field = key.partition(".")[2]
+        if key.startswith("model.") and getattr(model, field, 0) > limit:
+            raise err(key, f"{getattr(model, field):,} is beyond what sim5d simulates (at most {limit:,})")
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    if groups and (groups > heads or heads % groups):
+        raise err("model.num_query_groups", f"num_query_groups ({groups}) must divide "
+                  f"num_attention_heads ({heads}): each KV group serves a whole number of query heads")
+    if not model.kv_channels and not model.multi_latent_attention and model.hidden_size % heads:
+        raise err("model.hidden_size", f"hidden_size ({model.hidden_size}) must be divisible by "
+                  f"num_attention_heads ({heads}), or give kv_channels (the head width)")
+
+
 def _build_model(m, lines, file) -> ModelSpec:
     if isinstance(m, str):
         if m not in PRESETS:
@@ -717,6 +779,12 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         return ConfigError(msg, key=key, file=where, line=line)
 
     model = _build_model(raw.model, lines, file)
+    _check_model_shape(model, err)
+    for key, value in (("training.seq_length", raw.training.seq_length),
+                       ("training.global_batch_size", raw.training.global_batch_size),
+                       ("training.micro_batch_size", raw.training.micro_batch_size)):
+        if value > LIMITS[key]:
+            raise err(key, f"{value:,} is beyond what sim5d simulates (at most {LIMITS[key]:,})")
     try:
         topo = load_topology(raw.cluster.topology)
     except ConfigError as e:
@@ -789,6 +857,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
 
     # GPUs, nodes, dp
     num_gpus, num_nodes, dp = _nodes_and_dp(p, raw.cluster, topo, err)
+    if num_gpus > LIMITS["num_gpus"]:
+        raise err("parallelism.data_parallel_size", f"{num_gpus:,} GPUs is beyond what sim5d simulates "
+                  f"(at most {LIMITS['num_gpus']:,})")
     if topo.max_nodes is not None and num_nodes > topo.max_nodes:
         raise err("cluster.num_nodes", f"{num_nodes} nodes exceed the {topo.max_nodes} that topology "
                   f"{topo.name} describes")
@@ -878,6 +949,10 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   f"global_batch_size ({t.global_batch_size}) must be divisible by micro_batch_size x "
                   f"data_parallel_size = {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}")
     m = t.global_batch_size // (t.micro_batch_size * dp)
+    if m > LIMITS["num_microbatches"]:
+        raise err("training.global_batch_size",
+                  f"num_microbatches = global_batch_size / (micro_batch_size x data_parallel_size) = "
+                  f"{m:,}: beyond what sim5d simulates (at most {LIMITS['num_microbatches']:,})")
 
     # layers vs pp x vpp
     if layout is not None and p.pipeline_model_parallel_layout is None:
@@ -920,6 +995,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                       f"training.global_batch_size = {fix}") from None
 
     name = raw.name or default_name
+    _check_name(name, err)
     return Scenario(
         name=name, model=model,
         cluster=Cluster(topology=topo, gpu=gpu, num_nodes=num_nodes),

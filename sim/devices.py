@@ -110,8 +110,27 @@ def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
         raise ConfigError(f"fragmentation_fraction = {frag!r} must be a number in [0, 1)",
                           key="fragmentation_fraction", file=str(path))
     for k in ("memory_gib", "hbm_gbps"):
-        if not isinstance(data[k], (int, float)) or data[k] <= 0:
+        if not isinstance(data[k], (int, float)) or isinstance(data[k], bool) or data[k] <= 0:
             raise ConfigError(f"{k} = {data[k]!r} must be a positive number", key=k, file=str(path))
+    # physical ranges (an order of magnitude beyond any device: B200 192 GB, 8 TB/s, 10 PFLOP/s FP4)
+    # (a CPU core: ~10 GB/s, ~0.1 TFLOP/s, so the lower bounds leave room for small hosts)
+    for k, lo, hi in (("memory_gib", 1 / 1024, 1 << 16), ("hbm_gbps", 0.1, 1e6)):
+        if not lo <= data[k] <= hi:
+            raise ConfigError(f"{k} = {data[k]!r} is outside any device's range [{lo:g}, {hi:g}]",
+                              key=k, file=str(path))
+    for p, v in peaks.items():
+        if not 1e-4 <= v <= 1e6:
+            raise ConfigError(f"peak_tflops.{p} = {v!r} is outside any device's range [1e-4, 1e6] TFLOP/s",
+                              key="peak_tflops", file=str(path))
+    for k in ("runtime_reserved_gib", "price_per_gpu_hour_usd"):
+        v = data.get(k, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"{k} = {v!r} must be a number >= 0", key=k, file=str(path))
+    if data.get("runtime_reserved_gib", 0.0) >= data["memory_gib"]:
+        raise ConfigError(f"runtime_reserved_gib ({data['runtime_reserved_gib']}) must be below memory_gib "
+                          f"({data['memory_gib']})", key="runtime_reserved_gib", file=str(path))
+    if not isinstance(data.get("extra") or {}, dict):
+        raise ConfigError(f"extra = {data['extra']!r} must be a mapping", key="extra", file=str(path))
     return DeviceProfile(
         name=str(data.get("name", path.stem)), memory_gib=float(data["memory_gib"]),
         peak_tflops={k: float(v) for k, v in peaks.items()}, hbm_gbps=float(data["hbm_gbps"]),

@@ -1,7 +1,11 @@
-"""YAML loading that remembers where each key is (file:line), for error messages."""
+"""YAML loading that remembers where each key is (file:line), for error messages, and refuses
+what no sim5d file can sensibly hold (docs/interfaces.md, "Limits"): bytes that are not UTF-8
+text, files over MAX_FILE_BYTES, nesting deeper than MAX_DEPTH, more than MAX_NODES values once
+aliases are expanded (an alias bomb), strings longer than MAX_STRING, and NaN / infinite numbers."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -10,8 +14,34 @@ from sim.errors import ConfigError
 
 KeyPath = tuple  # e.g. ("training", "global_batch_size")
 
+MAX_FILE_BYTES = 16 * 2**20
+"""A scenario, topology or device profile is a few KiB; 16 MiB leaves room for generated ones."""
+MAX_DEPTH = 32
+"""Mappings and lists nested deeper than this (sim5d's deepest file nests 5 levels)."""
+MAX_NODES = 200_000
+"""Values after alias expansion (a 'billion laughs' file expands exponentially)."""
+MAX_STRING = 4096
+"""Characters in one string value (names, paths, layouts)."""
 
-def _construct(node, path: KeyPath, lines: dict, loader):
+
+class _Budget:
+    def __init__(self):
+        self.nodes = 0
+
+
+def _where(path: KeyPath) -> str | None:
+    return ".".join(str(p) for p in path) or None
+
+
+def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None = None):
+    budget = budget or _Budget()
+    budget.nodes += 1
+    line = node.start_mark.line + 1
+    if budget.nodes > MAX_NODES:
+        raise ConfigError(f"more than {MAX_NODES:,} values (with aliases expanded): refusing the "
+                          "file (an alias bomb?)", key=_where(path), line=line)
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", key=_where(path), line=line)
     if isinstance(node, yaml.MappingNode):
         out = {}
         for key_node, value_node in node.value:
@@ -21,12 +51,25 @@ def _construct(node, path: KeyPath, lines: dict, loader):
             if key in out:
                 raise ConfigError(f"duplicate key {key!r}", key=".".join(path + (key,)),
                                   line=key_node.start_mark.line + 1)
+            if len(key) > MAX_STRING:
+                raise ConfigError(f"a key of {len(key):,} characters (at most {MAX_STRING:,})",
+                                  line=key_node.start_mark.line + 1)
             lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, path + (key,), lines, loader)
+            out[key] = _construct(value_node, path + (key,), lines, loader, budget)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, path + (i,), lines, loader) for i, v in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+        return [_construct(v, path + (i,), lines, loader, budget) for i, v in enumerate(node.value)]
+    value = loader.construct_object(node, deep=True)
+    check_scalar(value, _where(path), line)
+    return value
+
+
+def check_scalar(value, key: str | None, line: int | None = None) -> None:
+    """NaN and infinities, and over-long strings, are refused wherever they appear."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{value!r} is not a finite number", key=key, line=line)
+    if isinstance(value, str) and len(value) > MAX_STRING:
+        raise ConfigError(f"a string of {len(value):,} characters (at most {MAX_STRING:,})", key=key, line=line)
 
 
 def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
@@ -34,9 +77,21 @@ def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
     file:line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{size:,} bytes: larger than any sim5d file can be "
+                              f"({MAX_FILE_BYTES // 2**20} MiB)", file=str(p))
+        raw = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read {str(p)!r}: {e.strerror}", file=str(p)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): a YAML "
+                          "file is expected", file=str(p), line=line) from None
+    if "\x00" in text:
+        raise ConfigError("contains NUL bytes: a YAML text file is expected", file=str(p))
     lines: dict = {}
     try:
         loader = yaml.SafeLoader(text)
@@ -52,6 +107,9 @@ def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
                           line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"YAML syntax error: {e}", file=str(p)) from None
+    except RecursionError:
+        raise ConfigError(f"nested deeper than the YAML reader can follow (sim5d allows {MAX_DEPTH} "
+                          "levels)", file=str(p)) from None
     except ConfigError as e:
         raise e.located(str(p), None) from None
     return data, lines

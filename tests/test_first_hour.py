@@ -198,6 +198,19 @@ def test_sweep_flow_ranks_every_layout_near_the_best(tmp_path, within):
         assert len(flow) == 1
 
 
+def test_sweep_chart_title_counts_gpus(tmp_path, monkeypatch):
+    """'16 x dgx-h100-ndr' read as 16 nodes: the sweep's chart title says GPUs."""
+    from sim.sweep import charts
+
+    seen = []
+    monkeypatch.setattr(charts, "pareto", lambda table, path, title, frac=1.0: seen.append(title) or path)
+    monkeypatch.setattr(charts, "heatmap", lambda table, path, title: path)
+    args = [a for a in SWEEP if a != "--no-plots"]
+    code, _, err = run_cli(*args, "--top", "1", "--out", str(tmp_path / "t.csv"))
+    assert code == 0, err
+    assert seen and seen[0].startswith("llama3-8b on 8 GPUs (dgx-a100-hdr): ")
+
+
 def test_readme_installs_torch_for_a_cpu_from_the_cpu_index():
     """Item 5: the calibrate extra resolves the CUDA build of torch; the README's calibration
     commands give the CPU-only install explicitly."""

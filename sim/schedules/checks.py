@@ -11,6 +11,12 @@ DEFAULT_KEYS = {"name": "--schedule", "pp": "--pp", "microbatches": "--microbatc
 """The names errors report for each argument (the CLI flags unless the caller passes others)."""
 
 
+MAX_ACTIONS_PER_STEP = 10_000_000
+"""Forward passes (ranks x microbatches x chunks) a schedule may hold: the largest published
+layouts need under 100,000 (Narayanan's 1T: 64 ranks x 512 microbatches); a schedule this size
+is built, checked and replayed in minutes, not after an out-of-memory death."""
+
+
 def _int(value, key: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{key} ({value!r}) must be a whole number", key=key)
@@ -47,6 +53,10 @@ def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default
         raise ConfigError(f"{k['microbatches']} ({m}) must be at least 1", key=k["microbatches"])
     if v < 1:
         raise ConfigError(f"{k['chunks']} ({v}) must be at least 1", key=k["chunks"])
+    if pp * m * v > MAX_ACTIONS_PER_STEP:
+        raise ConfigError(f"{k['pp']} x {k['microbatches']} x {k['chunks']} = {pp} x {m} x {v} = "
+                          f"{pp * m * v:,} forward passes per step: beyond what sim5d schedules (at most "
+                          f"{MAX_ACTIONS_PER_STEP:,})", key=k["microbatches"] if m >= pp else k["pp"])
 
     if name == "interleaved-1f1b":
         if v < 2:

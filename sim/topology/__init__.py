@@ -83,9 +83,10 @@ def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
         if k not in data:
             raise ConfigError(f"topology is missing required key {k!r}", key=k, file=str(path))
     gpn = data["gpus_per_node"]
-    if not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
-        raise ConfigError(f"gpus_per_node = {gpn!r} must be a positive integer", key="gpus_per_node",
-                          file=str(path))
+    if not isinstance(gpn, int) or isinstance(gpn, bool) or not 1 <= gpn <= 4096:
+        # the largest NVLink domain sold is 576 GPUs (NVL576); 4,096 leaves room
+        raise ConfigError(f"gpus_per_node = {gpn!r} must be a whole number from 1 to 4,096",
+                          key="gpus_per_node", file=str(path))
     max_nodes = data.get("max_nodes")
     if max_nodes is not None and (not isinstance(max_nodes, int) or isinstance(max_nodes, bool)
                                   or max_nodes < 1):

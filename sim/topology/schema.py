@@ -244,7 +244,33 @@ def _num(data: dict, k: str, key: str, file: str | None, *, required=False, defa
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         rule = "a non-negative number" if allow_zero else "a positive number"
         raise _err(f"{full} = {v!r} must be {rule}", full, file)
+    lo, hi = _RANGE.get(_unit(k), (None, None))
+    if hi is not None and not (v == 0 or lo <= v <= hi):
+        raise _err(f"{full} = {v!r} is outside the physical range [{lo:g}, {hi:g}]", full, file)
     return int(v) if integer else float(v)
+
+
+# Physical ranges by unit (docs/interfaces.md "Limits"): links from a slow Ethernet port (0.01 GB/s)
+# to ten times NVLink 5's 1,800 GB/s per GPU; latencies up to 1 s; counts and ratios far above
+# any cluster. Outside them the flow solver's integer nanoseconds overflow or nothing is physical.
+_RANGE = {"gbps": (1e-2, 1e5), "gbit": (1e-1, 1e6), "ns": (0, 1e9), "us": (0, 1e6),
+          "count": (1, 1 << 20), "ratio": (1e-3, 1e3)}
+
+
+def _unit(k: str) -> str | None:
+    if k.endswith("_gbps"):
+        return "gbps"
+    if k.endswith("_gbit"):
+        return "gbit"
+    if k.endswith("_ns"):
+        return "ns"
+    if k.endswith("_us"):
+        return "us"
+    if k in ("gpus_per_node", "count", "switches", "sockets", "num_nodes", "nodes_per_group", "radix"):
+        return "count"
+    if k in ("oversubscription",):
+        return "ratio"
+    return None
 
 
 def _choice(data: dict, k: str, choices, key: str, file: str | None, default=None):

@@ -1,0 +1,167 @@
+"""Hostile input (issue #14): every example of the issue that sim5d used to crash, hang or answer
+with nonsense on now gets exit code 2 and a message naming the file, key or flag, before any
+simulation. Each test is the issue's own example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = str(ROOT / "scenarios" / "llama3-8b-h100x16-1f1b.yaml")
+DEVICE = ROOT / "topologies" / "devices" / "h100-sxm-80gb.yaml"
+TOPOLOGY = ROOT / "topologies" / "dgx-h100-ndr.yaml"
+
+
+def _refused(*args, expect: str):
+    code, out, err = run_cli(*args)
+    assert code == 2, (code, out[-300:], err[-300:])
+    assert "Traceback" not in out + err and expect in err, err
+    return err
+
+
+# ------------------------------------------------------------------ files sim5d reads -------
+@pytest.mark.parametrize("kind", ["scenario", "topology", "device"])
+def test_binary_bytes_are_refused_by_every_loader(tmp_path, kind):
+    f = tmp_path / f"{kind}.yaml"
+    f.write_bytes(b"name: x\n" + bytes(range(128, 256)))
+    args = {"scenario": ("memory", str(f)),
+            "topology": ("memory", SCENARIO, "--set", f"cluster.topology={f}"),
+            "device": ("memory", SCENARIO, "--set", f"cluster.gpu={f}")}[kind]
+    err = _refused(*args, expect="not UTF-8 text (byte 0x80 at offset 8)")
+    assert f"{f}:2" in err
+
+
+def test_deep_nesting_is_refused(tmp_path):
+    f = tmp_path / "deep.yaml"
+    f.write_text("model: " + "[" * 1000 + "]" * 1000 + "\n")
+    _refused("memory", str(f), expect="nested deeper")
+    f.write_text("model: " + "[" * 40 + "1" + "]" * 40 + "\n")     # within the reader, beyond 32
+    _refused("memory", str(f), expect="nested deeper than 32 levels")
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path):
+    text, prev = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n', "a"
+    for name in "bcdefghi":                                  # 9^9 strings once expanded
+        text += f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]\n"
+        prev = name
+    f = tmp_path / "bomb.yaml"
+    f.write_text(text)
+    _refused("memory", str(f), expect="alias bomb")
+
+
+def test_huge_name_is_refused(tmp_path):
+    f = tmp_path / "long.yaml"
+    f.write_text(Path(SCENARIO).read_text().replace("name: llama3-8b-h100x16-1f1b", "name: " + "x" * 1_000_000))
+    _refused("memory", str(f), expect="a string of 1,000,000 characters")
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_nan_and_inf_are_refused_in_files_and_in_set(tmp_path, value):
+    f = tmp_path / "nan.yaml"
+    f.write_text(Path(SCENARIO).read_text().replace("global_batch_size: 64", f"global_batch_size: {value}"))
+    err = _refused("memory", str(f), expect="is not a finite number")
+    assert "training.global_batch_size" in err and f"{f}:" in err
+    _refused("memory", SCENARIO, "--set", f"training.seq_length={value}", expect="is not a finite number")
+
+
+def test_schedule_given_as_a_list_is_a_type_error_not_a_crash():
+    _refused("memory", SCENARIO, "--set", "parallelism.pipeline_schedule=[1, 2]",
+             expect="parallelism.pipeline_schedule: [1, 2] is not valid")
+
+
+# ------------------------------------------------------------------------ sizes ------------
+@pytest.mark.parametrize("key", ["training.global_batch_size", "training.seq_length"])
+def test_sizes_beyond_the_limits_are_refused_before_any_allocation(key):
+    _refused("run", SCENARIO, "--set", f"{key}={2**63}", expect="is beyond what sim5d simulates")
+
+
+@pytest.mark.parametrize("groups", [1000, 12])
+def test_query_groups_must_divide_the_heads(groups):
+    _refused("memory", SCENARIO, "--set", f"model.num_query_groups={groups}",
+             expect=f"num_query_groups ({groups}) must divide num_attention_heads (32)")
+
+
+def test_hidden_size_must_divide_by_heads(write_yaml):
+    from conftest import base_scenario
+
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 7, "num_attention_heads": 8, "vocab_size": 1024})
+    _refused("memory", write_yaml(data), expect="hidden_size (7) must be divisible by num_attention_heads (8)")
+
+
+@pytest.mark.parametrize("flag", ["--pp", "--microbatches"])
+def test_schedule_of_ten_million_is_refused_at_once(flag):
+    args = {"--pp": "4", "--microbatches": "8", flag: "10000000"}
+    _refused("schedule", "1f1b", *[x for kv in args.items() for x in kv],
+             expect="forward passes per step: beyond what sim5d schedules")
+
+
+# -------------------------------------------------------------------- device profiles ------
+@pytest.mark.parametrize("line, expect", [
+    ("runtime_reserved_gib: -50", "runtime_reserved_gib = -50 must be a number >= 0"),
+    ("runtime_reserved_gib: abc", "runtime_reserved_gib = 'abc' must be a number >= 0"),
+    ("memory_gib: .nan", "memory_gib: nan is not a finite number"),
+    ("memory_gib: .inf", "memory_gib: inf is not a finite number"),
+    ("hbm_gbps: 1.0e-30", "hbm_gbps = 1e-30 is outside any device's range"),
+    ("extra: junk", "extra = 'junk' must be a mapping"),
+])
+def test_device_profile_values_outside_physics_are_refused(tmp_path, line, expect):
+    key = line.split(":")[0]
+    text = "\n".join(ln for ln in DEVICE.read_text().splitlines()
+                     if not ln.startswith(key + ":") and not (key == "extra" and ln.startswith(("extra:", "  "))))
+    f = tmp_path / "dev.yaml"
+    f.write_text(text + "\n" + line + "\n")
+    _refused("memory", SCENARIO, "--set", f"cluster.gpu={f}", expect=expect)
+
+
+# ---------------------------------------------------------------------- CLI values --------
+@pytest.mark.parametrize("price", ["nan", "inf", "-1"])
+def test_compare_price_must_be_finite(price, tmp_path):
+    _refused("compare", SCENARIO, "--price", price, "--plot", str(tmp_path / "c.png"),
+             expect="the price must be a finite, non-negative number")
+
+
+def test_compare_tokens_must_be_finite(tmp_path):
+    _refused("compare", SCENARIO, "--tokens", "1e400", "--plot", str(tmp_path / "c.png"), expect="below 1e18")
+
+
+@pytest.mark.parametrize("name, expect", [("../../escaped", "contains '/'"), ("..", "is a folder reference"),
+                                          ("x" * 300, "is 300 characters")])
+def test_scenario_name_never_becomes_a_path_outside_runs(tmp_path, name, expect):
+    code, out, err = run_cli("run", SCENARIO, "--set", f"name={name}", "--json")
+    assert code == 2 and expect in err and "Traceback" not in err
+    assert not (ROOT / "escaped").exists()
+
+
+def test_name_with_a_nul_byte_is_refused(write_yaml):
+    from conftest import base_scenario
+
+    _refused("memory", write_yaml(base_scenario(name="a\x00b")), expect="contains '\\x00'")
+
+
+# ------------------------------------------------------------------------ determinism ------
+def test_same_scenario_gives_byte_identical_outputs_under_any_hash_seed(tmp_path):
+    """Two runs under different PYTHONHASHSEEDs: timeline.csv and trace.json.gz byte for byte
+    (the gzip header carries no time stamp), summary.json equal but for the wall time."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for seed in ("1", "12345"):
+        out = tmp_path / seed
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-m", "sim", "run", SCENARIO, "--out", str(out), "--json",
+                        "--set", "simulation.network=analytical"], check=True, env=env,
+                       capture_output=True, cwd=tmp_path)
+        outs.append(out)
+    a, b = outs
+    for name in ("timeline.csv", "trace.json.gz", "resolved.yaml"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    sa, sb = (json.loads((o / "summary.json").read_text()) for o in outs)
+    sa.pop("sim_wall_s"), sb.pop("sim_wall_s")
+    assert sa == sb
