@@ -73,5 +73,5 @@ def main(argv: list[str] | None = None) -> None:
     try:
         command().main(args=argv, standalone_mode=True, prog_name="sim5d")
     except Sim5dError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}" if e.exit_code != 1 else str(e), file=sys.stderr)
         sys.exit(e.exit_code)

@@ -16,6 +16,23 @@ class Sim5dError(Exception):
     exit_code = EXIT_BAD_INPUT
 
 
+EXIT_INTERNAL = 1
+
+
+class InternalError(Sim5dError):
+    """A value no valid input can produce reached the engine (a NaN / infinite / negative
+    duration or size, a livelock): a bug in sim5d, reported in one line with what produced it
+    (exit code 1), never a hang or a silently wrong number."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str):
+        if not message.startswith("internal error: "):   # SimPy re-raises with the formatted text
+            message = (f"internal error: {message} (a bug in sim5d: please report it with the "
+                       "scenario and command)")
+        super().__init__(message)
+
+
 class DoesNotFit(Sim5dError):
     """`--strict` and a layout whose peak memory exceeds the device's capacity (exit code 3; the
     outputs are written first)."""

@@ -24,8 +24,18 @@ def gib_to_bytes(gib: float) -> float:
     return gib * GiB
 
 
+MAX_NS = 1 << 62
+"""Longest simulated interval (about 146 years): int64 arithmetic on times stays exact below it."""
+
+
 def s_to_ns(seconds: float) -> int:
-    """Seconds to integer nanoseconds, rounded half-up (never negative zero)."""
+    """Seconds to integer nanoseconds, rounded half-up (never negative zero). A NaN, infinite,
+    negative or astronomically long duration is a bug upstream: InternalError, never a wrong
+    integer or an OverflowError deep in the engine."""
+    if not 0 <= seconds * NS_PER_S < MAX_NS:           # false for NaN too
+        from sim.errors import InternalError
+        raise InternalError(f"a duration of {seconds!r} s reached the engine (it must be finite, "
+                            f">= 0 and below {MAX_NS} ns)")
     return int(seconds * NS_PER_S + 0.5)
 
 

@@ -165,3 +165,51 @@ def test_same_scenario_gives_byte_identical_outputs_under_any_hash_seed(tmp_path
     sa, sb = (json.loads((o / "summary.json").read_text()) for o in outs)
     sa.pop("sim_wall_s"), sb.pop("sim_wall_s")
     assert sa == sb
+
+
+# ---------------------------------------------------- no silent overflow, no hang ----------
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, 1e300])
+def test_a_bad_duration_is_an_internal_error_not_a_wrong_integer(seconds):
+    from sim.errors import InternalError
+    from sim.units import s_to_ns
+
+    with pytest.raises(InternalError, match=r"^internal error: a duration of .* reached the engine"):
+        s_to_ns(seconds)
+    assert s_to_ns(1.5e-9) == 2 and s_to_ns(0.0) == 0
+
+
+def test_flow_finish_beyond_int64_is_an_internal_error_not_a_wrapped_time():
+    """A link of 1e-30 GB/s (which the topology loader now refuses) used to overflow
+    steps.astype(np.int64) and finish a 1 GiB transfer in 56 us; the solver itself now stops."""
+    import networkx as nx
+    import simpy
+
+    from sim.errors import InternalError
+    from sim.network import FlowNetwork
+    from sim.topology import load_topology
+    from sim.topology.graph import build_graph
+
+    G = build_graph(load_topology("dgx-a100-hdr"), 1).copy()
+    nx.set_edge_attributes(G, 1e-30, "bandwidth_gbps")
+    env = simpy.Environment()
+    net = FlowNetwork(env, G)
+
+    def go():
+        yield net.transfer("n0.gpu0", "n0.gpu1", 2**30, name="x")
+
+    env.process(go())
+    with pytest.raises(InternalError, match="overflows int64 nanoseconds") as e:
+        env.run()
+    assert str(e.value).count("internal error:") == 1
+
+
+def test_internal_error_exits_1_with_one_line(monkeypatch):
+    from sim.engine import simulate as sim_mod
+    from sim.errors import InternalError
+
+    def boom(*a, **k):
+        raise InternalError("a test")
+
+    monkeypatch.setattr(sim_mod, "simulate", boom)
+    code, out, err = run_cli("run", SCENARIO, "--set", "simulation.network=analytical", "--json")
+    assert code == 1 and err.strip().startswith("internal error: a test") and err.count("\n") == 1

@@ -26,12 +26,16 @@ import networkx as nx
 import numpy as np
 import simpy
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, InternalError
+from sim.units import MAX_NS
 from sim.topology.routing import router_for
 
 NETWORK_MODES = ("flow", "analytical")
 _SOLVE_PRIORITY = 2          # SimPy: URGENT = 0, NORMAL = 1; larger runs later at the same time
 _INF_NS = np.iinfo(np.int64).max
+LIVELOCK_SOLVES = 100_000
+"""Solves at one simulated instant after which the flow network reports a livelock (a valid run
+re-solves at most once per flow starting or ending then)."""
 
 
 @dataclass
@@ -138,6 +142,7 @@ class FlowNetwork:
         self.iterations = 0
         self.completed = 0
         self.peak_flows = 0
+        self._same_instant, self._last_now = 0, -1   # livelock watchdog (_on_solve)
 
     # --- public API ---
     def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
@@ -232,6 +237,8 @@ class FlowNetwork:
             self._inc_edge = np.concatenate([self._inc_edge] + [f.edges for f in new])
             full = True
         self.peak_flows = max(self.peak_flows, len(self._flows))
+        if now != self._last_now:
+            self._same_instant, self._last_now = 0, now
         while True:
             done = self._finish <= now
             floor = 0.0
@@ -246,9 +253,18 @@ class FlowNetwork:
             full = False
             np.maximum(self._rem, 0.0, out=self._rem)
             steps = np.ceil(self._rem / self._rate - 1e-9)
+            if not (steps < MAX_NS - now).all():              # NaN, inf or int64 overflow
+                bad = int(np.flatnonzero(~(steps < MAX_NS - now))[0])
+                f = self._flows[bad]
+                raise InternalError(f"flow {f.name!r} ({f.nbytes} bytes) got rate {self._rate[bad]!r} "
+                                    f"B/ns: its finish time overflows int64 nanoseconds")
             self._finish = now + steps.astype(np.int64)
             if not (self._finish <= now).any():
                 break
+            self._same_instant += 1
+            if self._same_instant > LIVELOCK_SOLVES:
+                raise InternalError(f"the flow network re-solved {LIVELOCK_SOLVES:,} times at t = {now} ns "
+                                    "without time advancing (a livelock)")
         self._version += 1
         nxt = int(self._finish.min())
         t = self.env.timeout(nxt - now, value=self._version)
