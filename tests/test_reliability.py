@@ -213,3 +213,41 @@ def test_internal_error_exits_1_with_one_line(monkeypatch):
     monkeypatch.setattr(sim_mod, "simulate", boom)
     code, out, err = run_cli("run", SCENARIO, "--set", "simulation.network=analytical", "--json")
     assert code == 1 and err.strip().startswith("internal error: a test") and err.count("\n") == 1
+
+
+# -------------------------------------------------------------- damaged sweep streams -------
+TINY_SWEEP = ["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-a100-hdr",
+              "--set", "model.num_layers=4", "--set", "model.hidden_size=256",
+              "--set", "model.num_attention_heads=4", "--set", "model.num_query_groups=4",
+              "--set", "model.ffn_hidden_size=512", "--set", "model.vocab_size=1024",
+              "--set", "training.seq_length=256", "--set", "training.global_batch_size=16",
+              "--set", "parallelism.zero_stage=1", "--set", "training.recompute=none",
+              "--set", "training.micro_batch_size=1", "--top", "1", "--no-plots", "--json"]
+
+
+@pytest.mark.parametrize("damage", ["value", "bytes"])
+def test_a_damaged_stream_says_to_restart(tmp_path, damage):
+    out = tmp_path / "t.csv"
+    code, _, err = run_cli(*TINY_SWEEP, "--out", str(out))
+    assert code == 0, err
+    stream = out.with_name(out.name + ".stream.csv")
+    lines = stream.read_text().splitlines(keepends=True)
+    if damage == "value":       # a complete result row with a step time that is not a number
+        import csv
+        import io
+
+        rows = list(csv.reader(io.StringIO("".join(lines))))
+        col = rows[0].index("step_time_s")
+        k = next(i for i, r in enumerate(rows) if i and r[rows[0].index("status")] == "ok")
+        rows[k][col] = "abc"
+        buf = io.StringIO()
+        csv.writer(buf).writerows(rows)
+        stream.write_text(buf.getvalue())
+    else:
+        with open(stream, "ab") as f:
+            f.write(bytes(range(128, 256)))
+    code, _, err = run_cli(*TINY_SWEEP, "--out", str(out))
+    assert code == 2 and "is damaged" in err and "--restart" in err and "Traceback" not in err
+    code, _, err = run_cli(*TINY_SWEEP, "--out", str(out), "--restart")
+    assert code == 0, err
+

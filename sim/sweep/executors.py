@@ -28,6 +28,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _ignore_sigint() -> None:
+    """Pool workers leave Ctrl-C to the parent, which stops the sweep and says how to resume
+    (without this each worker printed its own KeyboardInterrupt traceback)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class LocalExecutor:
     name = "local"
 
@@ -37,7 +45,8 @@ class LocalExecutor:
         # no threads of its own while it forks (the progress bar refreshes on results only).
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
-        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
+                                         initializer=_ignore_sigint)
 
     def map_unordered(self, tasks):
         futures = {self._pool.submit(run_task, kind, args): i for i, (kind, args) in enumerate(tasks)}

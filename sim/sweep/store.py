@@ -60,28 +60,39 @@ def stream_path(out: Path) -> Path:
 
 def read_stream(path: Path, sweep_id: str) -> list[dict]:
     """The complete rows of a stream file; a row cut short (no sentinel) is dropped. Raises a
-    ConfigError when the file holds another sweep's results."""
+    ConfigError when the file holds another sweep's results or is damaged (bytes or values
+    sim5d does not write), saying to pass --restart."""
     if not path.is_file():
         return []
     rows = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            return []
-        if tuple(header) != STREAM_COLUMNS:
-            raise ConfigError(f"{path} is not a sim5d sweep stream of this version (its columns differ); "
-                              "delete it or pass --restart", key="--out")
-        for fields in reader:
-            if len(fields) != len(STREAM_COLUMNS) or fields[-1] != END:
-                continue  # cut short by an interruption
+    damaged = (f"{path} is damaged (not a sweep stream sim5d wrote); pass --restart to discard it "
+               "and sweep again, or give another --out")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                return []
+            if tuple(header) != STREAM_COLUMNS:
+                raise ConfigError(f"{path} is not a sim5d sweep stream of this version (its columns "
+                                  "differ); delete it or pass --restart", key="--out")
+            lines = list(reader)
+    except (UnicodeDecodeError, csv.Error):
+        raise ConfigError(damaged, key="--out") from None
+    for n, fields in enumerate(lines, start=2):
+        if len(fields) != len(STREAM_COLUMNS) or fields[-1] != END:
+            continue  # cut short by an interruption
+        try:
             row = {k: _parse(k, v) for k, v in zip(STREAM_COLUMNS, fields)}
-            if row["sweep_id"] != sweep_id:
-                raise ConfigError(
-                    f"{path} holds the results of another sweep (id {row['sweep_id']}, this one is "
-                    f"{sweep_id}: the model, GPUs, topology, --set values or grid differ); give another "
-                    "--out or pass --restart to discard them", key="--out")
-            rows.append(row)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{damaged} (line {n}: a value that is not what sim5d writes)",
+                              key="--out") from None
+        if row["sweep_id"] != sweep_id:
+            raise ConfigError(
+                f"{path} holds the results of another sweep (id {row['sweep_id']}, this one is "
+                f"{sweep_id}: the model, GPUs, topology, --set values or grid differ); give another "
+                "--out or pass --restart to discard them", key="--out")
+        rows.append(row)
     return rows
 
 
