@@ -265,33 +265,64 @@ def _bad(device: DeviceProfile, key: str, msg: str) -> ConfigError:
     return ConfigError(msg, key="extra.compute" + (f".{key}" if key else ""), file=device.path or None)
 
 
-def _positive(device, key, v, *, integer=False) -> float:
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok or v <= 0:
-        kind = "a positive integer" if integer else "a positive number"
-        raise _bad(device, key, f"{v!r} must be {kind}")
+# Physical ranges of the `extra.compute` values (docs/interfaces.md, "Limits"): far beyond any
+# device, so that no real profile is refused, yet tight enough that no accepted value alone makes
+# a kernel's time infinite, zero-rate or astronomically long (or overflows a float, as
+# (I0 / I) ** p does for a huge exponent). kind: (low, high, unit, why).
+VALUE_RANGES = {
+    "sm_count": (1, 1 << 14, "", "SMs of one device; a B200 has 148"),
+    "tile": (1, 4096, "", "a CTA tile's side; cuBLAS / CUTLASS tiles are at most 256"),
+    "tflops": (1e-4, 1e6, " TFLOP/s", "the range of a device's peak_tflops"),
+    "fraction": (0.01, 1, "", "a share of the datasheet figure; below 1% nothing runs as measured "
+                 "(calibrate fit stops at 0.3 for sustained_matmul_fraction)"),
+    "us": (0, 1e6, " us", "a fixed cost per kernel or op; a second is a stall, not an overhead "
+           "(calibrate fit stops at 1-10 ms)"),
+    "gbps": (1e-3, 1e6, " GB/s", "1 MB/s to 1 PB/s (hbm_gbps: 0.1 to 10^6)"),
+    "bytes": (1, 2**60, " bytes", "the bytes one kernel moves"),
+    "seqlen": (1, 1 << 24, "", "the longest seq_length sim5d simulates"),
+    "half_intensity": (1e-2, 1e6, " FLOPs per element", "calibrate fit writes 0.1 to 3e4; a "
+                       "32768-cube GEMM has I = 21,845"),
+    "exponent": (1e-2, 16, "", "calibrate fit writes 0.1 to 10; beyond 16 the curve is a step"),
+    "split_k_max": (1, 1024, "", "K-chunks of one GEMM; cuBLAS splits at most a few dozen ways"),
+    "split_k_min_chunk": (1, 1 << 24, "", "the K of the longest sequence sim5d simulates"),
+}
+
+
+def _in_range(device, key, v, kind):
+    lo, hi, unit, why = VALUE_RANGES[kind]
+    if not lo <= v <= hi:
+        raise _bad(device, key, f"{v!r} is outside the physical range [{lo:g}, {hi:g}]{unit} ({why})")
     return v
 
 
+def _positive(device, key, v, *, integer=False, kind: str | None = None) -> float:
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok or v <= 0:
+        kind_ = "a positive integer" if integer else "a positive number"
+        raise _bad(device, key, f"{v!r} must be {kind_}")
+    return _in_range(device, key, v, kind) if kind else v
+
+
 def _fraction(device, key, v) -> float:
-    """A number in (0, 1]."""
+    """A number in (0, 1], and at least VALUE_RANGES' 1%."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise _bad(device, key, f"{v!r} must be in (0, 1]")
-    return float(v)
+    return float(_in_range(device, key, v, "fraction"))
 
 
-def _non_negative(device, key, v) -> float:
+def _non_negative(device, key, v, *, kind: str = "us") -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
         raise _bad(device, key, f"{v!r} must be a number >= 0")
-    return float(v)
+    return float(_in_range(device, key, v, kind))
 
 
 def _parse(device: DeviceProfile) -> ComputeParams:
     c = device.extra.get("compute")
     calibrated = c is not None
+    if calibrated and not isinstance(c, dict):
+        raise _bad(device, "", f"{c!r} must be a mapping of the compute model's keys "
+                   "(sim/compute.py) or null")
     c = c or {}
-    if not isinstance(c, dict):
-        raise _bad(device, "", "extra.compute must be a mapping")
     for k in c:
         if k not in _KNOWN_KEYS:
             from sim.suggest import did_you_mean
@@ -299,7 +330,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
                        f"{', '.join(_KNOWN_KEYS)}")
     sms = c.get("sm_count")
     if sms is not None:
-        sms = int(_positive(device, "sm_count", sms, integer=True))
+        sms = int(_positive(device, "sm_count", sms, integer=True, kind="sm_count"))
     tiles = c.get("gemm_tiles", [[256, 128], [128, 128]] if sms else [])
     if not isinstance(tiles, list) or (sms and not tiles):
         raise _bad(device, "gemm_tiles", f"{tiles!r} must be a non-empty list of [tm, tn]")
@@ -307,7 +338,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     for t in tiles:
         if not (isinstance(t, (list, tuple)) and len(t) == 2):
             raise _bad(device, "gemm_tiles", f"tile {t!r} must be [tm, tn]")
-        tm, tn = (int(_positive(device, "gemm_tiles", x, integer=True)) for x in t)
+        tm, tn = (int(_positive(device, "gemm_tiles", x, integer=True, kind="tile")) for x in t)
         norm_tiles.update({(tm, tn), (tn, tm)})
     mamf_in = c.get("mamf_tflops", {})
     if not isinstance(mamf_in, dict):
@@ -315,7 +346,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     for p, v in mamf_in.items():
         if p not in PRECISIONS:
             raise _bad(device, "mamf_tflops", f"precision {p!r} must be one of {PRECISIONS}")
-        _positive(device, f"mamf_tflops.{p}", v)
+        _positive(device, f"mamf_tflops.{p}", v, kind="tflops")
         if p not in device.peak_tflops:
             raise _bad(device, "mamf_tflops", f"{p} has a MAMF but no peak_tflops.{p}")
         if v > device.peak_tflops[p]:
@@ -339,8 +370,11 @@ def _parse(device: DeviceProfile) -> ComputeParams:
                 raise _bad(device, f"attention.{k}", f"unknown key; known: {', '.join(_ATTN_KEYS)}")
         seq = a["seqlen"]
         if (not isinstance(seq, list) or not seq
-                or any(not isinstance(s, int) or s <= 0 for s in seq) or seq != sorted(set(seq))):
+                or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in seq)
+                or seq != sorted(set(seq))):
             raise _bad(device, "attention.seqlen", f"{seq!r} must be increasing positive integers")
+        for s in seq:
+            _in_range(device, "attention.seqlen", s, "seqlen")
         tables = []
         for k in _ATTN_KEYS[1:]:
             if k not in a:
@@ -349,7 +383,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
             if not isinstance(vals, list) or len(vals) != len(seq):
                 raise _bad(device, f"attention.{k}", f"must list {len(seq)} values, one per seqlen")
             for v in vals:
-                _positive(device, f"attention.{k}", v)
+                _positive(device, f"attention.{k}", v, kind="tflops")
             tables.append((k, tuple((s, 1e12 * float(v)) for s, v in zip(seq, vals))))
         attention = tuple(tables)
     gemm_eff = None
@@ -358,8 +392,9 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         if not isinstance(ge, dict) or set(ge) != {"half_intensity", "exponent"}:
             raise _bad(device, "gemm_efficiency", f"{ge!r} must map exactly half_intensity "
                        "(FLOPs per element, > 0) and exponent (> 0)")
-        gemm_eff = (float(_positive(device, "gemm_efficiency.half_intensity", ge["half_intensity"])),
-                    float(_positive(device, "gemm_efficiency.exponent", ge["exponent"])))
+        gemm_eff = (float(_positive(device, "gemm_efficiency.half_intensity", ge["half_intensity"],
+                                    kind="half_intensity")),
+                    float(_positive(device, "gemm_efficiency.exponent", ge["exponent"], kind="exponent")))
     class_overhead = []
     ov = c.get("overhead_us", {})
     if not isinstance(ov, dict):
@@ -380,18 +415,20 @@ def _parse(device: DeviceProfile) -> ComputeParams:
                 raise _bad(device, f"elementwise_gbps.{k}", "a curve must map bytes and gbps to "
                            "equal-length, non-empty lists")
             for x in xs:
-                _positive(device, f"elementwise_gbps.{k}.bytes", x)
+                _positive(device, f"elementwise_gbps.{k}.bytes", x, kind="bytes")
             for y in ys:
-                _positive(device, f"elementwise_gbps.{k}.gbps", y)
+                _positive(device, f"elementwise_gbps.{k}.gbps", y, kind="gbps")
             if list(xs) != sorted(set(xs)):
                 raise _bad(device, f"elementwise_gbps.{k}.bytes", f"{xs!r} must be increasing")
             class_bw.append((k, tuple((float(x), float(y) * 1e9) for x, y in zip(xs, ys))))
             continue
-        _positive(device, f"elementwise_gbps.{k}", v)
+        _positive(device, f"elementwise_gbps.{k}", v, kind="gbps")
         class_bw.append((k, float(v) * 1e9))
-    split_max = int(_positive(device, "split_k_max", c.get("split_k_max", SPLIT_K_MAX), integer=True))
+    split_max = int(_positive(device, "split_k_max", c.get("split_k_max", SPLIT_K_MAX), integer=True,
+                              kind="split_k_max"))
     split_chunk = int(_positive(device, "split_k_min_chunk",
-                                c.get("split_k_min_chunk", SPLIT_K_MIN_CHUNK), integer=True))
+                                c.get("split_k_min_chunk", SPLIT_K_MIN_CHUNK), integer=True,
+                                kind="split_k_min_chunk"))
     return ComputeParams(
         device=device.name, sm_count=sms, gemm_tiles=tuple(sorted(norm_tiles)), mamf_flops=mamf,
         hbm_bytes_per_s=eff * device.hbm_gbps * 1e9, kernel_overhead_s=overhead * 1e-6,

@@ -27,7 +27,7 @@ from sim.pipeline_layout import LayoutError
 from sim.presets import PRESETS
 from sim.suggest import did_you_mean
 from sim.topology import TopologySpec, load_topology
-from sim.yamlio import load_yaml_with_lines
+from sim.yamlio import is_file, load_yaml_with_lines
 
 # ----------------------------------------------------------------------------------------------
 # Aliases: short names and torchtitan's *_degree names -> Megatron-LM's canonical names.
@@ -793,7 +793,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         gpu = load_device(raw.cluster.gpu or topo.gpu,
                           key="cluster.gpu" if raw.cluster.gpu else f"gpu (in topology {topo.name})")
     except ConfigError as e:
-        raise (e.located(file, _line(lines, ("cluster", "gpu"))) if e.key == "cluster.gpu" else e) from None
+        # the topology's own `gpu:` is located in the topology file
+        raise (e.located(file, _line(lines, ("cluster", "gpu"))) if e.key == "cluster.gpu"
+               else e.located(topo.path or None, None)) from None
     p, t = raw.parallelism, raw.training
     tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
                       p.context_parallel_size, p.expert_model_parallel_size)
@@ -1026,13 +1028,13 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
 def resolve_scenario_path(name_or_path: str) -> Path:
     """A path to a scenario YAML, or the name of a bundled scenario (scenarios/NAME.yaml)."""
     p = Path(name_or_path)
-    if p.is_file():
+    if is_file(p):
         return p
     try:
         bundled = bundled_dir("scenarios")
     except FileNotFoundError:
         bundled = None
-    if bundled is not None and (bundled / f"{name_or_path}.yaml").is_file():
+    if bundled is not None and is_file(bundled / f"{name_or_path}.yaml"):
         return bundled / f"{name_or_path}.yaml"
     names = sorted(q.stem for q in bundled.glob("*.yaml")) if bundled else []
     raise ConfigError(f"scenario file {name_or_path!r} not found{did_you_mean(name_or_path, names)}"

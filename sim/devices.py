@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from sim.errors import ConfigError
-from sim.yamlio import load_yaml_with_lines
+from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.units import GiB
 
@@ -55,6 +55,9 @@ class DeviceProfile:
         return float(self.peak_tflops[precision]) * 1e12
 
 
+MAX_PRICE_PER_GPU_HOUR_USD = 1e6
+"""Largest `price_per_gpu_hour_usd` (docs/interfaces.md, "Limits")."""
+
 _REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps")
 _KNOWN = set(_REQUIRED) | {"name", "runtime_reserved_gib", "fragmentation_fraction", "price_per_gpu_hour_usd",
                            "source", "extra"}
@@ -71,11 +74,11 @@ def bundled_device_names() -> list[str]:
 def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile:
     """Load a bundled profile by name, or a profile YAML by path."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+    if not (path.suffix in (".yaml", ".yml") and is_file(path)):
         candidate = device_dir() / f"{name_or_path}.yaml"
-        if not candidate.is_file():
+        if not is_file(candidate):
             from sim.suggest import did_you_mean
-            raise ConfigError(f"unknown device profile {name_or_path!r}; bundled: "
+            raise ConfigError(f"unknown device profile {shown(name_or_path)}; bundled: "
                               f"{', '.join(bundled_device_names())}{did_you_mean(str(name_or_path), bundled_device_names())}"
                               " (or give a path to a profile YAML)", key=key)
         path = candidate
@@ -98,11 +101,14 @@ def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
     for k in _REQUIRED:
         if k not in data:
             raise ConfigError(f"device profile is missing required key {k!r}", key=k, file=str(path))
+    for k in ("name", "source"):
+        if k in data and not isinstance(data[k], str):
+            raise ConfigError(f"{k} = {data[k]!r} must be a string", key=k, file=str(path))
     peaks = data["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise ConfigError("peak_tflops must map precision -> TFLOP/s", key="peak_tflops", file=str(path))
     for p, v in peaks.items():
-        if p not in PRECISIONS or not isinstance(v, (int, float)) or v <= 0:
+        if p not in PRECISIONS or not _is_number(v) or v <= 0:
             raise ConfigError(f"peak_tflops.{p} = {v!r}: precision must be one of {PRECISIONS} "
                               "and the value a positive number", key="peak_tflops", file=str(path))
     frag = data.get("fragmentation_fraction", 0.0)
@@ -124,17 +130,33 @@ def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
                               key="peak_tflops", file=str(path))
     for k in ("runtime_reserved_gib", "price_per_gpu_hour_usd"):
         v = data.get(k, 0.0)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        if not _is_number(v) or v < 0:
             raise ConfigError(f"{k} = {v!r} must be a number >= 0", key=k, file=str(path))
     if data.get("runtime_reserved_gib", 0.0) >= data["memory_gib"]:
         raise ConfigError(f"runtime_reserved_gib ({data['runtime_reserved_gib']}) must be below memory_gib "
                           f"({data['memory_gib']})", key="runtime_reserved_gib", file=str(path))
-    if not isinstance(data.get("extra") or {}, dict):
+    # a GPU-hour rents for a few dollars; a million is beyond any price (and an integer beyond
+    # float range would not convert)
+    if data.get("price_per_gpu_hour_usd", 0.0) > MAX_PRICE_PER_GPU_HOUR_USD:
+        raise ConfigError(f"price_per_gpu_hour_usd = {data['price_per_gpu_hour_usd']!r} is beyond any "
+                          f"price (at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} USD)",
+                          key="price_per_gpu_hour_usd", file=str(path))
+    if data.get("extra") is not None and not isinstance(data["extra"], dict):
         raise ConfigError(f"extra = {data['extra']!r} must be a mapping", key="extra", file=str(path))
-    return DeviceProfile(
+    profile = DeviceProfile(
         name=str(data.get("name", path.stem)), memory_gib=float(data["memory_gib"]),
         peak_tflops={k: float(v) for k, v in peaks.items()}, hbm_gbps=float(data["hbm_gbps"]),
         runtime_reserved_gib=float(data.get("runtime_reserved_gib", 0.0)),
         fragmentation_fraction=float(data.get("fragmentation_fraction", 0.0)),
         price_per_gpu_hour_usd=float(data.get("price_per_gpu_hour_usd", 0.0)),
         extra=dict(data.get("extra") or {}), source=str(data.get("source", "")), path=str(path))
+    # extra.compute is the compute model's (sim.compute); validated here so that every command
+    # refuses a broken profile when it is loaded, not only those that time kernels
+    from sim.compute import compute_params
+
+    compute_params(profile)
+    return profile
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -49,7 +49,7 @@ def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None 
             if not isinstance(key, str):
                 raise ConfigError(f"keys must be strings, got {key!r}", line=key_node.start_mark.line + 1)
             if key in out:
-                raise ConfigError(f"duplicate key {key!r}", key=".".join(path + (key,)),
+                raise ConfigError(f"duplicate key {key!r}", key=_where(path + (key,)),
                                   line=key_node.start_mark.line + 1)
             if len(key) > MAX_STRING:
                 raise ConfigError(f"a key of {len(key):,} characters (at most {MAX_STRING:,})",
@@ -70,6 +70,22 @@ def check_scalar(value, key: str | None, line: int | None = None) -> None:
         raise ConfigError(f"{value!r} is not a finite number", key=key, line=line)
     if isinstance(value, str) and len(value) > MAX_STRING:
         raise ConfigError(f"a string of {len(value):,} characters (at most {MAX_STRING:,})", key=key, line=line)
+
+
+def is_file(path) -> bool:
+    """Path(path).is_file(), but False (not OSError) for a name no file can have: longer than the
+    file system allows (ENAMETOOLONG) or otherwise unusable. Callers then report the name as not
+    found, with the key that gave it."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def shown(name: str, limit: int = 80) -> str:
+    """repr() of a user-given name for a message, cut to `limit` characters (a 4,096-character
+    name would bury the message)."""
+    return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name):,} characters)"
 
 
 def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:

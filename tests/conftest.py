@@ -14,6 +14,24 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="run the long fuzz (tests/test_fuzz.py, >= 2,000 mutated inputs)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fuzz_long: the long fuzz; runs only with --fuzz-long")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--fuzz-long"):
+        return
+    skip = pytest.mark.skip(reason="the long fuzz runs with --fuzz-long")
+    for item in items:
+        if "fuzz_long" in item.keywords:
+            item.add_marker(skip)
+
+
 def base_scenario(**sections) -> dict:
     """A small valid dense scenario (one DGX A100 node); sections override whole keys."""
     data = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 from sim.errors import ConfigError
-from sim.yamlio import load_yaml_with_lines
+from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.suggest import did_you_mean
 from sim.topology.schema import BODY_KEYS, CollectiveSpec, FabricSpec, NodeSpec, parse_topology_body
@@ -60,11 +60,11 @@ def bundled_topology_names() -> list[str]:
 def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> TopologySpec:
     """Load a bundled topology by name, or a topology YAML by path."""
     path = Path(str(name_or_path))
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+    if not (path.suffix in (".yaml", ".yml") and is_file(path)):
         candidate = topology_dir() / f"{name_or_path}.yaml"
-        if not candidate.is_file():
+        if not is_file(candidate):
             names = bundled_topology_names()
-            raise ConfigError(f"unknown topology {name_or_path!r}; bundled: {', '.join(names)}"
+            raise ConfigError(f"unknown topology {shown(str(name_or_path))}; bundled: {', '.join(names)}"
                               f"{did_you_mean(str(name_or_path), names)} (or give a path to a topology YAML)",
                               key=key)
         path = candidate
@@ -82,6 +82,11 @@ def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
     for k in _REQUIRED:
         if k not in data:
             raise ConfigError(f"topology is missing required key {k!r}", key=k, file=str(path))
+    for k in ("name", "gpu", "source", "description"):
+        if k in data and not (isinstance(data[k], str) and (data[k] or k != "gpu")):
+            raise ConfigError(f"{k} = {data[k]!r} must be a{' non-empty' if k == 'gpu' else ''} string"
+                              + (" (a bundled device profile name or a path to one)" if k == "gpu" else ""),
+                              key=k, file=str(path))
     gpn = data["gpus_per_node"]
     if not isinstance(gpn, int) or isinstance(gpn, bool) or not 1 <= gpn <= 4096:
         # the largest NVLink domain sold is 576 GPUs (NVL576); 4,096 leaves room

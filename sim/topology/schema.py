@@ -230,7 +230,9 @@ def _check_keys(data: dict, cls, key: str, file: str | None, extra: tuple = ()) 
 
 
 def _num(data: dict, k: str, key: str, file: str | None, *, required=False, default=None,
-         positive=True, allow_zero=False, integer=False):
+         positive=True, allow_zero=False, integer=False, unit: str | None = None):
+    """data[k] validated: a number (whole with `integer`), > 0 (>= 0 with allow_zero) and within
+    the physical range of its unit (`unit`, else the one its name ends in: _gbps, _ns, ...)."""
     full = f"{key}.{k}"
     if k not in data or data[k] is None:
         if required:
@@ -244,7 +246,7 @@ def _num(data: dict, k: str, key: str, file: str | None, *, required=False, defa
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         rule = "a non-negative number" if allow_zero else "a positive number"
         raise _err(f"{full} = {v!r} must be {rule}", full, file)
-    lo, hi = _RANGE.get(_unit(k), (None, None))
+    lo, hi = _RANGE.get(unit or _unit(k), (None, None))
     if hi is not None and not (v == 0 or lo <= v <= hi):
         raise _err(f"{full} = {v!r} is outside the physical range [{lo:g}, {hi:g}]", full, file)
     return int(v) if integer else float(v)
@@ -253,8 +255,10 @@ def _num(data: dict, k: str, key: str, file: str | None, *, required=False, defa
 # Physical ranges by unit (docs/interfaces.md "Limits"): links from a slow Ethernet port (0.01 GB/s)
 # to ten times NVLink 5's 1,800 GB/s per GPU; latencies up to 1 s; counts and ratios far above
 # any cluster. Outside them the flow solver's integer nanoseconds overflow or nothing is physical.
+# A switch's radix: the largest switch ASICs have 512 ports (Tomahawk 5 at 100G), so 4,096 leaves
+# room; the graph holds radix/2 spines per pod, and a radix of 2^31 would never finish building.
 _RANGE = {"gbps": (1e-2, 1e5), "gbit": (1e-1, 1e6), "ns": (0, 1e9), "us": (0, 1e6),
-          "count": (1, 1 << 20), "ratio": (1e-3, 1e3)}
+          "count": (1, 1 << 20), "ratio": (1e-3, 1e3), "radix": (1, 4096)}
 
 
 def _unit(k: str) -> str | None:
@@ -270,6 +274,8 @@ def _unit(k: str) -> str | None:
         return "count"
     if k in ("oversubscription",):
         return "ratio"
+    if k == "switch_radix":
+        return "radix"
     return None
 
 
@@ -418,7 +424,9 @@ def _parse_table(value: Any, key: str, file: str | None, default: dict, depth: i
                 if p not in PROTOCOLS:
                     raise _err(f"unknown protocol {p!r} in {key}.{k}; one of {', '.join(PROTOCOLS)}",
                                f"{key}.{k}.{p}", file)
-                out[k][p] = _num(v, p, f"{key}.{k}", file, allow_zero=True)
+                if x is None:   # a null here is no default: the whole table has numbers
+                    raise _err(f"{key}.{k}.{p} = null must be a number (us)", f"{key}.{k}.{p}", file)
+                out[k][p] = _num(v, p, f"{key}.{k}", file, allow_zero=True, unit="us")
     return out
 
 
