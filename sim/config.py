@@ -533,12 +533,20 @@ def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> Conf
 LIMITS = {
     "model.num_layers": 4096, "model.hidden_size": 1 << 20, "model.num_attention_heads": 1 << 14,
     "model.vocab_size": 1 << 24, "model.num_experts": 1 << 16, "model.ffn_hidden_size": 1 << 22,
+    # per-head widths (published: 64 to 256; DeepSeek-V3's 128 + 64 rotary), MLA ranks (as wide
+    # as hidden_size), expert widths (as ffn_hidden_size), the position table (as seq_length)
+    "model.kv_channels": 1 << 14, "model.qk_head_dim": 1 << 14, "model.qk_pos_emb_head_dim": 1 << 14,
+    "model.v_head_dim": 1 << 14, "model.q_lora_rank": 1 << 20, "model.kv_lora_rank": 1 << 20,
+    "model.moe_ffn_hidden_size": 1 << 22, "model.max_position_embeddings": 1 << 24,
+    # shared experts (DeepSeek: 1 or 2) widen the shared MLP to shared x moe_ffn_hidden_size
+    "model.moe_shared_experts": 1 << 8, "model.first_k_dense_layers": 4096, "model.moe_layer_freq": 4096,
     "training.seq_length": 1 << 24, "training.global_batch_size": 1 << 24,
     "training.micro_batch_size": 1 << 16, "num_microbatches": 1 << 17, "num_gpus": 1 << 20,
 }
 """Largest sizes sim5d simulates (docs/interfaces.md, "Limits"): an order of magnitude above any
 published run (Llama 3 405B: 126 layers, h 16,384, 16,384 GPUs, 128K context), so that a typo
-(2**63) is an error before any allocation, not a MemoryError or an hour of simulation."""
+(2**63) is an error before any allocation, not a MemoryError, an hour of simulation or a kernel
+time beyond the engine's clock."""
 
 
 def _check_model_shape(model: ModelSpec, err) -> None:
@@ -910,6 +918,18 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   f"expert_tensor_parallel_size ({etp}) != tensor_model_parallel_size ({tp}) needs "
                   "sequence_parallel: true (Megatron-Core's MoE layer refuses tensor parallelism without "
                   "sequence parallelism in training; each TP rank dispatches its own s/tp tokens)")
+    # the dense MLP (every layer of a dense model, the first_k_dense / non-MoE layers of an MoE
+    # one) and the shared experts' MLP are column-parallel over tp (Megatron's ColumnParallelLinear)
+    if model.ffn_hidden_size % tp and any(not model.is_moe_layer(i) for i in range(model.num_layers)):
+        raise err("parallelism.tensor_model_parallel_size",
+                  f"ffn_hidden_size ({model.ffn_hidden_size}) must be divisible by "
+                  f"tensor_model_parallel_size ({tp}): each TP rank holds a whole slice of the MLP")
+    shared = model.moe_shared_experts * model.moe_ffn_hidden_size
+    if model.is_moe and shared % tp:
+        raise err("parallelism.tensor_model_parallel_size",
+                  f"moe_shared_experts x moe_ffn_hidden_size = {model.moe_shared_experts} x "
+                  f"{model.moe_ffn_hidden_size} = {shared} (the shared experts' MLP width) must be "
+                  f"divisible by tensor_model_parallel_size ({tp})")
     if model.is_moe and not (1 <= model.moe_router_topk <= model.num_experts):
         raise err("model.moe_router_topk", f"moe_router_topk ({model.moe_router_topk}) must be between 1 and "
                   f"num_experts ({model.num_experts})")

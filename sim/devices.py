@@ -78,7 +78,7 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
         candidate = device_dir() / f"{name_or_path}.yaml"
         if not is_file(candidate):
             from sim.suggest import did_you_mean
-            raise ConfigError(f"unknown device profile {shown(name_or_path)}; bundled: "
+            raise ConfigError(f"unknown device profile {shown(str(name_or_path))}; bundled: "
                               f"{', '.join(bundled_device_names())}{did_you_mean(str(name_or_path), bundled_device_names())}"
                               " (or give a path to a profile YAML)", key=key)
         path = candidate

@@ -26,6 +26,7 @@ Runs:
   kinds), every outcome counted instead of stopping at the first failure; each failing input is
   saved to tests/fuzz_corpus/, a table of counts printed (and written as JSON to
   $SIM5D_FUZZ_REPORT when set), and the test fails if any input failed.
+- `test_bundled_files_pass_the_checks`: the unmutated files pass the same checks.
 - `test_corpus_replays`: every input that ever failed (tests/fuzz_corpus/NAME.yaml, its kind,
   command and the failure it first caused in NAME.json) must now pass.
 """
@@ -39,10 +40,10 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import tempfile
+import time
 import traceback
 from collections import Counter
 from pathlib import Path
@@ -53,6 +54,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
+
+resource = pytest.importorskip("resource", reason="the fuzzer bounds memory with setrlimit (POSIX)")
+if not hasattr(signal, "SIGALRM"):
+    pytest.skip("the fuzzer bounds time with SIGALRM (POSIX)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
@@ -71,16 +76,18 @@ COMMANDS = ("memory", "run")
 
 TIME_LIMIT_S = 20
 """Wall-clock bound of one input (signal.alarm): past it, the input counts as a hang."""
-MEMORY_LIMIT_BYTES = 12 * 2**30
-"""Address-space cap while fuzzing: an input that makes sim5d allocate without bound fails with
-a MemoryError (a traceback) instead of taking the machine down."""
-DEFAULT_EXAMPLES = {"memory": 25, "run": 2}
-"""Inputs per file kind in the default run (CI): the whole file takes well under a minute."""
+MEMORY_LIMIT_BYTES = 8 * 2**30
+"""Address space an input may add while it runs (RLIMIT_AS): one that makes sim5d allocate
+without bound fails with a MemoryError (a traceback) instead of taking the machine down."""
+DEFAULT_EXAMPLES = {"memory": 100, "run": 15}
+"""Inputs per file kind in the default run (CI): the whole file takes about 35 s on the project's
+2-core machine."""
 LONG_EXAMPLES = {("scenario", "memory"): 900, ("topology", "memory"): 900, ("device", "memory"): 900,
                  ("scenario", "run"): 80, ("topology", "run"): 150, ("device", "run"): 300}
 """Inputs per file kind and command with --fuzz-long: 3,230 generated, of which hypothesis repeats
 some (a repeat is counted once and not run again); at least 2,000 distinct are required. A device
-profile's `extra.compute` is read by `run` alone, hence its larger sample."""
+profile's compute constants reach the kernel-time model through `run` alone, hence its larger
+sample."""
 
 
 # ---------------------------------------------------------------------------------- inputs ---
@@ -280,8 +287,9 @@ def _tree_mutation(draw, tree, small: bool):
         n = draw(st.sampled_from(DEEP))
         v = _deep(n)
         family = f"deep {n}"
-    shown = v if not isinstance(v, str) or len(v) < 40 else f"<str {len(v)}>"
-    return _set(tree, path, v), f"{family}: {where} = {shown!r}"
+    shown = f"<str {len(v)}>" if isinstance(v, str) and len(v) >= 40 else repr(v)
+    shown = shown if len(shown) <= 120 else shown[:120] + "..."
+    return _set(tree, path, v), f"{family}: {where} = {shown}"
 
 
 def _dump(tree) -> str:
@@ -351,7 +359,12 @@ def cases(draw, kind: str, command: str):
     if draw(st.integers(0, 4)) == 0:
         data, what = draw(_text_mutation(data.decode()))
         log.append(what)
-    rel = str(source.relative_to(ROOT))
+    return Case(kind, command, str(source.relative_to(ROOT)), log, data,
+                command_line(kind, command, source))
+
+
+def command_line(kind: str, command: str, source: Path) -> list:
+    """The sim5d arguments that read a (mutated) file of `kind` mutated from `source`."""
     if kind == "scenario":
         args = [command, "{FILE}"]
     else:
@@ -360,8 +373,7 @@ def cases(draw, kind: str, command: str):
                 *_fit_args(kind, source)]
     if command == "run":
         args += ["--set", "simulation.network=analytical", "--out", "{OUT}"]
-    args.append("--json")
-    return Case(kind, command, rel, log, data, args)
+    return args + ["--json"]
 
 
 # --------------------------------------------------------------------------------- checking ---
@@ -397,9 +409,12 @@ def _check_figures(command: str, out: str) -> str | None:
     for path, v in _numbers(doc):
         if not math.isfinite(v) or v < 0:
             return f"{path} = {v!r}: not a finite, non-negative number"
+    keys = (("peak_gib",) if command == "memory" else
+            ("peak_memory_gib", "step_time_s", "compute_fraction", "exposed_comm_fraction", "bubble_fraction"))
+    missing = [k for k in keys if not isinstance(doc, dict) or not _is_number(doc.get(k))]
+    if missing:
+        return f"no {', '.join(missing)} in the JSON output"
     if command == "memory":
-        if not isinstance(doc.get("peak_gib"), (int, float)):
-            return "no peak_gib"
         return None
     fractions = [doc[k] for k in ("compute_fraction", "exposed_comm_fraction", "bubble_fraction")]
     if any(not 0 <= f <= 1 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
@@ -440,18 +455,26 @@ def _args(case: Case, file: Path, out: Path) -> list:
             for a in case.args]
 
 
+def _address_space() -> int:
+    """This process's virtual memory size now, bytes (0 where /proc is missing)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def run_case(case: Case, workdir: Path) -> Outcome:
     """Write the mutated file under `workdir` (a fresh name: the loaders cache per path and
     modification time) and run its command in-process."""
-    import time
-
     digest = hashlib.sha1(case.data).hexdigest()[:12]
     folder = Path(tempfile.mkdtemp(prefix=f"{case.kind}-{digest}-", dir=workdir))
     file = folder / f"{case.kind}-{digest}.yaml"
     file.write_bytes(case.data)
     old = signal.signal(signal.SIGALRM, _alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT_BYTES, hard)
+    cap = _address_space() + MEMORY_LIMIT_BYTES
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
     t0 = time.monotonic()
     try:
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
@@ -479,7 +502,10 @@ def run_case(case: Case, workdir: Path) -> Outcome:
         return Outcome("bad_figures", bad, seconds) if bad else Outcome("exit0", "", seconds)
     if code == 2:
         bad = _check_error(err, file)
-        return Outcome("bad_error", bad, seconds) if bad else Outcome("exit2", err.strip()[-300:], seconds)
+        if bad:
+            return Outcome("bad_error", bad, seconds)
+        error = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
+        return Outcome("exit2", error[:500], seconds)
     return Outcome("other_exit", f"exit {code}: {err.strip()[-500:]}", seconds)
 
 
@@ -489,9 +515,9 @@ def save_to_corpus(case: Case, outcome: Outcome) -> Path:
     CORPUS.mkdir(exist_ok=True)
     stem = f"{case.kind}-{case.command}-{hashlib.sha1(case.data).hexdigest()[:12]}"
     (CORPUS / f"{stem}.yaml").write_bytes(case.data)
+    detail = re.sub(r'File "[^"]*/(sim/[^"]*)"', r'File "\1"', outcome.detail[-1500:])   # no machine paths
     side = {"kind": case.kind, "command": case.command, "args": case.args, "source": case.source,
-            "mutations": case.mutations, "failure": {"status": outcome.status,
-                                                     "detail": outcome.detail[-1500:]}}
+            "mutations": case.mutations, "failure": {"status": outcome.status, "detail": detail}}
     (CORPUS / f"{stem}.json").write_text(json.dumps(side, indent=1, ensure_ascii=True) + "\n")
     return CORPUS / f"{stem}.yaml"
 
@@ -506,9 +532,27 @@ def _describe(case: Case, outcome: Outcome) -> str:
 def _settings(n: int, *, shrink: bool):
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
     return settings(max_examples=n, derandomize=True, database=None, deadline=None,
-                    phases=phases, print_blob=False,
+                    phases=phases, print_blob=False, report_multiple_bugs=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much, HealthCheck.large_base_example])
+
+
+UNMUTATED = [(kind, "memory", p) for kind in KINDS for p in FILES[kind]] + [
+    ("scenario", "run", ROOT / "scenarios" / f"{name}.yaml") for name in RUN_SCENARIOS] + [
+    ("topology", "run", ROOT / "topologies" / "dgx-h100-ndr.yaml"),
+    ("topology", "run", ROOT / "topologies" / "cpu-local.yaml"),
+    ("device", "run", ROOT / "topologies" / "devices" / "h100-sxm-80gb.yaml")]
+
+
+@pytest.mark.parametrize("kind, command, source", UNMUTATED,
+                         ids=[f"{c}-{p.stem}" for _, c, p in UNMUTATED])
+def test_bundled_files_pass_the_checks(kind, command, source, tmp_path):
+    """The checks themselves: every bundled file, unmutated, through the fuzzer's command line,
+    exits 0 with sound figures (run's three fractions sum to 1 on each)."""
+    case = Case(kind, command, str(source.relative_to(ROOT)), [], source.read_bytes(),
+                command_line(kind, command, source))
+    outcome = run_case(case, tmp_path)
+    assert outcome.status == "exit0", _describe(case, outcome)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -527,7 +571,7 @@ def test_fuzz(kind, command, tmp_path):
 
     try:
         fuzz()
-    except AssertionError:
+    except BaseException:
         if "failure" in last:    # hypothesis replays the shrunk input last
             print(f"saved to {save_to_corpus(*last['failure'])}")
         raise
