@@ -424,16 +424,18 @@ class ProgramBuilder:
         if tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp {rs}", rs)
 
-    def _dgrad(self, prog, r, layer, mb, block, c, lc, ik, name):
+    def _dgrad(self, prog, r, layer, mb, block, c, lc, ik, name, hold_back: int = 0):
+        """The block's input gradient; `hold_back` ns of its end (the column GEMM's dgrad, which
+        the async backward runs itself) are left out."""
         if block == "attn" and self.sc.parallelism.cp > 1:
             core = lc.attn_core
             post = c["dgrad"] - core["pre_dgrad"] - core["dgrad"]
             prog.append(Compute(post, f"{ik} {name} out dgrad"))
             self._cp_core_backward(prog, r, layer, mb, core, name)
-            prog.append(Compute(core["pre_dgrad"], f"{ik} {name} qkv dgrad"))
+            prog.append(Compute(core["pre_dgrad"] - hold_back, f"{ik} {name} qkv dgrad"))
         else:
-            prog.append(Compute(self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"],
-                                f"{ik} {name} dgrad"))
+            prog.append(Compute((self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"])
+                                - hold_back, f"{ik} {name} dgrad"))
 
     def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight, lc):
         name = f"L{layer} {block} mb{mb}"
@@ -495,17 +497,10 @@ class ProgramBuilder:
         for each collective before it goes on (handle.wait()); the block's other weight
         gradients follow (autograd runs the row-parallel linear's before; the order within one
         stream does not change the time)."""
-        dgrad = self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"]
         wgrad = self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"]
         col_d, col_w = c["col_dgrad"], c["col_wgrad"]
         group = self._group(r, "tp")
-        if block == "attn" and self.sc.parallelism.cp > 1:
-            core = lc.attn_core
-            prog.append(Compute(c["dgrad"] - core["pre_dgrad"] - core["dgrad"], f"B {name} out dgrad"))
-            self._cp_core_backward(prog, r, layer, mb, core, name)
-            prog.append(Compute(core["pre_dgrad"] - col_d, f"B {name} qkv-side dgrad"))
-        else:
-            prog.append(Compute(dgrad - col_d, f"B {name} dgrad"))
+        self._dgrad(prog, r, layer, mb, block, c, lc, "B", name, hold_back=col_d)
         if self.sp:
             h = ("tp-async", name, "all-gather", len(prog))
             prog.append(Launch(h, CommSpec("all_gather", group, self.act_bytes, "tp"),
