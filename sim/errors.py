@@ -33,6 +33,12 @@ class InternalError(Sim5dError):
         super().__init__(message)
 
 
+class BeyondLimits(Sim5dError):
+    """Valid sizes whose work is beyond what sim5d simulates: a kernel or a transfer that would end
+    past `units.MAX_STEP_NS` of simulated time (exit code 2). Message-only, so that SimPy, which
+    re-raises a process's exception as `type(e)(*e.args)`, keeps it whole."""
+
+
 class DoesNotFit(Sim5dError):
     """`--strict` and a layout whose peak memory exceeds the device's capacity (exit code 3; the
     outputs are written first)."""

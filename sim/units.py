@@ -27,6 +27,11 @@ def gib_to_bytes(gib: float) -> float:
 MAX_NS = 1 << 62
 """Longest simulated interval (about 146 years): int64 arithmetic on times stays exact below it."""
 
+MAX_STEP_NS = 10 ** 18
+"""Longest step sim5d simulates (10^9 s, about 32 years; docs/interfaces.md, Limits): a scenario
+whose kernels or transfers run longer is refused as beyond what sim5d simulates (exit 2), well
+before the int64 clock of the flow solver (MAX_NS) could wrap."""
+
 
 def s_to_ns(seconds: float) -> int:
     """Seconds to integer nanoseconds, rounded half-up (never negative zero). A NaN, infinite,

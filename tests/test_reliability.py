@@ -178,19 +178,25 @@ def test_a_bad_duration_is_an_internal_error_not_a_wrong_integer(seconds):
     assert s_to_ns(1.5e-9) == 2 and s_to_ns(0.0) == 0
 
 
-def test_flow_finish_beyond_int64_is_an_internal_error_not_a_wrapped_time():
+@pytest.mark.parametrize("bandwidth, error, match", [
+    (1e-30, "BeyondLimits", "would end 1.07e[+]30 s into the step"),     # a real rate: the work
+    (float("nan"), "InternalError", "overflows int64 nanoseconds"),      # no rate: a bug
+])
+def test_flow_finish_beyond_the_clock_is_an_error_not_a_wrapped_time(bandwidth, error, match):
     """A link of 1e-30 GB/s (which the topology loader now refuses) used to overflow
-    steps.astype(np.int64) and finish a 1 GiB transfer in 56 us; the solver itself now stops."""
+    steps.astype(np.int64) and finish a 1 GiB transfer in 56 us; the solver itself now stops:
+    2^30 B at 1e-30 B/ns (1 GB/s = 1 B/ns) ends 1.07e30 s in, past the 10^9 s step limit (the scenario's work,
+    exit 2); a NaN rate is a bug (exit 1)."""
     import networkx as nx
     import simpy
 
-    from sim.errors import InternalError
+    from sim import errors
     from sim.network import FlowNetwork
     from sim.topology import load_topology
     from sim.topology.graph import build_graph
 
     G = build_graph(load_topology("dgx-a100-hdr"), 1).copy()
-    nx.set_edge_attributes(G, 1e-30, "bandwidth_gbps")
+    nx.set_edge_attributes(G, bandwidth, "bandwidth_gbps")
     env = simpy.Environment()
     net = FlowNetwork(env, G)
 
@@ -198,9 +204,27 @@ def test_flow_finish_beyond_int64_is_an_internal_error_not_a_wrapped_time():
         yield net.transfer("n0.gpu0", "n0.gpu1", 2**30, name="x")
 
     env.process(go())
-    with pytest.raises(InternalError, match="overflows int64 nanoseconds") as e:
+    with pytest.raises(getattr(errors, error), match=match) as e:
         env.run()
-    assert str(e.value).count("internal error:") == 1
+    assert str(e.value).count("internal error:") == (error == "InternalError")
+    assert e.value.exit_code == (1 if error == "InternalError" else 2)
+
+
+@pytest.mark.parametrize("sets, expect", [
+    # H100: the 4 PiB tensor-parallel all-reduce of one microbatch ends past the step limit
+    ([], "the transfer 'ring0:"),
+    # CPU: one microbatch's attention block alone runs past it (its kernel time, before simulating)
+    (["cluster.topology=cpu-local", "parallelism.dp=1", "parallelism.tp=1", "parallelism.pp=1"],
+     "one microbatch's input_norm..attn_bias_dropout_add fwd alone takes 1.47e+12 s on cpu-local"),
+])
+def test_work_beyond_the_step_limit_is_a_user_error_naming_the_sizes(sets, expect):
+    """Sizes each within its own limit (seq 2^24, micro-batch 2^16) whose product is beyond
+    what sim5d simulates: exit 2 naming the sizes, not an internal error (was exit 1)."""
+    args = [x for kv in ["training.seq_length=16777216", "training.micro_batch_size=65536",
+                         "training.global_batch_size=262144", *sets] for x in ("--set", kv)]
+    err = _refused("run", SCENARIO, *args, "--json", expect=expect)
+    assert "beyond what sim5d simulates (a step of at most 10^9 s" in err
+    assert "seq_length 16,777,216 x micro_batch_size 65,536" in err and err.count("\n") == 1
 
 
 def test_internal_error_exits_1_with_one_line(monkeypatch):

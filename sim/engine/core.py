@@ -36,6 +36,13 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from sim.errors import InternalError
+from sim.units import MAX_NS
+
+WATCHDOG_EVENTS = 10_000_000
+"""Instructions between two looks of the engine's watchdog (issue #14: no advance of simulated
+time in that many is a livelock, reported, never a hang)."""
+
 
 @dataclass(frozen=True)
 class CommSpec:
@@ -148,6 +155,7 @@ class Engine:
         self._calls: dict = {}
         self._rdv: dict = {}
         self._all_simulated: dict = {}
+        self._watch_now = -1
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -229,9 +237,14 @@ class Engine:
         env, st = self.env, self._state[rank]
         for st.pc, ins in enumerate(self.programs[rank]):
             self.events += 1
+            if not self.events % WATCHDOG_EVENTS:
+                self._watchdog()
             t = type(ins)
             if t is Compute:
                 if ins.dur_ns:
+                    if not 0 < ins.dur_ns < MAX_NS:
+                        raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
+                                            f"{ins.dur_ns!r} ns")
                     start = env.now
                     if self.slowdown:
                         yield from self._slowed_compute(rank, ins.dur_ns)
@@ -276,6 +289,15 @@ class Engine:
             else:
                 raise TypeError(f"unknown instruction {ins!r}")
         st.done = True
+
+    def _watchdog(self):
+        """Every WATCHDOG_EVENTS instructions: simulated time must have advanced since the last
+        look, or the engine is spinning (a livelock): stop with an internal error."""
+        if self.env.now == self._watch_now:
+            busy = [f"rank {r} at instruction {s.pc}" for r, s in sorted(self._state.items()) if not s.done][:5]
+            raise InternalError(f"{WATCHDOG_EVENTS:,} instructions ran without simulated time advancing "
+                                f"past {self.env.now} ns (a livelock; {', '.join(busy)})")
+        self._watch_now = self.env.now
 
     def run(self) -> int:
         """Simulate; returns the makespan in ns. Raises DeadlockError naming the waiting ranks."""

@@ -8,7 +8,8 @@ from functools import lru_cache
 
 from sim import compute, workload
 from sim.engine.program import CostModel, LayerCost
-from sim.units import s_to_ns
+from sim.errors import BeyondLimits
+from sim.units import MAX_STEP_NS, NS_PER_S, s_to_ns
 
 # Gradients as the memory calculator counts them (2 bytes; sim.memory.STATE_BYTES); Megatron's
 # fp32 main-grad accumulation would make it 4.
@@ -17,6 +18,20 @@ GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
 COLUMN_GEMMS = ("qkv_proj", "fc1")
 """The column-parallel GEMMs whose backward overlaps the block's input-gradient TP collective
 (Megatron-LM's ColumnParallelLinear: the QKV projection and the dense MLP's first linear)."""
+
+
+def work_of(sc) -> str:
+    """The sizes that set a step's work, for a BeyondLimits message."""
+    t, m = sc.training, sc.model
+    return (f"its work comes from seq_length {t.seq_length:,} x micro_batch_size {t.micro_batch_size:,} "
+            f"tokens per microbatch, {m.num_layers:,} layers of hidden_size {m.hidden_size:,}, "
+            f"{sc.derived.num_microbatches:,} microbatches on {sc.cluster.gpu.name} (training.seq_length, "
+            "training.micro_batch_size, model.*, cluster.gpu)")
+
+
+def beyond_limits(sc, what: str) -> BeyondLimits:
+    return BeyondLimits(f"{what}: beyond what sim5d simulates (a step of at most 10^9 s of simulated "
+                        f"time; docs/interfaces.md, Limits); {work_of(sc)}")
 
 
 class DeviceCostModel(CostModel):
@@ -30,9 +45,17 @@ class DeviceCostModel(CostModel):
         self.device = sc.cluster.gpu
         self._layer = lru_cache(maxsize=None)(self._layer_cost)
 
+    def _ns(self, seconds: float, what: str) -> int:
+        """Seconds to engine nanoseconds; a finite time beyond the step limit is the scenario's
+        work (BeyondLimits, exit 2), a NaN or negative one a bug (s_to_ns: InternalError)."""
+        if seconds * NS_PER_S >= MAX_STEP_NS and seconds != float("inf"):
+            raise beyond_limits(self.sc, f"{what} alone takes {seconds:.3g} s on {self.device.name}")
+        return s_to_ns(seconds)
+
     def _time(self, ops, phase) -> int:
         """A block's time: its kernels, or its host's issuing of them if that is slower."""
-        return s_to_ns(compute.issue_bound_time_s(ops, phase, self.device, self.sc.training.precision))
+        return self._ns(compute.issue_bound_time_s(ops, phase, self.device, self.sc.training.precision),
+                        f"one microbatch's {ops[0].name}..{ops[-1].name} {phase}" if ops else phase)
 
     def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
         p = self.sc.parallelism
@@ -65,7 +88,8 @@ class DeviceCostModel(CostModel):
         col = next((op for op in block if op.name in COLUMN_GEMMS), None)
         if col is None:
             return {"col_dgrad": 0, "col_wgrad": 0}
-        return {f"col_{ph}": s_to_ns(compute.kernel_time_s(col, ph, self.device, self.sc.training.precision))
+        return {f"col_{ph}": self._ns(compute.kernel_time_s(col, ph, self.device, self.sc.training.precision),
+                                      f"one microbatch's {col.name} {ph}")
                 for ph in ("dgrad", "wgrad")}
 
     def _cp_correction_ns(self) -> dict:
@@ -88,8 +112,8 @@ class DeviceCostModel(CostModel):
         fwd = 3 * (rows * d_v * e + rows * 4)
         b = cp_bytes(sc)
         bwd = 3 * (rows * d_qk * e + b["kv"])
-        return {"correction_fwd": s_to_ns(compute.memory_time_s(fwd, self.device)),
-                "correction_bwd": s_to_ns(compute.memory_time_s(bwd, self.device))}
+        return {"correction_fwd": self._ns(compute.memory_time_s(fwd, self.device), "one ring step's correction"),
+                "correction_bwd": self._ns(compute.memory_time_s(bwd, self.device), "one ring step's accumulation")}
 
     def layer(self, layer: int) -> LayerCost:
         # layers of one kind (dense or MoE) are identical: time one representative of each
@@ -107,5 +131,5 @@ class DeviceCostModel(CostModel):
 
     def optimizer_ns(self, n_params: float) -> int:
         t = self.sc.training
-        return s_to_ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,
-                                                     grad_bytes=GRAD_BYTES[t.precision]))
+        return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,
+                                                      grad_bytes=GRAD_BYTES[t.precision]), "the optimizer step")

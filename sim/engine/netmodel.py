@@ -9,10 +9,12 @@ link bandwidth max-min fairly.
 
 from __future__ import annotations
 
+from sim.errors import InternalError
 from sim.layout import Layout
 from sim.network.collectives import collective_process, estimate_plan_ns, plan_collective
 from sim.network.flow import FlowNetwork
 from sim.topology.graph import build_graph, gpu_name
+from sim.units import MAX_NS
 
 
 _GRAPHS: dict = {}
@@ -51,6 +53,9 @@ class ClusterNetwork:
         key = (spec.op, spec.ranks, spec.size_bytes)
         plan = self._plans.get(key)
         if plan is None:
+            if not 0 <= spec.size_bytes < MAX_NS:              # NaN too: a bug in the program builder
+                raise InternalError(f"a {spec.op} over {len(spec.ranks)} ranks ({spec.tag or 'untagged'}) "
+                                    f"has a size of {spec.size_bytes!r} bytes")
             plan = self._plans[key] = plan_collective(self.graph, spec.op, [self.gpu(r) for r in spec.ranks],
                                                       int(spec.size_bytes))
         return plan

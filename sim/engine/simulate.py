@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 from sim import schedules, workload
 from sim.engine.core import Engine
+from sim.engine.costs import beyond_limits
 from sim.engine.metrics import breakdown
 from sim.engine.program import ProgramBuilder
+from sim.errors import BeyondLimits
 from sim.layout import Layout
 from sim.memory import memory_report
-from sim.units import GiB, ns_to_s
+from sim.units import MAX_STEP_NS, GiB, ns_to_s
 
 
 @dataclass
@@ -90,7 +92,12 @@ def simulate(sc, *, costs=None, network=None) -> RunResult:
     builder = ProgramBuilder(sc, sched, costs, layout)
     programs = builder.build()
     engine = Engine(programs, network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
-    makespan = engine.run()
+    try:
+        makespan = engine.run()
+    except BeyondLimits as e:                                # a transfer past the step limit
+        raise beyond_limits(sc, str(e)) from None
+    if makespan >= MAX_STEP_NS:                                # the clock is a Python int: exact
+        raise beyond_limits(sc, f"the step would take {makespan / 1e9:.3g} s")
     pp_rank_of = {rank: layout.coord(rank).pp for rank in programs}
     return RunResult(scenario=sc, records=engine.records, makespan_ns=makespan,
                      breakdowns=breakdown(engine.records, makespan), memory=memory_report(sc),

@@ -26,8 +26,8 @@ import networkx as nx
 import numpy as np
 import simpy
 
-from sim.errors import ConfigError, InternalError
-from sim.units import MAX_NS
+from sim.errors import BeyondLimits, ConfigError, InternalError
+from sim.units import MAX_STEP_NS
 from sim.topology.routing import router_for
 
 NETWORK_MODES = ("flow", "analytical")
@@ -253,9 +253,12 @@ class FlowNetwork:
             full = False
             np.maximum(self._rem, 0.0, out=self._rem)
             steps = np.ceil(self._rem / self._rate - 1e-9)
-            if not (steps < MAX_NS - now).all():              # NaN, inf or int64 overflow
-                bad = int(np.flatnonzero(~(steps < MAX_NS - now))[0])
-                f = self._flows[bad]
+            if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
+                bad = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
+                f, rate = self._flows[bad], float(self._rate[bad])
+                if 0 < rate < np.inf and steps[bad] < np.inf:   # a real rate: the scenario's work
+                    raise BeyondLimits(f"the transfer {f.name!r} ({f.nbytes:,} bytes at {rate:.3g} B/ns) "
+                                       f"would end {(now + steps[bad]) / 1e9:.3g} s into the step")
                 raise InternalError(f"flow {f.name!r} ({f.nbytes} bytes) got rate {self._rate[bad]!r} "
                                     f"B/ns: its finish time overflows int64 nanoseconds")
             self._finish = now + steps.astype(np.int64)
