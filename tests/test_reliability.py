@@ -227,6 +227,29 @@ def test_work_beyond_the_step_limit_is_a_user_error_naming_the_sizes(sets, expec
     assert "seq_length 16,777,216 x micro_batch_size 65,536" in err and err.count("\n") == 1
 
 
+def test_engine_watchdog_stops_a_rank_that_never_advances_time(monkeypatch):
+    """The engine's watchdog: WATCHDOG_EVENTS instructions without simulated time advancing is
+    a livelock (internal error), never a hang. 30 zero-time marks with a watch every 10: the
+    second look sees t = 0 again; 30 marks after a 5 ns kernel each look sees time advance."""
+    from sim.engine import core
+    from sim.errors import InternalError
+
+    monkeypatch.setattr(core, "WATCHDOG_EVENTS", 10)
+    with pytest.raises(InternalError, match="10 instructions ran without simulated time advancing past 0 ns"):
+        core.Engine({0: [core.Mark("m", "x")] * 30}, None).run()
+    prog = [ins for _ in range(30) for ins in (core.Compute(5, "k"), core.Mark("m", "x"))]
+    assert core.Engine({0: prog}, None).run() == 150
+
+
+@pytest.mark.parametrize("dur", [-5, float("nan"), 1 << 63])
+def test_engine_refuses_a_kernel_duration_no_cost_model_can_produce(dur):
+    from sim.engine import core
+    from sim.errors import InternalError
+
+    with pytest.raises(InternalError, match="kernel 'k' of rank 0 has a duration of"):
+        core.Engine({0: [core.Compute(dur, "k")]}, None).run()
+
+
 def test_internal_error_exits_1_with_one_line(monkeypatch):
     from sim.engine import simulate as sim_mod
     from sim.errors import InternalError
