@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -222,6 +223,14 @@ def test_cli_sizes_table():
     assert r.returncode == 0, r.stderr
     rows = [ln for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
     assert len(rows) == 11 and rows[0].split()[0] == "1024"
+    # nccl-tests' columns: size count type redop root, then time algbw busbw #wrong out-of-place
+    # and in-place (equal here); all_gather's count is per rank, redop none, root -1
+    f = rows[0].split()
+    assert len(f) == 13 and f[1:5] == ["16", "float", "none", "-1"]
+    assert f[5:9] == f[9:13] and f[8] == "N/A"
+    # 1K is nccl-tests' binary K: the same sweep
+    again = _cli("collective", "all_gather", "--topology", "dgx-h100-ndr", "--gpus", "16", "--sizes", "1K:1M")
+    assert again.stdout == r.stdout
 
 
 @pytest.mark.parametrize("args", [
@@ -234,9 +243,163 @@ def test_cli_sizes_table():
     ("collective", "all_to_all", "--topology", "dgx-a100-hdr", "--gpus", "8", "--size", "1GiB", "--algorithm", "tree"),
     ("collective", "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8"),
     ("collective", "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8", "--sizes", "1KiB"),
+    ("collective", "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8", "--sizes", "1KB:8G"),
+    ("collective", "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8", "--size", "1T"),
+    ("collective", "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8", "--size", "1K", "--format", "csv"),
 ])
 def test_cli_bad_input_exit_2_no_traceback(args):
     r = _cli(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.strip()
     assert r.stdout == ""
+
+
+# --- nccl-tests' table: what scripts that parse nccl-tests read ---
+
+# A real nccl-tests run (all_reduce_perf -b 8 -e 8G -f 2 -g 1 on 16 H100s; a public log,
+# github.com/lessizzmore/create-a3mega-ztan-fork, file ztan-NCCL-test-result): its header, three
+# of its result lines and its footer, as printed.
+NCCL_TESTS_OUTPUT = """\
+#                                                              out-of-place                       in-place          
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       
+           8             2     float     sum      -1    135.8    0.00    0.00      0    123.5    0.00    0.00      0
+  1073741824     268435456     float     sum      -1   6759.0  158.86  297.86      0   6737.4  159.37  298.82      0
+  8589934592    2147483648     float     sum      -1    47535  180.71  338.82      0    47743  179.92  337.35      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 70.742 
+"""
+COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+           "time", "algbw", "busbw", "#wrong")   # nccl-tests' header, field by field
+
+
+def _fields(text: str) -> list[list[str]]:
+    """nccl-tests' result lines split on whitespace: every line not starting with '#'."""
+    return [ln.split() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def _superbench(text: str, in_place: bool) -> list[tuple[int, float, float, float]]:
+    """(size, time, algbw, busbw) per line, the way microsoft/superbenchmark reads nccl-tests
+    (superbench/benchmarks/micro_benchmarks/cuda_nccl_bw_performance.py): the lines between the
+    last 'out-of-place' line and 'Out of bounds values'; column indices from the header line with
+    'time' and 'busbw', counted from the line's end (the first or, in place, the last time,
+    algbw and busbw)."""
+    lines = text.splitlines()
+    start = max(i for i, ln in enumerate(lines) if "out-of-place" in ln)
+    end = next(i for i, ln in enumerate(lines) if "Out of bounds values" in ln)
+    content = lines[start + 1:end]
+    head = next(ln for ln in content if "time" in ln and "busbw" in ln)[1:].split()
+
+    def idx(name):
+        return (-1 - head[::-1].index(name)) if in_place else head.index(name) - len(head)
+    out = []
+    for ln in content:
+        f = ln.split()
+        if f and f[0].isdigit():
+            out.append((int(f[head.index("size")]), float(f[idx("time")]), float(f[idx("algbw")]),
+                        float(f[idx("busbw")])))
+    return out
+
+
+def _right_edges(line: str) -> list[int]:
+    """The column where each whitespace-separated field of `line` ends."""
+    return [m.end() for m in re.finditer(r"\S+", line)]
+
+
+def _table(capsys, *args) -> str:
+    from sim.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["collective", *args])
+    out, err = capsys.readouterr()
+    assert e.value.code == 0, err
+    return out
+
+
+def test_parsers_of_nccl_tests_read_the_real_output():
+    # the readers below are checked on nccl-tests' own output first
+    assert NCCL_TESTS_OUTPUT.splitlines()[1][1:].split() == list(COLUMNS)
+    rows = _fields(NCCL_TESTS_OUTPUT)
+    assert rows[2][0] == "8589934592" and rows[2][7] == "338.82" and rows[2][11] == "337.35"
+    assert _superbench(NCCL_TESTS_OUTPUT, in_place=False)[2] == (8589934592, 47535.0, 180.71, 338.82)
+    assert _superbench(NCCL_TESTS_OUTPUT, in_place=True)[2] == (8589934592, 47743.0, 179.92, 337.35)
+
+
+@pytest.mark.parametrize("op,gpus,redop,root", [("all_reduce", 16, "sum", "-1"),
+                                                ("all_gather", 16, "none", "-1"),
+                                                ("reduce_scatter", 8, "sum", "-1"),
+                                                ("all_to_all", 16, "none", "-1"),
+                                                ("broadcast", 8, "none", "0"),
+                                                ("send_recv", 2, "sum", "-1")])
+def test_cli_table_in_nccl_tests_columns(capsys, op, gpus, redop, root):
+    out = _table(capsys, op, "--topology", "dgx-h100-ndr", "--gpus", str(gpus), "--sizes", "1K:1G:32")
+    topo = load_topology("dgx-h100-ndr")
+    sizes = [1024 * 32 ** k for k in range(5)]                 # 1K = 1024, as nccl-tests -b 1K
+    want = [simulate_collective(topo, op, gpus, s) for s in sizes]
+    rows = _fields(out)
+    assert [int(f[0]) for f in rows] == sizes
+    word = 4 * (gpus if op in ("all_gather", "reduce_scatter", "all_to_all") else 1)
+    for f, r in zip(rows, want):
+        assert len(f) == len(COLUMNS)
+        size, count, typ, rop, rt = f[:5]
+        assert (int(count), typ, rop, rt) == (int(size) // word, "float", redop, root)
+        assert f[5:9] == f[9:13] and f[8] == "N/A"             # same time both ways, no check
+        time_us, algbw, busbw = map(float, f[5:8])
+        assert time_us == pytest.approx(r.time_ns / 1e3, rel=5e-3, abs=0.006)
+        assert algbw == pytest.approx(r.algbw_gbps, rel=5e-3, abs=0.006)
+        assert busbw == pytest.approx(r.busbw_gbps, rel=5e-3, abs=0.006)
+        assert busbw == pytest.approx(algbw * bus_factor(op, gpus), rel=5e-3, abs=0.01)
+    # superbench's reader gets the same numbers out of place and in place
+    got = _superbench(out, in_place=False)
+    assert got == _superbench(out, in_place=True)
+    assert [g[0] for g in got] == sizes and [g[3] for g in got] == [float(f[7]) for f in rows]
+    # the footer: nccl-tests' mean bus bandwidth over every result (FlagPerf reads its last field)
+    avg = next(ln for ln in out.splitlines() if ln.startswith("# Avg bus bandwidth"))
+    assert float(avg.split()[-1]) == pytest.approx(sum(r.busbw_gbps for r in want) / len(want),
+                                                   rel=1e-5)
+    assert "# Out of bounds values : 0 OK" in out.splitlines()
+    # the fields sit in nccl-tests' columns: right edges equal to the real output's
+    lines = out.splitlines()
+    header = next(ln for ln in lines if ln.startswith("#       size"))
+    assert _right_edges(header) == _right_edges(NCCL_TESTS_OUTPUT.splitlines()[1])
+    real = [ln for ln in NCCL_TESTS_OUTPUT.splitlines() if not ln.startswith("#")]
+    for ln in lines:
+        if not ln.startswith("#"):
+            assert _right_edges(ln) == _right_edges(real[0]), ln
+    # and the comment lines say what a simulation does differently
+    comments = "\n".join(ln for ln in lines if ln.startswith("#"))
+    assert "same simulated time" in comments and "#wrong: N/A" in comments and "binary" in comments
+
+
+def test_sizes_are_binary_as_nccl_tests_reads_them(capsys):
+    from sim.network.nccl_tests import parse_nccl_size
+    # nccl-tests src/common.cu parsesize: K/k, M/m, G/g are 2^10, 2^20, 2^30; a fraction is fine
+    assert [parse_nccl_size(s) for s in ("8", "1K", "1k", "1.5K", "2M", "8G", "1GiB", "4 M")] == \
+        [8, 1024, 1024, 1536, 2 << 20, 8 << 30, 1 << 30, 4 << 20]
+    assert parse_size_range("1K:8K") == [1024, 2048, 4096, 8192]
+    for bad, needle in (("1MB", "ambiguous"), ("1T", "no T unit"), ("0.3", "whole number"),
+                        ("12XB", "unknown unit"), ("K", "not a size")):
+        with pytest.raises(ConfigError, match=needle):
+            parse_nccl_size(bad)
+    d = json.loads(_table(capsys, "all_reduce", "--topology", "dgx-a100-hdr", "--gpus", "8",
+                          "--size", "1K", "--json"))
+    assert d["size_bytes"] == 1024
+
+
+def test_sim5d_format_keeps_the_algorithm_and_protocol(capsys):
+    out = _table(capsys, "all_reduce", "--topology", "dgx-h100-ndr", "--gpus", "8", "--sizes",
+                 "1K:8G:8388608", "--format", "sim5d")
+    rows = _fields(out)
+    assert [int(f[0]) for f in rows] == [1024, 8 << 30]
+    assert rows[1][-2:] == ["nvls", "Simple"] and rows[1][0:4] == [str(8 << 30), str(2 << 30), "float", "sum"]
+    r = sim("dgx-h100-ndr", "all_reduce", 8, 8 * GiB)
+    assert float(rows[1][6]) == pytest.approx(r.busbw_gbps, abs=0.006)
+    assert float(rows[1][6]) == pytest.approx(479.7, abs=0.1)      # README: 8x H100 NVLS 479.7
+
+
+def test_nccl_float_follows_nccl_tests_widths():
+    from sim.network.nccl_tests import nccl_float
+    # util.cu getFloatStr: time width 7, bandwidth width 6
+    assert [nccl_float(v, 7) for v in (25.2249, 5507.234, 12646.31, 123456.7, 1.5e8)] == \
+        ["  25.22", "5507.23", "12646.3", " 123457", "1.5e+08"]
+    assert [nccl_float(v, 6) for v in (0.004, 365.567, 1234.56, 12345.6, 1234567.0)] == \
+        ["  0.00", "365.57", "1234.6", " 12346", " 1e+06"]

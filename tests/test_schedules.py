@@ -22,6 +22,7 @@ from sim.schedules import (
     SCHEDULE_NAMES, SCHEDULES, Action, Costs, Overlap, Schedule, ScheduleError, build, check,
     default_chunks, parse_action, peak_live, replay, splits_backward, validate,
 )
+from sim.schedules.actions import torch_str
 from sim.schedules.interleaved import warmup_microbatches
 
 UNIFORM = {"F": 1, "I": 1, "W": 1}
@@ -47,7 +48,12 @@ def test_action_strings_follow_pytorch_form():
     assert str(Overlap(Action("F", 0, 7), Action("B", 7, 3))) == "0F7&7B3"
     assert parse_action("12W105") == Action("W", 12, 105)
     assert parse_action("0F7&7B3") == Overlap(Action("F", 0, 7), Action("B", 7, 3))
-    for bad in ("F3", "3X1", "0F1&1B2&2B3", "", "3F"):
+    # torch's notation of the pair (_Action.__repr__ with sub_actions), written to CSVs
+    assert torch_str(Overlap(Action("F", 0, 7), Action("B", 7, 3))) == "(0F7;7B3)OVERLAP_F_B"
+    assert torch_str(Action("I", 3, 7)) == "3I7"
+    assert parse_action("(0F7;7B3)OVERLAP_F_B") == parse_action("0F7&7B3")
+    for bad in ("F3", "3X1", "0F1&1B2&2B3", "", "3F", "(0F7;7B3)", "(0F7;7B3)OVERLAP_F_I",
+                "(7B3;0F7)OVERLAP_F_B", "(0F7)OVERLAP_F_B", "0F7;7B3", "(0F7&7B3)OVERLAP_F_B"):
         with pytest.raises(ValueError):
             parse_action(bad)
     with pytest.raises(ValueError):

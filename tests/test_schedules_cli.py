@@ -12,6 +12,7 @@ import pytest
 from sim.cli import main
 from sim.errors import ConfigError
 from sim.schedules import LAYOUT, SCHEDULE_NAMES, build, from_csv, read_csv, to_csv, write_csv
+from sim.schedules.actions import torch_str
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
@@ -113,9 +114,49 @@ def test_csv_round_trip_api(tmp_path, name):
     path = tmp_path / f"{name}.csv"
     write_csv(s, path)
     rows = path.read_text().splitlines()
-    assert rows == [",".join(r) for r in s.rank_strings()]   # PyTorch's form: a row per rank
+    # PyTorch's form: a row per rank, pairs as torch's (0F7;7B3)OVERLAP_F_B, never 0F7&7B3
+    assert rows == [",".join(torch_str(i) for i in r) for r in s.ranks]
+    assert "&" not in path.read_text()
+    assert ("OVERLAP_F_B" in path.read_text()) == (name in ("dualpipe", "dualpipev"))
     back = from_csv(path, name, LAYOUT[name])
     assert back == s
+
+
+# torch 2.13's own dump of ScheduleDualPipeV(pp=2, 4 microbatches), format="compute_only"
+# (_PipelineScheduleRuntime._dump_csv: csv.writer, CRLF); tests/test_schedules_torch.py makes it
+# from torch itself where torch is installed.
+TORCH_DUALPIPEV_2x4 = (
+    "0F0,0F1,0F2,3F0,3I0,3W0,3F1,(0F3;3B1)OVERLAP_F_B,(3F2;0B0)OVERLAP_F_B,3B2,"
+    "(3F3;0B1)OVERLAP_F_B,3B3,0I2,0W2,0I3,0W3\r\n"
+    "1F0,2F0,1F1,2F1,1F2,2B0,(2F2;1B0)OVERLAP_F_B,(1F3;2B1)OVERLAP_F_B,(2F3;1B1)OVERLAP_F_B,2B2,"
+    "1B2,2I3,1I3,2W3,1W3\r\n")
+
+
+def test_torch_dualpipev_csv_imports_and_legacy_pairs_keep_their_meaning(capsys, tmp_path):
+    p = tmp_path / "torch_dualpipev.csv"
+    p.write_bytes(TORCH_DUALPIPEV_2x4.encode())
+    d = run_json(capsys, "dualpipev", "--from-csv", str(p))
+    assert d["ranks"] == build("dualpipev", 2, 4).rank_strings()
+    assert d["ranks"][0][7:9] == ["0F3&3B1", "3F2&0B0"]          # JSON keeps the short form
+    # the export writes torch's text back (line endings aside)
+    out = tmp_path / "again.csv"
+    run_json(capsys, "dualpipev", "--from-csv", str(p), "--csv", str(out))
+    assert out.read_text() == TORCH_DUALPIPEV_2x4.replace("\r\n", "\n")
+    # the legacy short form of earlier sim5d exports reads as the same pairs
+    legacy = tmp_path / "legacy.csv"
+    legacy.write_text(TORCH_DUALPIPEV_2x4.replace("(", "").replace(";", "&")
+                      .replace(")OVERLAP_F_B", ""))
+    assert read_csv(legacy) == read_csv(p)
+    # pairs sim5d does not run are refused with the rule, naming the cell (exit 2)
+    for cell, needle in (("(3F2;0I0)OVERLAP_F_B", "one forward then one full backward"),
+                         ("(0B0;3F2)OVERLAP_F_B", "one forward then one full backward"),
+                         ("(3F2;0B0;0W0)OVERLAP_F_B", "exactly one forward and one full backward"),
+                         ("(3F2;0B0)", "must be followed by OVERLAP_F_B")):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(TORCH_DUALPIPEV_2x4.replace("(3F2;0B0)OVERLAP_F_B", cell, 1))
+        code, out, err = run_cli(capsys, "schedule", "dualpipev", "--from-csv", str(bad), "--json")
+        assert code == 2 and out == "" and "Traceback" not in err, err
+        assert "bad.csv:1: row 1 (rank 0), cell 9:" in err and needle in err, err
 
 
 def test_csv_round_trip_cli(capsys, tmp_path):

@@ -119,10 +119,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
         plot: Optional[str] = typer.Option(None, "--plot", help="Write the schedule chart (FILE.png)."),
         csv_out: Optional[str] = typer.Option(
-            None, "--csv", help="Write PyTorch's schedule CSV (one row per rank)."),
+            None, "--csv", help="Write PyTorch's schedule CSV (one row per rank; overlapped "
+                                "pairs as torch's (0F7;7B3)OVERLAP_F_B)."),
         from_csv: Optional[str] = typer.Option(
             None, "--from-csv", help="Read the schedule from a PyTorch schedule CSV instead of "
-                                     "building it; NAME gives the stage placement."),
+                                     "building it (torch's compute-only or with-comms dump; "
+                                     "pairs also in the legacy 0F7&7B3 form); NAME gives the "
+                                     "stage placement."),
     ) -> None:
         """Run one pipeline schedule alone with fixed op costs (B = I + W unless split)."""
         from sim.schedules import write_csv

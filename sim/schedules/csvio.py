@@ -1,6 +1,10 @@
 """PyTorch's schedule CSV: one row per pipeline rank, one cell per action in execution order
 (``0F0,0F1,...``; an empty cell is an idle slot). torch.distributed.pipelining writes and reads
-it with ``_dump_csv`` / ``_load_csv``; overlapped pairs are written ``0F7&7B3``."""
+it with ``_dump_csv`` / ``_load_csv`` (torch/distributed/pipelining/schedules.py). Cells are
+``_Action`` strings: ``3F7`` (F forward, I backward-input, W backward-weight, B full backward)
+and an overlapped pair in torch's notation, ``(0F7;7B3)OVERLAP_F_B`` (what ScheduleDualPipeV
+dumps). Reading also accepts, as legacy input, the ``0F7&7B3`` form earlier sim5d exports wrote
+(the same pair; torch itself cannot read it), and skips torch's non-compute actions."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import io
 from pathlib import Path
 
 from sim.errors import ConfigError
-from sim.schedules.actions import Item, parse_action
+from sim.schedules.actions import Item, parse_action, torch_str
 from sim.schedules.model import Schedule
 
 # PyTorch's non-compute actions (communication, FSDP unshard/reshard, grad reduction): a CSV
@@ -19,11 +23,11 @@ _NON_COMPUTE = ("UNSHARD", "RESHARD", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "R
 
 
 def to_csv(schedule: Schedule) -> str:
-    """The schedule as CSV text, one row per rank."""
+    """The schedule as CSV text, one row per rank, in torch's notation (`torch_str`)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    for row in schedule.rank_strings():
-        writer.writerow(row)
+    for rank in schedule.ranks:
+        writer.writerow([torch_str(item) for item in rank])
     return buf.getvalue()
 
 

@@ -101,7 +101,8 @@ class Schedule:
         return stage + 1 if stage + 1 < chain.stop else None
 
     def rank_strings(self) -> list[list[str]]:
-        """Per rank, the actions as PyTorch-style strings (``3F7``, ``0F7&7B3``)."""
+        """Per rank, the actions as strings in sim5d's JSON form (``3F7``; a pair ``0F7&7B3``;
+        the CSV export writes torch's ``(0F7;7B3)OVERLAP_F_B`` instead: csvio.to_csv)."""
         return [[str(item) for item in rank] for rank in self.ranks]
 
     def actions(self) -> list[tuple[int, Action]]:
