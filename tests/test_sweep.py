@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -301,6 +303,151 @@ def test_ray_executor_equals_local(tmp_path):
     assert (ray["executor"], local["executor"]) == ("ray", "local")
     assert ray["ranked"] == local["ranked"] > 0
     assert comparable(read_table(tmp_path / "ray.csv")) == comparable(read_table(tmp_path / "local.csv"))
+
+
+HIDE_SIM5D = '''"""Test cluster only: its workers cannot import sim5d. This interpreter has sim5d installed in
+development mode (a .pth file puts the checkout on sys.path); dropping that entry leaves the
+workers as on a node where sim5d was never installed."""
+import os
+import sys
+
+_repo = os.path.realpath({repo!r})
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != _repo]
+'''
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A one-node Ray cluster (2 CPUs) started by `ray start --head --block` with its files in a
+    temporary folder, whose workers cannot import sim5d (HIDE_SIM5D as their sitecustomize).
+    Teardown sends SIGTERM to that `ray start` process, which stops the processes it started
+    (`ray stop` would stop every Ray process on the machine, other users' too). Drivers must run
+    outside the checkout: Ray puts the driver's folder on its workers' sys.path."""
+    pytest.importorskip("ray")
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    if not os.path.exists(ray_bin):
+        pytest.skip("Ray's `ray` command is not installed")
+    # a short folder: Ray's unix sockets live under --temp-dir, and a socket path has at most 107 bytes
+    root = Path(tempfile.mkdtemp(prefix="sim5d-rc-", dir="/tmp"))
+    (root / "site").mkdir()
+    (root / "site" / "sitecustomize.py").write_text(HIDE_SIM5D.format(repo=str(REPO)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    env["RAY_AUTH_MODE"] = "disabled"    # recent Ray turns token authentication on for `ray start`
+    log = open(root / "head.log", "wb")
+    proc = subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", "0", "--num-cpus", "2",
+                             "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(root / "t")],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
+                            env={**env, "PYTHONPATH": str(root / "site")})
+    try:
+        address_file, t0 = root / "t" / "ray_current_cluster", time.time()
+        while b"Ray runtime started" not in (root / "head.log").read_bytes() or not address_file.is_file():
+            if proc.poll() is not None or time.time() - t0 > 180:
+                pytest.fail("ray start --head did not come up:\n" + (root / "head.log").read_text()[-3000:])
+            time.sleep(0.2)
+        yield {"address": address_file.read_text().strip(), "cwd": root, "env": env}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:       # its own process group (start_new_session)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _set_values(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+
+def test_ray_cluster_without_sim5d_gives_the_local_table(tmp_path, ray_cluster):
+    """`--executor ray` on a cluster whose workers cannot import sim5d (the next test shows they
+    cannot): the sweep ships its code and the table equals the local pool's, row for row."""
+    args = [*FIXED, "--set", "training.micro_batch_size=[1,2]", "--top", "2"]
+    local = sweep(tmp_path, *args, name="local.csv")
+    proc = subprocess.run([sys.executable, "-m", "sim", "sweep", *TINY, *args, "--executor", "ray",
+                           "--out", str(tmp_path / "ray.csv"), "--json"], capture_output=True, text=True,
+                          env={**ray_cluster["env"], "RAY_ADDRESS": ray_cluster["address"]},
+                          cwd=ray_cluster["cwd"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert (res["executor"], res["workers"]) == ("ray", 2)
+    assert res["ranked"] == local["ranked"] > 0
+    assert comparable(read_table(tmp_path / "ray.csv")) == comparable(read_table(tmp_path / "local.csv"))
+
+
+NOTEBOOK = """import sys
+import ray
+
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)   # no runtime_env
+from sim.cli import main
+
+main(sys.argv[2:])
+"""
+
+
+def test_ray_workers_lacking_sim5d_stop_the_sweep_with_one_line(tmp_path, ray_cluster):
+    """A Ray this process initialised without sim5d's code: the probe imports sim5d on the
+    workers, fails, and the sweep exits 2 naming the node and the missing module."""
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    proc = subprocess.run([sys.executable, str(script), ray_cluster["address"], "sweep", *TINY, *FIXED,
+                           "--executor", "ray", "--out", str(tmp_path / "x.csv")], capture_output=True,
+                          text=True, env=ray_cluster["env"], cwd=ray_cluster["cwd"], timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    node = ray_cluster["address"].rsplit(":", 1)[0]
+    assert f"the Ray workers on node {node} " in proc.stderr
+    assert "cannot import sim5d (No module named 'sim" in proc.stderr
+    assert "ray.shutdown()" in proc.stderr and "py_modules" in proc.stderr
+    assert not (tmp_path / "x.csv").exists() and not stream_path(tmp_path / "x.csv").exists()
+
+
+BOUNDED = """import json, sys
+from sim.sweep import SweepSpec, prepare
+from sim.sweep.evaluate import run_task
+from sim.sweep.executors import RayExecutor
+
+prep = prepare(SweepSpec(model="llama3-8b", gpus=8, topology="dgx-a100-hdr", overrides=json.loads(sys.argv[2])))
+items = list(enumerate(prep.layouts))
+ex = RayExecutor(address=sys.argv[1])
+try:
+    base = ex.share(prep.base)
+    seen = {"yielded": 0, "pulled": []}
+
+    def tasks():
+        for i, lay in items:
+            seen["pulled"].append(seen["yielded"])   # results the caller had when task i was taken
+            yield "screen", (base, [(i, lay)], 1.0)
+
+    got = {}
+    for i, rows in ex.map_unordered(tasks()):
+        got[i] = rows
+        seen["yielded"] += 1
+    want = {i: run_task("screen", (prep.base, [(i, lay)], 1.0)) for i, lay in items}
+    print(json.dumps({"ref": type(base).__name__, "limit": ex.max_in_flight, "cpus": ex.workers,
+                      "pulled": seen["pulled"], "same": got == want}))
+finally:
+    ex.close()
+"""
+
+
+def test_ray_executor_bounds_tasks_in_flight_and_shares_the_base(tmp_path, ray_cluster):
+    """Tasks are taken from the caller's iterator only as results come back (at most 2 x the
+    cluster's CPUs out at once); the base scenario travels as one object-store reference; the
+    results equal run_task's on the plain scenario in this process."""
+    script = tmp_path / "bounded.py"
+    script.write_text(BOUNDED)
+    proc = subprocess.run([sys.executable, str(script), ray_cluster["address"],
+                           json.dumps(_set_values(TINY + FIXED))], capture_output=True, text=True,
+                          env=ray_cluster["env"], cwd=ray_cluster["cwd"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    limit, pulled = res["limit"], res["pulled"]
+    assert res["ref"] == "ObjectRef" and res["same"]
+    assert res["cpus"] == 2 and limit == 4 and len(pulled) > 3 * limit
+    assert pulled[:limit] == [0] * limit and pulled[limit] >= 1      # the fifth task waited for a result
+    assert all(k - yielded < limit for k, yielded in enumerate(pulled))   # never more than `limit` out
 
 
 def _sleep_task(seconds: float) -> float:

@@ -23,16 +23,26 @@ from sim.units import GiB
 STREAM_TIDS = {"compute": 1, "pp": 2, "dp": 3, "tp": 4, "cp": 5, "ep": 6}
 
 
+TIMELINE_COLUMNS = ["rank", "pp_rank", "stream", "name", "category", "start_ns", "end_ns", "duration_ns",
+                    "value_bytes"]
+
+
+def timeline_rows(records, pp_rank_of: dict):
+    """timeline.csv's rows in its order (None where the CSV has an empty field); also what
+    sim.api's `timeline()` DataFrame holds."""
+    for r in sorted(records, key=lambda x: (x.rank, x.start_ns, x.end_ns, x.stream, x.name)):
+        yield [r.rank, pp_rank_of.get(r.rank), r.stream, r.name, r.cat, r.start_ns, r.end_ns,
+               r.end_ns - r.start_ns, round(r.value) if r.stream == "mark" else None]
+
+
 def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
     """One row per record; `value_bytes` is set on memory marks only: the activation bytes an
     action allocated (+) or freed (-) at that instant."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["rank", "pp_rank", "stream", "name", "category", "start_ns", "end_ns", "duration_ns",
-                    "value_bytes"])
-        for r in sorted(records, key=lambda x: (x.rank, x.start_ns, x.end_ns, x.stream, x.name)):
-            w.writerow([r.rank, pp_rank_of.get(r.rank, ""), r.stream, r.name, r.cat, r.start_ns, r.end_ns,
-                        r.end_ns - r.start_ns, round(r.value) if r.stream == "mark" else ""])
+        w.writerow(TIMELINE_COLUMNS)
+        for row in timeline_rows(records, pp_rank_of):
+            w.writerow(["" if v is None else v for v in row])
 
 
 def memory_series(records, static_bytes: dict) -> dict:

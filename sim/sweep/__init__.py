@@ -296,6 +296,9 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
     workers = max(1, getattr(executor, "workers", 1))
     fits: dict = {}
     try:
+        # the base scenario every task uses, shared once (Ray: one object-store copy) when the
+        # executor can
+        base = executor.share(prep.base) if hasattr(executor, "share") else prep.base
         # 1. screen: build_scenario + memory calculator (no simulation)
         todo = [(i, lay) for i, lay in enumerate(layouts) if i not in screened]
 
@@ -308,7 +311,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
                     screened[r["index"]] = r
 
         size = max(1, min(256, math.ceil(len(todo) / (4 * workers)))) if todo else 1
-        _run_phase(executor, "screen", prep.base, todo, size, (spec.memory_fraction,), on_screen, bar,
+        _run_phase(executor, "screen", base, todo, size, (spec.memory_fraction,), on_screen, bar,
                    "screen (memory)")
 
         # 2. dominance among the layouts that fit
@@ -326,7 +329,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
             return _f
 
         size = max(1, min(8, math.ceil(len(todo) / (8 * workers)))) if todo else 1
-        _run_phase(executor, "simulate", prep.base, todo, size, ("analytical",), on_sim(analytical), bar,
+        _run_phase(executor, "simulate", base, todo, size, ("analytical",), on_sim(analytical), bar,
                    "simulate (analytical)")
 
         # 4. flow re-simulation of the best
@@ -334,7 +337,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
                     and layouts[i] not in dominated)
         top = [i for _, i in ok[:spec.top]]
         todo = [(i, layouts[i]) for i in top if i not in flow]
-        _run_phase(executor, "simulate", prep.base, todo, 1, ("flow",), on_sim(flow), bar, "re-simulate (flow)")
+        _run_phase(executor, "simulate", base, todo, 1, ("flow",), on_sim(flow), bar, "re-simulate (flow)")
         # every layout whose analytical time is close to the best flow time is ranked by flow too
         # (flow adds contention, so a layout just behind on the analytical network can overtake)
         best_flow = min((flow[i]["step_time_s"] for i in top if flow.get(i, {}).get("status") == "ok"),
@@ -343,7 +346,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
             near = [i for t, i in ok[spec.top:] if t <= best_flow * (1 + spec.flow_within)]
             top += near
             todo = [(i, layouts[i]) for i in near if i not in flow]
-            _run_phase(executor, "simulate", prep.base, todo, 1, ("flow",), on_sim(flow), bar,
+            _run_phase(executor, "simulate", base, todo, 1, ("flow",), on_sim(flow), bar,
                        f"re-simulate (flow, within {spec.flow_within:.0%} of the best)")
     finally:
         bar.stop()

@@ -1,0 +1,230 @@
+"""sim5d from Python (notebooks, scripts): the `run` and `sweep` commands as functions that
+return pandas objects and raise sim.errors.ConfigError on bad input (never sys.exit).
+
+    from sim import api
+
+    res = api.simulate("llama3-8b-h100x16-1f1b", set={"parallelism.pipeline_schedule": "zb-h1"})
+    res.summary["step_time_s"]          # the dict summary.json holds
+    res.timeline()                      # DataFrames: timeline.csv's rows, the time split per
+    res.breakdown(); res.memory()       # simulated rank, the memory per pipeline stage
+    table = api.sweep("llama3-8b", gpus=8, topology="dgx-h100-ndr", set={"training.recompute": "none"})
+
+Overrides are the command line's `--set dotted.key=value`, given as Python values: a mapping
+`set={"parallelism.tp": 2}`, keyword arguments with `__` for the dots (`parallelism__tp=2`), or
+both (keywords win). They are applied exactly as `--set` (aliases such as `tp` accepted, a
+preset model turned into `{preset: NAME, ...}`), then validated with the scenario: an unknown
+key or a bad value raises ConfigError naming it. Nothing is written unless `out=` names a
+folder (`simulate`) or a table file (`sweep`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.errors import ConfigError
+
+__all__ = ["Result", "simulate", "sweep"]
+
+
+# ----------------------------------------------------------------------------------------------
+def _plain(value):
+    """A value json cannot write itself: paths as strings, numpy scalars as Python numbers."""
+    if isinstance(value, Path):
+        return str(value)
+    item = getattr(value, "item", None)           # numpy scalars
+    if callable(item):
+        return item()
+    raise TypeError(type(value).__name__)
+
+
+def override_items(set: Mapping | None = None, overrides: Mapping | None = None) -> list[str]:
+    """The `--set` items (`dotted.key=value`) of `set=` and keyword overrides, in that order.
+    Values are written as JSON, which YAML reads back as the same value (a string stays a
+    string, a list a list)."""
+    items = []
+    for source, what in ((set, "set="), (overrides, "keyword")):
+        if source is None:
+            continue
+        if not isinstance(source, Mapping):
+            raise ConfigError(f"set= takes a mapping of dotted keys to values, e.g. set={{'parallelism.tp': 2}}, "
+                              f"not {type(source).__name__}", key="set")
+        for key, value in source.items():
+            if not isinstance(key, str) or not key.strip():
+                raise ConfigError(f"{what} override key {key!r} is not a dotted key such as "
+                                  "'parallelism.tp'", key="set")
+            key = key.replace("__", ".")
+            try:
+                text = json.dumps(value, allow_nan=False, default=_plain)
+            except ValueError:
+                raise ConfigError(f"{value!r} is not a finite number", key=key) from None
+            except TypeError:
+                raise ConfigError(f"{value!r} ({type(value).__name__}) is not a scenario value: use "
+                                  "numbers, strings, booleans, None, lists or dicts", key=key) from None
+            items.append(f"{key}={text}")
+    return items
+
+
+def _scenario(scenario, items: list[str]):
+    """The validated Scenario of a path / bundled name or a mapping, with the overrides."""
+    from sim.config import apply_overrides, build_scenario, load_scenario
+
+    if isinstance(scenario, (str, Path)):
+        return load_scenario(str(scenario), overrides=items)
+    if isinstance(scenario, Mapping):
+        lines: dict = {}
+        data = apply_overrides(copy.deepcopy(dict(scenario)), items, lines)
+        return build_scenario(data, lines, default_name="scenario")
+    raise ConfigError(f"simulate() takes a scenario YAML path, a bundled scenario name or a scenario "
+                      f"dict, not {type(scenario).__name__}", key="scenario")
+
+
+@dataclass
+class Result:
+    """One simulated training step (what `sim5d run` reports and writes)."""
+
+    scenario: object
+    """The validated scenario (sim.config.Scenario)."""
+    run: object
+    """The engine's result (sim.engine.simulate.RunResult): records, breakdowns, memory."""
+    summary: dict
+    """`sim5d run --json`'s object, as summary.json holds it (the `memory` report included)."""
+
+    def timeline(self):
+        """timeline.csv as a DataFrame: one row per kernel, collective and memory mark, in the
+        file's order and columns (times in ns; `value_bytes` on memory marks only, else <NA>)."""
+        import pandas as pd
+
+        from sim.engine.outputs import TIMELINE_COLUMNS, timeline_rows
+
+        df = pd.DataFrame(list(timeline_rows(self.run.records, self.run.pp_rank_of)), columns=TIMELINE_COLUMNS)
+        return df.astype({"rank": "int64", "pp_rank": "Int64", "start_ns": "int64", "end_ns": "int64",
+                          "duration_ns": "int64", "value_bytes": "Int64"})
+
+    def breakdown(self):
+        """Per simulated rank: the step split into compute, exposed communication and bubble (ns and
+        fractions of the step; the summary's fractions are the means of these columns)."""
+        import pandas as pd
+
+        rows = []
+        for rank, b in sorted(self.run.breakdowns.items()):
+            rows.append({"rank": rank, "pp_rank": self.run.pp_rank_of.get(rank), "step_ns": b.makespan_ns,
+                         "compute_ns": b.compute_ns, "exposed_comm_ns": b.exposed_comm_ns,
+                         "bubble_ns": b.bubble_ns, "compute_fraction": b.compute_ns / b.makespan_ns,
+                         "exposed_comm_fraction": b.exposed_comm_ns / b.makespan_ns,
+                         "bubble_fraction": b.bubble_ns / b.makespan_ns})
+        return pd.DataFrame(rows)
+
+    def memory(self):
+        """Per pipeline rank, the per-GPU memory (`sim5d memory --json`'s `per_stage`: weights,
+        gradients, optimizer state, activations, other and total, in GiB)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.summary["memory"]["per_stage"])
+
+    def write(self, out) -> Path:
+        """Write what `sim5d run --out OUT` writes (summary.json, timeline.csv, trace, resolved
+        YAML, charts) to the folder `out`; returns it."""
+        from sim.commands.run import write_outputs
+
+        folder = Path(out)
+        write_outputs(self.run, folder)
+        return folder
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<sim5d Result {s['name']}: step {s['step_time_s']:.4g} s, MFU {s['mfu']:.1%}, "
+                f"peak {s['peak_memory_gib']:.1f} GiB on {s['num_gpus']} GPUs>")
+
+
+def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) -> Result:
+    """Simulate one training step, as `sim5d run`.
+
+    `scenario`: a scenario YAML path, a bundled scenario name (e.g. "llama3-8b-h100x16-1f1b") or
+    a scenario dict. Overrides: `set={"parallelism.tp": 2}` and/or keywords with `__` for the
+    dots (`parallelism__tp=2`), applied as `--set`. `out`: a folder to write the run's files to
+    (default: nothing is written). Raises ConfigError on bad input."""
+    from sim.engine.simulate import simulate as _simulate
+
+    sc = _scenario(scenario, override_items(set, overrides))
+    run = _simulate(sc)
+    # summary.json's content exactly: the JSON round trip (tuples as lists, as the file reads back)
+    res = Result(scenario=sc, run=run, summary=json.loads(json.dumps(run.summary())))
+    if out is not None:
+        res.write(out)
+    return res
+
+
+# ----------------------------------------------------------------------------------------------
+def _whole(name: str, value, low: int):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name} ({value!r}) must be a whole number >= {low}", key=name)
+    return value
+
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} ({value!r}) must be a finite number", key=name)
+    return float(value)
+
+
+def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, executor="local",
+          workers: int | None = None, top: int = 8, flow_within: float = 5.0, prune: bool = True,
+          tp_across_nodes: bool = False, max_memory_fraction: float = 1.0, out=None, restart: bool = False,
+          plots: bool = False, **overrides):
+    """Sweep the layouts of `model` on `gpus` GPUs of `topology`, as `sim5d sweep`, and return its
+    table as a DataFrame (the same rows and columns as the CSV, ranked; `sim_wall_s` is host
+    time). `model`: a preset name, a model dict or a YAML file. Overrides as `simulate`'s; on a
+    swept key a value fixes it and a list restricts it (`set={"parallelism.tp": [2, 4]}`).
+    `executor`: "local" (process pool of `workers`), "ray" (RAY_ADDRESS's cluster, a local Ray
+    instance, or the Ray this process initialised) or an executor object (sim.sweep.executors).
+    `flow_within` is in percent, as the command's flag. `out`: the table file (CSV or parquet)
+    and its stream, which makes a rerun resume; `plots` then writes the charts beside it.
+    Without `out` nothing is kept: the stream goes to a temporary folder removed on return.
+    The DataFrame's `attrs` hold `counts`, `best` (the `--json` winner), `notes` and `wall_s`."""
+    import pandas as pd
+
+    from sim.commands.sweep import _model_arg
+    from sim.sweep import TABLE_COLUMNS, SweepSpec, run_sweep
+    from sim.sweep.store import BOOL_KEYS, INT_KEYS
+
+    if isinstance(model, Path):
+        model = str(model)
+    if isinstance(model, str):
+        model = _model_arg(model)
+    elif isinstance(model, Mapping):
+        model = copy.deepcopy(dict(model))
+    else:
+        raise ConfigError(f"model must be a preset name, a model dict or a YAML file, not {type(model).__name__}",
+                          key="model")
+    if workers is not None:
+        _whole("workers", workers, 1)
+    spec = SweepSpec(model=model, gpus=_whole("gpus", gpus, 1), topology=str(topology),
+                     overrides=override_items(set, overrides), workers=workers, top=_whole("top", top, 0),
+                     flow_within=_number("flow_within", flow_within) / 100, prune=bool(prune),
+                     tp_across_nodes=bool(tp_across_nodes), restart=bool(restart),
+                     memory_fraction=_number("max_memory_fraction", max_memory_fraction))
+    own = None
+    if isinstance(executor, str):
+        if executor not in ("local", "ray"):
+            raise ConfigError(f"executor {executor!r}: choose local, ray or an executor object", key="executor")
+        spec.executor = executor
+    else:
+        own = executor
+    if out is not None:
+        spec.out, spec.plots = Path(out), bool(plots)
+        res = run_sweep(spec, progress=False, executor=own)
+    else:
+        with tempfile.TemporaryDirectory(prefix="sim5d-sweep-") as tmp:
+            spec.out, spec.plots = Path(tmp) / "sweep.csv", False
+            res = run_sweep(spec, progress=False, executor=own)
+    df = pd.DataFrame([[r.get(c) for c in TABLE_COLUMNS] for r in res.table], columns=TABLE_COLUMNS)
+    df = df.astype({c: "Int64" for c in TABLE_COLUMNS if c in INT_KEYS}
+                   | {c: "boolean" for c in TABLE_COLUMNS if c in BOOL_KEYS})
+    df.attrs.update(counts=res.counts, best=res.best, notes=res.notes, wall_s=res.wall_s)
+    return df
