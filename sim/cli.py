@@ -37,6 +37,7 @@ from sim.commands import topology as _topology  # noqa: E402
 from sim.commands import calibrate as _calibrate  # noqa: E402
 from sim.commands import sweep as _sweep  # noqa: E402
 from sim.commands import compare as _compare  # noqa: E402
+from sim.commands import plan as _plan  # noqa: E402
 
 _memory.register(app)
 _run.register(app)
@@ -47,6 +48,7 @@ _topology.register(app)
 _calibrate.register(app)
 _sweep.register(app)
 _compare.register(app)
+_plan.register(app)
 # --- end of command registration ---
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim import pipeline_layout
 from sim.devices import DeviceProfile, load_device
@@ -142,6 +142,21 @@ class ClusterIn(_Strict):
     gpu: Optional[str] = None
     """A bundled device profile name or a path (e.g. a calibrated profile); default: the
     topology's GPU."""
+    failure_rate_per_gpu_hour: Optional[float] = Field(None, ge=0, le=1)
+    """Job-interrupting failures per GPU per hour (a Poisson process; the job's rate is this x
+    GPUs, plus failure_rate_per_node_hour x nodes). Used for the time to train. Default (neither
+    rate given): the device profile's `extra.failure_rate_per_gpu_hour`, else the Llama 3 paper's
+    (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in 54 days on 16,384 H100s =
+    1.97e-5 per GPU-hour (a GPU MTBF of 5.8 years)."""
+    failure_rate_per_node_hour: Optional[float] = Field(None, ge=0, le=1)
+    """Job-interrupting failures per node per hour (host, NIC, power), added to the per-GPU rate.
+    Default 0 (when neither rate is given, the per-GPU default of failure_rate_per_gpu_hour
+    applies)."""
+    restart_time_s: Optional[float] = Field(None, ge=0, le=1e6)
+    """Seconds from a failure until the job runs again (detection, rescheduling, process launch,
+    NCCL initialisation), before the checkpoint load (computed from the storage bandwidth) and
+    the warm-up steps. Default 600 (10 min: the restart time R of Daly 2006's worked cases,
+    Figs. 3-5; no LLM-training figure is published with the Llama 3 counts)."""
 
 
 class ParallelIn(_Strict):
@@ -240,6 +255,27 @@ class TrainingIn(_Strict):
     every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
     (e.g. a router's max/mean load) or a token-dropping capacity factor goes here. Only for
     MoE models."""
+    checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"
+    """Training time between two checkpoints, seconds, or `optimal`: the interval that maximises
+    the expected goodput under Poisson failures (Daly 2006's complete model, exact optimum;
+    sim.plan.goodput). Used for the time to train (`sim5d run/compare --tokens`, `sim5d plan`).
+    Default optimal."""
+    checkpoint_async: bool = False
+    """Asynchronous checkpoint save: training stops only for the device-to-host copy of the
+    checkpoint (its bytes per GPU over the node's PCIe) and the write to storage runs in the
+    background (durable only once written; at most one write in flight). false: training stops
+    for the copy and the write. Default false."""
+    restart_warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Steps after a restart counted as lost time (slow first steps: compilation, allocator and
+    NCCL warm-up), added to the restart time. Default 0 (the restart time includes it)."""
+
+    @field_validator("checkpoint_interval_s", mode="before")
+    @classmethod
+    def _interval(cls, v):
+        ok = v == "optimal" or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1e9)
+        if not ok:
+            raise ValueError("the rule is `optimal` or a number of seconds > 0 and at most 1e9")
+        return v
 
 
 class SimulationIn(_Strict):
@@ -322,6 +358,10 @@ class Training:
     attention_backend: str
     moe_routing_imbalance: float = 1.0
     tp_async_backward: bool = True
+    checkpoint_interval_s: Union[str, float] = "optimal"
+    """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
+    checkpoint_async: bool = False
+    restart_warmup_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +376,10 @@ class Cluster:
     topology: TopologySpec
     gpu: DeviceProfile
     num_nodes: int
+    failure_rate_per_gpu_hour: Optional[float] = None
+    """As given (None: the default of sim.plan.training_run)."""
+    failure_rate_per_node_hour: Optional[float] = None
+    restart_time_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -1020,7 +1064,10 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     _check_name(name, err)
     return Scenario(
         name=name, model=model,
-        cluster=Cluster(topology=topo, gpu=gpu, num_nodes=num_nodes),
+        cluster=Cluster(topology=topo, gpu=gpu, num_nodes=num_nodes,
+                        failure_rate_per_gpu_hour=raw.cluster.failure_rate_per_gpu_hour,
+                        failure_rate_per_node_hour=raw.cluster.failure_rate_per_node_hour,
+                        restart_time_s=raw.cluster.restart_time_s),
         parallelism=Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vpp=vpp,
                                 decoder_first_pipeline_num_layers=p.decoder_first_pipeline_num_layers,
                                 decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
@@ -1087,7 +1134,10 @@ def resolved_dict(sc: Scenario) -> dict:
         "name": sc.name,
         "model": model,
         "cluster": {"topology": sc.cluster.topology.name, "num_nodes": sc.cluster.num_nodes,
-                    "gpu": sc.cluster.gpu.name},
+                    "gpu": sc.cluster.gpu.name,
+                    "failure_rate_per_gpu_hour": sc.cluster.failure_rate_per_gpu_hour,
+                    "failure_rate_per_node_hour": sc.cluster.failure_rate_per_node_hour,
+                    "restart_time_s": sc.cluster.restart_time_s},
         "parallelism": {
             "tensor_model_parallel_size": p.tp, "pipeline_model_parallel_size": p.pp,
             "context_parallel_size": p.cp, "expert_model_parallel_size": p.ep,

@@ -34,6 +34,12 @@ ROWS = (  # (label, key, format)
     ("GPU-hours to train", "gpu_hours_to_train", "{:,.0f}"),
     ("$ to train", "usd_to_train", "{:,.0f}"),
 )
+GOODPUT_ROWS = (  # with --tokens: the run with failures, checkpoints and restarts (sim.plan)
+    ("goodput", "goodput", "{:.2%}"),
+    ("checkpoint every (s)", "checkpoint_interval_s", "{:,.0f}"),
+    ("days to train (goodput)", "days_to_train_with_failures", "{:.1f}"),
+    ("$ to train (goodput)", "usd_to_train_with_failures", "{:,.0f}"),
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +48,9 @@ def register(app: typer.Typer) -> None:
         scenarios: List[str] = typer.Argument(..., help="Scenario YAMLs (paths or bundled scenario names)."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key in every scenario "
                                                  "(dotted.key=value, repeatable)."),
-        tokens: str = typer.Option("1T", "--tokens", help="Tokens to train, for days and $ (K/M/B/T suffixes)."),
+        tokens: Optional[str] = typer.Option(None, "--tokens", help="Tokens to train, for days and $ (K/M/B/T "
+                                             "suffixes; default 1T); when given, also the goodput-adjusted "
+                                             "days and $ (failures, checkpoints, restarts; sim5d plan's model)."),
         price: Optional[List[str]] = typer.Option(None, "--price", help="US$ per GPU-hour: X for every "
                                                   "scenario, or NAME=X for a scenario or device profile "
                                                   "(default: the device profile's price)."),
@@ -60,15 +68,42 @@ def register(app: typer.Typer) -> None:
 
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
-        n_tokens = C.parse_tokens(tokens)
+        n_tokens = C.parse_tokens(tokens if tokens is not None else C.DEFAULT_TOKENS)
         rows = C.compare(list(scenarios), list(set_ or []), tokens=n_tokens, price_items=list(price or []),
                          workers=workers)
+        _goodput(rows, list(set_ or []), n_tokens if tokens is not None else None)
         chart = C.plot(rows, n_tokens, plot)
         if as_json:
             typer.echo(json.dumps({"tokens": n_tokens, "plot": str(chart), "scenarios": rows}))
         else:
             _table(rows, n_tokens, chart)
         _check_fits(rows, strict)
+
+
+def _goodput(rows: list[dict], overrides: list, tokens: float | None) -> None:
+    """With --tokens: each row's run with failures, checkpoints and restarts (sim.plan.training_run:
+    the closed form at the scenario's checkpoint interval), its goodput and the goodput-adjusted
+    days and $ (GPUs x expected wall hours x the row's price). Without: a note for scenarios whose
+    reliability keys would change it."""
+    import sys
+
+    from sim.config import load_scenario
+    from sim.plan.training_run import reliability_keys_given, training_run
+
+    for r in rows:
+        sc = load_scenario(r["file"], overrides)
+        if tokens is None:
+            if reliability_keys_given(sc):
+                print(f"note: {r['name']}: {', '.join(reliability_keys_given(sc))} act on the goodput-adjusted "
+                      "time to train only: pass --tokens", file=sys.stderr)
+            continue
+        run = training_run(sc, r["step_time_s"], r["tokens_per_s"], tokens)
+        j = run.to_json()
+        wall_h = None if j["expected_days"] is None else j["expected_days"] * 24.0
+        price = r.get("price_per_gpu_hour_usd")
+        r.update(time_to_train=j, goodput=j["goodput"], checkpoint_interval_s=j["checkpoint_interval_s"],
+                 days_to_train_with_failures=j["expected_days"],
+                 usd_to_train_with_failures=(r["num_gpus"] * wall_h * price) if price and wall_h is not None else None)
 
 
 def _check_fits(rows: list[dict], strict: bool) -> None:
@@ -98,7 +133,7 @@ def _table(rows: list[dict], n_tokens: float, chart) -> None:
     t.add_column("")
     for r in rows:
         t.add_column(r["name"] if r["fits_in_memory"] else f"{r['name']} (DOES NOT FIT)", justify="right")
-    for label, key, fmt in ROWS:
+    for label, key, fmt in ROWS + (GOODPUT_ROWS if any("time_to_train" in r for r in rows) else ()):
         t.add_row(label, *(("-" if r.get(key) is None else fmt.format(r[key])) for r in rows))
     console.print(t)
     if any(r["price_source"] == "unknown" for r in rows):

@@ -47,11 +47,19 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object on stdout."),
         strict: bool = typer.Option(False, "--strict", help="Exit with code 3 (after writing the "
                                     "outputs) when the layout does not fit in memory."),
+        tokens: Optional[str] = typer.Option(None, "--tokens", help="Also print the time to train this many "
+                                             "tokens (K/M/B/T), with failures, checkpoints and restarts "
+                                             "(goodput; sim5d plan's model)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, a timeline CSV and charts."""
         from sim.config import load_scenario
 
+        n_tokens = None
+        if tokens is not None:
+            from sim.compare import parse_tokens
+
+            n_tokens = parse_tokens(tokens)
         sc = load_scenario(scenario, overrides=set_ or [])
         from rich.console import Console
 
@@ -65,8 +73,16 @@ def register(app: typer.Typer) -> None:
             result = simulate(sc)
         folder = out or Path("runs") / sc.name
         summary = write_outputs(result, folder)
+        from sim.plan.training_run import reliability_keys_given, training_run
+
+        run = None
+        if n_tokens is not None:
+            run = training_run(sc, summary["step_time_s"], summary["tokens_per_s"], n_tokens)
+        elif reliability_keys_given(sc):
+            print(f"note: {', '.join(reliability_keys_given(sc))} act on the time to train only: pass --tokens",
+                  file=sys.stderr)
         if as_json:
-            typer.echo(json.dumps(summary))
+            typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
         else:
             con = Console()
             con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
@@ -74,6 +90,13 @@ def register(app: typer.Typer) -> None:
                 if k in ("name", "memory"):
                     continue
                 con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
+            if run is not None:
+                from sim.compare import format_tokens
+                from sim.plan.training_run import summary_line
+
+                con.print(f"time to train {format_tokens(n_tokens)} tokens: {summary_line(run)}")
+                for what, src in run.sources.items():
+                    con.print(f"  {what.replace('_', ' ')}: {src}")
             con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev)")
         check_fit(sc, result.memory, strict)
 

@@ -30,7 +30,9 @@ integer nanoseconds. A file looks like::
 
 `parse_topology_body` validates the `node`, `fabric` and `collectives` sections and returns
 frozen dataclasses; every rejected value raises `ConfigError` naming the key, the value and the
-rule. Unknown keys are errors (with a did-you-mean).
+rule. Unknown keys are errors (with a did-you-mean). An optional `storage` section (checkpoint
+file system: `write_bandwidth_gbps` aggregate, `node_write_bandwidth_gbps` per node, optional
+read figures; `StorageSpec`) is validated there too and read with `parse_storage`.
 """
 
 from __future__ import annotations
@@ -183,6 +185,26 @@ class CollectiveSpec:
     net_overhead_us: float = 1.0
     """Host-side cost of posting one network send, us; NCCL takes max(intra-node step latency,
     this x (3 for Simple)) for multi-node rings. Default 1.0 (NCCL getNetOverhead, Intel x86)."""
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    """The file system checkpoints are written to (optional section `storage`; used by `sim5d plan`
+    and the time to train of `run`/`compare --tokens`). A write is limited by the aggregate
+    bandwidth of the file system and by each node's own bandwidth to it; the slower of the two
+    sets the time (sim.plan.training_run)."""
+
+    write_bandwidth_gbps: float
+    """Aggregate sustained write bandwidth of the file system, GB/s (1e9 B/s). Required."""
+    node_write_bandwidth_gbps: float | None = None
+    """Write bandwidth of one node to the file system (its storage NICs, the client), GB/s;
+    null = no per-node limit. Default null."""
+    read_bandwidth_gbps: float | None = None
+    """Aggregate read bandwidth (checkpoint load at a restart), GB/s. Default: the write one."""
+    node_read_bandwidth_gbps: float | None = None
+    """Read bandwidth of one node, GB/s. Default: the node write one."""
+    source: str = ""
+    """Where the figures come from (free text)."""
 
 
 # --- NCCL tuning model defaults (NVIDIA/nccl src/graph/tuning.cc, commit b647562) -------------
@@ -454,7 +476,24 @@ def _parse_collectives(data: Any, node: NodeSpec, file: str | None) -> Collectiv
                           base_latency_us=base, step_latency_us=step, net_overhead_us=ovh)
 
 
-BODY_KEYS = ("node", "fabric", "collectives")
+def parse_storage(data: Any, file: str | None = None) -> StorageSpec | None:
+    """The optional `storage` section (None when absent); every bandwidth a positive number."""
+    if data is None:
+        return None
+    key = "storage"
+    data = _mapping(data, key, file)
+    _check_keys(data, StorageSpec, key, file)
+    src = data.get("source", "")
+    if not isinstance(src, str):
+        raise _err(f"storage.source = {src!r} must be a string", "storage.source", file)
+    return StorageSpec(write_bandwidth_gbps=_num(data, "write_bandwidth_gbps", key, file, required=True),
+                       node_write_bandwidth_gbps=_num(data, "node_write_bandwidth_gbps", key, file),
+                       read_bandwidth_gbps=_num(data, "read_bandwidth_gbps", key, file),
+                       node_read_bandwidth_gbps=_num(data, "node_read_bandwidth_gbps", key, file),
+                       source=src)
+
+
+BODY_KEYS = ("node", "fabric", "collectives", "storage")
 
 
 def parse_topology_body(data: dict, gpus_per_node: int, file: str | None = None
@@ -464,6 +503,7 @@ def parse_topology_body(data: dict, gpus_per_node: int, file: str | None = None
     Returns (None, None, None) when the file has no `node` section (a header-only topology: it
     names the GPU and the node size, enough for the memory calculator, but cannot be simulated).
     """
+    parse_storage(data.get("storage"), file)          # validated here; read by sim.plan
     if data.get("node") is None:
         for k in ("fabric", "collectives"):
             if data.get(k) is not None:
