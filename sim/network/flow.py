@@ -102,6 +102,8 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
         cap_rem -= inc * n_e
         sat = share <= inc * (1.0 + 1e-12)
         hit = af[sat[ae]]
+        if not hit.size:                        # a NaN capacity: no link ever saturates (a hang)
+            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
         rate[hit] = level
         frozen[hit] = True
         keep = ~frozen[af]
