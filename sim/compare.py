@@ -28,13 +28,21 @@ _TOKEN_UNITS = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
 DEFAULT_TOKENS = "1T"
 
 
+def scaled_number(text: str, units: str = "KMBT") -> float | None:
+    """'15T', '$2.5M', '2.5e12' -> the number (K, M, B, T: powers of 1000, those in `units`; a
+    leading '$' is allowed); None if `text` is not of that form."""
+    m = _TOKENS_RE.match(str(text).strip().removeprefix("$"))
+    if not m or (m.group(2) and m.group(2).upper() not in units):
+        return None
+    return float(m.group(1)) * _TOKEN_UNITS[m.group(2).upper()]
+
+
 def parse_tokens(text: str) -> float:
     """'15T', '300B', '2.5e12' -> tokens (K, M, B, T are powers of 1000)."""
-    m = _TOKENS_RE.match(str(text))
-    if not m:
+    n = scaled_number(text) if not str(text).strip().startswith("$") else None
+    if n is None:
         raise ConfigError(f"--tokens {text!r} is not a token count; use a number with an optional K, M, B "
                           "or T suffix, e.g. 15T or 300B", key="--tokens")
-    n = float(m.group(1)) * _TOKEN_UNITS[m.group(2).upper()]
     if not 0 < n < 1e18:
         raise ConfigError(f"--tokens {text!r} must be positive and below 1e18 (a quintillion)",
                           key="--tokens")

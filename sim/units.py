@@ -7,8 +7,6 @@ nvidia-smi and torch.cuda report them); TFLOP/s = 1e12 FLOP/s.
 
 from __future__ import annotations
 
-import re
-
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -60,23 +58,3 @@ def gbit_to_gbyte(gbit_per_s: float) -> float:
 
 def tflops_to_flops(tflops: float) -> float:
     return tflops * 1e12
-
-
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-               "T": 10**12, "TB": 10**12, "KI": KiB, "KIB": KiB, "MI": MiB, "MIB": MiB, "GI": GiB,
-               "GIB": GiB, "TI": TiB, "TIB": TiB}
-
-
-def parse_size_bytes(text: str) -> int:
-    """Parse '1GiB', '512MB', '4096', '1e6' into bytes. Raises ValueError naming the rule."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a size; use a number with an optional unit "
-                         "(B, KB, MB, GB, KiB, MiB, GiB, TiB), e.g. 1GiB")
-    value = float(m.group(1))
-    unit = (m.group(2) or "").upper()
-    n = value * _SIZE_UNITS[unit]
-    if n != int(n) or n < 0:
-        raise ValueError(f"{text!r} is not a whole, non-negative number of bytes")
-    return int(n)

@@ -33,8 +33,6 @@ from sim.errors import ConfigError
 MAX_CANDIDATES = 64
 _DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|sec|min|h|d|w)?\s*$", re.IGNORECASE)
 _DURATION_UNITS = {"s": 1.0, "sec": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-_MONEY_RE = re.compile(r"^\s*\$?\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMB]?)\s*$", re.IGNORECASE)
-_MONEY_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,11 +74,12 @@ def parse_deadline_days(text: str, today: _dt.date | None = None) -> float:
 
 def parse_money_usd(text: str, key: str = "--budget") -> float:
     """'50M', '$2.5M', '800K', '1.2e7' -> US dollars."""
-    m = _MONEY_RE.match(str(text))
-    if not m:
+    from sim.compare import scaled_number
+
+    v = scaled_number(text, units="KMB")
+    if v is None:
         raise ConfigError(f"{key} {text!r} is not an amount of US dollars; use a number with an optional K, M "
                           "or B suffix, e.g. 50M", key=key)
-    v = float(m.group(1)) * _MONEY_UNITS[m.group(2).upper()]
     if not math.isfinite(v) or v <= 0 or v > 1e15:
         raise ConfigError(f"{key} {text!r} must be a positive amount below 1e15 US$", key=key)
     return v
