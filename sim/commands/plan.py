@@ -180,9 +180,9 @@ def _table(res, spec, n_tokens: float, chart, json_path) -> None:
         t.add_row(r["cluster"], _layout(r["parallelism"]), f"{r['step_time_s']:.3g}", f"{r['mfu']:.1%}",
                   f"{r['goodput']:.2%}", mct,
                   fmt_duration(r["checkpoint_interval_s"]) if r["checkpoint_interval_s"] else "never",
-                  "never" if r["days"] is None else _num(r["days"]),
+                  "never" if r["days"] is None else P.fmt_days(r["days"]),
                   "-" if r["cost_usd"] is None else P.fmt_usd(r["cost_usd"]),
-                  "-" if r["energy_mwh"] is None else _num(r["energy_mwh"]), mark.strip())
+                  "-" if r["energy_mwh"] is None else P.fmt_days(r["energy_mwh"]), mark.strip())
     con.print(t)
     con.print("days and $: expected, with failures, checkpoints and restarts (closed form); MC: the Monte Carlo "
               f"of the same run ({spec.monte_carlo_runs} seeded runs, {spec.confidence:.0%} interval)"
@@ -197,11 +197,6 @@ def _table(res, spec, n_tokens: float, chart, json_path) -> None:
     for n in res.notes:
         con.print(f"note: {n}")
     con.print(f"chart: {chart}; rows: {json_path}")
-
-
-def _num(x: float) -> str:
-    """1,234 / 38.2 / 0.0123: three significant figures below 100, whole numbers above."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def _layout(p: dict) -> str:

@@ -286,7 +286,8 @@ def _slug(model) -> str:
 
 
 def fmt_days(d: float) -> str:
-    """Three significant figures below 100 days, whole days above (38.2, 0.0877, 1,234)."""
+    """Three significant figures below 100, whole numbers above (38.2, 0.0877, 1,234): days, and
+    the plan table's MWh."""
     return f"{d:,.0f}" if d >= 100 else f"{d:.3g}"
 
 
