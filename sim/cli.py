@@ -75,5 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         command().main(args=argv, standalone_mode=True, prog_name="sim5d")
     except Sim5dError as e:
-        print(f"error: {e}" if e.exit_code != 1 else str(e), file=sys.stderr)
+        # several errors at once (sim.errors.ConfigError.all): one `error:` line each
+        lines = [str(x) for x in getattr(e, "errors", ())] or [str(e)]
+        print("\n".join(f"error: {m}" for m in lines) if e.exit_code != 1 else str(e), file=sys.stderr)
         sys.exit(e.exit_code)

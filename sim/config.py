@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sim import pipeline_layout
 from sim.devices import DeviceProfile, load_device
 from sim.errors import ConfigError
+from sim.fields import RULE_ERROR
 from sim.models import MODEL_FIELDS, ModelSpec
 from sim.paths import bundled_dir
 from sim.pipeline_layout import LayoutError
@@ -445,10 +446,14 @@ def _split_override(item: str) -> tuple[list[str], object]:
     parts = [p for p in key.strip().split(".")]
     if not key.strip() or any(not p for p in parts):
         raise ConfigError(f"--set {item!r}: the key {key!r} is not a dotted key", key="--set")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+    from sim.yamlio import load_yaml_value
+
+    try:    # a file's limits: a deep or alias-bomb value hung or crashed yaml.safe_load's callers
+        value = load_yaml_value(raw, key.strip()) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ConfigError as e:    # located at the flag (the value's own "line 1" says nothing)
+        raise ConfigError(e.message, key=e.key, file=f"--set {item[:80]}") from None
     _check_values(value, key.strip(), f"--set {item[:80]}")
     return parts, value
 
@@ -552,25 +557,90 @@ def _where(lines: dict, path, file: str | None) -> tuple:
     return file, None
 
 
+_UNION_TAGS = ("str", "int", "float", "bool", "ModelIn", "[key]")
+"""Parts of a pydantic error location that name a union member (also any `type[...]`) or a
+mapping's key, not a key."""
+
+
+def _is_tag(part) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or (part.endswith("]") and "[" in part))
+
+
+def _known_keys(model, loc) -> list:
+    """The keys the pydantic model nested at `loc` under `model` accepts ([] when unknown)."""
+    import typing
+
+    def sub(annotation):
+        """The model in an annotation (Optional[M], Union[str, M]), not in a mapping's values."""
+        if isinstance(annotation, type) and typing.get_origin(annotation) is None:
+            return annotation if issubclass(annotation, BaseModel) else None
+        if typing.get_origin(annotation) is not Union:
+            return None
+        return next((m for m in map(sub, typing.get_args(annotation)) if m is not None), None)
+
+    for part in loc:
+        field = model.model_fields.get(part) if model is not None else None
+        model = sub(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def pydantic_errors(err: ValidationError, lines: dict, file: str | None, *, model=None,
+                    prefix: tuple = (), reported=()) -> list:
+    """Every error of a pydantic ValidationError as a ConfigError naming the file, the line (the
+    innermost key of the error's path that the YAML reader located), the dotted key (`prefix`
+    and pydantic's location), the value and the rule, sorted by line. `model`: the validated
+    model, for the 'did you mean' of an unknown key; `reported`: errors already found (the YAML
+    reader's for NaN and infinities), whose keys (and the keys of the lists and mappings holding
+    them) are left out. The scenario, topology and device-profile loaders all report their errors
+    through this."""
+    skip = {".".join(e.key.split(".")[:n]) for e in reported if e.key
+            for n in range(1, e.key.count(".") + 2)}
+    errors = err.errors()
+    # `model` (str | mapping): pydantic reports both branches; report the mapping one.
+    if any(e["loc"][:2] == ("model", "ModelIn") for e in errors):
+        errors = [e for e in errors if e["loc"][:2] != ("model", "str")]
+    out, seen = [], set()
+    for e in errors:
+        loc = [p for p in e["loc"] if not _is_tag(p)]
+        path = tuple(prefix) + tuple(loc)
+        given = e.get("input")
+        if e["type"] == "missing":
+            msg = "is required"
+        elif e["type"] == "extra_forbidden":
+            known = _known_keys(model, loc[:-1])
+            msg = (f"unknown key {str(loc[-1])!r}{did_you_mean(str(loc[-1]), known)}"
+                   + (f"; known: {', '.join(known)}" if known else ""))
+        elif e["type"] == RULE_ERROR:       # sim5d's own rule: the message names value and rule
+            msg = e["msg"]
+        elif e["type"] == "finite_number":
+            msg = f"{given!r} is not a finite number"
+        elif e["type"] in ("model_type", "dict_type"):
+            msg = f"{given!r} must be a {'bundled preset name or a ' if path == ('model',) else ''}mapping"
+        else:
+            msg = f"{given!r} is not valid: {e['msg'].removeprefix('Value error, ')}"
+        where, line = _where(lines, path, file)
+        key = ".".join(str(p) for p in path) or None
+        if key not in skip and key not in seen:     # a union's members: the first one's error
+            seen.add(key)
+            out.append(ConfigError(msg, key=key, file=where, line=line))
+    return sorted(out, key=lambda x: (x.line is None, x.line or 0))
+
+
 def _pydantic_error(err: ValidationError, lines: dict, file: str | None) -> ConfigError:
-    e = err.errors()[0]
-    loc = [str(p) for p in e["loc"] if not (isinstance(p, str) and p in ("str", "ModelIn"))]
-    # For `model` (str | mapping), pydantic reports both branches; report the mapping one.
-    for cand in err.errors():
-        if cand["loc"][:2] == ("model", "ModelIn"):
-            e = cand
-            loc = ["model"] + [str(p) for p in cand["loc"][2:]]
-            break
-    key = ".".join(loc)
-    given = e.get("input")
-    if e["type"] == "missing":
-        msg = "is required"
-    elif e["type"] == "extra_forbidden":
-        msg = "unknown key"
-    else:
-        msg = f"{given!r} is not valid: {e['msg']}"
-    where, line = _where(lines, loc, file)
+    return ConfigError.all(pydantic_errors(err, lines, file, model=ScenarioIn))
+
+
+def key_error(lines: dict, file: str | None, key: str, msg: str) -> ConfigError:
+    """An error about a dotted key of a file, located at the innermost line the YAML reader
+    recorded on its path (a rule between keys, after pydantic_errors' own)."""
+    where, line = _where(lines, tuple(key.split(".")), file)
     return ConfigError(msg, key=key, file=where, line=line)
+
+
+def raise_all(errors: list) -> None:
+    """Raise every error of a file at once, in file order (nothing when there is none)."""
+    if errors:
+        raise ConfigError.all(sorted(errors, key=lambda x: (x.line is None, x.line or 0)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Device profiles: one accelerator's capacity, peak throughput and memory bandwidth.
 
 A profile is a YAML file (bundled under topologies/devices/, or any path a user gives, e.g. one
-written by `sim5d calibrate fit`). Loading validates every key; unknown keys are errors.
+written by `sim5d calibrate fit`). Loading validates every key (`DeviceIn`, and `extra.compute`
+with sim.compute.ComputeIn) and reports every error at once, each as `file:line: key: value and
+rule`; unknown keys are errors with a 'did you mean'.
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Optional
 
+from pydantic import BeforeValidator
 
 from sim.errors import ConfigError
+from sim.fields import Strict, checked, finite, is_number, refuse, string
 from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.units import GiB
@@ -58,9 +63,91 @@ class DeviceProfile:
 MAX_PRICE_PER_GPU_HOUR_USD = 1e6
 """Largest `price_per_gpu_hour_usd` (docs/interfaces.md, "Limits")."""
 
-_REQUIRED = ("memory_gib", "peak_tflops", "hbm_gbps")
-_KNOWN = set(_REQUIRED) | {"name", "runtime_reserved_gib", "fragmentation_fraction", "price_per_gpu_hour_usd",
-                           "source", "extra"}
+# Physical ranges (docs/interfaces.md, "Limits"): an order of magnitude beyond any device (NVIDIA
+# B200 datasheet: 192 GB, 8 TB/s, 10 PFLOP/s dense FP4) and below a small host (one CPU core:
+# ~10 GB/s, ~0.1 TFLOP/s measured by `sim5d calibrate run --device cpu`).
+DEVICE_RANGES = {"memory_gib": (1 / 1024, 1 << 16, ""), "hbm_gbps": (0.1, 1e6, ""),
+                 "peak_tflops": (1e-4, 1e6, " TFLOP/s")}
+
+
+def _device_number(kind: str):
+    """A check: a positive number within any device's range."""
+    lo, hi, unit = DEVICE_RANGES[kind]
+
+    def check(v):
+        finite(v)
+        if not is_number(v) or v <= 0:
+            raise refuse(f"{v!r} must be a positive number")
+        if not lo <= v <= hi:
+            raise refuse(f"{v!r} is outside any device's range [{lo:g}, {hi:g}]{unit}")
+        return v
+    return check
+
+
+def _non_negative(v):
+    finite(v)
+    if not is_number(v) or v < 0:
+        raise refuse(f"{v!r} must be a number >= 0")
+    return v          # compared as given: an integer beyond float range does not convert
+
+
+def _price(v):
+    # a GPU-hour rents for a few dollars; a million is beyond any price (and an integer beyond
+    # float range would not convert)
+    v = _non_negative(v)
+    if v > MAX_PRICE_PER_GPU_HOUR_USD:
+        raise refuse(f"{v!r} is beyond any price (at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} USD)")
+    return v
+
+
+def _fraction_below_one(v):
+    finite(v)
+    if not is_number(v) or not 0 <= v < 1:
+        raise refuse(f"{v!r} must be a number in [0, 1)")
+    return v
+
+
+def _precision(p):
+    if p not in PRECISIONS:
+        from sim.suggest import did_you_mean
+        raise refuse(f"unknown precision {p!r}{did_you_mean(str(p), PRECISIONS)}; one of "
+                     f"{', '.join(PRECISIONS)}")
+    return p
+
+
+def _peaks(v):
+    if not isinstance(v, dict) or not v:
+        raise refuse(f"{v!r} must map precision -> TFLOP/s (e.g. {{bf16: 989.4}})")
+    return v
+
+
+class DeviceIn(Strict):
+    """A device profile file (the keys of DeviceProfile, and `extra`)."""
+
+    name: checked(str, string()) = None
+    """Profile name. Default: the file stem."""
+    memory_gib: checked(float, _device_number("memory_gib"))
+    """Usable device memory as the driver reports it (nvidia-smi total), GiB; 1/1024 to 65,536.
+    Required."""
+    peak_tflops: Annotated[dict[checked(str, _precision), checked(float, _device_number("peak_tflops"))],
+                           BeforeValidator(_peaks)]
+    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, fp32; fp32 means TF32 tensor-core math
+    where the device has it), datasheet values, 1e-4 to 1e6; the MFU denominator. Required."""
+    hbm_gbps: checked(float, _device_number("hbm_gbps"))
+    """Peak memory bandwidth, GB/s (1e9 B/s); 0.1 to 10^6. Required."""
+    runtime_reserved_gib: checked(float, _non_negative) = 0.0
+    """Memory the runtime holds before the model allocates (CUDA context, cuBLAS/cuDNN
+    workspaces), GiB; below memory_gib."""
+    fragmentation_fraction: checked(float, _fraction_below_one) = 0.0
+    """Memory the caching allocator holds beyond what tensors use, as a fraction of the
+    allocated bytes, in [0, 1)."""
+    price_per_gpu_hour_usd: checked(float, _price) = 0.0
+    """Indicative on-demand price for cost comparisons, USD, at most 10^6 (0 = unknown)."""
+    source: checked(str, string()) = ""
+    """Where the figures come from (free text)."""
+    extra: Optional[dict] = None
+    """Model-specific calibration data kept as loaded: `compute` (the compute model's constants,
+    sim/compute.py, validated on load), `failure_rate_per_gpu_hour`, `power_w` (sim.plan)."""
 
 
 def device_dir() -> Path:
@@ -87,62 +174,46 @@ def load_device(name_or_path: str, *, key: str = "cluster.gpu") -> DeviceProfile
     return _load_device_file(str(path.resolve()), path.stat().st_mtime_ns)
 
 
+def check_device(data: dict, lines: dict | None = None, file: str | None = None, *, nonfinite=()) -> None:
+    """Validate a device profile mapping: every key (DeviceIn, and `extra.compute` with
+    sim.compute.ComputeIn), then the rules between keys. Raises one ConfigError with every
+    error (`file:line: key: ...`); `nonfinite`: the YAML reader's NaN / infinity errors."""
+    from pydantic import ValidationError
+
+    from sim.compute import compute_errors
+    from sim.config import key_error, pydantic_errors, raise_all
+
+    lines = lines or {}
+    errors = list(nonfinite)
+    try:
+        DeviceIn.model_validate(data)
+        failed = set()
+    except ValidationError as ve:
+        errors += pydantic_errors(ve, lines, file, model=DeviceIn, reported=nonfinite)
+        failed = {e["loc"][0] for e in ve.errors() if e["loc"]}
+    if not failed & {"runtime_reserved_gib", "memory_gib"} \
+            and data.get("runtime_reserved_gib", 0.0) >= data["memory_gib"]:
+        errors.append(key_error(lines, file, "runtime_reserved_gib",
+                                f"{data['runtime_reserved_gib']} must be below memory_gib ({data['memory_gib']})"))
+    extra = data.get("extra")
+    if "extra" not in failed and isinstance(extra, dict) and extra.get("compute") is not None:
+        # extra.compute is the compute model's (sim.compute); validated here so that every command
+        # refuses a broken profile when it is loaded, not only those that time kernels
+        peaks = data["peak_tflops"] if "peak_tflops" not in failed else None
+        errors += compute_errors(extra["compute"], peaks, lines=lines, file=file, reported=nonfinite)
+    raise_all(errors)
+
+
 @lru_cache(maxsize=64)
 def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
     path = Path(path_str)
-    data = load_yaml_with_lines(path)[0] or {}
+    nonfinite: list = []
+    data, lines = load_yaml_with_lines(path, nonfinite=nonfinite)
+    data = data or {}
     if not isinstance(data, dict):
         raise ConfigError("a device profile must be a mapping", file=str(path))
-    for k in data:
-        if k not in _KNOWN:
-            from sim.suggest import did_you_mean
-            raise ConfigError(f"unknown key {k!r} in device profile{did_you_mean(k, sorted(_KNOWN))}",
-                              key=k, file=str(path))
-    for k in _REQUIRED:
-        if k not in data:
-            raise ConfigError(f"device profile is missing required key {k!r}", key=k, file=str(path))
-    for k in ("name", "source"):
-        if k in data and not isinstance(data[k], str):
-            raise ConfigError(f"{k} = {data[k]!r} must be a string", key=k, file=str(path))
+    check_device(data, lines, str(path), nonfinite=nonfinite)
     peaks = data["peak_tflops"]
-    if not isinstance(peaks, dict) or not peaks:
-        raise ConfigError("peak_tflops must map precision -> TFLOP/s", key="peak_tflops", file=str(path))
-    for p, v in peaks.items():
-        if p not in PRECISIONS or not _is_number(v) or v <= 0:
-            raise ConfigError(f"peak_tflops.{p} = {v!r}: precision must be one of {PRECISIONS} "
-                              "and the value a positive number", key="peak_tflops", file=str(path))
-    frag = data.get("fragmentation_fraction", 0.0)
-    if not isinstance(frag, (int, float)) or isinstance(frag, bool) or not 0 <= frag < 1:
-        raise ConfigError(f"fragmentation_fraction = {frag!r} must be a number in [0, 1)",
-                          key="fragmentation_fraction", file=str(path))
-    for k in ("memory_gib", "hbm_gbps"):
-        if not isinstance(data[k], (int, float)) or isinstance(data[k], bool) or data[k] <= 0:
-            raise ConfigError(f"{k} = {data[k]!r} must be a positive number", key=k, file=str(path))
-    # physical ranges (an order of magnitude beyond any device: B200 192 GB, 8 TB/s, 10 PFLOP/s FP4)
-    # (a CPU core: ~10 GB/s, ~0.1 TFLOP/s, so the lower bounds leave room for small hosts)
-    for k, lo, hi in (("memory_gib", 1 / 1024, 1 << 16), ("hbm_gbps", 0.1, 1e6)):
-        if not lo <= data[k] <= hi:
-            raise ConfigError(f"{k} = {data[k]!r} is outside any device's range [{lo:g}, {hi:g}]",
-                              key=k, file=str(path))
-    for p, v in peaks.items():
-        if not 1e-4 <= v <= 1e6:
-            raise ConfigError(f"peak_tflops.{p} = {v!r} is outside any device's range [1e-4, 1e6] TFLOP/s",
-                              key="peak_tflops", file=str(path))
-    for k in ("runtime_reserved_gib", "price_per_gpu_hour_usd"):
-        v = data.get(k, 0.0)
-        if not _is_number(v) or v < 0:
-            raise ConfigError(f"{k} = {v!r} must be a number >= 0", key=k, file=str(path))
-    if data.get("runtime_reserved_gib", 0.0) >= data["memory_gib"]:
-        raise ConfigError(f"runtime_reserved_gib ({data['runtime_reserved_gib']}) must be below memory_gib "
-                          f"({data['memory_gib']})", key="runtime_reserved_gib", file=str(path))
-    # a GPU-hour rents for a few dollars; a million is beyond any price (and an integer beyond
-    # float range would not convert)
-    if data.get("price_per_gpu_hour_usd", 0.0) > MAX_PRICE_PER_GPU_HOUR_USD:
-        raise ConfigError(f"price_per_gpu_hour_usd = {data['price_per_gpu_hour_usd']!r} is beyond any "
-                          f"price (at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} USD)",
-                          key="price_per_gpu_hour_usd", file=str(path))
-    if data.get("extra") is not None and not isinstance(data["extra"], dict):
-        raise ConfigError(f"extra = {data['extra']!r} must be a mapping", key="extra", file=str(path))
     profile = DeviceProfile(
         name=str(data.get("name", path.stem)), memory_gib=float(data["memory_gib"]),
         peak_tflops={k: float(v) for k, v in peaks.items()}, hbm_gbps=float(data["hbm_gbps"]),
@@ -150,13 +221,7 @@ def _load_device_file(path_str: str, _mtime_ns: int) -> DeviceProfile:
         fragmentation_fraction=float(data.get("fragmentation_fraction", 0.0)),
         price_per_gpu_hour_usd=float(data.get("price_per_gpu_hour_usd", 0.0)),
         extra=dict(data.get("extra") or {}), source=str(data.get("source", "")), path=str(path))
-    # extra.compute is the compute model's (sim.compute); validated here so that every command
-    # refuses a broken profile when it is loaded, not only those that time kernels
     from sim.compute import compute_params
 
-    compute_params(profile)
+    compute_params(profile)     # the compute model's constants, built once (checked above)
     return profile
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)

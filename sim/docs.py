@@ -1,6 +1,7 @@
 """The scenario key reference (docs/scenario-keys.md), generated from the scenario schema itself
-(sim.config's section models: each key's type, default and docstring), so the documentation
-cannot drift from what the loader accepts.
+(sim.config's section models: each key's type, default and docstring), and from the models of
+the topology and device-profile files (sim.topology.schema.TopologyIn, sim.devices.DeviceIn,
+sim.compute.ComputeIn), so the documentation cannot drift from what the loaders accept.
 
     python -m sim.docs > docs/scenario-keys.md
 """
@@ -14,6 +15,12 @@ import typing
 def _type(annotation) -> str:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:          # a checked field (sim.fields.checked): its type
+        return _type(args[0])
+    if annotation is dict:
+        return "mapping"
+    if origin in (dict, list, tuple):
+        return {dict: "mapping", list: "list", tuple: "list"}[origin]
     if origin is typing.Literal:
         return " | ".join(str(a) for a in typing.get_args(annotation))
     if args and origin is not None:
@@ -38,7 +45,8 @@ def scenario_keys_markdown() -> str:
            "Every key a scenario YAML (or `--set section.key=value`) accepts, generated from the "
            "schema (`python -m sim.docs > docs/scenario-keys.md`; a test keeps it in step). "
            "Unknown keys are errors. `model:` also takes a bundled preset name; a mapping may "
-           "start from one with `preset:` and override any key below.", ""]
+           "start from one with `preset:` and override any key below. The keys of the topology and "
+           "device-profile files a scenario names follow the scenario's.", ""]
     top = ScenarioIn.model_fields
     out += ["## top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     out += [f"| `name` | {_type(top['name'].annotation)} | {_default(top['name'])} | "
@@ -61,7 +69,50 @@ def scenario_keys_markdown() -> str:
             out += ["", "Aliases (reported back under the canonical name): " +
                     ", ".join(f"`{a}` = `{c}`" for a, c in aliases.items()) + "."]
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + _file_keys_markdown())
+
+
+def _submodel(annotation):
+    from pydantic import BaseModel
+
+    for a in (annotation, *typing.get_args(annotation)):
+        if isinstance(a, type) and typing.get_origin(a) is None and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _rows(model, prefix: str = "") -> list:
+    """One row per key of a file model, nested sections as dotted keys."""
+    rows = []
+    for key, f in model.model_fields.items():
+        sub = _submodel(f.annotation)
+        if sub is not None:
+            rows += _rows(sub, f"{prefix}{key}.")
+            continue
+        text = " ".join((f.description or "").split()).replace("|", "\\|")
+        default = '`""`' if f.default == "" else _default(f)
+        rows.append(f"| `{prefix}{key}` | {_type(f.annotation).replace('|', '/')} | {default} | {text} |")
+    return rows
+
+
+def _file_keys_markdown() -> list:
+    """The keys of the files a scenario names: topologies (sim.topology.schema.TopologyIn) and
+    device profiles (sim.devices.DeviceIn, with extra.compute: sim.compute.ComputeIn)."""
+    from sim.compute import ComputeIn
+    from sim.devices import DeviceIn
+    from sim.topology.schema import TopologyIn
+
+    head = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    return ["## topology files", "",
+            "A topology YAML (`cluster.topology`: a bundled name or a path; format and sources in "
+            "sim/topology/schema.py). Bandwidths are achievable one-way GB/s (1e9 B/s), latencies "
+            "one-way. Every error of a file is reported at once, each as `file:line: key: value and "
+            "rule`; unknown keys are errors.", "", *head, *_rows(TopologyIn), "",
+            "## device profiles", "",
+            "A device profile YAML (`cluster.gpu`, or the topology's `gpu`: a bundled name or a path, "
+            "e.g. one `sim5d calibrate fit` wrote). `extra` is kept as given except `extra.compute`, "
+            "the compute model's constants (sim/compute.py), validated on load.", "", *head,
+            *_rows(DeviceIn), *_rows(ComputeIn, "extra.compute."), ""]
 
 
 if __name__ == "__main__":

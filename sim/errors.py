@@ -50,18 +50,33 @@ class ConfigError(Sim5dError):
     """A rejected value. The message names the key, the offending value and the rule.
 
     `file` and `line` locate the key in a YAML file when known; `key` is the dotted key
-    (e.g. ``training.global_batch_size``).
+    (e.g. ``training.global_batch_size``). A file with several bad values is refused with all of
+    them at once (`ConfigError.all`): `errors` holds each, one line each in the message, and
+    `message`, `key`, `file` and `line` are the first one's.
     """
 
     def __init__(self, message: str, *, key: str | None = None, file: str | None = None,
-                 line: int | None = None):
+                 line: int | None = None, errors: tuple = ()):
         self.message = message
         self.key = key
         self.file = file
         self.line = line
+        self.errors = tuple(errors)
         super().__init__(self.format())
 
+    @classmethod
+    def all(cls, errors) -> "ConfigError":
+        """One error for every one of `errors` (ConfigErrors, in order; at least one): the error
+        itself when there is one, else one whose message lists each on its own line."""
+        errors = [x for e in errors for x in (e.errors or (e,))]
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        return cls(first.message, key=first.key, file=first.file, line=first.line, errors=tuple(errors))
+
     def format(self) -> str:
+        if self.errors:
+            return "\n".join(e.format() for e in self.errors)
         where = ""
         if self.file:
             where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
@@ -71,5 +86,7 @@ class ConfigError(Sim5dError):
 
     def located(self, file: str | None, line: int | None) -> "ConfigError":
         """The same error with a file/line attached (keeps an existing location)."""
+        if self.errors:
+            return ConfigError.all([e.located(file, line) for e in self.errors])
         return ConfigError(self.message, key=self.key, file=self.file or file,
                            line=self.line or line)

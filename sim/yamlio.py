@@ -33,7 +33,8 @@ def _where(path: KeyPath) -> str | None:
     return ".".join(str(p) for p in path) or None
 
 
-def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None = None):
+def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None = None,
+               nonfinite: list | None = None):
     budget = budget or _Budget()
     budget.nodes += 1
     line = node.start_mark.line + 1
@@ -55,12 +56,19 @@ def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None 
                 raise ConfigError(f"a key of {len(key):,} characters (at most {MAX_STRING:,})",
                                   line=key_node.start_mark.line + 1)
             lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = _construct(value_node, path + (key,), lines, loader, budget)
+            out[key] = _construct(value_node, path + (key,), lines, loader, budget, nonfinite)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(v, path + (i,), lines, loader, budget) for i, v in enumerate(node.value)]
+        for i, v in enumerate(node.value):     # a list item's own line (errors about it cite it)
+            lines.setdefault(path + (i,), v.start_mark.line + 1)
+        return [_construct(v, path + (i,), lines, loader, budget, nonfinite) for i, v in enumerate(node.value)]
     value = loader.construct_object(node, deep=True)
-    check_scalar(value, _where(path), line)
+    try:
+        check_scalar(value, _where(path), line)
+    except ConfigError as e:
+        if nonfinite is None or not isinstance(value, float):
+            raise
+        nonfinite.append(e)
     return value
 
 
@@ -88,9 +96,31 @@ def shown(name: str, limit: int = 80) -> str:
     return repr(name) if len(name) <= limit else f"{name[:limit]!r}... ({len(name):,} characters)"
 
 
-def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
+def load_yaml_value(text: str, key: str):
+    """A YAML value given on the command line (`--set KEY=TEXT`) under a file's limits: nesting
+    (counted from KEY's own depth, as in a file), values with aliases expanded, string length,
+    finite numbers. A ConfigError names KEY (and the part of the value at fault); YAML that does
+    not parse raises yaml.YAMLError (the caller keeps TEXT as a string)."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"a value of {len(text):,} characters: larger than any sim5d file can be "
+                          f"({MAX_FILE_BYTES // 2**20} MiB)", key=key)
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(f"nested deeper than the YAML reader can follow (sim5d allows {MAX_DEPTH} "
+                              "levels)", key=key) from None
+        return _construct(node, tuple(key.split(".")), {}, loader) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_with_lines(path: str | Path, *, nonfinite: list | None = None) -> tuple[object, dict]:
     """Parse a YAML file. Returns (data, {key_path: line}). Syntax errors -> ConfigError with
-    file:line."""
+    file:line. NaN and infinities are refused at once, or, given a list `nonfinite`, kept in the
+    data and their errors (file:line: key) appended to it, for a loader that validates the data
+    and reports them with its own errors (every one of them makes the file an error)."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -113,7 +143,7 @@ def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
-            data = _construct(node, (), lines, loader) if node is not None else None
+            data = _construct(node, (), lines, loader, nonfinite=nonfinite) if node is not None else None
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as e:
@@ -128,4 +158,6 @@ def load_yaml_with_lines(path: str | Path) -> tuple[object, dict]:
                           "levels)", file=str(p)) from None
     except ConfigError as e:
         raise e.located(str(p), None) from None
+    if nonfinite:
+        nonfinite[:] = [e.located(str(p), None) for e in nonfinite]
     return data, lines

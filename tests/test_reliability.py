@@ -101,12 +101,12 @@ def test_schedule_of_ten_million_is_refused_at_once(flag):
 
 # -------------------------------------------------------------------- device profiles ------
 @pytest.mark.parametrize("line, expect", [
-    ("runtime_reserved_gib: -50", "runtime_reserved_gib = -50 must be a number >= 0"),
-    ("runtime_reserved_gib: abc", "runtime_reserved_gib = 'abc' must be a number >= 0"),
+    ("runtime_reserved_gib: -50", "runtime_reserved_gib: -50 must be a number >= 0"),
+    ("runtime_reserved_gib: abc", "runtime_reserved_gib: 'abc' must be a number >= 0"),
     ("memory_gib: .nan", "memory_gib: nan is not a finite number"),
     ("memory_gib: .inf", "memory_gib: inf is not a finite number"),
-    ("hbm_gbps: 1.0e-30", "hbm_gbps = 1e-30 is outside any device's range"),
-    ("extra: junk", "extra = 'junk' must be a mapping"),
+    ("hbm_gbps: 1.0e-30", "hbm_gbps: 1e-30 is outside any device's range"),
+    ("extra: junk", "extra: 'junk' must be a mapping"),
 ])
 def test_device_profile_values_outside_physics_are_refused(tmp_path, line, expect):
     key = line.split(":")[0]

@@ -73,8 +73,9 @@ def register(app: typer.Typer) -> None:
                          memory_fraction=max_memory_fraction)
         try:
             res = run_sweep(spec, progress=True)
-        except KeyboardInterrupt:
-            print("interrupted: every result that finished is kept in the stream file (FILE.stream.csv); "
+        except KeyboardInterrupt as e:  # Ctrl-C: one line, exit 130 (128 + SIGINT, as a shell)
+            where = getattr(e, "stream", None) or "the stream file (FILE.stream.csv)"
+            print(f"interrupted: every result that finished is kept in {where}; "
                   "run the same command again to resume", file=sys.stderr)
             raise typer.Exit(130)
         c = res.counts

@@ -295,6 +295,7 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
     bar = _Progress(progress)
     workers = max(1, getattr(executor, "workers", 1))
     fits: dict = {}
+    finished = False
     try:
         # the base scenario every task uses, shared once (Ray: one object-store copy) when the
         # executor can
@@ -348,11 +349,15 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
             todo = [(i, layouts[i]) for i in near if i not in flow]
             _run_phase(executor, "simulate", base, todo, 1, ("flow",), on_sim(flow), bar,
                        f"re-simulate (flow, within {spec.flow_within:.0%} of the best)")
+        finished = True
+    except KeyboardInterrupt as e:
+        e.stream = spath  # the CLI names it in its one line
+        raise
     finally:
         bar.stop()
         writer.close()
-        if own_executor:
-            executor.close()
+        if own_executor:  # stopped early (Ctrl-C): do not wait for running tasks nobody will read
+            executor.close() if finished else getattr(executor, "abort", executor.close)()
 
     table = final_table(layouts, screened, fits, dominated, analytical, flow, set(top))
     write_table(table, TABLE_COLUMNS, out)

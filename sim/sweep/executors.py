@@ -14,7 +14,9 @@
 An executor is an object with `map_unordered(tasks)` (tasks: an iterable of (kind, args) for
 sim.sweep.evaluate.run_task, consumed lazily) yielding `(task_index, result)` as tasks finish,
 and `close()`; optionally `share(obj)`, which returns a handle to pass in task args in place of
-an object every task uses (the Ray executor: an object-store reference).
+an object every task uses (the Ray executor: an object-store reference), and `abort()`, which
+the sweep calls instead of `close()` when it stops early (Ctrl-C): stop without finishing the
+running tasks.
 """
 
 from __future__ import annotations
@@ -81,6 +83,18 @@ class LocalExecutor:
                 f.cancel()
 
     def close(self):
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def abort(self):
+        """Stop at once (Ctrl-C, an error): the workers are terminated instead of finishing their
+        tasks, whose results nobody would read (a batch of layouts can take minutes); the pool
+        sees them gone and fails what was pending, and `shutdown` returns."""
+        procs = getattr(self._pool, "_processes", None) or {}  # no public handle before 3.14
+        for p in list(procs.values()):
+            try:
+                p.terminate()
+            except (OSError, ValueError):  # already gone, or closed
+                pass
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -28,19 +28,27 @@ integer nanoseconds. A file looks like::
     collectives:                        # optional; defaults are NCCL's own tuning model
       protocols: [LL, LL128, Simple]
 
-`parse_topology_body` validates the `node`, `fabric` and `collectives` sections and returns
-frozen dataclasses; every rejected value raises `ConfigError` naming the key, the value and the
-rule. Unknown keys are errors (with a did-you-mean). An optional `storage` section (checkpoint
-file system: `write_bandwidth_gbps` aggregate, `node_write_bandwidth_gbps` per node, optional
-read figures; `StorageSpec`) is validated there too and read with `parse_storage`.
+The file format is the pydantic model `TopologyIn` (its sections `NodeIn`, `FabricIn`,
+`CollectivesIn`, `StorageIn`; every key documented there, and in docs/scenario-keys.md, generated
+from them): each value's type, sign and physical range. `check_topology` validates a file with
+it, then checks the rules between keys (an interconnect needs its section, sockets vs switches,
+the fabric's tiers and radix, what the fabric can hold) and returns frozen dataclasses. A file is
+refused with every error at once, one ConfigError line each naming the file, line, key, value and
+rule (sim.config.pydantic_errors, as scenarios are); unknown keys are errors with a did-you-mean.
+The optional `storage` section (checkpoint file system: `write_bandwidth_gbps` aggregate,
+`node_write_bandwidth_gbps` per node, optional read figures; `StorageSpec`) is validated with the
+file and read with `parse_storage`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
+
+from pydantic import ValidationError
 
 from sim.errors import ConfigError
+from sim.fields import Strict, checked, finite, is_number, one_of, refuse, string
 from sim.suggest import did_you_mean
 
 GPU_INTERCONNECTS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
@@ -231,285 +239,456 @@ NCCL_STEP_LATENCY_US = {
 NCCL_STEP_LATENCY_US["loopback"] = NCCL_STEP_LATENCY_US["pcie"]
 
 
-# --- validation helpers ----------------------------------------------------------------------
-
-def _err(msg: str, key: str, file: str | None) -> ConfigError:
-    return ConfigError(msg, key=key, file=file)
-
-
-def _mapping(value: Any, key: str, file: str | None) -> dict:
-    if not isinstance(value, dict):
-        raise _err(f"{key} = {value!r} must be a mapping", key, file)
-    return value
-
-
-def _check_keys(data: dict, cls, key: str, file: str | None, extra: tuple = ()) -> None:
-    known = [f.name for f in fields(cls)] + list(extra)
-    for k in data:
-        if k not in known:
-            raise _err(f"unknown key {k!r} in {key}{did_you_mean(str(k), known)}; known: "
-                       f"{', '.join(known)}", f"{key}.{k}", file)
-
-
-def _num(data: dict, k: str, key: str, file: str | None, *, required=False, default=None,
-         positive=True, allow_zero=False, integer=False, unit: str | None = None):
-    """data[k] validated: a number (whole with `integer`), > 0 (>= 0 with allow_zero) and within
-    the physical range of its unit (`unit`, else the one its name ends in: _gbps, _ns, ...)."""
-    full = f"{key}.{k}"
-    if k not in data or data[k] is None:
-        if required:
-            raise _err(f"{full} is required", full, file)
-        return default
-    v = data[k]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _err(f"{full} = {v!r} must be a number", full, file)
-    if integer and (not isinstance(v, int) and not float(v).is_integer()):
-        raise _err(f"{full} = {v!r} must be a whole number", full, file)
-    if positive and (v < 0 or (v == 0 and not allow_zero)):
-        rule = "a non-negative number" if allow_zero else "a positive number"
-        raise _err(f"{full} = {v!r} must be {rule}", full, file)
-    lo, hi = _RANGE.get(unit or _unit(k), (None, None))
-    if hi is not None and not (v == 0 or lo <= v <= hi):
-        raise _err(f"{full} = {v!r} is outside the physical range [{lo:g}, {hi:g}]", full, file)
-    return int(v) if integer else float(v)
-
+# --- the file format: pydantic models ----------------------------------------------------------
+# Every value is checked where it stands (type, sign, physical range: the field types below); the
+# rules between keys (an interconnect needs its section, sockets vs switches, ...) are checked
+# once the sections they read are valid. A file is refused with every error at once, each as
+# `file:line: key: value and rule` (sim.config.pydantic_errors, as for scenarios).
 
 # Physical ranges by unit (docs/interfaces.md "Limits"): links from a slow Ethernet port (0.01 GB/s)
-# to ten times NVLink 5's 1,800 GB/s per GPU; latencies up to 1 s; counts and ratios far above
-# any cluster. Outside them the flow solver's integer nanoseconds overflow or nothing is physical.
-# A switch's radix: the largest switch ASICs have 512 ports (Tomahawk 5 at 100G), so 4,096 leaves
-# room; the graph holds radix/2 spines per pod, and a radix of 2^31 would never finish building.
+# to ten times NVLink 5's 1,800 GB/s per GPU (NVIDIA Blackwell datasheet); latencies up to 1 s;
+# counts and ratios far above any cluster. Outside them the flow solver's integer nanoseconds
+# overflow or nothing is physical. A switch's radix: the largest switch ASICs have 512 ports
+# (Broadcom Tomahawk 5 at 100G), so 4,096 leaves room; the graph holds radix/2 spines per pod, and
+# a radix of 2^31 would never finish building. Line rates: 0.1 Gb/s to 10^6 Gb/s (1.6 Tb/s ports
+# are the fastest sold, IEEE 802.3dj).
 _RANGE = {"gbps": (1e-2, 1e5), "gbit": (1e-1, 1e6), "ns": (0, 1e9), "us": (0, 1e6),
           "count": (1, 1 << 20), "ratio": (1e-3, 1e3), "radix": (1, 4096)}
+_UNIT_TEXT = {"gbps": " GB/s", "gbit": " Gb/s", "ns": " ns", "us": " us"}
+MAX_GPUS_PER_NODE = 4096
+"""The largest NVLink domain sold is 576 GPUs (NVIDIA GB200 NVL576); 4,096 leaves room."""
 
 
-def _unit(k: str) -> str | None:
-    if k.endswith("_gbps"):
-        return "gbps"
-    if k.endswith("_gbit"):
-        return "gbit"
-    if k.endswith("_ns"):
-        return "ns"
-    if k.endswith("_us"):
-        return "us"
-    if k in ("gpus_per_node", "count", "switches", "sockets", "num_nodes", "nodes_per_group", "radix"):
-        return "count"
-    if k in ("oversubscription",):
-        return "ratio"
-    if k == "switch_radix":
-        return "radix"
-    return None
+def _number(unit: str | None = None, *, integer: bool = False, allow_zero: bool = False,
+            required: bool = False, null: str = ""):
+    """A check: a number (whole with `integer`), > 0 (>= 0 with allow_zero), within the physical
+    range of its unit (_RANGE). A null is the default of an optional key; of a required one
+    (`required`) it is an error (`null` words it)."""
+    lo, hi = _RANGE.get(unit, (None, None))
+
+    def check(v):
+        if v is None and required:
+            raise refuse(null or "is required (null given)")
+        finite(v)
+        if not is_number(v):
+            raise refuse(f"{v!r} must be a number")
+        if integer and not isinstance(v, int) and not float(v).is_integer():
+            raise refuse(f"{v!r} must be a whole number")
+        if v < 0 or (v == 0 and not allow_zero):
+            raise refuse(f"{v!r} must be a {'non-negative' if allow_zero else 'positive'} number")
+        if hi is not None and not (v == 0 or lo <= v <= hi):
+            raise refuse(f"{v!r} is outside the physical range [{lo:g}, {hi:g}]{_UNIT_TEXT.get(unit, '')}")
+        return int(v) if integer else float(v)
+    return check
 
 
-def _choice(data: dict, k: str, choices, key: str, file: str | None, default=None):
-    full = f"{key}.{k}"
-    if k not in data:
-        if default is None:
-            raise _err(f"{full} is required; one of {', '.join(choices)}", full, file)
-        return default
-    v = data[k]
-    if v not in choices:
-        raise _err(f"{full} = {v!r} must be one of {', '.join(choices)}"
-                   f"{did_you_mean(str(v), choices)}", full, file)
+Gbps = checked(float, _number("gbps", required=True))
+OptGbps = Optional[checked(float, _number("gbps"))]
+Ns = Optional[checked(int, _number("ns", integer=True, allow_zero=True))]
+Count = Optional[checked(int, _number("count", integer=True))]
+Us = checked(float, _number("us", allow_zero=True, required=True, null="null must be a number (us)"))
+
+
+def _gpus_per_node(v):
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_GPUS_PER_NODE:
+        raise refuse(f"{v!r} must be a whole number from 1 to {MAX_GPUS_PER_NODE:,}")
     return v
 
 
-def _link(data: Any, cls, key: str, file: str | None, extra_parse=None) -> Any:
-    data = _mapping(data, key, file)
-    _check_keys(data, cls, key, file)
-    kw = dict(bandwidth_gbps=_num(data, "bandwidth_gbps", key, file, required=True),
-              latency_ns=_num(data, "latency_ns", key, file, default=0, allow_zero=True, integer=True))
-    if extra_parse:
-        kw.update(extra_parse(data))
-    return cls(**kw)
+def _max_nodes(v):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise refuse(f"{v!r} must be a positive integer or null")
+    return v
 
 
-def _parse_node(data: Any, gpus_per_node: int, file: str | None) -> NodeSpec:
-    key = "node"
-    data = _mapping(data, key, file)
-    _check_keys(data, NodeSpec, key, file)
-    ic = _choice(data, "gpu_interconnect", GPU_INTERCONNECTS, key, file)
+def _protocols(v):
+    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not v:
+        raise refuse(f"{v!r} must be a non-empty list of {', '.join(PROTOCOLS)}")
+    for p in v:
+        if p not in PROTOCOLS:
+            raise refuse(f"{p!r} is not one of {', '.join(PROTOCOLS)}{did_you_mean(str(p), PROTOCOLS)}")
+    return tuple(v)
 
+
+def _table_key(known, what: str = "key"):
+    def check(k):
+        if k not in known:
+            raise refuse(f"unknown {what} {k!r}{did_you_mean(str(k), known)}; "
+                         f"{'known' if what == 'key' else 'one of'}: {', '.join(known)}")
+        return k
+    return check
+
+
+ProtocolTable = dict[checked(str, _table_key(PROTOCOLS, "protocol")), Us]
+AlgorithmTable = dict[checked(str, _table_key(tuple(NCCL_BASE_LATENCY_US))), ProtocolTable]
+
+
+class LinkIn(Strict):
+    """One class of link: achievable one-way bandwidth and latency."""
+
+    bandwidth_gbps: Gbps
+    """Achievable bandwidth of one direction of one link, GB/s (1e9 B/s). Required."""
+    latency_ns: Ns = 0
+    """One-way latency of the link, including the device it enters (switch or NIC), ns."""
+
+
+class NVLinkIn(LinkIn):
+    line_rate_gbps: OptGbps = None
+    """Datasheet one-way NVLink bandwidth per GPU, GB/s; informational (reports)."""
+    nvls_bandwidth_gbps: OptGbps = None
+    """Achievable one-way per-GPU bandwidth of NVLink SHARP (multimem) traffic, GB/s; null = the
+    NVSwitch cannot reduce in the switch (no NVLS algorithm)."""
+
+
+class PCIeIn(LinkIn):
+    switches: Count = 1
+    """PCIe switches per node. GPU i goes to switch i*switches//gpus_per_node, NIC j to switch
+    j*switches//nic.count. At most gpus_per_node."""
+    sockets: Count = 1
+    """CPU sockets (root complexes) per node; switch k goes to socket k*sockets//switches. At
+    most `switches`; more than 1 needs `node.inter_socket`."""
+    uplink_bandwidth_gbps: OptGbps = None
+    """One direction of a PCIe switch's uplink to its CPU root port, GB/s. Default: equal to
+    `bandwidth_gbps`."""
+
+
+class NicIn(Strict):
+    bandwidth_gbps: OptGbps = None
+    """One NIC port's achievable one-way bandwidth, GB/s; required when `count` > 0."""
+    latency_ns: Ns = 0
+    """One-way latency of a NIC into the first switch, ns."""
+    count: Optional[checked(int, _number("count", integer=True, allow_zero=True))] = 0
+    """NICs (ports on the compute fabric) per node; NIC j is rail j. 0 = no network."""
+    line_rate_gbit: Optional[checked(float, _number("gbit"))] = None
+    """Signalling rate, Gb/s (200 for HDR, 400 for NDR); informational."""
+
+
+class LoopbackIn(LinkIn):
+    memory_bandwidth_gbps: OptGbps = None
+    """Aggregate copy bandwidth of the host's memory, shared by every loopback transfer at once,
+    GB/s. Default: unlimited (null)."""
+
+
+class NodeIn(Strict):
+    gpu_interconnect: checked(str, one_of(GPU_INTERCONNECTS))
+    """How the accelerators of a node talk: `nvswitch` (every GPU one hop from a non-blocking
+    NVSwitch), `nvlink-mesh` (direct NVLink between every pair), `pcie` (through PCIe switches
+    and, across sockets, the CPU interconnect) or `loopback` (processes on one host). Required."""
+    nvlink: Optional[NVLinkIn] = None
+    """NVLink: a GPU's bandwidth to the NVSwitch (`nvswitch`) or its total over all peers
+    (`nvlink-mesh`, split evenly over the other GPUs of the node); required for both."""
+    pcie: Optional[PCIeIn] = None
+    """PCIe tree (GPU<->NIC traffic, and GPU<->GPU traffic for `pcie`); `bandwidth_gbps` is one
+    GPU's or NIC's x16 link to its switch. Required for `pcie` and whenever the node has NICs."""
+    inter_socket: Optional[LinkIn] = None
+    """CPU-to-CPU link (UPI / xGMI), one direction, for traffic between PCIe trees of different
+    sockets; required when `pcie.sockets` > 1."""
+    nic: Optional[NicIn] = None
+    """Network adapters on the compute fabric. Default: none."""
+    loopback: Optional[LoopbackIn] = None
+    """Processes on one host talking through the kernel (TCP loopback or shared memory);
+    `bandwidth_gbps` is one process's one-way stream bandwidth. Required for `loopback`."""
+
+
+class FabricIn(Strict):
+    kind: checked(str, one_of(FABRIC_KINDS)) = "none"
+    """`fat-tree` (NICs fill leaf switches node by node), `rail-optimized` (NIC j of every node
+    of a group goes to that group's rail-j leaf, so same-rail traffic stays one hop) or `none`
+    (a single node)."""
+    technology: checked(str, one_of(TECHNOLOGIES)) = None
+    """`infiniband` or `roce` (RDMA over Converged Ethernet); informational, the difference is in
+    the bandwidths and latencies given. Default: infiniband, or none when `kind` is none."""
+    tiers: Optional[checked(int, _number(integer=True))] = 2
+    """Switch levels: 1 (one leaf switch), 2 (leaf/spine), 3 (leaf/spine/core, pods of radix/2
+    leaves)."""
+    switch_radix: Optional[checked(int, _number("radix", integer=True))] = 40
+    """Ports per switch, 2 to 4,096 (even for 3 tiers). Default 40 (an HDR QM8700)."""
+    oversubscription: Optional[checked(float, _number("ratio"))] = 1.0
+    """Leaf down-link : up-link port ratio, >= 1 (1 = non-blocking). Leaves use
+    round(radix * os / (os + 1)) ports down and the rest up."""
+    link: Optional[LinkIn] = None
+    """Switch-to-switch links (one direction), GB/s and ns. Required unless kind is `none`."""
+    switch_latency_ns: Ns = 0
+    """Port-to-port latency of one switch, ns; added on every edge that enters a switch."""
+    routing: checked(str, one_of(ROUTINGS)) = None
+    """How a switch picks among equal up-links: `dmodk` (destination mod k, InfiniBand subnet
+    managers' deterministic routing) or `ecmp` (hash of source, destination and flow key, as
+    Ethernet/RoCE switches do). Default: dmodk for infiniband, ecmp otherwise."""
+
+
+class CollectivesIn(Strict):
+    protocols: Optional[checked(list, _protocols)] = None
+    """Protocols the library may pick, any of LL, LL128, Simple. Default: all three over NVLink
+    (`nvswitch`, `nvlink-mesh`), else LL and Simple (NCCL enables LL128 only over NVLink,
+    tuning.cc)."""
+    base_latency_us: Optional[AlgorithmTable] = None
+    """Per-call latency, us, as {algorithm: {protocol: us}} for ring, tree, nvls; merged over
+    NCCL's baseLat table (the default)."""
+    step_latency_us: Optional[dict[checked(str, _table_key(STEP_CLASSES)), Optional[AlgorithmTable]]] = None
+    """Per-step (per hop) latency, us, as {link class: {algorithm: {protocol: us}}}; link classes
+    nvlink, pcie, net, loopback; merged over NCCL's hwLat table (the default; loopback: its PCI
+    row)."""
+    net_overhead_us: Optional[checked(float, _number("us", allow_zero=True))] = 1.0
+    """Host-side cost of posting one network send, us; NCCL takes max(intra-node step latency,
+    this x (3 for Simple)) for multi-node rings (NCCL getNetOverhead, Intel x86)."""
+
+
+class StorageIn(Strict):
+    write_bandwidth_gbps: Gbps
+    """Aggregate sustained write bandwidth of the checkpoint file system, GB/s (1e9 B/s). Required."""
+    node_write_bandwidth_gbps: OptGbps = None
+    """Write bandwidth of one node to the file system (its storage NICs, the client), GB/s;
+    null = no per-node limit."""
+    read_bandwidth_gbps: OptGbps = None
+    """Aggregate read bandwidth (checkpoint load at a restart), GB/s. Default: the write one."""
+    node_read_bandwidth_gbps: OptGbps = None
+    """Read bandwidth of one node, GB/s. Default: the node write one."""
+    source: checked(str, string()) = ""
+    """Where the figures come from (free text)."""
+
+
+class TopologyIn(Strict):
+    """A topology file."""
+
+    name: checked(str, string()) = None
+    """Topology name. Default: the file stem."""
+    gpu: checked(str, string(non_empty=True, hint=" (a bundled device profile name or a path to one)"))
+    """Default device profile of its GPUs (a bundled name or a path). Required."""
+    gpus_per_node: checked(int, _gpus_per_node)
+    """Accelerators per node (server), 1 to 4,096. Required."""
+    max_nodes: Optional[checked(int, _max_nodes)] = None
+    """Largest cluster this fabric describes. Default: what the fabric can hold."""
+    source: checked(str, string()) = ""
+    """Where the numbers come from (free text)."""
+    description: checked(str, string()) = None
+    """Free text."""
+    node: Optional[NodeIn] = None
+    """The server. Without it the topology only names the GPU and the node size (enough for
+    `sim5d memory`) and cannot be simulated."""
+    fabric: Optional[FabricIn] = None
+    """The network between nodes: a folded-Clos (fat tree) of identical switches. Default: none
+    (a single node)."""
+    collectives: Optional[CollectivesIn] = None
+    """The collective library's cost model: a collective costs base_latency[algo][proto] +
+    steps x step_latency[link class][algo][proto] plus its data time, which the network model
+    computes. Defaults: NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc, commit b647562,
+    NCCL 2.19-2.21)."""
+    storage: Optional[StorageIn] = None
+    """The file system checkpoints are written to (`sim5d plan`, `run`/`compare --tokens`).
+    Default: the Llama 3 paper's 2 TB/s aggregate (sim.plan.training_run)."""
+
+
+BODY_KEYS = ("node", "fabric", "collectives", "storage")
+SECTION_MODELS = {"node": NodeIn, "fabric": FabricIn, "collectives": CollectivesIn, "storage": StorageIn}
+
+
+# --- the rules between keys, and the frozen objects ----------------------------------------------
+def _or(v, default):
+    return default if v is None else v
+
+
+def _node(n: NodeIn, gpn: int | None, err) -> NodeSpec:
+    ic = n.gpu_interconnect
     nvlink = pcie = inter = loop = None
-    if data.get("nvlink") is not None:
-        k = "node.nvlink"
-        nvlink = _link(data["nvlink"], NVLinkSpec, k, file, lambda d: dict(
-            line_rate_gbps=_num(d, "line_rate_gbps", k, file),
-            nvls_bandwidth_gbps=_num(d, "nvls_bandwidth_gbps", k, file)))
-    if data.get("pcie") is not None:
-        k = "node.pcie"
-        pcie = _link(data["pcie"], PCIeSpec, k, file, lambda d: dict(
-            switches=_num(d, "switches", k, file, default=1, integer=True),
-            sockets=_num(d, "sockets", k, file, default=1, integer=True),
-            uplink_bandwidth_gbps=_num(d, "uplink_bandwidth_gbps", k, file)))
+    if n.nvlink is not None:
+        v = n.nvlink
+        nvlink = NVLinkSpec(bandwidth_gbps=v.bandwidth_gbps, latency_ns=_or(v.latency_ns, 0),
+                            line_rate_gbps=v.line_rate_gbps, nvls_bandwidth_gbps=v.nvls_bandwidth_gbps)
+    if n.pcie is not None:
+        v = n.pcie
+        pcie = PCIeSpec(bandwidth_gbps=v.bandwidth_gbps, latency_ns=_or(v.latency_ns, 0),
+                        switches=_or(v.switches, 1), sockets=_or(v.sockets, 1),
+                        uplink_bandwidth_gbps=v.uplink_bandwidth_gbps)
         if pcie.sockets > pcie.switches:
-            raise _err(f"node.pcie.sockets ({pcie.sockets}) must not exceed node.pcie.switches "
-                       f"({pcie.switches}): every socket roots at least one PCIe switch",
-                       "node.pcie.sockets", file)
-    if data.get("inter_socket") is not None:
-        inter = _link(data["inter_socket"], LinkSpec, "node.inter_socket", file)
+            err("node.pcie.sockets", f"{pcie.sockets} must not exceed node.pcie.switches "
+                f"({pcie.switches}): every socket roots at least one PCIe switch")
+    if n.inter_socket is not None:
+        inter = LinkSpec(bandwidth_gbps=n.inter_socket.bandwidth_gbps,
+                         latency_ns=_or(n.inter_socket.latency_ns, 0))
     nic = NicSpec(bandwidth_gbps=0.0)
-    if data.get("nic") is not None:
-        k = "node.nic"
-        d = _mapping(data["nic"], k, file)
-        count = _num(d, "count", k, file, default=0, integer=True, allow_zero=True)
-        if count:
-            nic = _link(d, NicSpec, k, file, lambda d: dict(
-                count=count, line_rate_gbit=_num(d, "line_rate_gbit", k, file)))
-        else:
-            _check_keys(d, NicSpec, k, file)
-    if data.get("loopback") is not None:
-        k = "node.loopback"
-        loop = _link(data["loopback"], LoopbackSpec, k, file, lambda d: dict(
-            memory_bandwidth_gbps=_num(d, "memory_bandwidth_gbps", k, file)))
+    count = _or(n.nic.count, 0) if n.nic is not None else 0
+    if count:
+        if n.nic.bandwidth_gbps is None:
+            err("node.nic.bandwidth_gbps", f"is required: node.nic.count is {count}")
+        nic = NicSpec(bandwidth_gbps=_or(n.nic.bandwidth_gbps, 0.0), latency_ns=_or(n.nic.latency_ns, 0),
+                      count=count, line_rate_gbit=n.nic.line_rate_gbit)
+    if n.loopback is not None:
+        v = n.loopback
+        loop = LoopbackSpec(bandwidth_gbps=v.bandwidth_gbps, latency_ns=_or(v.latency_ns, 0),
+                            memory_bandwidth_gbps=v.memory_bandwidth_gbps)
 
     if ic in ("nvswitch", "nvlink-mesh") and nvlink is None:
-        raise _err(f"node.gpu_interconnect = {ic!r} needs a node.nvlink section "
-                   "(bandwidth_gbps, latency_ns)", "node.nvlink", file)
+        err("node.nvlink", f"is required: node.gpu_interconnect {ic!r} needs a node.nvlink section "
+            "(bandwidth_gbps, latency_ns)")
     if ic == "pcie" and pcie is None:
-        raise _err("node.gpu_interconnect = 'pcie' needs a node.pcie section", "node.pcie", file)
+        err("node.pcie", "is required: node.gpu_interconnect 'pcie' needs a node.pcie section")
     if ic == "loopback":
         if loop is None:
-            raise _err("node.gpu_interconnect = 'loopback' needs a node.loopback section",
-                       "node.loopback", file)
+            err("node.loopback", "is required: node.gpu_interconnect 'loopback' needs a node.loopback section")
         if nic.count:
-            raise _err(f"node.nic.count = {nic.count}: a loopback node has no NICs", "node.nic.count", file)
+            err("node.nic.count", f"{nic.count}: a loopback node has no NICs")
     if nic.count and pcie is None:
-        raise _err(f"node.nic.count = {nic.count} needs a node.pcie section: NICs attach to PCIe "
-                   "switches", "node.pcie", file)
+        err("node.pcie", f"is required: node.nic.count = {nic.count} NICs attach to PCIe switches")
     if pcie is not None:
-        if pcie.switches > gpus_per_node and ic != "loopback":
-            raise _err(f"node.pcie.switches ({pcie.switches}) must not exceed gpus_per_node "
-                       f"({gpus_per_node})", "node.pcie.switches", file)
+        if gpn is not None and pcie.switches > gpn and ic != "loopback":
+            err("node.pcie.switches", f"{pcie.switches} must not exceed gpus_per_node ({gpn})")
         if pcie.sockets > 1 and inter is None:
-            raise _err(f"node.pcie.sockets = {pcie.sockets} needs a node.inter_socket link",
-                       "node.inter_socket", file)
-    if ic == "nvlink-mesh" and gpus_per_node < 2:
-        raise _err("node.gpu_interconnect = 'nvlink-mesh' needs gpus_per_node >= 2",
-                   "node.gpu_interconnect", file)
+            err("node.inter_socket", f"is required: node.pcie.sockets = {pcie.sockets} needs a "
+                "node.inter_socket link")
+    if ic == "nvlink-mesh" and gpn is not None and gpn < 2:
+        err("node.gpu_interconnect", "'nvlink-mesh' needs gpus_per_node >= 2")
     return NodeSpec(gpu_interconnect=ic, nvlink=nvlink, pcie=pcie, inter_socket=inter, nic=nic,
                     loopback=loop)
 
 
-def _parse_fabric(data: Any, node: NodeSpec, file: str | None) -> FabricSpec:
-    key = "fabric"
-    if data is None:
-        data = {"kind": "none"}
-    data = _mapping(data, key, file)
-    _check_keys(data, FabricSpec, key, file)
-    kind = _choice(data, "kind", FABRIC_KINDS, key, file, default="none")
-    tech = _choice(data, "technology", TECHNOLOGIES, key, file,
-                   default="none" if kind == "none" else "infiniband")
+def _fabric(f: FabricIn, node: NodeSpec, err) -> FabricSpec:
+    kind = f.kind
+    tech = f.technology or ("none" if kind == "none" else "infiniband")
     if kind == "none":
         return FabricSpec(kind="none", technology=tech)
     if node.nic.count < 1:
-        raise _err(f"fabric.kind = {kind!r} needs NICs: node.nic.count must be >= 1",
-                   "node.nic.count", file)
-    tiers = _num(data, "tiers", key, file, default=2, integer=True)
+        err("node.nic.count", f"must be >= 1: fabric.kind {kind!r} needs NICs")
+    tiers = _or(f.tiers, 2)
     if tiers not in (1, 2, 3):
-        raise _err(f"fabric.tiers = {tiers} must be 1, 2 or 3", "fabric.tiers", file)
-    radix = _num(data, "switch_radix", key, file, default=40, integer=True)
+        err("fabric.tiers", f"{tiers} must be 1, 2 or 3")
+    radix = _or(f.switch_radix, 40)
     if radix < 2 or (tiers == 3 and radix % 2):
-        raise _err(f"fabric.switch_radix = {radix} must be >= 2 (and even for 3 tiers)",
-                   "fabric.switch_radix", file)
-    os_ = _num(data, "oversubscription", key, file, default=1.0)
+        err("fabric.switch_radix", f"{radix} must be >= 2 (and even for 3 tiers)")
+    os_ = _or(f.oversubscription, 1.0)
     if os_ < 1.0:
-        raise _err(f"fabric.oversubscription = {os_} must be >= 1 (down:up port ratio)",
-                   "fabric.oversubscription", file)
-    if "link" not in data:
-        raise _err("fabric.link is required (bandwidth_gbps, latency_ns of switch-to-switch links)",
-                   "fabric.link", file)
-    link = _link(data["link"], LinkSpec, "fabric.link", file)
-    sw_lat = _num(data, "switch_latency_ns", key, file, default=0, allow_zero=True, integer=True)
-    routing = _choice(data, "routing", ROUTINGS, key, file,
-                      default="dmodk" if tech == "infiniband" else "ecmp")
+        err("fabric.oversubscription", f"{os_} must be >= 1 (down:up port ratio)")
+    link = None
+    if f.link is None:
+        err("fabric.link", "is required (bandwidth_gbps, latency_ns of switch-to-switch links)")
+    else:
+        link = LinkSpec(bandwidth_gbps=f.link.bandwidth_gbps, latency_ns=_or(f.link.latency_ns, 0))
     return FabricSpec(kind=kind, technology=tech, tiers=tiers, switch_radix=radix,
-                      oversubscription=os_, link=link, switch_latency_ns=sw_lat, routing=routing)
+                      oversubscription=os_, link=link, switch_latency_ns=_or(f.switch_latency_ns, 0),
+                      routing=f.routing or ("dmodk" if tech == "infiniband" else "ecmp"))
 
 
-def _parse_table(value: Any, key: str, file: str | None, default: dict, depth: int) -> dict:
-    """Merge a user's nested {a: {b: number}} table over the default, validating names."""
+def _merged(default: dict, given: dict | None, depth: int) -> dict:
+    """A user's nested {a: {b: us}} (depth 1) or {c: {a: {b: us}}} (depth 2) table over the default."""
     out = {k: (dict(v) if depth == 1 else {kk: dict(vv) for kk, vv in v.items()})
            for k, v in default.items()}
-    if value is None:
-        return out
-    value = _mapping(value, key, file)
-    for k, v in value.items():
-        if k not in default:
-            raise _err(f"unknown key {k!r} in {key}{did_you_mean(str(k), default)}; known: "
-                       f"{', '.join(default)}", f"{key}.{k}", file)
+    for k, v in (given or {}).items():
         if depth == 2:
-            out[k] = _parse_table(v, f"{key}.{k}", file, default[k], 1)
+            out[k] = _merged(default[k], v, 1)
         else:
-            v = _mapping(v, f"{key}.{k}", file)
-            for p, x in v.items():
-                if p not in PROTOCOLS:
-                    raise _err(f"unknown protocol {p!r} in {key}.{k}; one of {', '.join(PROTOCOLS)}",
-                               f"{key}.{k}.{p}", file)
-                if x is None:   # a null here is no default: the whole table has numbers
-                    raise _err(f"{key}.{k}.{p} = null must be a number (us)", f"{key}.{k}.{p}", file)
-                out[k][p] = _num(v, p, f"{key}.{k}", file, allow_zero=True, unit="us")
+            out[k].update(v)
     return out
 
 
-def _parse_collectives(data: Any, node: NodeSpec, file: str | None) -> CollectiveSpec:
-    key = "collectives"
-    data = _mapping(data if data is not None else {}, key, file)
-    _check_keys(data, CollectiveSpec, key, file)
-    protos = data.get("protocols")
+def _collectives(c: CollectivesIn, node: NodeSpec) -> CollectiveSpec:
+    protos = c.protocols
     if protos is None:
         # NCCL enables LL128 by default only when the intra-node path is NVLink (tuning.cc).
         protos = PROTOCOLS if node.gpu_interconnect in ("nvswitch", "nvlink-mesh") else ("LL", "Simple")
-    if isinstance(protos, str) or not isinstance(protos, (list, tuple)) or not protos:
-        raise _err(f"collectives.protocols = {protos!r} must be a non-empty list of "
-                   f"{', '.join(PROTOCOLS)}", "collectives.protocols", file)
-    for p in protos:
-        if p not in PROTOCOLS:
-            raise _err(f"collectives.protocols: {p!r} is not one of {', '.join(PROTOCOLS)}"
-                       f"{did_you_mean(str(p), PROTOCOLS)}", "collectives.protocols", file)
-    base = _parse_table(data.get("base_latency_us"), "collectives.base_latency_us", file,
-                        NCCL_BASE_LATENCY_US, 1)
-    step = _parse_table(data.get("step_latency_us"), "collectives.step_latency_us", file,
-                        NCCL_STEP_LATENCY_US, 2)
-    ovh = _num(data, "net_overhead_us", key, file, default=1.0, allow_zero=True)
     return CollectiveSpec(protocols=tuple(p for p in PROTOCOLS if p in protos),
-                          base_latency_us=base, step_latency_us=step, net_overhead_us=ovh)
+                          base_latency_us=_merged(NCCL_BASE_LATENCY_US, c.base_latency_us, 1),
+                          step_latency_us=_merged(NCCL_STEP_LATENCY_US, c.step_latency_us, 2),
+                          net_overhead_us=_or(c.net_overhead_us, 1.0))
+
+
+def _storage(s: StorageIn | None) -> StorageSpec | None:
+    if s is None:
+        return None
+    return StorageSpec(write_bandwidth_gbps=s.write_bandwidth_gbps,
+                       node_write_bandwidth_gbps=s.node_write_bandwidth_gbps,
+                       read_bandwidth_gbps=s.read_bandwidth_gbps,
+                       node_read_bandwidth_gbps=s.node_read_bandwidth_gbps, source=s.source)
+
+
+class CheckedTopology(NamedTuple):
+    header: TopologyIn
+    node: NodeSpec | None
+    fabric: FabricSpec | None
+    collectives: CollectiveSpec | None
+    storage: StorageSpec | None
+    max_nodes: int | None
+    """The file's max_nodes, else what the fabric can hold (None: a header-only topology)."""
+
+
+def check_topology(data: Any, lines: dict | None = None, file: str | None = None, *,
+                   nonfinite=()) -> CheckedTopology:
+    """Validate a topology mapping: every key's value (TopologyIn), then the rules between keys
+    of the sections that are valid, then what the fabric can hold. Raises one ConfigError with
+    every error found (`file:line: key: ...`); `nonfinite`: the YAML reader's errors for NaN /
+    infinite values (sim.yamlio), reported with the others."""
+    from sim.config import key_error, pydantic_errors, raise_all
+
+    lines = lines or {}
+    errors = list(nonfinite)
+
+    def err(key: str, msg: str) -> None:
+        errors.append(key_error(lines, file, key, msg))
+
+    try:
+        top = TopologyIn.model_validate(data)
+        failed = set()
+    except ValidationError as ve:
+        top = None
+        errors += pydantic_errors(ve, lines, file, model=TopologyIn, reported=nonfinite)
+        failed = {e["loc"][0] for e in ve.errors() if e["loc"]} | ({None} if not isinstance(data, dict) else set())
+    if None in failed:
+        raise_all(errors)
+    # the sections valid on their own (all of them when the whole file is)
+    sec = {name: getattr(top, name) if top is not None else
+           (model.model_validate(data[name]) if data.get(name) is not None else None)
+           for name, model in SECTION_MODELS.items() if name not in failed}
+    gpn = data.get("gpus_per_node") if "gpus_per_node" not in failed else None
+    node = fabric = coll = None
+    if "node" in sec:
+        if sec["node"] is None:
+            for k in ("fabric", "collectives"):
+                if data.get(k) is not None:
+                    err(k, f"needs a node section (a topology without `node` cannot have `{k}`)")
+        else:
+            node = _node(sec["node"], gpn, err)
+            if "fabric" in sec:
+                fabric = _fabric(sec["fabric"] or FabricIn(), node, err)
+            if "collectives" in sec:
+                coll = _collectives(sec["collectives"] or CollectivesIn(), node)
+    storage = _storage(sec.get("storage"))
+    max_nodes = data.get("max_nodes") if "max_nodes" not in failed else None
+    if node is not None and fabric is not None and not errors:
+        from sim.topology.graph import fabric_capacity_nodes
+
+        try:
+            cap = fabric_capacity_nodes(node, fabric, gpn, file=file)
+        except ConfigError as e:
+            err(e.key, e.message)
+            cap = None
+        if max_nodes is not None and cap is not None and max_nodes > cap:
+            err("max_nodes", f"{max_nodes} exceeds what the fabric can hold ({cap} nodes with "
+                f"{fabric.tiers} tiers of radix-{fabric.switch_radix} switches); lower max_nodes or "
+                "add a tier")
+        if max_nodes is None:
+            max_nodes = cap
+    raise_all(errors)
+    return CheckedTopology(top, node, fabric, coll, storage, max_nodes)
 
 
 def parse_storage(data: Any, file: str | None = None) -> StorageSpec | None:
     """The optional `storage` section (None when absent); every bandwidth a positive number."""
     if data is None:
         return None
-    key = "storage"
-    data = _mapping(data, key, file)
-    _check_keys(data, StorageSpec, key, file)
-    src = data.get("source", "")
-    if not isinstance(src, str):
-        raise _err(f"storage.source = {src!r} must be a string", "storage.source", file)
-    return StorageSpec(write_bandwidth_gbps=_num(data, "write_bandwidth_gbps", key, file, required=True),
-                       node_write_bandwidth_gbps=_num(data, "node_write_bandwidth_gbps", key, file),
-                       read_bandwidth_gbps=_num(data, "read_bandwidth_gbps", key, file),
-                       node_read_bandwidth_gbps=_num(data, "node_read_bandwidth_gbps", key, file),
-                       source=src)
+    from sim.config import pydantic_errors, raise_all
 
-
-BODY_KEYS = ("node", "fabric", "collectives", "storage")
+    try:
+        return _storage(StorageIn.model_validate(data))
+    except ValidationError as ve:
+        raise_all(pydantic_errors(ve, {}, file, model=StorageIn, prefix=("storage",)))
 
 
 def parse_topology_body(data: dict, gpus_per_node: int, file: str | None = None
                         ) -> tuple[NodeSpec | None, FabricSpec | None, CollectiveSpec | None]:
-    """Validate a topology mapping's `node`, `fabric` and `collectives` sections.
+    """Validate a topology mapping's `node`, `fabric`, `collectives` and `storage` sections
+    (check_topology without the header keys).
 
     Returns (None, None, None) when the file has no `node` section (a header-only topology: it
     names the GPU and the node size, enough for the memory calculator, but cannot be simulated).
     """
-    parse_storage(data.get("storage"), file)          # validated here; read by sim.plan
-    if data.get("node") is None:
-        for k in ("fabric", "collectives"):
-            if data.get(k) is not None:
-                raise _err(f"{k} needs a node section", "node", file)
-        return None, None, None
-    node = _parse_node(data["node"], gpus_per_node, file)
-    fabric = _parse_fabric(data.get("fabric"), node, file)
-    coll = _parse_collectives(data.get("collectives"), node, file)
-    return node, fabric, coll
+    body = {k: data[k] for k in BODY_KEYS if k in data}
+    t = check_topology({"gpu": "-", "gpus_per_node": gpus_per_node, **body}, None, file)
+    return t.node, t.fabric, t.collectives
