@@ -11,9 +11,10 @@ import typer
 
 
 def write_outputs(result, out: Path) -> dict:
-    """summary.json, timeline.csv, trace.json.gz, resolved.yaml and plots/ under `out`."""
+    """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per simulated rank),
+    resolved.yaml and plots/ under `out`."""
     from sim.config import write_resolved
-    from sim.engine import outputs
+    from sim.engine import kineto, outputs
 
     sc = result.scenario
     out.mkdir(parents=True, exist_ok=True)
@@ -31,6 +32,7 @@ def write_outputs(result, out: Path) -> dict:
         labels[rank] = (f"rank {rank} (pp {c.pp}, tp {c.tp}, cp {c.cp}, dp {c.dp}, ep {c.ep}; "
                         f"node {result.layout.node_of(rank)} gpu {result.layout.local_gpu_of(rank)})")
     outputs.write_trace(result.records, labels, mem, out / "trace.json.gz", result.p2p)
+    kineto.write_traces(result, out / "traces", labels)
     title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
     outputs.plot_pipeline(result.records, result.pp_rank_of, out / "plots" / "pipeline.png", title)
     outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, out / "plots" / "breakdown.png", title)
@@ -52,7 +54,7 @@ def register(app: typer.Typer) -> None:
                                              "(goodput; sim5d plan's model)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
-        Perfetto trace, a timeline CSV and charts."""
+        Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
         from sim.config import load_scenario
 
         n_tokens = None
@@ -97,7 +99,8 @@ def register(app: typer.Typer) -> None:
                 con.print(f"time to train {format_tokens(n_tokens)} tokens: {summary_line(run)}")
                 for what, src in run.sources.items():
                     con.print(f"  {what.replace('_', ' ')}: {src}")
-            con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev)")
+            con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
+                      "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
         check_fit(sc, result.memory, strict)
 
 

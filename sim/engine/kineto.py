@@ -1,0 +1,124 @@
+"""Kineto-style traces: one JSON per simulated rank under `traces/`, for Holistic Trace Analysis.
+
+The layout is what PyTorch's profiler (Kineto's ChromeTraceLogger) writes and what
+HolisticTraceAnalysis 0.5.0 reads (hta/common/trace_file.py, trace_parser.py, trace.py):
+- top-level `distributedInfo` {backend, rank, world_size} (HTA finds each file's rank with the
+  regex `"rank":\\s+(\\d+)`, so files keep json's default `": "` separator), `deviceProperties`,
+  `schemaVersion` and `traceEvents`;
+- on the host thread, `ProfilerStep#0` over the whole step [0, makespan] and one
+  `cudaLaunchKernel` (cat `cuda_runtime`) per kernel, linked to it by `args.correlation`;
+- each kernel a complete event (cat `kernel`) with pid the local device and tid the CUDA stream,
+  `args` {device, stream, correlation}: HTA counts events with a stream >= 0 as GPU kernels.
+  Communication kernels take NCCL's kernel names (`ncclDevKernel_AllGather`, ...: HTA counts names
+  matching `^nccl.*Kernel` as communication), with sim5d's name of the op in `args.sim5d_name`;
+  compute kernels keep sim5d's names (a kernel here is sim5d's unit of work, e.g. a layer's
+  attention block).
+Times are in microseconds (Kineto's unit) as ns / 1000, written exactly (shortest round-trip
+float; exact while a step is under about 100 days). HTA rounds fractional timestamps inward to
+whole microseconds (ceil the start, floor the end: its workaround for nanosecond-resolution
+traces, pytorch/pytorch#122425) unless HTA_DISABLE_NS_ROUNDING=1; with that set, its temporal
+breakdown equals sim5d's to the nanosecond. The host is taken to run ahead: each kernel is launched (zero-length event) when the one
+before it on its stream starts, or at 0, so HTA's idle-time breakdown finds no host wait (sim5d
+puts host-bound time inside the kernels). Zero-length records (a collective over one GPU) are
+left out, as sim5d's breakdown ignores them. Written deterministically: fixed event order and key
+order, gzip with mtime 0.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+HOST_PID = HOST_TID = 1000
+"""The host process and thread of every file (a device index is the pid of GPU events)."""
+
+STREAMS = {"compute": 7, "tp": 13, "dp": 17, "pp": 21, "cp": 25, "ep": 29}
+"""CUDA stream ids: 7 is what Kineto shows for the default stream; the communication streams
+(NCCL's own) get fixed ids of their own; any other sim5d stream the next free ids."""
+
+_OPS = (("reduce-scatter", "ReduceScatter_Sum"), ("reduce_scatter", "ReduceScatter_Sum"),
+        ("all-reduce", "AllReduce_Sum"), ("all_reduce", "AllReduce_Sum"),
+        ("all-gather", "AllGather"), ("all_gather", "AllGather"))
+
+
+def nccl_kernel(name: str, stream: str, zero_stage: int) -> str:
+    """NCCL's kernel name for a sim5d communication record (NCCL >= 2.19 names, without the
+    algorithm and protocol, which records do not carry). All-to-all and point-to-point run as
+    NCCL's grouped send/recv kernel; the data-parallel gradient reduction is a reduce-scatter
+    with a distributed optimizer (ZeRO >= 1) and an all-reduce without one."""
+    for key, op in _OPS:
+        if key in name:
+            return f"ncclDevKernel_{op}"
+    if name.startswith("grad reduce"):
+        return "ncclDevKernel_" + ("ReduceScatter_Sum" if zero_stage >= 1 else "AllReduce_Sum")
+    if stream in ("pp", "cp", "ep") or re.search(r"dispatch|combine|a2a|send|ring step|return", name):
+        return "ncclDevKernel_SendRecv"
+    return "ncclDevKernel_Generic"
+
+
+def _is_comm(rec) -> bool:
+    return rec.stream != "compute" or rec.cat.startswith("comm:")
+
+
+def rank_trace(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
+               zero_stage: int, device_props: dict) -> dict:
+    """The Kineto-style trace (a dict) of one simulated rank from its engine records."""
+    mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
+                  key=lambda r: (r.start_ns, r.end_ns, r.stream, r.name))
+    streams = dict(STREAMS)
+    for s in sorted({r.stream for r in mine} - set(streams)):
+        streams[s] = max(streams.values()) + 4
+    host = {"pid": HOST_PID, "tid": HOST_TID}
+    launches, kernels, last_start = [], [], {}
+    for corr, r in enumerate(mine, 1):
+        sid = streams[r.stream]
+        launches.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host,
+                         "ts": last_start.get(sid, 0) / 1000, "dur": 0, "args": {"cbid": 211, "correlation": corr}})
+        last_start[sid] = r.start_ns
+        args = {"device": device, "stream": sid, "correlation": corr}
+        name = r.name
+        if _is_comm(r):
+            name, args["sim5d_name"] = nccl_kernel(r.name, r.stream, zero_stage), r.name
+        kernels.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": sid,
+                        "ts": r.start_ns / 1000, "dur": (r.end_ns - r.start_ns) / 1000, "args": args})
+    meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": f"host of {label}"}},
+            {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
+    meta += [{"ph": "M", "name": "thread_name", "pid": device, "tid": sid, "args": {"name": f"stream {sid} ({s})"}}
+             for s, sid in sorted(streams.items(), key=lambda kv: kv[1]) if sid in last_start]
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", **host, "ts": 0,
+            "dur": makespan_ns / 1000, "args": {}}
+    launches.sort(key=lambda e: (e["ts"], e["args"]["correlation"]))
+    return {"schemaVersion": 1,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
+            "deviceProperties": [{"id": device, **device_props}],
+            "displayTimeUnit": "ms",
+            "traceEvents": meta + [step] + launches + kernels}
+
+
+def write_traces(result, folder: Path, labels: dict) -> list:
+    """`folder`/rank-N.json.gz for each simulated rank N of a RunResult (`labels[N]` names its
+    GPU process, as in trace.json.gz), replacing an earlier run's files; returns the paths."""
+    sc, layout = result.scenario, result.layout
+    gpu = sc.cluster.gpu
+    props = {"name": gpu.name, "totalGlobalMem": int(gpu.memory_bytes)}
+    sms = (gpu.extra.get("compute") or {}).get("sm_count")
+    if sms:
+        props["numSms"] = int(sms)
+    by_rank: dict = {rank: [] for rank in result.pp_rank_of}
+    for r in result.records:
+        by_rank.setdefault(r.rank, []).append(r)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("rank-*.json.gz"):        # an earlier run's ranks would mislead HTA
+        old.unlink()
+    paths = []
+    for rank in sorted(by_rank):
+        trace = rank_trace(by_rank[rank], rank, world_size=layout.world_size, device=layout.local_gpu_of(rank),
+                           label=labels.get(rank, f"rank {rank}"), makespan_ns=result.makespan_ns,
+                           zero_stage=sc.parallelism.zero_stage, device_props=props)
+        path = folder / f"rank-{rank}.json.gz"
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+            f.write(json.dumps(trace).encode())
+        paths.append(path)
+    return paths
