@@ -1,20 +1,28 @@
-"""Engine speed: wall time and instructions per second, next to raw SimPy's timeout rate
-measured in the same process (these machines are shared and noisy, so the ratio is the figure
-to compare across runs). Cases: the 64-GPU GPT-3 scenario; Llama-3-405B on 16,384 H100s (the
-Llama 3 paper's Table 4 layout, scenarios/llama3-405b-h100x16384.yaml; goal <= 10 s);
-1,024 GPUs with `simulation.ranks: all` and the flow network (goal <= 60 s).
+"""Engine speed (issue #15): wall and CPU time of one `simulate` per case, engine instructions per
+second, peak memory, and raw SimPy's timeout rate measured in the same process (these machines
+are shared and noisy, so the ratio to SimPy is the figure to compare across runs). Each case runs
+in a fresh child process, so its time includes building the cluster graph and its peak memory
+(ru_maxrss) is its own.
 
-    python benchmarks/engine.py [--quick]
+Cases (default settings unless named: the flow network, representative ranks):
+- Narayanan et al. 2021 Table 1's 1T row: 3,072 A100s, TP8 PP64, 512 microbatches (goal <= 10 s);
+- Llama 3 405B on 16,384 H100s (scenarios/llama3-405b-h100x16384.yaml with the flow network;
+  goal <= 3 s);
+- Llama 3 70B on 1,024 H100s, TP8 PP4 VPP5 DP32 with SP and `ranks: all` (goal <= 10 s);
+- the 64-GPU GPT-3 scenario, flow and analytical (a small reference point).
+
+    python benchmarks/engine.py [--quick] [--case NAME]
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import multiprocessing as mp
+import resource
 import time
 
 import simpy
-
-from sim.config import build_scenario, load_scenario
-from sim.engine.simulate import simulate
 
 
 def simpy_timeouts_per_s(n: int = 200_000) -> float:
@@ -30,52 +38,86 @@ def simpy_timeouts_per_s(n: int = 200_000) -> float:
     return n / (time.perf_counter() - t)
 
 
-def scenario_1024():
-    # GPT-3 175B on 128 DGX A100 nodes: TP8, PP8 (interleaved, 3 chunks), DP16
-    return build_scenario({
-        "name": "gpt3-175b-a100x1024", "model": "gpt3-175b",
-        "cluster": {"topology": "dgx-a100-hdr", "num_nodes": 128},
-        "parallelism": {"tp": 8, "pp": 8, "vpp": 3, "sequence_parallel": True, "zero_stage": 1},
-        "training": {"seq_length": 2048, "micro_batch_size": 1, "global_batch_size": 1024,
-                     "recompute": "selective", "overlap_grad_reduce": True}})
+def narayanan_1t() -> dict:
+    from sim import validate
+
+    case = next(c for c in validate.narayanan_cases() if c.id == "gpt-1t")
+    d = copy.deepcopy(case.scenario)
+    d["simulation"] = {}                    # the default network (flow), not validate's analytical
+    return d
 
 
-def scenario_1024_all():
-    # Llama 3 8B on 128 DGX H100 nodes, every GPU simulated: TP2 PP2 DP256, 1F1B
-    return build_scenario({
-        "name": "llama3-8b-h100x1024-all", "model": "llama3-8b",
-        "cluster": {"topology": "dgx-h100-ndr", "num_nodes": 128},
-        "parallelism": {"tp": 2, "pp": 2, "sequence_parallel": True, "zero_stage": 1},
-        "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 1024,
-                     "recompute": "selective", "overlap_grad_reduce": True},
-        "simulation": {"ranks": "all"}})
+def llama3_405b() -> dict:
+    from sim.config import load_scenario, resolved_dict
+
+    d = resolved_dict(load_scenario("scenarios/llama3-405b-h100x16384.yaml"))
+    d.pop("derived")
+    d["simulation"]["network"] = "flow"     # the file asks for analytical; the goal is with flow
+    return d
+
+
+def llama3_70b_all() -> dict:
+    return {"name": "llama3-70b-h100x1024-all", "model": "llama3-70b",
+            "cluster": {"topology": "dgx-h100-ndr", "num_nodes": 128},
+            "parallelism": {"tp": 8, "pp": 4, "vpp": 5, "sequence_parallel": True, "zero_stage": 1,
+                            "pipeline_schedule": "interleaved-1f1b"},
+            "training": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 512,
+                         "recompute": "selective", "overlap_grad_reduce": True},
+            "simulation": {"ranks": "all"}}
+
+
+def gpt3_64(network: str) -> dict:
+    import yaml
+
+    d = yaml.safe_load(open("scenarios/gpt3-175b-a100x64.yaml"))
+    d.setdefault("simulation", {})["network"] = network
+    return d
+
+
+CASES = {
+    "narayanan-1t": ("Narayanan Table 1 1T row (3,072 GPUs)", narayanan_1t, 10.0),
+    "llama3-405b": ("Llama 3 405B, 16,384 GPUs", llama3_405b, 3.0),
+    "llama3-70b-all": ("Llama 3 70B, 1,024 GPUs, ranks: all", llama3_70b_all, 10.0),
+    "gpt3-64-flow": ("GPT-3 175B, 64 GPUs, flow", lambda: gpt3_64("flow"), None),
+    "gpt3-64-analytical": ("GPT-3 175B, 64 GPUs, analytical", lambda: gpt3_64("analytical"), None),
+}
+QUICK = ("llama3-405b", "gpt3-64-flow", "gpt3-64-analytical")
+
+
+def _child(name: str, q) -> None:
+    from sim.config import build_scenario
+    from sim.engine.simulate import simulate
+
+    sc = build_scenario(CASES[name][1]())
+    base = simpy_timeouts_per_s()
+    w, c = time.perf_counter(), time.process_time()
+    res = simulate(sc)
+    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    q.put({"wall": wall, "cpu": cpu, "events": res.events, "step_s": res.makespan_ns / 1e9,
+           "ranks": len(res.breakdowns), "network": sc.simulation.network, "simpy": base,
+           "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
 
 
 def main() -> None:
-    import sys
-    base = simpy_timeouts_per_s()
-    print(f"raw SimPy: {base:,.0f} timeouts/s")
-    cases = [("16,384 GPUs (llama3-405b, Table 4 8K row)", load_scenario("scenarios/llama3-405b-h100x16384.yaml")),
-             ("1,024 GPUs, ranks: all (llama3-8b, 128 nodes)", scenario_1024_all())]
-    if "--quick" not in sys.argv:
-        cases += [("64 GPUs (scenarios/gpt3-175b-a100x64.yaml)", load_scenario("scenarios/gpt3-175b-a100x64.yaml")),
-                  ("1,024 GPUs (gpt3-175b, 128 nodes)", scenario_1024())]
-    for label, sc in cases:
-        for network in ("analytical", "flow"):
-            sc_n = build_scenario({**_as_dict(sc), "simulation": {**_as_dict(sc)["simulation"], "network": network}})
-            t = time.perf_counter()
-            res = simulate(sc_n)
-            wall = time.perf_counter() - t
-            rate = res.events / wall
-            print(f"{label:48s} {network:10s} {sc_n.simulation.ranks:14s} wall {wall:6.2f} s  {res.events:>9,} instructions  "
-                  f"{rate:>10,.0f}/s  ({rate / base:.2f} x raw SimPy timeouts/s)  step {res.makespan_ns / 1e9:.3f} s")
-
-
-def _as_dict(sc) -> dict:
-    from sim.config import resolved_dict
-    d = resolved_dict(sc)
-    d.pop("derived")
-    return d
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK))
+    ap.add_argument("--case", choices=sorted(CASES), action="append")
+    a = ap.parse_args()
+    names = a.case or (QUICK if a.quick else list(CASES))
+    ctx = mp.get_context("spawn")
+    print(f"{'case':40s} {'network':10s} {'ranks':>5s} {'wall s':>7s} {'cpu s':>7s} {'goal':>6s} "
+          f"{'instructions':>12s} {'instr/s':>9s} {'x SimPy':>7s} {'peak MiB':>8s} {'step s':>8s}")
+    for name in names:
+        label, _, goal = CASES[name]
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(name, q))
+        p.start()
+        r = q.get()
+        p.join()
+        rate = r["events"] / r["wall"]
+        print(f"{label:40s} {r['network']:10s} {r['ranks']:5d} {r['wall']:7.2f} {r['cpu']:7.2f} "
+              f"{'' if goal is None else f'<={goal:g}':>6s} {r['events']:12,d} {rate:9,.0f} "
+              f"{rate / r['simpy']:7.3f} {r['peak_mib']:8.0f} {r['step_s']:8.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 def _union(intervals):
     """Merge [start, end) intervals; returns a sorted list of disjoint ones."""
@@ -29,27 +31,6 @@ def _length(intervals) -> int:
     return sum(e - s for s, e in intervals)
 
 
-def _subtract(a, b):
-    """Length of the union `a` minus the union `b` (both disjoint sorted lists)."""
-    total, j = 0, 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            bs, be = b[k]
-            if bs > cur:
-                total += bs - cur
-            cur = max(cur, be)
-            if cur >= e:
-                break
-            k += 1
-        if cur < e:
-            total += e - cur
-    return total
-
-
 @dataclass(frozen=True)
 class Breakdown:
     rank: int
@@ -59,23 +40,46 @@ class Breakdown:
     bubble_ns: int
 
 
+def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of [start, end) intervals (int64 ns), in O(n log n) numpy: sorted by
+    start, an interval opens a new merged span when it starts after every earlier one ended."""
+    keep = end > start
+    start, end = start[keep], end[keep]
+    if not start.size:
+        return 0
+    order = np.argsort(start, kind="stable")
+    start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    opens = np.empty(start.size, dtype=bool)
+    opens[0] = True
+    opens[1:] = start[1:] > reach[:-1]
+    first = np.flatnonzero(opens)
+    last = np.append(first[1:] - 1, start.size - 1)
+    return int((reach[last] - start[first]).sum())
+
+
 def breakdown(records, makespan_ns: int) -> dict:
-    """{rank: Breakdown} from engine records."""
+    """{rank: Breakdown} from engine records. compute = |K| (K: the union of kernel intervals),
+    exposed = |C minus K| = |C union K| - |K| (C: the communication intervals)."""
     by_rank: dict = {}
     for r in records:
         if r.stream == "mark":
             continue
-        by_rank.setdefault(r.rank, ([], []))
-        kernels, comms = by_rank[r.rank]
+        lists = by_rank.get(r.rank)
+        if lists is None:
+            lists = by_rank[r.rank] = ([], [], [], [])
         if r.stream == "compute" and not r.cat.startswith("comm:"):
-            kernels.append((r.start_ns, r.end_ns))
+            lists[0].append(r.start_ns)
+            lists[1].append(r.end_ns)
         else:
-            comms.append((r.start_ns, r.end_ns))
+            lists[2].append(r.start_ns)
+            lists[3].append(r.end_ns)
     out = {}
-    for rank, (kernels, comms) in by_rank.items():
-        k = _union(kernels)
-        c = _union(comms)
-        compute = _length(k)
-        exposed = _subtract(c, k)
+    for rank, (ks, ke, cs, ce) in by_rank.items():
+        ks, ke = np.array(ks, dtype=np.int64), np.array(ke, dtype=np.int64)
+        compute = _union_ns(ks, ke)
+        both = _union_ns(np.concatenate([ks, np.array(cs, dtype=np.int64)]),
+                         np.concatenate([ke, np.array(ce, dtype=np.int64)]))
+        exposed = both - compute
         out[rank] = Breakdown(rank, makespan_ns, compute, exposed, makespan_ns - compute - exposed)
     return out

@@ -5,9 +5,21 @@
 `flow` runs the call's flows on a shared FlowNetwork, so concurrent communication of the
 simulated ranks (e.g. a DP gradient bucket and a PP send leaving through the same NIC) shares
 link bandwidth max-min fairly.
+
+Isolated groups (flow mode): before the run the engine shows the network every program
+(`prepare`). A process group whose calls are all blocking (`Comm`: the caller waits, so two
+calls of the group never overlap) and whose links no other group's calls cross can never
+share a link with other traffic: each of its calls takes exactly the time of its flows alone on
+the graph. That time is computed once per distinct call (the same FlowNetwork, in a private
+environment holding only that call) and the call becomes a fixed delay (`fixed_ns`), which the
+engine merges with the kernels around it. In a large step most tensor-parallel collectives are
+such calls (NVLink inside a node, used by nothing else), and the shared network is left with
+the traffic that can actually contend.
 """
 
 from __future__ import annotations
+
+import simpy
 
 from sim.errors import InternalError
 from sim.layout import Layout
@@ -41,6 +53,8 @@ class ClusterNetwork:
         self.net = None
         self._plans: dict = {}
         self._ns: dict = {}
+        self._isolated: frozenset = frozenset()
+        self._alone: dict = {}
 
     def bind(self, env) -> None:
         """Attach to the engine's SimPy environment (the flow model keeps state there)."""
@@ -67,11 +81,93 @@ class ClusterNetwork:
             t = self._ns[key] = estimate_plan_ns(self.graph, self.plan(spec))
         return t
 
+    def prepare(self, programs: dict) -> None:
+        """Find the isolated groups (module docstring) among the calls of `programs`."""
+        if self.mode != "flow":
+            return
+        from sim.engine.core import Comm, Launch, Send, Wait
+
+        calls: set = set()               # distinct calls
+        overlap: set = set()             # groups two of whose calls may be in flight together
+        callers: dict = {}               # group -> the simulated ranks that issue its calls
+        for rank, prog in programs.items():
+            inflight: dict = {}          # handle -> (group, stream) of a launched, unwaited call
+            busy: dict = {}              # group -> {stream: calls in flight}
+            for ins in prog:
+                t = type(ins)
+                if t is Wait:
+                    hit = inflight.pop(ins.handle, None)
+                    if hit is not None:
+                        busy[hit[0]][hit[1]] -= 1
+                    continue
+                if t is not Comm and t is not Launch and t is not Send:
+                    continue
+                spec = ins.spec
+                if len(spec.ranks) < 2 or spec.size_bytes <= 0:
+                    continue
+                g = spec.ranks
+                calls.add(spec)
+                callers.setdefault(g, set()).add(rank)
+                stream = "compute" if t is Comm else ins.stream if t is Launch else "pp"
+                on = busy.setdefault(g, {})
+                # calls on one stream run one after another (FIFO); on two streams they may overlap
+                if any(n and s != stream for s, n in on.items()):
+                    overlap.add(g)
+                if t is not Comm:
+                    inflight[ins.handle if t is Launch else ins.key] = (g, stream)
+                    on[stream] = on.get(stream, 0) + 1
+        links: dict = {}
+        for spec in calls:
+            used = links.setdefault(spec.ranks, set())
+            for ph in self.plan(spec).phases:
+                for path in ph.paths:
+                    used.update(path)
+        users: dict = {}
+        for used in links.values():
+            for e in used:
+                users[e] = users.get(e, 0) + 1
+        self._isolated = frozenset(
+            g for g, used in links.items()
+            if g not in overlap and all(users[e] == 1 for e in used)
+            # one simulated caller, or every member simulated (the engine's barrier)
+            and (len(callers[g]) == 1 or all(r in programs for r in g)))
+
+    def fixed_ns(self, spec):
+        """The duration of a call that depends on nothing else in the simulation, or None: every
+        call in analytical mode, calls of isolated groups in flow mode."""
+        if len(spec.ranks) < 2 or spec.size_bytes <= 0:
+            return 0
+        if self.mode == "analytical":
+            return self.time_ns(spec)
+        if spec.ranks in self._isolated:
+            return self.alone_ns(spec)
+        return None
+
+    def alone_ns(self, spec) -> int:
+        """The flow model's time of one call with nothing else on the network (cached per graph:
+        a sweep meets the same calls again)."""
+        key = (spec.op, spec.ranks, spec.size_bytes)
+        t = self._alone.get(key)
+        if t is None:
+            plan = self.plan(spec)
+            cache = self.graph.graph.setdefault("alone_ns", {})
+            gkey = (plan.op, tuple(plan.ranks), plan.nbytes)
+            t = cache.get(gkey)
+            if t is None:
+                env = simpy.Environment()
+                env.process(collective_process(env, FlowNetwork(env, self.graph), plan))
+                env.run()
+                t = cache[gkey] = env.now
+            self._alone[key] = t
+        return t
+
     def transfer(self, env, spec):
         if len(spec.ranks) < 2 or spec.size_bytes <= 0:
             return
         if self.mode == "analytical" or self.net is None:
             yield env.timeout(self.time_ns(spec))
+        elif spec.ranks in self._isolated:
+            yield env.timeout(self.alone_ns(spec))
         else:
             yield env.process(collective_process(env, self.net, self.plan(spec)))
 

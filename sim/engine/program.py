@@ -207,6 +207,8 @@ class ProgramBuilder:
         self.me = self.layout.rank(pp=0)
         self.reps = {r: self.layout.rank(pp=r) for r in range(sc.parallelism.pp)}
         self._groups: dict = {}
+        self._peers: dict = {}
+        self._costs: dict = {}
         self.act_bytes = _act_bytes(sc)
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
@@ -273,13 +275,19 @@ class ProgramBuilder:
 
     def _peer(self, pp_rank: int) -> int:
         """The global rank at pipeline rank `pp_rank` with this rank's tp / cp / dp coordinates."""
-        c = self.layout.coord(self.me)
-        return self.layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp_rank)
+        key = (self.me, pp_rank)
+        peer = self._peers.get(key)
+        if peer is None:
+            c = self.layout.coord(self.me)
+            peer = self._peers[key] = self.layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp_rank)
+        return peer
 
     def _cost(self, layer: int) -> LayerCost:
-        c = self.costs.layer(layer)
-        if self.sc.parallelism.cp > 1 and c.attn_core is None:
-            raise TypeError("context parallelism needs LayerCost.attn_core from the cost model")
+        c = self._costs.get(layer)     # the cost model is a pure function of the layer
+        if c is None:
+            c = self._costs[layer] = self.costs.layer(layer)
+            if self.sc.parallelism.cp > 1 and c.attn_core is None:
+                raise TypeError("context parallelism needs LayerCost.attn_core from the cost model")
         return c
 
     def _mlp_ns(self, c: LayerCost, layer: int, phase: str) -> int:

@@ -79,6 +79,20 @@ class Phase:
     max_rate: list = field(default_factory=list)
     names: list = field(default_factory=list)
     repeat: int = 1
+    _flows: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def flows(self, wire_factor: float):
+        """The phase as FlowNetwork.transfer_batch's arguments (edge ids end to end, path
+        lengths, bytes on the wire, caps, names), built once per wire factor; None if empty."""
+        hit = self._flows.get(wire_factor)
+        if hit is None and self.paths:
+            hit = self._flows[wire_factor] = (
+                np.fromiter((e for p in self.paths for e in p), dtype=np.int64,
+                            count=sum(len(p) for p in self.paths)),
+                np.fromiter((len(p) for p in self.paths), dtype=np.int64, count=len(self.paths)),
+                [int(math.ceil(b * wire_factor - 1e-9)) for b in self.nbytes],
+                np.asarray(self.max_rate, dtype=np.float64), list(self.names))
+        return hit
 
     def add(self, path, nbytes: float, name: str, max_rate: float = math.inf):
         if nbytes > 0 and len(path) > 0:
@@ -505,7 +519,7 @@ class _PlanCache:
     def __init__(self, G):
         self.G = G
         self.router = router_for(G)
-        self.capacity = np.asarray(self.router.bandwidth_gbps, dtype=np.float64)
+        self.capacity = self.router.capacity
         self.unit: dict = {}
 
     def unit_time(self, lay, op, algorithm, granularity, root) -> float:
@@ -620,11 +634,10 @@ def collective_process(env: simpy.Environment, net: FlowNetwork, plan: Collectiv
         if plan.latency_ns:
             yield env.timeout(plan.latency_ns)
         for ph in plan.phases:
+            flows = ph.flows(plan.wire_factor)
             for _ in range(ph.repeat):
-                evs = [net.transfer_on(path, int(math.ceil(b * plan.wire_factor - 1e-9)), latency=False,
-                                       max_rate_gbps=None if math.isinf(cap) else cap, name=nm)
-                       for path, b, cap, nm in zip(ph.paths, ph.nbytes, ph.max_rate, ph.names)]
-                yield env.all_of(evs)
+                if flows is not None:
+                    yield net.transfer_batch(*flows)
     return CollectiveResult(plan.op, plan.algorithm, plan.protocol, len(plan.ranks), plan.nbytes,
                             env.now - start)
 

@@ -48,17 +48,19 @@ class TransferResult:
     end_ns: int
 
 
-class _Flow:
-    __slots__ = ("edges", "nbytes", "latency_ns", "event", "name", "start_ns", "max_rate")
+class _Batch:
+    """Flows started together by one call (a collective's phase, or one transfer): one event,
+    triggered `latency_ns` after the last of them ends."""
 
-    def __init__(self, edges, nbytes, latency_ns, event, name, start_ns, max_rate):
-        self.edges = edges
-        self.nbytes = nbytes
-        self.latency_ns = latency_ns
+    __slots__ = ("left", "event", "latency_ns", "names", "nbytes", "start_ns")
+
+    def __init__(self, left, event, latency_ns, names, nbytes, start_ns):
+        self.left = left
         self.event = event
-        self.name = name
+        self.latency_ns = latency_ns
+        self.names = names
+        self.nbytes = nbytes
         self.start_ns = start_ns
-        self.max_rate = max_rate
 
 
 def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
@@ -79,9 +81,15 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
             capacity = np.concatenate([capacity, max_rate[capped]])
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
-    # Work on the links actually used, renumbered 0..L-1.
-    links, ae = np.unique(edge_of, return_inverse=True)
+    # Work on the links actually used, renumbered 0..L-1 in edge-id order (np.unique's numbering,
+    # without its sort: edge ids are small integers).
+    used = np.zeros(capacity.shape[0], dtype=bool)
+    used[edge_of] = True
+    links = np.flatnonzero(used)
     L = links.size
+    local = np.empty(capacity.shape[0], dtype=np.int64)
+    local[links] = np.arange(L)
+    ae = local[edge_of]
     cap_rem = capacity[links].astype(np.float64)
     af = flow_of
     level = float(start_level)
@@ -124,18 +132,21 @@ class FlowNetwork:
         self.graph = graph
         self.mode = mode
         self.router = router_for(graph)
-        self.capacity = np.asarray(self.router.bandwidth_gbps, dtype=np.float64)  # bytes/ns
+        self.capacity = self.router.capacity  # bytes/ns
         self.record = record
         self.log: list[TransferResult] = []
-        # active flows (parallel arrays) and flows waiting for the next solve
-        self._flows: list[_Flow] = []
+        # active flows (parallel arrays) and batches waiting for the next solve
+        self._batches: dict = {}                      # batch id -> _Batch
+        self._next_batch = 0
+        self._bid = np.zeros(0, dtype=np.int64)       # batch of each active flow
+        self._pos = np.zeros(0, dtype=np.int64)       # its index in the batch
         self._rem = np.zeros(0)
         self._rate = np.zeros(0)
         self._finish = np.zeros(0, dtype=np.int64)
         self._caps = np.zeros(0)
         self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
         self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
-        self._pending: list[_Flow] = []
+        self._pending: list = []                      # (batch id, edges, lengths, bytes, caps)
         self._t = 0
         self._solve_scheduled = False
         self._version = 0
@@ -182,17 +193,43 @@ class FlowNetwork:
             return ev
         edges = np.asarray(path, dtype=np.int64)
         cap = float(max_rate_gbps) if max_rate_gbps is not None else math.inf
-        self._pending.append(_Flow(edges, int(nbytes), lat, ev, name, now, cap))
-        self._request_solve()
+        self._add_batch(ev, lat, [name], [int(nbytes)], edges, np.array([edges.size], dtype=np.int64),
+                        np.array([cap]))
         return ev
+
+    def transfer_batch(self, edges: np.ndarray, lengths: np.ndarray, nbytes: list, caps: np.ndarray,
+                       names: list) -> simpy.Event:
+        """Start several flows at once (a collective's phase): flow i crosses the `lengths[i]`
+        edge ids of `edges` that follow flow i-1's, carries `nbytes[i]` > 0 bytes (ints) at most
+        at `caps[i]` bytes/ns (inf: no cap). The event succeeds when the last one has arrived
+        (no path latency: collectives cost theirs in the plan)."""
+        if self.mode == "analytical":
+            offs = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+            return self.env.all_of([
+                self.transfer_on(edges[a:b].tolist(), n, latency=False, name=nm,
+                                 max_rate_gbps=None if math.isinf(cap) else cap)
+                for a, b, n, cap, nm in zip(offs, offs[1:], nbytes, caps.tolist(), names)])
+        ev = self.env.event()
+        self._add_batch(ev, 0, names, nbytes, edges, lengths, caps)
+        return ev
+
+    def _add_batch(self, ev, lat, names, nbytes, edges, lengths, caps):
+        b = self._next_batch
+        self._next_batch += 1
+        self._batches[b] = _Batch(len(names), ev, lat, names, nbytes, self.env.now)
+        self._pending.append((b, edges, lengths, nbytes, caps))
+        self._request_solve()
 
     @property
     def active_flows(self) -> int:
-        return len(self._flows) + len(self._pending)
+        return int(self._rem.size) + sum(p[2].size for p in self._pending)
+
+    def _name(self, i: int) -> str:
+        return self._batches[int(self._bid[i])].names[int(self._pos[i])]
 
     def current_rates(self) -> dict[str, float]:
         """Name -> current rate (bytes/ns = GB/s) of every active flow (for tests and reports)."""
-        return {f.name: float(r) for f, r in zip(self._flows, self._rate)}
+        return {self._name(i): float(r) for i, r in enumerate(self._rate)}
 
     # --- machinery ---
     def _finish_event(self, ev, name, nbytes, start, end_data, lat):
@@ -230,15 +267,17 @@ class FlowNetwork:
         if self._pending:
             new = self._pending
             self._pending = []
-            self._flows.extend(new)
-            self._rem = np.concatenate([self._rem, np.array([f.nbytes for f in new], dtype=np.float64)])
-            self._rate = np.concatenate([self._rate, np.zeros(len(new))])
-            self._finish = np.concatenate([self._finish, np.full(len(new), _INF_NS, dtype=np.int64)])
-            self._caps = np.concatenate([self._caps, np.array([f.max_rate for f in new])])
-            self._len = np.concatenate([self._len, np.array([f.edges.size for f in new], dtype=np.int64)])
-            self._inc_edge = np.concatenate([self._inc_edge] + [f.edges for f in new])
+            n = [p[2].size for p in new]
+            self._bid = np.concatenate([self._bid] + [np.full(k, p[0], dtype=np.int64) for k, p in zip(n, new)])
+            self._pos = np.concatenate([self._pos] + [np.arange(k, dtype=np.int64) for k in n])
+            self._rem = np.concatenate([self._rem] + [np.asarray(p[3], dtype=np.float64) for p in new])
+            self._rate = np.concatenate([self._rate, np.zeros(sum(n))])
+            self._finish = np.concatenate([self._finish, np.full(sum(n), _INF_NS, dtype=np.int64)])
+            self._caps = np.concatenate([self._caps] + [p[4] for p in new])
+            self._len = np.concatenate([self._len] + [p[2] for p in new])
+            self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
             full = True
-        self.peak_flows = max(self.peak_flows, len(self._flows))
+        self.peak_flows = max(self.peak_flows, int(self._rem.size))
         if now != self._last_now:
             self._same_instant, self._last_now = 0, now
         while True:
@@ -249,7 +288,7 @@ class FlowNetwork:
                 # unchanged below the lowest departing rate (none of their links saturates there).
                 floor = float(self._rate[done].min())
                 self._complete(done, now)
-            if not self._flows:
+            if not self._rem.size:
                 return
             self._solve_rates(0.0 if full else floor)
             full = False
@@ -257,11 +296,12 @@ class FlowNetwork:
             steps = np.ceil(self._rem / self._rate - 1e-9)
             if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
                 bad = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
-                f, rate = self._flows[bad], float(self._rate[bad])
+                name, rate = self._name(bad), float(self._rate[bad])
+                nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
                 if 0 < rate < np.inf and steps[bad] < np.inf:   # a real rate: the scenario's work
-                    raise BeyondLimits(f"the transfer {f.name!r} ({f.nbytes:,} bytes at {rate:.3g} B/ns) "
+                    raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
                                        f"would end {(now + steps[bad]) / 1e9:.3g} s into the step")
-                raise InternalError(f"flow {f.name!r} ({f.nbytes} bytes) got rate {self._rate[bad]!r} "
+                raise InternalError(f"flow {name!r} ({nbytes} bytes) got rate {self._rate[bad]!r} "
                                     f"B/ns: its finish time overflows int64 nanoseconds")
             self._finish = now + steps.astype(np.int64)
             if not (self._finish <= now).any():
@@ -276,16 +316,28 @@ class FlowNetwork:
         t.callbacks.append(self._on_wake)
 
     def _complete(self, done: np.ndarray, now: int):
-        idx = np.flatnonzero(done)
-        for i in idx:
-            f = self._flows[i]
+        batches = self._batches
+        for b, k in zip(self._bid[done].tolist(), self._pos[done].tolist()):
+            bt = batches[b]
             self.completed += 1
-            self._finish_event(f.event, f.name, f.nbytes, f.start_ns, now, f.latency_ns)
+            if self.record:
+                self.log.append(TransferResult(bt.names[k], bt.nbytes[k], bt.start_ns, now + bt.latency_ns))
+            bt.left -= 1
+            if not bt.left:
+                del batches[b]
+                one = len(bt.names) == 1
+                res = TransferResult(bt.names[0] if one else f"{len(bt.names)} flows",
+                                     bt.nbytes[0] if one else sum(bt.nbytes), bt.start_ns, now + bt.latency_ns)
+                ev = bt.event
+                ev._ok = True
+                ev._value = res
+                self.env.schedule(ev, simpy.core.NORMAL, bt.latency_ns)
         keep = ~done
         self._inc_edge = self._inc_edge[np.repeat(keep, self._len)]
         self._len = self._len[keep]
         self._caps = self._caps[keep]
-        self._flows = [f for f, k in zip(self._flows, keep) if k]
+        self._bid = self._bid[keep]
+        self._pos = self._pos[keep]
         self._rem = self._rem[keep]
         self._rate = self._rate[keep]
         self._finish = self._finish[keep]
@@ -293,7 +345,7 @@ class FlowNetwork:
     def _solve_rates(self, floor: float):
         """Re-solve the rates. With floor > 0 (only departures since the last solve), flows whose
         rate is below the floor keep it and the rest are re-solved on the capacity they leave."""
-        F = len(self._flows)
+        F = int(self._rem.size)
         edge_of = self._inc_edge
         flow_of = np.repeat(np.arange(F), self._len)
         caps = self._caps

@@ -16,6 +16,7 @@ from __future__ import annotations
 import zlib
 
 import networkx as nx
+import numpy as np
 
 from sim.errors import ConfigError
 
@@ -30,15 +31,13 @@ class Router:
 
     def __init__(self, G: nx.DiGraph):
         self.G = G
-        self.eid = {(u, v): d["eid"] for u, v, d in G.edges(data=True)}
-        n = len(self.eid)
-        self.bandwidth_gbps = [0.0] * n
-        self.latency_ns = [0] * n
-        self.link_class = [""] * n
-        for u, v, d in G.edges(data=True):
-            self.bandwidth_gbps[d["eid"]] = d["bandwidth_gbps"]
-            self.latency_ns[d["eid"]] = d["latency_ns"]
-            self.link_class[d["eid"]] = d["link_class"]
+        data = sorted(((d["eid"], u, v, d) for u, v, d in G.edges(data=True)), key=lambda x: x[0])
+        self.eid = {(u, v): e for e, u, v, _ in data}
+        self.bandwidth_gbps = [d["bandwidth_gbps"] for *_, d in data]
+        self.latency_ns = [d["latency_ns"] for *_, d in data]
+        self.link_class = [d["link_class"] for *_, d in data]
+        self.capacity = np.asarray(self.bandwidth_gbps, dtype=np.float64)
+        """Capacity of each link direction by edge id, bytes/ns (= GB/s), as an array."""
         self.fabric = G.graph.get("fabric", {})
         self._cache: dict = {}
 

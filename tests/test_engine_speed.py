@@ -1,0 +1,181 @@
+"""The engine's fast paths (issue #15) give the results of the plain engine, exactly.
+
+- Runs: consecutive kernels, marks and fixed-time collectives of a rank run as one timeout
+  (sim.engine.core._Run); every record keeps its time.
+- Isolated groups (sim.engine.netmodel): a group whose calls never overlap and whose links no
+  other group crosses takes its calls' time alone on the graph, without the shared network.
+- Batches: a collective's phase enters the flow network as one batch with one event.
+The independent truth for the whole engine is tests/data/engine_reference.json: step times,
+breakdowns and a hash of every record, written by the engine before this work
+(`python benchmarks/engine_reference.py --write ...` at commit 52895d1).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine.core import Comm, CommSpec, Compute, Engine, Launch, Mark, Send, Wait
+from sim.network import FlowNetwork
+from sim.topology import load_topology
+from sim.topology.graph import build_graph
+
+from conftest import REPO
+
+REFERENCE = json.loads((REPO / "tests" / "data" / "engine_reference.json").read_text())
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("engine_reference", REPO / "benchmarks" / "engine_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# Cases that run in a few seconds each; the benchmark script checks the whole list.
+FAST = ["llama3-8b-h100x16-1f1b/flow", "llama3-8b-h100x16-1f1b/analytical", "llama3-8b-h100x8-zbv/flow",
+        "gpt-1.7b-a100x8-gpipe/flow", "gpt-7.5b-a100x32-zbh2/flow", "mixtral-8x7b-h200x16-dualpipev/flow",
+        "llama3-8b-h100x64-cp4-32k/flow", "llama3-70b-h200x64-zbh1/analytical", "narayanan/gpt-18b",
+        "zero-bubble/1.5b-zb-h1" if "zero-bubble/1.5b-zb-h1" in REFERENCE else "narayanan/gpt-3.6b"]
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_engine_gives_the_reference_results(name):
+    """Step time, per-rank breakdown and every record equal to the engine before the fast paths."""
+    cases = dict(_bench().scenario_dicts())
+    got = _bench().result_of(cases[name])
+    assert got == REFERENCE[name]
+
+
+def _net(num_nodes=2, mode="flow"):
+    from sim.config import build_scenario
+    from sim.engine.netmodel import ClusterNetwork
+    from conftest import base_scenario
+
+    data = base_scenario()
+    data["cluster"] = {"topology": "dgx-h100-ndr", "num_nodes": num_nodes}
+    data["parallelism"] = {"tp": 8, "pp": num_nodes}
+    data["simulation"] = {"network": mode}
+    return ClusterNetwork(build_scenario(data))
+
+
+def test_isolated_groups_hand_worked():
+    """Rank 0 of two DGX H100 nodes. TP (0..3) calls only block: isolated (NVLink, nobody else).
+    DP (0, 8) is launched and waited before its next call: isolated (its NIC path is its own).
+    (4, 5) has a send left in flight when a blocking call of the same pair starts: they may
+    overlap, so not isolated. (6, 7) alone would be isolated, but (7, 6) is another group on the
+    same two NVLinks, so neither is."""
+    net = _net()
+    tp, dp, pair, a, b = (0, 1, 2, 3), (0, 8), (4, 5), (6, 7), (7, 6)
+    prog = [Comm(CommSpec("all_reduce", tp, 1 << 20, "tp"), "ar"),
+            Launch("h", CommSpec("all_reduce", dp, 1 << 20, "dp"), "dp"), Compute(10, "k"), Wait("h"),
+            Launch("h2", CommSpec("all_reduce", dp, 1 << 20, "dp"), "dp"), Wait("h2"),
+            Send("m", CommSpec("send_recv", pair, 1 << 20, "pp"), "send"),
+            Comm(CommSpec("all_reduce", pair, 1 << 20, "tp"), "ar2"),
+            Comm(CommSpec("all_reduce", a, 1 << 20, "tp"), "ar3"),
+            Comm(CommSpec("all_to_all", b, 1 << 20, "ep"), "a2a")]
+    net.prepare({0: prog})
+    assert net._isolated == {tp, dp}
+    assert net.fixed_ns(CommSpec("all_reduce", tp, 1 << 20, "tp")) == net.alone_ns(CommSpec("all_reduce", tp, 1 << 20, "tp"))
+    assert net.fixed_ns(CommSpec("all_reduce", a, 1 << 20, "tp")) is None
+    # a group launched twice on two streams without a wait between may overlap itself
+    net.prepare({0: [Launch("x", CommSpec("all_gather", tp, 1 << 20, "tp"), "x", "tp"),
+                     Comm(CommSpec("all_gather", tp, 1 << 20, "tp"), "y"), Wait("x")]})
+    assert net._isolated == frozenset()
+    # two simulated ranks that each call a group not all of whose members are simulated
+    net.prepare({0: [Comm(CommSpec("all_reduce", (0, 1, 2), 1 << 20, "tp"), "z")],
+                 1: [Comm(CommSpec("all_reduce", (0, 1, 2), 1 << 20, "tp"), "z")]})
+    assert net._isolated == frozenset()
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize("ranks", [(0, 1), (0, 1, 2, 3, 4, 5, 6, 7), (0, 8), (0, 8, 16, 24), (0, 1, 8, 9)])
+def test_alone_time_is_the_alpha_beta_time_of_a_balanced_collective(op, ranks):
+    """A call alone on the graph: its flows' max-min time equals the analytical (alpha-beta on
+    the busiest link of each phase) time, for the balanced patterns NCCL uses."""
+    net = _net(num_nodes=4)
+    for size in (1 << 16, 12_345_679, 1 << 28):
+        spec = CommSpec(op, ranks, size, "x")
+        assert net.alone_ns(spec) == net.time_ns(spec)
+
+
+def test_a_batch_is_its_flows_one_by_one():
+    """FlowNetwork.transfer_batch: the same per-flow end times as the flows started one by one
+    (150 random flows on two nodes, two batches and a late single flow)."""
+    G = build_graph(load_topology("dgx-h100-ndr"), 2)
+    gpus = G.graph["gpus"]
+    rng = np.random.default_rng(3)
+    from sim.topology.routing import router_for
+
+    router = router_for(G)
+    flows = [(gpus[s], gpus[(s + 1 + d) % 16], int(n)) for s, d, n in
+             zip(rng.integers(0, 16, 150), rng.integers(0, 15, 150), rng.integers(1, 1 << 26, 150))]
+
+    def run(batched):
+        env = simpy.Environment()
+        net = FlowNetwork(env, G, record=True)
+
+        def go(part, delay):
+            yield env.timeout(delay)
+            paths = [router.path(s, d) for s, d, _ in part]
+            names = [f"{s}->{d}#{i}" for i, (s, d, _) in enumerate(part)]
+            if batched:
+                edges = np.array([e for p in paths for e in p], dtype=np.int64)
+                yield net.transfer_batch(edges, np.array([len(p) for p in paths]), [n for *_, n in part],
+                                         np.full(len(part), np.inf), names)
+            else:
+                yield env.all_of([net.transfer_on(p, n, latency=False, name=nm)
+                                  for p, (*_, n), nm in zip(paths, part, names)])
+
+        env.process(go(flows[:100], 0))
+        env.process(go(flows[100:149], 12_345))
+        env.process(go(flows[149:], 99_999))
+        env.run()
+        return sorted((r.name, r.start_ns, r.end_ns) for r in net.log), env.now
+
+    assert run(True) == run(False)
+
+
+def _subtract(a, b):
+    """|a minus b| for sorted disjoint interval lists: the interval walk the breakdown used before."""
+    total, j = 0, 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            bs, be = b[k]
+            if bs > cur:
+                total += bs - cur
+            cur = max(cur, be)
+            if cur >= e:
+                break
+            k += 1
+        if cur < e:
+            total += e - cur
+    return total
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(0, 25)), max_size=40))
+def test_breakdown_is_the_interval_walk(spans):
+    """The numpy breakdown (sorted starts, running maximum of ends) against merging interval
+    lists one by one: compute = |K|, exposed = |C minus K|, for random kernels and collectives
+    (empty, touching and nested ones included)."""
+    from sim.engine.core import Record
+    from sim.engine.metrics import _length, _union, breakdown
+
+    recs = [Record(0, "compute" if kernel else "dp", "x", "compute", s, s + d) for kernel, s, d in spans]
+    recs.append(Record(0, "compute", "k", "compute", 0, 0))
+    b = breakdown(recs, 100)[0]
+    k = _union([(r.start_ns, r.end_ns) for r in recs if r.stream == "compute"])
+    c = _union([(r.start_ns, r.end_ns) for r in recs if r.stream != "compute"])
+    assert (b.compute_ns, b.exposed_comm_ns) == (_length(k), _subtract(c, k))
+    assert b.bubble_ns == 100 - b.compute_ns - b.exposed_comm_ns
