@@ -31,11 +31,18 @@ class Router:
 
     def __init__(self, G: nx.DiGraph):
         self.G = G
-        data = sorted(((d["eid"], u, v, d) for u, v, d in G.edges(data=True)), key=lambda x: x[0])
-        self.eid = {(u, v): e for e, u, v, _ in data}
-        self.bandwidth_gbps = [d["bandwidth_gbps"] for *_, d in data]
-        self.latency_ns = [d["latency_ns"] for *_, d in data]
-        self.link_class = [d["link_class"] for *_, d in data]
+        # the builder's edge list is in edge-id order (sim.topology.graph); read each edge's
+        # attributes where they live now (a caller may have changed them since)
+        edges = G.graph.get("edge_list") or [(u, v) for u, v, _ in sorted(
+            G.edges(data=True), key=lambda x: x[2]["eid"])]
+        adj = G.adj
+        data = [adj[u][v] for u, v in edges]
+        if len(data) != G.number_of_edges() or any(d["eid"] != i for i, d in enumerate(data)):
+            raise ValueError("the graph's edge ids are not 0..E-1 in its edge_list order")
+        self.eid = {e: i for i, e in enumerate(edges)}
+        self.bandwidth_gbps = [d["bandwidth_gbps"] for d in data]
+        self.latency_ns = [d["latency_ns"] for d in data]
+        self.link_class = [d["link_class"] for d in data]
         self.capacity = np.asarray(self.bandwidth_gbps, dtype=np.float64)
         """Capacity of each link direction by edge id, bytes/ns (= GB/s), as an array."""
         self.fabric = G.graph.get("fabric", {})
