@@ -3,6 +3,7 @@ same step, with a device profile calibrated on this machine.
 
     python benchmarks/validate_cpu.py                 # measure, calibrate (quick), simulate
     python benchmarks/validate_cpu.py --csv FILE.csv  # reuse a calibration CSV of this machine
+    python benchmarks/validate_cpu.py --profile T.json  # also calibrate from a profiler trace
 
 1. Train: a GPT (Megatron's layer: pre-LayerNorm, fused QKV with bias, causal
    scaled_dot_product_attention, output projection, residual adds, LayerNorm, fc1 -> GELU ->
@@ -16,7 +17,9 @@ same step, with a device profile calibrated on this machine.
      bucket each, in order, then the optimizer step: Megatron's non-overlapped gradient reduce.
    The step time is the median of `--steps` steps after `--warmup` steps (rank 0, after a barrier).
 2. Calibrate: `sim5d calibrate run --device cpu --size quick` and `sim5d calibrate fit` with a
-   topology (cpu-local with the fitted loopback alpha-beta).
+   topology (cpu-local with the fitted loopback alpha-beta). With `--profile T.json`, also
+   `sim5d calibrate trace`: two single-process steps (amid the timed ones, not timed) are
+   profiled with torch.profiler (record_shapes) into T.json and a second profile is fitted to it.
 3. Simulate: the same scenario (dims, batch, fp32, recompute none, the attention backend torch
    ran: flash when the CPU SDPA dispatches to its flash kernel, else unfused; DP with
    overlap_grad_reduce false and ZeRO 0) with `sim.engine.simulate` on the fitted profile and
@@ -154,7 +157,10 @@ def _buckets(model):
     return buckets
 
 
-def train_steps(rank: int, world: int, args, port: int, queue=None):
+def train_steps(rank: int, world: int, args, port: int, queue=None, trace=None):
+    """Step times of `args.steps` steps after `args.warmup`. `trace` (a path; single process): two
+    more steps, in the middle of the timed ones and not timed, are profiled with torch.profiler
+    (record_shapes) and written there as a Kineto JSON trace (`sim5d calibrate trace`'s input)."""
     import torch
 
     torch.set_num_threads(1)
@@ -190,6 +196,12 @@ def train_steps(rank: int, world: int, args, port: int, queue=None):
 
     times = []
     for i in range(args.warmup + args.steps):
+        if trace is not None and world == 1 and i == args.warmup + args.steps // 2:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                step()
+                step()
+            prof.export_chrome_trace(str(trace))
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
@@ -209,13 +221,13 @@ def _dp_worker(rank, world, args, port, queue):
     train_steps(rank, world, args, port, queue)
 
 
-def measure_clean(args, world: int, tries: int) -> tuple[list[float], float]:
+def measure_clean(args, world: int, tries: int, trace=None) -> tuple[list[float], float]:
     """measure(), repeated (up to `tries` times) while other processes took more than 10% of the
-    CPU during it; returns the step times and that share."""
+    CPU during it; returns the step times and that share. `trace`: train_steps' (single process)."""
     for i in range(tries):
         wait_quiet(args.wait_quiet)
         with OtherLoad() as load:
-            times = measure(args, world)
+            times = measure(args, world, trace)
         if load.fraction <= 0.10:
             break
         print(f"# other processes used {100 * load.fraction:.0f}% of the CPU during the measurement"
@@ -223,9 +235,9 @@ def measure_clean(args, world: int, tries: int) -> tuple[list[float], float]:
     return times, load.fraction
 
 
-def measure(args, world: int) -> list[float]:
+def measure(args, world: int, trace=None) -> list[float]:
     if world == 1:
-        return train_steps(0, 1, args, 0)
+        return train_steps(0, 1, args, 0, trace=trace)
     import multiprocessing as mp
 
     from sim.calibrate.runner import _free_port
@@ -268,7 +280,7 @@ def simulate(data: dict) -> dict:
     return sim(build_scenario(data)).summary()
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
@@ -290,7 +302,27 @@ def main(argv=None) -> int:
     ap.add_argument("--tries", type=int, default=3,
                     help="measure again (up to this many times) when other processes took > 10%% of "
                          "the CPU during a measurement")
-    args = ap.parse_args(argv)
+    ap.add_argument("--profile", metavar="T.json", help="also profile two single-process steps into "
+                    "this trace, calibrate from it (`sim5d calibrate trace`) and simulate on that profile")
+    return ap
+
+
+def trace_profile(trace, out_dir) -> str:
+    """`sim5d calibrate trace` of a CPU step trace (memory: this host's); the profile's path."""
+    import torch
+
+    from sim.calibrate.fit import write_yaml
+    from sim.calibrate.runner import _memory_gib
+    from sim.calibrate.trace import fit_trace
+
+    path = Path(out_dir) / "cpu-trace-fitted.yaml"
+    res = fit_trace(trace, name=path.stem, memory_gib=_memory_gib(torch, "cpu", 1)).fit
+    write_yaml(res.profile, path)
+    return str(path.resolve())
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         import torch
     except ImportError:
@@ -306,7 +338,7 @@ def main(argv=None) -> int:
 
     results = {}
     t0 = time.perf_counter()
-    single, other = measure_clean(args, 1, args.tries)
+    single, other = measure_clean(args, 1, args.tries, trace=args.profile)
     results["single"] = single
     print(f"# measured single process: median {statistics.median(single):.4f} s over {len(single)} steps "
           f"(min {min(single):.4f}, max {max(single):.4f}) [{time.perf_counter() - t0:.0f} s; other "
@@ -353,20 +385,24 @@ def main(argv=None) -> int:
               f"simulator mean |err| {sim_e}")
 
     rows = []
-    for case, dp in (("single", 1), ("dp2", 2)):
+    cases = [("single", 1, str(profile_path.resolve())), ("dp2", 2, str(profile_path.resolve()))]
+    if args.profile:
+        results["single, trace-fitted"] = results["single"]
+        cases.append(("single, trace-fitted", 1, trace_profile(args.profile, out)))
+    for case, dp, prof in cases:
         if case not in results:
             continue
-        data = scenario(args, dp, backend, str(profile_path.resolve()), str(topo_path.resolve()))
-        write_yaml(data, out / f"scenario-{case}.yaml")
+        data = scenario(args, dp, backend, prof, str(topo_path.resolve()))
+        write_yaml(data, out / f"scenario-{case.replace(', ', '-')}.yaml")
         s = simulate(data)
         meas = statistics.median(results[case])
         err = s["step_time_s"] / meas - 1
         rows.append({"case": case, "measured_step_s": meas, "simulated_step_s": s["step_time_s"],
                      "error": err, "exposed_comm_fraction": s["exposed_comm_fraction"],
                      "measured_steps_s": results[case]})
-    print(f"\n{'case':<16} {'measured (s)':>13} {'simulated (s)':>14} {'error':>8}")
+    print(f"\n{'case':<21} {'measured (s)':>13} {'simulated (s)':>14} {'error':>8}")
     for r in rows:
-        print(f"{r['case']:<16} {r['measured_step_s']:>13.4f} {r['simulated_step_s']:>14.4f} "
+        print(f"{r['case']:<21} {r['measured_step_s']:>13.4f} {r['simulated_step_s']:>14.4f} "
               f"{100 * r['error']:>+7.1f}%")
     worst = max(abs(r["error"]) for r in rows)
     verdict = "within" if worst <= 0.15 else "NOT within"

@@ -186,10 +186,11 @@ def nnls2(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_linear_time(features: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Coefficients c >= 0 of t ~ features @ c, minimising the squared relative error."""
-    A = features / t[:, None]
-    return nnls2(A, np.ones_like(t))
+def fit_linear_time(features: np.ndarray, t: np.ndarray, weights=None) -> np.ndarray:
+    """Coefficients c >= 0 of t ~ features @ c, minimising the sum of the rows' squared relative
+    errors, each times its weight (`weights`, default 1)."""
+    w = np.sqrt(np.ones_like(t) if weights is None else np.asarray(weights, float))
+    return nnls2(features / t[:, None] * w[:, None], w)
 
 
 def _intensity(M, N, K):
@@ -200,9 +201,11 @@ def _eff(I, i0, p):
     return 1.0 / (1.0 + (i0 / I) ** p)
 
 
-def fit_gemm(F, B, M, N, K, t, hbm_bytes_per_s: float, *, fixed_curve=None, fixed_overhead=None):
-    """(R FLOP/s, I0, p, o seconds) of time = max(F/(R eff(I)), B/hbm) + o, relative least squares.
-    `fixed_curve` (I0, p) and `fixed_overhead` pin those terms (a second precision)."""
+def fit_gemm(F, B, M, N, K, t, hbm_bytes_per_s: float, *, fixed_curve=None, fixed_overhead=None,
+             weights=None):
+    """(R FLOP/s, I0, p, o seconds) of time = max(F/(R eff(I)), B/hbm) + o, relative least squares
+    (`weights` per row, default 1). `fixed_curve` (I0, p) and `fixed_overhead` pin those terms
+    (a second precision)."""
     F, B, t = (np.asarray(x, dtype=float) for x in (F, B, t))
     I = _intensity(np.asarray(M, float), np.asarray(N, float), np.asarray(K, float))
     mem = B / hbm_bytes_per_s if hbm_bytes_per_s > 0 else np.zeros_like(t)
@@ -210,15 +213,15 @@ def fit_gemm(F, B, M, N, K, t, hbm_bytes_per_s: float, *, fixed_curve=None, fixe
     def solve(i0, p):
         x = F / _eff(I, i0, p) if i0 > 0 else F
         if fixed_overhead is None:
-            a, o = fit_linear_time(np.column_stack([x, np.ones_like(x)]), t)
+            a, o = fit_linear_time(np.column_stack([x, np.ones_like(x)]), t, weights)
         else:
             o = fixed_overhead
-            a = fit_linear_time(x[:, None], np.maximum(t - o, 1e-12))[0]
+            a = fit_linear_time(x[:, None], np.maximum(t - o, 1e-12), weights)[0]
         if a <= 0:
             return math.inf, (0.0, i0, p, o)
         # refine a once against the roofline floor (rows where memory binds leave the solve)
         pred = np.maximum(x * a, mem) + o
-        cost = float(np.sum(np.log(pred / t) ** 2))
+        cost = float(np.sum((1.0 if weights is None else weights) * np.log(pred / t) ** 2))
         return cost, (1.0 / a, i0, p, o)
 
     if fixed_curve is not None:
@@ -241,9 +244,9 @@ def fit_gemm(F, B, M, N, K, t, hbm_bytes_per_s: float, *, fixed_curve=None, fixe
     return best[1]
 
 
-def fit_attention(F, t, groups):
+def fit_attention(F, t, groups, *, fixed_overhead=None):
     """(o seconds, {group: rate FLOP/s}) of time = F / rate[group] + o (relative least squares;
-    o on a grid, each rate exact for its o)."""
+    o on a grid, each rate exact for its o). `fixed_overhead` pins o."""
     F, t = np.asarray(F, float), np.asarray(t, float)
     keys = sorted(set(groups))
     idx = {k: np.array([g == k for g in groups]) for k in keys}
@@ -261,6 +264,8 @@ def fit_attention(F, t, groups):
             cost += float(np.sum((u * x - w) ** 2))
         return cost, out
 
+    if fixed_overhead is not None:
+        return float(fixed_overhead), rates_for(float(fixed_overhead))[1]
     hi = float(np.min(t)) * 0.95
     best = rates_for(0.0) + (0.0,)
     lo_o, hi_o = 0.0, hi
@@ -310,11 +315,26 @@ def load_profile_dict(profile: dict):
 
 
 def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = None,
-             source: str = "") -> FitResult:
-    """Fit a device profile from parsed CSV rows (csvio.read_csv)."""
+             source: str = "", pinned_overhead_s: dict | None = None) -> FitResult:
+    """Fit a device profile from parsed CSV rows (csvio.read_csv).
+
+    `pinned_overhead_s` ({class: seconds}; `sim5d calibrate trace`): a class whose rows cannot
+    separate its per-kernel overhead from its rate (one size, as one model's step has) gets that
+    overhead and only its rate fitted, with a note; without a pin such a class is refused. A row's
+    optional `weight` (a trace's: its time in the step; CSV rows: 1) multiplies its squared
+    relative error in the GEMM and memory-bound fits."""
     from sim.compute import BANDWIDTH_CLASSES
 
     notes = []
+    pins = pinned_overhead_s or {}
+    used_pins: dict = {}
+
+    def weights(rs):   # a trace's rows weigh by their time in the step (sim.calibrate.trace)
+        return np.array([r.get("weight", 1.0) for r in rs])
+
+    def pinned(cls):
+        used_pins[cls] = pins[cls]
+        return pins[cls]
     compute_rows = [r for r in rows if r["kind"] != "collective"]
     if not compute_rows:
         raise ConfigError("the CSV has collective measurements only; the device profile needs the "
@@ -355,12 +375,13 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         prec = DTYPE_PRECISION[d]
         args = (_arr(rs, "flops"), _arr(rs, "bytes"), _arr(rs, "m"), _arr(rs, "n"), _arr(rs, "k"),
                 _arr(rs, "median_s"), hbm)
+        w = weights(rs)
         if curve is None:
             # rate and overhead: two FLOP counts at least; the efficiency curve's two constants
             # on top: four rows over three intensities spread over 4x at least (where its knee
             # can show), else no curve (a note)
             flops = sorted(set(args[0].tolist()))
-            if len(flops) < 2:
+            if len(flops) < 2 and "gemm" not in pins:
                 raise ConfigError(
                     f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
                     "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
@@ -368,10 +389,13 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
             ints = _intensity(args[2], args[3], args[4])
             n_int = len({round(float(x), 6) for x in ints})
             spread = float(ints.max() / ints.min())
-            if n_int >= 3 and len(rs) >= 4 and spread >= 4.0:
-                R, i0, p, o = fit_gemm(*args)
+            if len(flops) < 2:
+                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0),
+                                       fixed_overhead=pinned("gemm"), weights=w)
+            elif n_int >= 3 and len(rs) >= 4 and spread >= 4.0:
+                R, i0, p, o = fit_gemm(*args, weights=w)
             else:
-                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0))
+                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0), weights=w)
                 notes.append(f"gemm {prec}: {len(rs)} GEMMs over {n_int} arithmetic intensit"
                              f"{'y' if n_int == 1 else 'ies'} ({ints.min():.3g} to {ints.max():.3g}): "
                              "no efficiency curve fitted (its two constants need four GEMMs over "
@@ -384,7 +408,7 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
                 RANGES["exponent"].check("GEMM efficiency curve's exponent", p,
                                          key="gemm_efficiency.exponent")
         else:
-            R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead)
+            R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead, weights=w)
         RANGES["tflops"].check(f"matmul rate mamf_tflops.{prec}", R / 1e12, key=f"mamf_tflops.{prec}",
                                hint="the GEMM times do not grow with their FLOPs" if R <= 0 else "")
         best = float(np.max(_arr(rs, "flops") / _arr(rs, "median_s")))
@@ -405,14 +429,16 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         flops_of: dict = {}
         for g, r in zip(groups, att):
             flops_of.setdefault(g, set()).add(r["flops"])
-        if len(att) < len(flops_of) + 1 or max(len(v) for v in flops_of.values()) < 2:
+        separable = len(att) >= len(flops_of) + 1 and max(len(v) for v in flops_of.values()) >= 2
+        if not separable and "attention" not in pins:
             raise ConfigError(
                 f"attention: {len(att)} measurements for {len(flops_of) + 1} constants (a rate per "
                 f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
                 "sequence length measured at two FLOP counts: the overhead cannot be separated "
                 "from the rates (measure two head counts or batch sizes per sequence length, as "
                 "`sim5d calibrate run` does)", key="attention")
-        o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups)
+        o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups,
+                                     fixed_overhead=None if separable else pinned("attention"))
         RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
                                     key="overhead_us.attention")
         for (phase, causal, sl), v in sorted(rates.items()):
@@ -462,11 +488,15 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
             continue
         B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
         sizes = sorted(set(B.tolist()))
-        if len(sizes) < 2:
+        if len(sizes) < 2 and cls not in pins:
             raise ConfigError(
                 f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
                 "and per-kernel overhead cannot be separated (measure two sizes or more)", key=cls)
-        x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T)
+        if len(sizes) < 2:
+            o = pinned(cls)
+            x = fit_linear_time(B[:, None], np.maximum(T - kernels * o, 1e-12), weights(rs))[0]
+        else:
+            x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T, weights(rs))
         measured = ", ".join(f"{b:.4g} B in {1e6 * float(np.median(T[B == b])):.4g} us" for b in sizes)
         if x <= 0:
             raise ConfigError(
@@ -492,6 +522,13 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if unknown_ops:
         raise ConfigError(f"elementwise op(s) {', '.join(unknown_ops)} are not classes of "
                           f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", key="op")
+    if used_pins:
+        us = {f"{o * 1e6:g} us" for o in used_pins.values()}
+        notes.append("measured at one size only (GEMMs: one FLOP count; attention: no sequence "
+                     f"length at two): {', '.join(used_pins)}: a rate and a per-kernel overhead "
+                     "cannot be separated; the rate is fitted with the overhead pinned at "
+                     + (us.pop() if len(us) == 1 else ", ".join(f"{c} {o * 1e6:g} us"
+                                                               for c, o in used_pins.items())))
     if ew_gbps:
         compute["elementwise_gbps"] = ew_gbps
     compute["kernel_overhead_us"] = _round(float(np.median(ew_over)) * 1e6) if ew_over else overhead_us["gemm"]

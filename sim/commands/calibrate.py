@@ -1,8 +1,9 @@
 """`sim5d calibrate run --device cpu|cuda --out FILE.csv` (PyTorch micro-benchmarks),
 `sim5d calibrate fit FILE.csv --out PROFILE.yaml [--topology-out TOPO.yaml]` (a device profile,
 and a topology with the fitted link alpha-beta, that `cluster.gpu:` / `cluster.topology:` accept)
-and `sim5d calibrate steps RUNS.yaml --gpu PROFILE --out PROFILE.yaml` (device constants fitted to
-measured training steps, sim.calibrate.step_fit).
+`sim5d calibrate steps RUNS.yaml --gpu PROFILE --out PROFILE.yaml` (device constants fitted to
+measured training steps, sim.calibrate.step_fit) and `sim5d calibrate trace TRACE.json --out
+PROFILE.yaml` (a profile fitted to a PyTorch profiler trace of a real step, sim.calibrate.trace).
 """
 
 from __future__ import annotations
@@ -129,12 +130,7 @@ def fit_cmd(
         _warn(res.warnings)
         return
     typer.echo(f"# sim5d calibrate fit {csv_file} -> {out}" + (f", {topology_out}" if topology_out else ""))
-    typer.echo(f"# {'class':<17} {'n':>4} {'mean|err|':>10} {'max|err|':>9} {'held-out':>9}  fitted")
-    for c in res.report:
-        ho = f"{100 * c.held_out:>8.1f}%" if c.held_out is not None else f"{'-':>9}"
-        typer.echo(f"  {c.name:<17} {c.n:>4} {100 * c.mape:>9.1f}% {100 * c.max_err:>8.1f}% {ho}  {c.params}")
-    typer.echo("# mean|err|, max|err|: the simulator on the written profile against each measurement; "
-               "held-out: a table's entry predicted without it (interpolation)")
+    _print_classes(res)
     if res.collectives:
         typer.echo(f"# {'collective':<17} {'ranks':>5} {'alpha':>10} {'algbw':>9} {'busbw':>9} "
                    f"{'ab |err|':>9} {'sim |err|':>9}")
@@ -147,6 +143,16 @@ def fit_cmd(
     for n in res.notes:
         typer.echo(f"# note: {n}")
     _warn(res.warnings)
+
+
+def _print_classes(res) -> None:
+    """The per-class fit table of a FitResult."""
+    typer.echo(f"# {'class':<17} {'n':>4} {'mean|err|':>10} {'max|err|':>9} {'held-out':>9}  fitted")
+    for c in res.report:
+        ho = f"{100 * c.held_out:>8.1f}%" if c.held_out is not None else f"{'-':>9}"
+        typer.echo(f"  {c.name:<17} {c.n:>4} {100 * c.mape:>9.1f}% {100 * c.max_err:>8.1f}% {ho}  {c.params}")
+    typer.echo("# mean|err|, max|err|: the simulator on the written profile against each measurement; "
+               "held-out: a table's entry predicted without it (interpolation)")
 
 
 def _warn(warnings) -> None:
@@ -229,6 +235,79 @@ def steps_cmd(
                    f"run{'s' if len(runs) != 1 else ''} for {len(res.keys)} constant"
                    f"{'s' if len(res.keys) != 1 else ''}: without one run too few are left to fit)")
     typer.echo("# predicted: the simulator (analytical network) on the written profile")
+
+
+_TRACE_HELP = (
+    "Fit a device profile to a PyTorch profiler trace of a real training step.\n\n"
+    "TRACE.json: the Kineto JSON of torch.profiler.profile(record_shapes=True, ...)"
+    ".export_chrome_trace(PATH) (.json.gz too); a CPU trace (op times) or a GPU trace (kernel "
+    "times, linked to their ops by External id / correlation). Its GEMMs, attention, memory-bound "
+    "ops, Adam step and NCCL kernels become the rows `calibrate fit` fits (sim.calibrate.trace). "
+    "A class seen at one size only gets its per-kernel overhead from --gpu (else 0) and its rate "
+    "fitted; what the trace does not identify keeps --gpu's values.\n\n"
+    "Refused with exit 2, nothing written: not JSON, no ops, no shapes (record with "
+    "record_shapes=True), no GEMMs, unknown device memory, or a fitted constant outside its "
+    "physical range (as `calibrate fit`).")
+
+
+@calibrate_app.command("trace", help=_TRACE_HELP)
+def trace_cmd(
+    trace_file: Path = typer.Argument(..., metavar="TRACE.json", help="PyTorch profiler trace."),
+    out: Path = typer.Option(..., "--out", help="Device profile YAML to write."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Base profile (bundled name or path): "
+                                      "kept where the trace identifies nothing; its overheads pin "
+                                      "classes seen at one size."),
+    name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: the file stem)."),
+    memory_gib: Optional[float] = typer.Option(None, "--memory-gib", help="Device memory per rank, "
+                                               "GiB (default: the trace's deviceProperties, else --gpu's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """`sim5d calibrate trace` (sim.calibrate.trace; help: _TRACE_HELP)."""
+    from sim.calibrate.fit import write_yaml
+    from sim.calibrate.trace import fit_trace
+    from sim.devices import load_device
+    from sim.errors import ConfigError
+
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
+    if memory_gib is not None and not memory_gib > 0:
+        raise ConfigError(f"--memory-gib = {memory_gib} must be a positive number", key="--memory-gib")
+    base = load_device(gpu, key="--gpu") if gpu else None
+    tf = fit_trace(trace_file, name=name or out.stem, base=base, memory_gib=memory_gib)
+    res = tf.fit
+    share = {k: v / tf.total_s for k, v in sorted(tf.identified_s.items(), key=lambda kv: -kv[1])}
+    ident = sum(tf.identified_s.values()) / tf.total_s if tf.total_s else 0.0
+    header = (f"# Device profile fitted by `sim5d calibrate trace {trace_file.name}"
+              + (f" --gpu {gpu}" if gpu else "") + "` (sim/calibrate/trace.py) to "
+              f"{100 * ident:.0f}% of the trace's {'kernel' if tf.device == 'cuda' else 'op'} time.\n")
+    for c in res.report:
+        header += f"#   {c.name:<17} n={c.n:<4} mean |err| {100 * c.mape:5.1f}%  max {100 * c.max_err:5.1f}%\n"
+    write_yaml(res.profile, out, header)
+    load_device(str(out), key="--out")        # the written profile loads as cluster.gpu does
+    if as_json:
+        typer.echo(json.dumps({
+            "profile": str(out), "trace": str(trace_file), "device": tf.device, "total_s": tf.total_s,
+            "identified_fraction": ident, "identified_s": tf.identified_s,
+            "unidentified_s": dict(tf.unidentified),
+            "classes": [{"class": c.name, "n": c.n, "mape": c.mape, "max_error": c.max_err,
+                         "params": c.params} for c in res.report],
+            "collectives": res.collectives, "notes": res.notes, "warnings": res.warnings}))
+        _warn(res.warnings)
+        return
+    typer.echo(f"# sim5d calibrate trace {trace_file} -> {out}")
+    typer.echo(f"# identified {100 * ident:.1f}% of {tf.total_s:.4g} s of "
+               f"{'GPU kernel' if tf.device == 'cuda' else 'CPU op'} time: "
+               + ", ".join(f"{k} {100 * v:.1f}%" for k, v in share.items()))
+    if tf.unidentified:
+        typer.echo("# not identified (largest): " + ", ".join(
+            f"{k} {1e3 * v:.3g} ms" for k, v in tf.unidentified[:5]))
+    _print_classes(res)
+    for c in res.collectives:
+        typer.echo(f"  {c['op']:<17} {c['ranks']:>4} ranks  alpha {c['alpha_us']:.1f} us, busbw "
+                   f"{c['busbw_gbps']} GB/s, alpha-beta |err| {100 * c['mape']:.1f}%")
+    for n in res.notes:
+        typer.echo(f"# note: {n}")
+    _warn(res.warnings)
 
 
 def register(app: typer.Typer) -> None:
