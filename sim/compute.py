@@ -129,7 +129,7 @@ from pydantic import BeforeValidator
 
 from sim.devices import PRECISIONS, DeviceProfile
 from sim.errors import ConfigError
-from sim.fields import Strict, checked, finite, is_number, refuse
+from sim.fields import Strict, checked, finite, is_number, one_of, refuse
 from sim.workload.ops import ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
 
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -326,12 +326,7 @@ def _op_class(known):
     return check
 
 
-def _precision(p):
-    if p not in PRECISIONS:
-        from sim.suggest import did_you_mean
-        raise refuse(f"unknown precision {p!r}{did_you_mean(str(p), PRECISIONS)}; one of "
-                     f"{', '.join(PRECISIONS)}")
-    return p
+_precision = one_of(PRECISIONS, "precision")
 
 
 def _tiles(tiles):

@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 from pydantic import BeforeValidator
 
 from sim.errors import ConfigError
-from sim.fields import Strict, checked, finite, is_number, refuse, string
+from sim.fields import Strict, checked, finite, is_number, one_of, refuse, string
 from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.units import GiB
@@ -107,12 +107,7 @@ def _fraction_below_one(v):
     return v
 
 
-def _precision(p):
-    if p not in PRECISIONS:
-        from sim.suggest import did_you_mean
-        raise refuse(f"unknown precision {p!r}{did_you_mean(str(p), PRECISIONS)}; one of "
-                     f"{', '.join(PRECISIONS)}")
-    return p
+_precision = one_of(PRECISIONS, "precision")
 
 
 def _peaks(v):
