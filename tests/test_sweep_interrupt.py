@@ -90,6 +90,13 @@ def _group_gone(pgid: int, timeout: float = 5.0) -> bool:
     return False
 
 
+def _ctrl_c_as_in_a_terminal():
+    """In the child before exec: SIGINT's default action, as a terminal's foreground job has it
+    (a test run started in the background by a non-interactive shell inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt handler: the interrupt would never arrive)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("name, after", [("idle-worker", 1), ("many-batches", 5)])
 def test_ctrl_c_stops_the_sweep_with_one_line_and_a_rerun_resumes_it(tmp_path, tmp_path_factory, name, after):
     """A terminal's Ctrl-C (SIGINT to the whole foreground process group: the sweep and its pool
@@ -104,7 +111,7 @@ def test_ctrl_c_stops_the_sweep_with_one_line_and_a_rerun_resumes_it(tmp_path, t
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", *args, "--out", str(out), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path, start_new_session=True)
+                            cwd=tmp_path, start_new_session=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         t0 = time.monotonic()
         while _rows(stream, "analytical") < after and proc.poll() is None and time.monotonic() - t0 < 120:
@@ -187,6 +194,9 @@ def test_pool_workers_ignore_sigint(monkeypatch):
     from sim.sweep.executors import LocalExecutor
 
     monkeypatch.setitem(evaluate.TASKS, "sleep", _sleep_task)
+    # Python's own Ctrl-C handler in this process (as in a terminal), so that the workers would
+    # die of SIGINT unless they ignore it themselves (inherited SIG_IGN would pass regardless)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     ex = LocalExecutor(2)
     try:
         assert [r for _, r in ex.map_unordered([("sleep", (0.01,))])] == [0.01]
@@ -200,6 +210,7 @@ def test_pool_workers_ignore_sigint(monkeypatch):
         assert got == [0.01, 0.02]
     finally:
         ex.close()
+        signal.signal(signal.SIGINT, before)
 
 
 def test_interrupted_sweep_aborts_its_pool_and_names_its_stream(tmp_path, monkeypatch):
