@@ -7,10 +7,11 @@ simulated ranks (e.g. a DP gradient bucket and a PP send leaving through the sam
 link bandwidth max-min fairly.
 
 Isolated groups (flow mode): before the run the engine shows the network every program
-(`prepare`). A process group whose calls are all blocking (`Comm`: the caller waits, so two
-calls of the group never overlap) and whose links no other group's calls cross can never
-share a link with other traffic: each of its calls takes exactly the time of its flows alone on
-the graph. That time is computed once per distinct call (the same FlowNetwork, in a private
+(`prepare`). A process group whose calls never overlap each other (each one blocking, or
+launched and waited for before the group's next call on another stream; calls on one stream run
+one after another; issued by one simulated rank, or by all members through the engine's
+barrier) and whose links no other group's calls cross can never share a link with other
+traffic: each of its calls takes exactly the time of its flows alone on the graph. That time is computed once per distinct call (the same FlowNetwork, in a private
 environment holding only that call) and the call becomes a fixed delay (`fixed_ns`), which the
 engine merges with the kernels around it. In a large step most tensor-parallel collectives are
 such calls (NVLink inside a node, used by nothing else), and the shared network is left with

@@ -11,7 +11,9 @@ decided by comparing those integers, never floats. The bytes of a transfer are d
 
 All arrivals at one simulated instant are solved together: the re-solve runs as an event of lower
 priority than SimPy's NORMAL, i.e. after every other event of the same time (a batch of 10,000
-flows started by one collective costs one solve, not 10,000).
+flows started by one collective costs one solve, not 10,000). A collective's phase enters as one
+batch (`transfer_batch`): its flows' arrays are built once per plan and it has one event, which
+succeeds when the batch's last flow has arrived.
 
 `mode="analytical"` skips sharing: a transfer takes latency + bytes / (path bottleneck), the
 alpha-beta model. The scenario key `simulation.network: flow | analytical` selects the mode.
