@@ -118,7 +118,9 @@ def write_traces(result, folder: Path, labels: dict) -> list:
                            label=labels.get(rank, f"rank {rank}"), makespan_ns=result.makespan_ns,
                            zero_stage=sc.parallelism.zero_stage, device_props=props)
         path = folder / f"rank-{rank}.json.gz"
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        # gzip level 6 (gzip(1)'s default): a third of level 9's time, 10% larger files
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0,
+                                                       filename="") as f:
             f.write(json.dumps(trace).encode())
         paths.append(path)
     return paths
