@@ -32,7 +32,7 @@ module turns records into the time breakdown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import simpy

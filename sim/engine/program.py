@@ -209,6 +209,7 @@ class ProgramBuilder:
         self._groups: dict = {}
         self._peers: dict = {}
         self._costs: dict = {}
+        self._specs: dict = {}
         self.act_bytes = _act_bytes(sc)
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
@@ -273,6 +274,15 @@ class ProgramBuilder:
             g = self._groups[key] = self.layout.group(self.me, dim)
         return g
 
+    def _spec(self, op: str, pp_rank: int, dim: str, size: int, tag: str) -> CommSpec:
+        """The CommSpec of a call over this rank's `dim` group, one object per distinct call (a
+        spec is immutable; the same TP call recurs per layer and microbatch)."""
+        key = (self.me, op, dim, size, tag)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = CommSpec(op, self._group(pp_rank, dim), size, tag)
+        return spec
+
     def _peer(self, pp_rank: int) -> int:
         """The global rank at pipeline rank `pp_rank` with this rank's tp / cp / dp coordinates."""
         key = (self.me, pp_rank)
@@ -303,7 +313,7 @@ class ProgramBuilder:
         p = self.sc.parallelism
         if p.tp == 1:
             return
-        spec = CommSpec(op, self._group(pp_rank, "tp"), self.act_bytes, "tp")
+        spec = self._spec(op, pp_rank, "tp", self.act_bytes, "tp")
         if self.sc.training.tp_comm_overlap:
             # TP comm overlapped with the neighbouring GEMM (Megatron/Transformer Engine
             # userbuffers: AG+GEMM and GEMM+RS pipelined): it runs on the TP stream under the next
@@ -326,7 +336,7 @@ class ProgramBuilder:
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
         # every token's top-k copies of its hidden state leave for the experts' ranks
-        prog.append(Comm(CommSpec("all_to_all", self._group(pp_rank, "ep"), self.a2a_bytes(), "ep"), name))
+        prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.a2a_bytes(), "ep"), name))
 
     def _tp_mlp(self, layer) -> bool:
         """Whether the MLP block of `layer` has TP collectives over the attention TP group: dense
@@ -346,7 +356,7 @@ class ProgramBuilder:
         p = self.sc.parallelism
         if not (self.etp_split and p.etp > 1 and self.sc.model.is_moe_layer(layer)):
             return
-        prog.append(Comm(CommSpec(op, self._group(pp_rank, "etp"), p.etp * self.a2a_bytes(), "ep"), name))
+        prog.append(Comm(self._spec(op, pp_rank, "etp", p.etp * self.a2a_bytes(), "ep"), name))
 
     # -- CP ------------------------------------------------------------------------------
     @staticmethod
@@ -358,13 +368,14 @@ class ProgramBuilder:
     def _cp_core_forward(self, prog, r, layer, mb, core, tag, cat):
         """The core attention of one layer under CP (the ring or the Ulysses all-to-alls)."""
         p = self.sc.parallelism
-        group = self._group(r, "cp")
         if p.cp_comm_type == "a2a":
-            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["qkv"], "cp"), f"{tag} L{layer} cp a2a qkv"))
+            prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["qkv"], "cp"),
+                             f"{tag} L{layer} cp a2a qkv"))
             prog.append(Compute(core["fwd"], f"{tag} L{layer} core attn mb{mb}", cat))
-            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["out"], "cp"), f"{tag} L{layer} cp a2a out"))
+            prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["out"], "cp"),
+                             f"{tag} L{layer} cp a2a out"))
             return
-        spec = CommSpec("send_recv", group, self.cp_bytes["kv"], "cp")
+        spec = self._spec("send_recv", r, "cp", self.cp_bytes["kv"], "cp")
         steps = self._split(core["fwd"], p.cp)
         uid = len(prog)
         for i in range(p.cp):
@@ -378,11 +389,10 @@ class ProgramBuilder:
 
     def _cp_core_backward(self, prog, r, layer, mb, core, name):
         p = self.sc.parallelism
-        group = self._group(r, "cp")
         if p.cp_comm_type == "a2a":
-            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["out"], "cp"), f"B {name} cp a2a dout"))
+            prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["out"], "cp"), f"B {name} cp a2a dout"))
             prog.append(Compute(core["dgrad"], f"B {name} core attn dgrad"))
-            prog.append(Comm(CommSpec("all_to_all", group, self.cp_bytes["qkv"], "cp"), f"B {name} cp a2a dqkv"))
+            prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["qkv"], "cp"), f"B {name} cp a2a dqkv"))
             return
         kv = self.cp_bytes["kv"]
         steps = self._split(core["dgrad"], p.cp)
@@ -392,14 +402,14 @@ class ProgramBuilder:
                 prog.append(Wait(("cp", uid, i), f"B {name} kv/dkv block {i}"))
             # K/V for step i+1 and the dK/dV accumulated up to step i-1
             size = kv * (i + 1 < p.cp) + kv * (i > 0)
-            prog.append(Launch(("cp", uid, i + 1), CommSpec("send_recv", group, size, "cp"),
+            prog.append(Launch(("cp", uid, i + 1), self._spec("send_recv", r, "cp", size, "cp"),
                                f"B {name} kv/dkv ring step {i + 1}", "cp"))
             prog.append(Compute(steps[i], f"B {name} attn block {i} dgrad"))
             if i and core.get("correction_bwd"):
                 prog.append(Compute(core["correction_bwd"], f"B {name} grad accumulate {i}"))
         # the last dK/dV returns to its owner before the QKV projection's backward
         prog.append(Wait(("cp", uid, p.cp), f"B {name} kv/dkv block {p.cp}"))
-        prog.append(Launch(("cp", uid, p.cp + 1), CommSpec("send_recv", group, kv, "cp"),
+        prog.append(Launch(("cp", uid, p.cp + 1), self._spec("send_recv", r, "cp", kv, "cp"),
                            f"B {name} dkv return", "cp"))
         prog.append(Wait(("cp", uid, p.cp + 1), f"B {name} dkv returned"))
 
@@ -507,11 +517,10 @@ class ProgramBuilder:
         stream does not change the time)."""
         wgrad = self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"]
         col_d, col_w = c["col_dgrad"], c["col_wgrad"]
-        group = self._group(r, "tp")
         self._dgrad(prog, r, layer, mb, block, c, lc, "B", name, hold_back=col_d)
         if self.sp:
             h = ("tp-async", name, "all-gather", len(prog))
-            prog.append(Launch(h, CommSpec("all_gather", group, self.act_bytes, "tp"),
+            prog.append(Launch(h, self._spec("all_gather", r, "tp", self.act_bytes, "tp"),
                                f"B {name} input all-gather", "tp"))
             prog.append(Compute(col_d, f"B {name} column dgrad"))
             prog.append(Wait(h, f"B {name} input all-gather"))
@@ -520,7 +529,7 @@ class ProgramBuilder:
             prog.append(Compute(col_d, f"B {name} column dgrad"))
             op, what = "all_reduce", "grad all-reduce"
         h = ("tp-async", name, what, len(prog))
-        prog.append(Launch(h, CommSpec(op, group, self.act_bytes, "tp"), f"B {name} {what}", "tp"))
+        prog.append(Launch(h, self._spec(op, r, "tp", self.act_bytes, "tp"), f"B {name} {what}", "tp"))
         prog.append(Compute(col_w, f"B {name} column wgrad"))
         prog.append(Wait(h, f"B {name} {what}"))
         prog.append(Compute(wgrad - col_w, f"B {name} wgrad"))

@@ -92,11 +92,15 @@ class Schedule:
 
     def prev_stage(self, stage: int, microbatch: int) -> int | None:
         """The stage before `stage` on `microbatch`'s chain (None for its first stage)."""
+        if self.layout != "dualpipe":          # every chain is 0..S-1 (the program builder asks
+            return stage - 1 if stage > 0 else None          # this per layer and microbatch)
         chain = self.stage_chain(microbatch)
         return stage - 1 if stage > chain.start else None
 
     def next_stage(self, stage: int, microbatch: int) -> int | None:
         """The stage after `stage` on `microbatch`'s chain (None for its last stage)."""
+        if self.layout != "dualpipe":
+            return stage + 1 if stage + 1 < self.pp * self.chunks else None
         chain = self.stage_chain(microbatch)
         return stage + 1 if stage + 1 < chain.stop else None
 
