@@ -83,15 +83,19 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
             capacity = np.concatenate([capacity, max_rate[capped]])
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
-    # Work on the links actually used, renumbered 0..L-1 in edge-id order (np.unique's numbering,
-    # without its sort: edge ids are small integers).
-    used = np.zeros(capacity.shape[0], dtype=bool)
-    used[edge_of] = True
-    links = np.flatnonzero(used)
+    # Work on the links actually used, renumbered 0..L-1 in edge-id order: by sorting when they
+    # are few next to the graph's links, else by marking (edge ids are small integers; the
+    # same numbering either way).
+    if edge_of.size * 16 < capacity.shape[0]:
+        links, ae = np.unique(edge_of, return_inverse=True)
+    else:
+        used = np.zeros(capacity.shape[0], dtype=bool)
+        used[edge_of] = True
+        links = np.flatnonzero(used)
+        local = np.empty(capacity.shape[0], dtype=np.int64)
+        local[links] = np.arange(links.size)
+        ae = local[edge_of]
     L = links.size
-    local = np.empty(capacity.shape[0], dtype=np.int64)
-    local[links] = np.arange(L)
-    ae = local[edge_of]
     cap_rem = capacity[links].astype(np.float64)
     af = flow_of
     level = float(start_level)
