@@ -32,3 +32,23 @@ class UnitCosts(CostModel):
 
     def optimizer_ns(self, n_params):
         return 5
+
+
+# The interval walk sim.engine.metrics used before its numpy breakdown (the reference the tests
+# compare it with).
+def _union(intervals):
+    """Merge [start, end) intervals; returns a sorted list of disjoint ones."""
+    out = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return out
+
+
+def _length(intervals) -> int:
+    return sum(e - s for s, e in intervals)

@@ -170,7 +170,8 @@ def test_breakdown_is_the_interval_walk(spans):
     lists one by one: compute = |K|, exposed = |C minus K|, for random kernels and collectives
     (empty, touching and nested ones included)."""
     from sim.engine.core import Record
-    from sim.engine.metrics import _length, _union, breakdown
+    from engine_fakes import _length, _union
+    from sim.engine.metrics import breakdown
 
     recs = [Record(0, "compute" if kernel else "dp", "x", "compute", s, s + d) for kernel, s, d in spans]
     recs.append(Record(0, "compute", "k", "compute", 0, 0))

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, run_cli
 from sim import api
 from sim.engine import kineto
-from sim.engine.metrics import _length, _union
+from engine_fakes import _length, _union
 
 SCENARIO = REPO / "scenarios" / "llama3-8b-h100x16-1f1b.yaml"      # TP2 PP2 DP4: ranks 0 and 8 simulated
 

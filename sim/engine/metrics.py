@@ -13,24 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _union(intervals):
-    """Merge [start, end) intervals; returns a sorted list of disjoint ones."""
-    out = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
-        else:
-            out.append([s, e])
-    return out
-
-
-def _length(intervals) -> int:
-    return sum(e - s for s, e in intervals)
-
-
 @dataclass(frozen=True)
 class Breakdown:
     rank: int
