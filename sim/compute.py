@@ -129,7 +129,7 @@ from pydantic import BeforeValidator
 
 from sim.devices import PRECISIONS, DeviceProfile
 from sim.errors import ConfigError
-from sim.fields import Strict, checked, finite, is_number, one_of, refuse
+from sim.fields import Strict, checked, finite, is_number, known_key, one_of, refuse
 from sim.workload.ops import ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
 
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -316,16 +316,6 @@ def _non_negative(v):
     return _range_check(v, "us")
 
 
-def _op_class(known):
-    def check(cls):
-        if cls not in known:
-            from sim.suggest import did_you_mean
-            raise refuse(f"unknown op class {cls!r}{did_you_mean(str(cls), list(known))}; known: "
-                         f"{', '.join(known)}")
-        return cls
-    return check
-
-
 _precision = one_of(PRECISIONS, "precision")
 
 
@@ -422,9 +412,10 @@ class ComputeIn(Strict):
     """Shortest K-chunk of a split."""
     gemm_efficiency: Optional[GemmEfficiencyIn] = None
     """A fitted efficiency curve over GEMM arithmetic intensity."""
-    overhead_us: dict[checked(str, _op_class(OP_CLASSES)), checked(float, _non_negative)] = {}
+    overhead_us: dict[checked(str, known_key(OP_CLASSES, "op class")), checked(float, _non_negative)] = {}
     """Fixed cost per kernel of an op class, us."""
-    elementwise_gbps: dict[checked(str, _op_class(BANDWIDTH_CLASSES)), checked(float, _bandwidth)] = {}
+    elementwise_gbps: dict[checked(str, known_key(BANDWIDTH_CLASSES, "op class")),
+                           checked(float, _bandwidth)] = {}
     """Achieved GB/s of an elementwise class, or a curve over the bytes moved."""
     sustained_matmul_fraction: checked(float, _fraction) = 1.0
     """Share of the MAMF that GEMMs sustain inside training layers."""

@@ -63,6 +63,19 @@ def one_of(choices, what: str = "") -> Callable[[Any], Any]:
     return check
 
 
+def known_key(known, what: str = "key", listed: str = "known") -> Callable[[Any], Any]:
+    """A check for a mapping's key: one of `known`, else "unknown WHAT 'k' (did you mean); LISTED:
+    a, b, ..." (a topology table's algorithm or protocol, a device profile's op class)."""
+    from sim.suggest import did_you_mean
+
+    def check(k):
+        if k not in known:
+            raise refuse(f"unknown {what} {k!r}{did_you_mean(str(k), list(known))}; {listed}: "
+                         f"{', '.join(known)}")
+        return k
+    return check
+
+
 def string(*, non_empty: bool = False, hint: str = "") -> Callable[[Any], Any]:
     """A check: a string (non-empty with `non_empty`)."""
     def check(v):

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple, Optional
 from pydantic import ValidationError
 
 from sim.errors import ConfigError
-from sim.fields import Strict, checked, finite, is_number, one_of, refuse, string
+from sim.fields import Strict, checked, finite, is_number, known_key, one_of, refuse, string
 from sim.suggest import did_you_mean
 
 GPU_INTERCONNECTS = ("nvswitch", "nvlink-mesh", "pcie", "loopback")
@@ -310,17 +310,8 @@ def _protocols(v):
     return tuple(v)
 
 
-def _table_key(known, what: str = "key"):
-    def check(k):
-        if k not in known:
-            raise refuse(f"unknown {what} {k!r}{did_you_mean(str(k), known)}; "
-                         f"{'known' if what == 'key' else 'one of'}: {', '.join(known)}")
-        return k
-    return check
-
-
-ProtocolTable = dict[checked(str, _table_key(PROTOCOLS, "protocol")), Us]
-AlgorithmTable = dict[checked(str, _table_key(tuple(NCCL_BASE_LATENCY_US))), ProtocolTable]
+ProtocolTable = dict[checked(str, known_key(PROTOCOLS, "protocol", "one of")), Us]
+AlgorithmTable = dict[checked(str, known_key(tuple(NCCL_BASE_LATENCY_US))), ProtocolTable]
 
 
 class LinkIn(Strict):
@@ -424,7 +415,7 @@ class CollectivesIn(Strict):
     base_latency_us: Optional[AlgorithmTable] = None
     """Per-call latency, us, as {algorithm: {protocol: us}} for ring, tree, nvls; merged over
     NCCL's baseLat table (the default)."""
-    step_latency_us: Optional[dict[checked(str, _table_key(STEP_CLASSES)), Optional[AlgorithmTable]]] = None
+    step_latency_us: Optional[dict[checked(str, known_key(STEP_CLASSES)), Optional[AlgorithmTable]]] = None
     """Per-step (per hop) latency, us, as {link class: {algorithm: {protocol: us}}}; link classes
     nvlink, pcie, net, loopback; merged over NCCL's hwLat table (the default; loopback: its PCI
     row)."""
