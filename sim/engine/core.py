@@ -166,6 +166,11 @@ class Engine:
         self.p2p: dict = {}
         """key -> {"src", "dst", "sent_ns", "arrived_ns", "consumed_ns"} for every send/recv."""
         self._streams = {(r, s): simpy.Resource(self.env, capacity=1) for r in programs for s in comm_streams}
+        self._free: dict = {}
+        """(rank, stream) -> when the stream's last fixed-time call ends (`_launch`)."""
+        self._slow: dict = {}
+        """(rank, stream) -> calls in flight on the stream whose time the network decides as
+        they run (queued on the stream's SimPy resource)."""
         self.events = 0
         self._busy = {r: 0 for r in programs}
         self._busy_changed: dict = {}
@@ -214,10 +219,40 @@ class Engine:
         yield from self.network.transfer(self.env, spec)
         done.succeed()
 
+    def _launch(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None):
+        """Queue a call on a communication stream (FIFO). A call of a fixed duration (the
+        network's `fixed_ns`, no barrier, no interference) behind only fixed-time calls needs
+        no process: it starts when the stream is free (the end of the call before it) and its
+        record and its completion event are known at once. Otherwise a process queues it on the
+        stream's resource; it starts after the fixed-time calls ahead of it."""
+        sk = (rank, stream)
+        if key is None and not self.slowdown and not self._slow.get(sk):
+            fixed = getattr(self.network, "fixed_ns", None)
+            dur = fixed(spec) if fixed is not None else None
+            if dur is not None:
+                env = self.env
+                now = env.now
+                start = max(now, self._free.get(sk, 0))
+                end = start + dur
+                self._free[sk] = end
+                self.records.append(Record(rank, stream, name, spec.tag or stream, start, end))
+                done._ok = True
+                done._value = None
+                env.schedule(done, simpy.core.NORMAL, end - now)
+                return
+        self._slow[sk] = self._slow.get(sk, 0) + 1
+        self.env.process(self._comm_process(rank, stream, spec, name, done, key))
+
     def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None):
         env = self.env
-        with self._streams[(rank, stream)].request() as req:
+        sk = (rank, stream)
+        with self._streams[sk].request() as req:
             yield req
+            # fixed-time calls launched before it may still run (while a call of this kind is
+            # in flight no fixed-time call joins them, so the time does not move)
+            free = self._free.get(sk, 0)
+            if free > env.now:
+                yield env.timeout(free - env.now)
             start = env.now
             if self.slowdown:
                 self._set_busy(rank, +1)
@@ -225,6 +260,7 @@ class Engine:
             if self.slowdown:
                 self._set_busy(rank, -1)
             self.records.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
+        self._slow[sk] -= 1
         done.succeed()
 
     def _slowed_compute(self, rank, dur_ns):
@@ -341,8 +377,8 @@ class Engine:
                                            start, env.now))
             elif t is Launch:
                 done = self._event_for(self._handles, (rank, ins.handle))
-                env.process(self._comm_process(rank, ins.stream, ins.spec, ins.name, done,
-                                               self._rendezvous_key(rank, ins.spec)))
+                self._launch(rank, ins.stream, ins.spec, ins.name, done,
+                             self._rendezvous_key(rank, ins.spec))
             elif t is Wait:
                 ev = self._event_for(self._handles, (rank, ins.handle))
                 if not ev.processed:
@@ -354,7 +390,7 @@ class Engine:
                 arrived = self._event_for(self._arrivals, ins.key)
                 self.p2p.setdefault(ins.key, {})["src"] = rank
                 self.p2p[ins.key]["sent_ns"] = env.now
-                env.process(self._comm_process(rank, "pp", ins.spec, ins.name, arrived))
+                self._launch(rank, "pp", ins.spec, ins.name, arrived)
             elif t is Recv:
                 ev = self._event_for(self._arrivals, ins.key)
                 if not ev.processed:

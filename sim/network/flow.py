@@ -83,34 +83,35 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
             capacity = np.concatenate([capacity, max_rate[capped]])
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
-    # Work on the links actually used, renumbered 0..L-1 in edge-id order: by sorting when they
-    # are few next to the graph's links, else by marking (edge ids are small integers; the
-    # same numbering either way).
-    if edge_of.size * 16 < capacity.shape[0]:
-        links, ae = np.unique(edge_of, return_inverse=True)
-    else:
-        used = np.zeros(capacity.shape[0], dtype=bool)
-        used[edge_of] = True
-        links = np.flatnonzero(used)
-        local = np.empty(capacity.shape[0], dtype=np.int64)
-        local[links] = np.arange(links.size)
-        ae = local[edge_of]
+            E = capacity.shape[0]
+    if edge_of.size <= _SMALL_ENTRIES:
+        return _fill_small(capacity, flow_of.tolist(), edge_of.tolist(), n_flows, float(start_level))
+    # Number the links actually used 0..L-1 without sorting: each link's slot keeps the index of
+    # one of its entries (whichever write lands last), that entry stands for the link. The fill's
+    # arithmetic is per link, so the numbering does not change any result.
+    idx = np.arange(edge_of.size)
+    slot = np.empty(E, dtype=np.int64)
+    slot[edge_of] = idx
+    first = slot[edge_of]
+    is_first = first == idx
+    local = np.cumsum(is_first) - 1
+    ae = local[first]
+    links = edge_of[is_first]
     L = links.size
     cap_rem = capacity[links].astype(np.float64)
-    af = flow_of
     level = float(start_level)
     if level > 0.0:
         cap_rem -= level * np.bincount(ae, minlength=L)
         np.maximum(cap_rem, 0.0, out=cap_rem)
     rate = np.zeros(n_flows)
     frozen = np.zeros(n_flows, dtype=bool)
+    af = flow_of
     it = 0
     while af.size:
         it += 1
         n_e = np.bincount(ae, minlength=L)
-        used = n_e > 0
         share = np.full(L, np.inf)
-        np.divide(cap_rem, n_e, out=share, where=used)
+        np.divide(cap_rem, n_e, out=share, where=n_e > 0)
         inc = share.min()
         level += inc
         cap_rem -= inc * n_e
@@ -123,6 +124,51 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
         keep = ~frozen[af]
         af, ae = af[keep], ae[keep]
     return rate, it
+
+
+_SMALL_ENTRIES = 48
+"""Up to this many (flow, link) entries the filling runs on Python floats (`_fill_small`): numpy's
+per-call cost exceeds the work (a pipeline send alone on its links: 4-8 entries)."""
+
+
+def _fill_small(capacity: np.ndarray, af: list, edges: list, n_flows: int, level: float):
+    """`max_min_rates` on Python lists: the same IEEE operations on each link's numbers in the
+    same order as the numpy code (c - level * n, c / n, min, level + inc, c - inc * n), so the
+    rates are equal bit for bit (tests/test_engine_speed.py compares them)."""
+    local: dict = {}
+    ae = [local.setdefault(e, len(local)) for e in edges]
+    L = len(local)
+    cap_rem = capacity[list(local)].tolist()
+    if level > 0.0:
+        n_e = [0] * L
+        for e in ae:
+            n_e[e] += 1
+        cap_rem = [max(c - level * n, 0.0) for c, n in zip(cap_rem, n_e)]
+    rate = [0.0] * n_flows
+    frozen = [False] * n_flows
+    entries = list(zip(af, ae))
+    inf = math.inf
+    it = 0
+    while entries:
+        it += 1
+        n_e = [0] * L
+        for _, e in entries:
+            n_e[e] += 1
+        share = [c / n if n else inf for c, n in zip(cap_rem, n_e)]
+        inc = min(share)
+        if inc != inc or any(x != x for x in share):
+            inc = math.nan                      # numpy's min propagates NaN
+        level += inc
+        cap_rem = [c - inc * n for c, n in zip(cap_rem, n_e)]
+        thr = inc * (1.0 + 1e-12)
+        hit = [f for f, e in entries if share[e] <= thr]
+        if not hit:
+            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+        for f in hit:
+            rate[f] = level
+            frozen[f] = True
+        entries = [fe for fe in entries if not frozen[fe[0]]]
+    return np.array(rate), it
 
 
 class FlowNetwork:
