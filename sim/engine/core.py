@@ -57,49 +57,44 @@ class CommSpec:
     tag: str = ""
 
 
-@dataclass(frozen=True)
-class Compute:
+# Instructions are named tuples: a large step has millions of them, and a named tuple is made
+# in half the time of a frozen dataclass (benchmarks/engine.py).
+class Compute(NamedTuple):
     dur_ns: int
     name: str
     cat: str = "compute"
     """compute | recompute | optimizer"""
 
 
-@dataclass(frozen=True)
-class Comm:
+class Comm(NamedTuple):
     spec: CommSpec
     name: str
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
     handle: object
     spec: CommSpec
     name: str
     stream: str = "dp"
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(NamedTuple):
     handle: object
     name: str = "wait"
 
 
-@dataclass(frozen=True)
-class Send:
+class Send(NamedTuple):
     key: object
     spec: CommSpec
     name: str
 
 
-@dataclass(frozen=True)
-class Recv:
+class Recv(NamedTuple):
     key: object
     name: str
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(NamedTuple):
     """An instant on the rank's timeline carrying a value (e.g. activation bytes allocated (+)
     or freed (-) by the action that just ended)."""
 
@@ -123,16 +118,22 @@ class Record(NamedTuple):
 
 class _Run(NamedTuple):
     """A run of consecutive instructions of one rank whose times depend on nothing else in the
-    simulation: kernels (without compute-communication interference), marks, and blocking
-    collectives of a fixed duration (the network's `fixed_ns`). The engine runs it as one
-    timeout of `total_ns` and then records each part at its offset: the same records at the
-    same times as running the parts one by one, with one event instead of one per part."""
+    simulation: kernels (without compute-communication interference), marks, blocking
+    collectives of a fixed duration (the network's `fixed_ns`), fixed-time collectives launched
+    on a stream whose earlier calls are all in the run or waited for (they start in launch order
+    when the stream is free), and waits for calls launched in the run (they end at max(the
+    call's end, the kernels' end)). The engine runs it as one timeout of `total_ns` and then
+    records each part at its offset: the same records at the same times as running the parts one
+    by one, with one event instead of one per part."""
 
     total_ns: int
     parts: tuple
     """(stream, name, cat, start offset, end offset, value) of each record, in program order."""
     count: int
     """Instructions it stands for (the engine's instruction count and watchdog)."""
+    escapes: tuple = ()
+    """(handle, stream, end offset) of calls launched in the run and waited for after it: their
+    completion is scheduled when the run starts."""
 
 
 class DeadlockError(RuntimeError):
@@ -178,6 +179,8 @@ class Engine:
         self._rdv: dict = {}
         self._all_simulated: dict = {}
         self._watch_now = -1
+        self._fixed_spec: dict = {}
+        """id(spec) -> `_fixed_comm_ns` (the specs are alive as long as the programs)."""
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -282,29 +285,18 @@ class Engine:
             remaining -= (env.now - t0) * rate
 
     # -- compiling programs into runs ------------------------------------------------------
-    def _fixed_part(self, rank, ins):
-        """The record of `ins` as a part of a run (offsets from the part's own start), or None
-        when its time depends on the rest of the simulation."""
-        t = type(ins)
-        if t is Compute:
-            if not ins.dur_ns:
-                return ()
-            if not 0 < ins.dur_ns < MAX_NS:
-                raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
-                                    f"{ins.dur_ns!r} ns")
-            return None if self.slowdown else ("compute", ins.name, ins.cat, 0, ins.dur_ns, 0.0)
-        if t is Mark:
-            return ("mark", ins.name, ins.cat, 0, 0, ins.value)
-        if t is Comm:
-            spec = ins.spec
+    def _fixed_comm_ns(self, spec):
+        """The duration of a blocking collective that depends on nothing else in the simulation,
+        or None (a barrier with simulated peers, or a time the network decides as it runs)."""
+        hit = self._fixed_spec.get(id(spec), self)
+        if hit is self:
             if len(spec.ranks) >= 2 and self._members_simulated(spec.ranks):
-                return None                                   # a barrier with simulated peers
-            fixed = getattr(self.network, "fixed_ns", None)
-            dur = fixed(spec) if fixed is not None else None
-            if dur is None:
-                return None
-            return ("compute", ins.name, "comm:" + (spec.tag or "x"), 0, dur, 0.0)
-        return None
+                hit = None                                    # a barrier with simulated peers
+            else:
+                fixed = getattr(self.network, "fixed_ns", None)
+                hit = fixed(spec) if fixed is not None else None
+            self._fixed_spec[id(spec)] = hit
+        return hit
 
     def _members_simulated(self, ranks) -> bool:
         ok = self._all_simulated.get(ranks)
@@ -313,30 +305,95 @@ class Engine:
         return ok
 
     def _compile(self, rank, program) -> tuple[list, list]:
-        """The program with every maximal run of fixed-time instructions replaced by a `_Run`;
-        also the index in `program` of each compiled instruction (for deadlock messages)."""
+        """The program with every maximal run of fixed-time instructions (see `_Run`) replaced
+        by a `_Run`; also the index in `program` of each compiled instruction (for deadlock
+        messages)."""
         out, origin = [], []
         parts, total, first = [], 0, -1
+        add = parts.append
+        slowed = bool(self.slowdown)
+        ends: dict = {}          # handle of a call launched in the current run -> (stream, end offset)
+        free: dict = {}          # stream -> end offset of its last call in the current run
+        outside: dict = {}       # stream -> its calls launched outside a run (or escaped), not waited
+        where: dict = {}         # handle -> stream of such a call
+        finished: set = set()    # handles of calls launched and waited for inside runs
         for i, ins in enumerate(program):
-            part = self._fixed_part(rank, ins)
+            t = type(ins)
+            part = None
+            if t is Compute:
+                dur = ins.dur_ns
+                if not (dur and slowed):
+                    if dur:
+                        if not 0 < dur < MAX_NS:
+                            raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
+                                                f"{dur!r} ns")
+                        add(("compute", ins.name, ins.cat, total, total + dur, 0.0))
+                        total += dur
+                    part = True
+            elif t is Mark:
+                add(("mark", ins.name, ins.cat, total, total, ins.value))
+                part = True
+            elif t is Comm:
+                dur = self._fixed_comm_ns(ins.spec)
+                if dur is not None:
+                    add(("compute", ins.name, "comm:" + (ins.spec.tag or "x"), total, total + dur, 0.0))
+                    total += dur
+                    part = True
+            elif t is Launch:
+                stream = ins.stream
+                dur = None if slowed or outside.get(stream) else self._fixed_comm_ns(ins.spec)
+                if dur is not None:
+                    start = max(total, free.get(stream, 0))          # FIFO on the stream
+                    add((stream, ins.name, ins.spec.tag or stream, start, start + dur, 0.0))
+                    free[stream] = start + dur
+                    ends[ins.handle] = (stream, start + dur)
+                    part = True
+                else:
+                    outside[stream] = outside.get(stream, 0) + 1
+                    where[ins.handle] = stream
+            elif t is Wait:
+                hit = ends.pop(ins.handle, None)
+                if hit is not None:
+                    total = max(total, hit[1])
+                    finished.add(ins.handle)
+                    part = True
+                elif ins.handle in finished:
+                    part = True                  # waited for again (FSDP): long done, a no-op
+                else:
+                    stream = where.pop(ins.handle, None)
+                    if stream is not None:
+                        outside[stream] -= 1
+            elif t is Send:
+                outside["pp"] = outside.get("pp", 0) + 1      # its end is not waited for here
             if part is not None:
                 if first < 0:
                     first = i
-                if part:
-                    stream, name, cat, _, dur, value = part
-                    parts.append((stream, name, cat, total, total + dur, value))
-                    total += dur
                 continue
             if first >= 0:
-                out.append(_Run(total, tuple(parts), i - first))
+                out.append(self._close_run(total, parts, i - first, ends, outside, where))
                 origin.append(first)
                 parts, total, first = [], 0, -1
+                add = parts.append
+                free = {}
             out.append(ins)
             origin.append(i)
         if first >= 0:
-            out.append(_Run(total, tuple(parts), len(program) - first))
+            out.append(self._close_run(total, parts, len(program) - first, ends, outside, where))
             origin.append(first)
         return out, origin
+
+    @staticmethod
+    def _close_run(total, parts, count, ends, outside, where) -> _Run:
+        """The run; its calls still in flight escape it (completion scheduled at run time; their
+        streams count as busy until their waits)."""
+        escapes = ()
+        if ends:
+            escapes = tuple((h, stream, end) for h, (stream, end) in ends.items())
+            for h, (stream, _) in ends.items():
+                outside[stream] = outside.get(stream, 0) + 1
+                where[h] = stream
+            ends.clear()
+        return _Run(total, tuple(parts), count, escapes)
 
     def _rank_process(self, rank, program, origin):
         env, st = self.env, self._state[rank]
@@ -348,6 +405,13 @@ class Engine:
                 self.events += ins.count
                 looks = self.events // WATCHDOG_EVENTS - before // WATCHDOG_EVENTS
                 start = env.now
+                for h, stream, end in ins.escapes:
+                    done = self._event_for(self._handles, (rank, h))
+                    done._ok = True
+                    done._value = None
+                    env.schedule(done, simpy.core.NORMAL, end)
+                    sk = (rank, stream)
+                    self._free[sk] = max(self._free.get(sk, 0), start + end)
                 if ins.total_ns:
                     if not start + ins.total_ns < MAX_NS:
                         raise InternalError(f"a run of {ins.count} kernels of rank {rank} starting at "
