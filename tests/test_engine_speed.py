@@ -195,7 +195,7 @@ def _numpy_fill(monkeypatch, *args, **kw):
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_small_problems_filled_in_python_equal_the_numpy_filling(data):
-    """Up to 48 (flow, link) entries max_min_rates fills on Python floats: rates and iteration
+    """Up to 96 (flow, link) entries max_min_rates fills on Python floats: rates and iteration
     counts equal to the numpy filling bit for bit, with caps, a start level and tied shares."""
     import sim.network.flow as flow
 
@@ -203,7 +203,7 @@ def test_small_problems_filled_in_python_equal_the_numpy_filling(data):
     caps = data.draw(st.lists(st.sampled_from([12.5, 25.0, 50.0, 100.0, 0.1, 3.3, 7.77]) | st.floats(0.01, 500),
                               min_size=n_links, max_size=n_links))
     paths = data.draw(st.lists(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=4, unique=True),
-                               min_size=1, max_size=9))
+                               min_size=1, max_size=19))
     flow_of = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
     edge_of = np.array([e for p in paths for e in p], dtype=np.int64)
     max_rate = np.array(data.draw(st.lists(st.sampled_from([np.inf, np.inf, 5.0, 0.7]),
@@ -313,3 +313,18 @@ def test_a_call_waited_for_twice_inside_and_after_its_run():
     fast, plain = Engine({0: prog}, _HalfFixed()), Engine({0: prog}, _ProcessOnly())
     assert fast.run() == plain.run() == 7
     assert sorted(fast.records) == sorted(plain.records)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-h100x8-zbv/flow", "mixtral-8x7b-h200x16-dualpipev/flow",
+                                  "llama3-8b-h100x64-cp4-32k/flow", "narayanan/gpt-18b"])
+def test_breakdown_from_the_runs_equals_the_breakdown_of_every_record(name):
+    """simulate's breakdown comes from the runs' merged intervals without making the records;
+    it equals sim.engine.metrics.breakdown over the records made afterwards."""
+    from sim.config import build_scenario
+    from sim.engine.metrics import breakdown
+    from sim.engine.simulate import simulate
+
+    res = simulate(build_scenario(dict(_bench().scenario_dicts())[name]))
+    assert res.engine._records is None                     # not made by simulate itself
+    assert res.breakdowns == breakdown(res.records, res.makespan_ns)
+    assert res.makespan_ns == max(r.end_ns for r in res.records)

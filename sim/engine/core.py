@@ -134,6 +134,12 @@ class _Run(NamedTuple):
     escapes: tuple = ()
     """(handle, stream, end offset) of calls launched in the run and waited for after it: their
     completion is scheduled when the run starts."""
+    last_ns: int = 0
+    """The latest end offset of its records (past `total_ns` when a call escapes)."""
+    busy: tuple | None = None
+    """(kernel intervals, communication intervals) of its records as (start, end) offsets,
+    touching intervals merged (sim.engine.metrics.breakdown's K and C: the same unions); None
+    when it has no record but marks."""
 
 
 class DeadlockError(RuntimeError):
@@ -160,7 +166,11 @@ class Engine:
         self.network = network
         if hasattr(network, "bind"):
             network.bind(self.env)
-        self.records: list[Record] = []
+        self._log: list = []
+        """What happened, in order: a Record, or (rank, start, run) for a `_Run` (its records are
+        made only when asked for: `records`)."""
+        self._records: list | None = None
+        self._made = 0
         self._handles: dict = {}
         self._arrivals: dict = {}
         self._state = {r: _RankState() for r in programs}
@@ -238,7 +248,7 @@ class Engine:
                 start = max(now, self._free.get(sk, 0))
                 end = start + dur
                 self._free[sk] = end
-                self.records.append(Record(rank, stream, name, spec.tag or stream, start, end))
+                self._log.append(Record(rank, stream, name, spec.tag or stream, start, end))
                 done._ok = True
                 done._value = None
                 env.schedule(done, simpy.core.NORMAL, end - now)
@@ -262,7 +272,7 @@ class Engine:
             yield from self._transfer(spec, key)
             if self.slowdown:
                 self._set_busy(rank, -1)
-            self.records.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
+            self._log.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
         self._slow[sk] -= 1
         done.succeed()
 
@@ -393,7 +403,24 @@ class Engine:
                 outside[stream] = outside.get(stream, 0) + 1
                 where[h] = stream
             ends.clear()
-        return _Run(total, tuple(parts), count, escapes)
+        kernels, comms = [], []
+        last = 0
+        intervals = False
+        for stream, _, cat, a, b, _ in parts:
+            if b > last:
+                last = b
+            if stream == "mark":
+                continue
+            intervals = True
+            if b <= a:
+                continue
+            iv = kernels if stream == "compute" and not cat.startswith("comm:") else comms
+            if iv and iv[-1][1] == a:
+                iv[-1] = (iv[-1][0], b)
+            else:
+                iv.append((a, b))
+        return _Run(total, tuple(parts), count, escapes, last,
+                    (tuple(kernels), tuple(comms)) if intervals else None)
 
     def _rank_process(self, rank, program, origin):
         env, st = self.env, self._state[rank]
@@ -420,9 +447,7 @@ class Engine:
                     looks = min(looks, 1)        # time advanced: one look sees it
                 for _ in range(looks):
                     self._watchdog()
-                add = self.records.append
-                for stream, name, cat, s, e, value in ins.parts:
-                    add(Record(rank, stream, name, cat, start + s, start + e, value))
+                self._log.append((rank, start, ins))
                 continue
             self.events += 1
             if not self.events % WATCHDOG_EVENTS:
@@ -430,14 +455,14 @@ class Engine:
             if t is Compute:                               # only with interference (slowdown > 0)
                 start = env.now
                 yield from self._slowed_compute(rank, ins.dur_ns)
-                self.records.append(Record(rank, "compute", ins.name, ins.cat, start, env.now))
+                self._log.append(Record(rank, "compute", ins.name, ins.cat, start, env.now))
             elif t is Comm:
                 start = env.now
                 st.waiting_on = f"{ins.name} ({ins.spec.op} over {len(ins.spec.ranks)} ranks)"
                 yield from self._transfer(ins.spec, self._rendezvous_key(rank, ins.spec))
                 st.waiting_on = ""
                 # an exposed collective occupies the compute stream's timeline as communication
-                self.records.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
+                self._log.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
                                            start, env.now))
             elif t is Launch:
                 done = self._event_for(self._handles, (rank, ins.handle))
@@ -491,4 +516,63 @@ class Engine:
                      for r, s in sorted(stuck.items())[:20]]
             raise DeadlockError("deadlock: " + "; ".join(lines))
         del procs
-        return max((rec.end_ns for rec in self.records), default=0)
+        return max((x.end_ns if type(x) is Record else x[1] + x[2].last_ns for x in self._log), default=0)
+
+    def release(self) -> None:
+        """Drop what only the run needed (programs, SimPy state, the network); the log, records,
+        p2p table and counts stay."""
+        self.programs = {}
+        self.env = self.network = None
+        self._streams, self._handles, self._arrivals, self._rdv = {}, {}, {}, {}
+        self._fixed_spec, self._calls, self._free, self._slow = {}, {}, {}, {}
+
+    @property
+    def records(self) -> list:
+        """Every interval and instant of the step as Records (made from the log on first use)."""
+        if self._records is None or self._made != len(self._log):
+            out = []
+            add = out.append
+            for x in self._log:
+                if type(x) is Record:
+                    add(x)
+                    continue
+                rank, start, run = x
+                for stream, name, cat, a, b, value in run.parts:
+                    add(Record(rank, stream, name, cat, start + a, start + b, value))
+            self._records, self._made = out, len(self._log)
+        return self._records
+
+    def busy_intervals(self) -> dict:
+        """{rank: (kernel starts, kernel ends, communication starts, communication ends)} as
+        int64 arrays, for sim.engine.metrics.breakdown_of (without making every Record)."""
+        by_rank: dict = {}
+        for x in self._log:
+            if type(x) is Record:
+                if x.stream == "mark":
+                    continue
+                rank = x.rank
+                kernel = x.stream == "compute" and not x.cat.startswith("comm:")
+                lists = by_rank.get(rank)
+                if lists is None:
+                    lists = by_rank[rank] = ([], [], [], [])
+                if kernel:
+                    lists[0].append(x.start_ns)
+                    lists[1].append(x.end_ns)
+                else:
+                    lists[2].append(x.start_ns)
+                    lists[3].append(x.end_ns)
+                continue
+            rank, start, run = x
+            if run.busy is None:
+                continue
+            kernels, comms = run.busy
+            lists = by_rank.get(rank)
+            if lists is None:
+                lists = by_rank[rank] = ([], [], [], [])
+            for a, b in kernels:
+                lists[0].append(start + a)
+                lists[1].append(start + b)
+            for a, b in comms:
+                lists[2].append(start + a)
+                lists[3].append(start + b)
+        return by_rank

@@ -56,6 +56,12 @@ def breakdown(records, makespan_ns: int) -> dict:
         else:
             lists[2].append(r.start_ns)
             lists[3].append(r.end_ns)
+    return breakdown_of(by_rank, makespan_ns)
+
+
+def breakdown_of(by_rank: dict, makespan_ns: int) -> dict:
+    """`breakdown` from {rank: (kernel starts, kernel ends, comm starts, comm ends)} (the
+    engine's `busy_intervals`)."""
     out = {}
     for rank, (ks, ke, cs, ce) in by_rank.items():
         ks, ke = np.array(ks, dtype=np.int64), np.array(ke, dtype=np.int64)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from sim import schedules, workload
 from sim.engine.core import Engine
 from sim.engine.costs import beyond_limits
-from sim.engine.metrics import breakdown
+from sim.engine.metrics import breakdown_of
 from sim.engine.program import ProgramBuilder
 from sim.errors import BeyondLimits
 from sim.layout import Layout
@@ -29,7 +29,7 @@ from sim.units import MAX_STEP_NS, GiB, ns_to_s
 @dataclass
 class RunResult:
     scenario: object
-    records: list
+    engine: Engine
     makespan_ns: int
     breakdowns: dict
     memory: object
@@ -38,6 +38,12 @@ class RunResult:
     events: int
     wall_s: float
     p2p: dict = field(default_factory=dict)
+
+    @property
+    def records(self) -> list:
+        """Every record of the step (made on first use: a sweep or a validation never needs
+        them, a large step has millions)."""
+        return self.engine.records
 
     def summary(self) -> dict:
         sc = self.scenario
@@ -99,7 +105,8 @@ def simulate(sc, *, costs=None, network=None) -> RunResult:
     if makespan >= MAX_STEP_NS:                                # the clock is a Python int: exact
         raise beyond_limits(sc, f"the step would take {makespan / 1e9:.3g} s")
     pp_rank_of = {rank: layout.coord(rank).pp for rank in programs}
-    return RunResult(scenario=sc, records=engine.records, makespan_ns=makespan,
-                     breakdowns=breakdown(engine.records, makespan), memory=memory_report(sc),
+    engine.release()
+    return RunResult(scenario=sc, engine=engine, makespan_ns=makespan,
+                     breakdowns=breakdown_of(engine.busy_intervals(), makespan), memory=memory_report(sc),
                      layout=layout, pp_rank_of=pp_rank_of, events=engine.events,
                      wall_s=time.perf_counter() - t0, p2p=engine.p2p)
