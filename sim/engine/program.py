@@ -193,6 +193,44 @@ def overlap_pair(first: list, second: list, tag) -> list:
     return out
 
 
+class _Microbatch:
+    """Stands for the microbatch number while a layer's instructions are made once as a template
+    (`ProgramBuilder._layer`): formats as a NUL, which each instance replaces by its number."""
+
+    def __format__(self, spec: str) -> str:
+        return "\x00"
+
+    __str__ = __repr__ = lambda self: "\x00"
+
+
+_MB = _Microbatch()
+
+
+def _template(instructions: list) -> tuple:
+    """How to make each instruction of a layer's template for a microbatch: reused as it is when
+    it names no microbatch and holds no handle of its own, else remade with the microbatch's
+    number in its name and its handle made unique to the instance: (kind, fields...)."""
+    launched = {ins.handle for ins in instructions if type(ins) is Launch}
+    out = []
+    for ins in instructions:
+        t = type(ins)
+        parts = ins.name.split("\x00")
+        name = parts if len(parts) > 1 else None
+        if t is Compute and name:
+            out.append((1, ins.dur_ns, name, ins.cat))
+        elif t is Comm and name:
+            out.append((2, ins.spec, name))
+        elif t is Launch and ins.handle in launched:
+            out.append((3, ins.handle, ins.spec, name or ins.name, ins.stream))
+        elif t is Wait and ins.handle in launched:
+            out.append((4, ins.handle, name or ins.name))
+        elif name:
+            raise TypeError(f"no template for {ins!r}")       # only the kinds above name a microbatch
+        else:
+            out.append((0, ins))
+    return tuple(out)
+
+
 class ProgramBuilder:
     """Builds the per-rank programs of one scenario (representative ranks: one per pipeline
     rank; the TP, CP and DP peers of a rank do the same work at the same time)."""
@@ -615,6 +653,40 @@ class ProgramBuilder:
             specs.append(CommSpec(op, self._group(r, "edp"), int(n_expert * gb), "dp"))
         return specs
 
+    # -- layers from templates ----------------------------------------------------------
+    def _layer(self, prog, key, make, mb):
+        """Append a layer's instructions for microbatch `mb`. They differ between microbatches
+        only in the number in their names (and the handles of their own launches), so they are
+        made once per layer and direction (`make(list, microbatch)` with a stand-in number) and
+        copied: a large step repeats each layer for hundreds of microbatches."""
+        hit = self._templates.get(key)
+        if hit is None:
+            tmp: list = []
+            before = len(self._pending_tp)
+            make(tmp, _MB)
+            pending = tuple(self._pending_tp[before:])
+            del self._pending_tp[before:]
+            hit = self._templates[key] = (_template(tmp), pending)
+        items, pending = hit
+        self._serial += 1
+        n, s = self._serial, str(mb)
+        add = prog.append
+        for it in items:
+            k = it[0]
+            if k == 0:
+                add(it[1])
+            elif k == 1:
+                add(Compute(it[1], s.join(it[2]), it[3]))
+            elif k == 2:
+                add(Comm(it[1], s.join(it[2])))
+            elif k == 3:
+                name = it[3]
+                add(Launch((it[1], n), it[2], name if type(name) is str else s.join(name), it[4]))
+            else:
+                name = it[2]
+                add(Wait((it[1], n), name if type(name) is str else s.join(name)))
+        self._pending_tp.extend((h, n) for h in pending)
+
     # -- the program ---------------------------------------------------------------------
     def build(self) -> dict:
         """{global rank: program} for the simulated ranks."""
@@ -634,6 +706,8 @@ class ProgramBuilder:
         prog: list = []
         self._pending_tp: list = []
         self._fsdp: dict = {}
+        self._templates: dict = {}       # one rank's layer templates (its groups are in them)
+        self._serial = 0
         stages = sched.rank_stages(r)
         gather_handles = {}
         if self.zero3:
@@ -681,7 +755,7 @@ class ProgramBuilder:
                 layers = list(self._layers(s))
                 for k, layer in enumerate(layers):
                     self._fsdp_before(prog, r, s, layers, k)
-                    self._forward_layer(prog, r, layer, mb)
+                    self._layer(prog, ("F", layer), lambda out, m: self._forward_layer(out, r, layer, m), mb)
                     if p.reshard_after_forward:
                         self._fsdp_reshard(s, layer)
                 if self._is_last(s, mb):
@@ -709,7 +783,8 @@ class ProgramBuilder:
                 for k, layer in enumerate(layers):
                     if do_input:
                         self._fsdp_before(prog, r, s, layers, k)
-                    self._backward_layer(prog, r, layer, mb, do_input, do_weight)
+                    self._layer(prog, ("B", layer, do_input, do_weight),
+                                lambda out, m: self._backward_layer(out, r, layer, m, do_input, do_weight), mb)
                     if do_input:
                         self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
                     if final and t.overlap_grad_reduce and (do_weight or not split[s]):
