@@ -90,7 +90,9 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     # one of its entries (whichever write lands last), that entry stands for the link. The fill's
     # arithmetic is per link, so the numbering does not change any result.
     idx = np.arange(edge_of.size)
-    slot = np.empty(E, dtype=np.int64)
+    slot = _SLOTS.get(E)
+    if slot is None:                    # kept: a fresh array per call costs its page faults
+        slot = _SLOTS[E] = np.empty(E, dtype=np.int64)
     slot[edge_of] = idx
     first = slot[edge_of]
     is_first = first == idx
@@ -126,8 +128,11 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     return rate, it
 
 
-_MEMO_SIZE = 4096
-"""Distinct max-min problems a FlowNetwork remembers (then it starts over)."""
+_SLOTS: dict = {}
+"""Scratch arrays of max_min_rates by number of links (only entries it writes are read)."""
+_MEMO_BYTES = 32 << 20
+"""Bytes of remembered max-min problems (links and rates) a FlowNetwork keeps (then it starts
+over): a 16,384-GPU step's data-parallel collectives are problems of thousands of entries."""
 _SMALL_ENTRIES = 64
 """Up to this many (flow, link) entries the filling runs on Python floats (`_fill_small`): numpy's
 per-call cost exceeds the work (measured: 12 entries 23 us against 57 us; 56 entries in one
@@ -212,6 +217,7 @@ class FlowNetwork:
         self.peak_flows = 0
         self._same_instant, self._last_now = 0, -1   # livelock watchdog (_on_solve)
         self._memo: dict = {}                         # max-min inputs -> (rates, iterations)
+        self._memo_bytes = 0
 
     # --- public API ---
     def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
@@ -432,12 +438,15 @@ class FlowNetwork:
         key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes() if capped else None, floor)
         hit = self._memo.get(key)
         if hit is None:
-            if len(self._memo) >= _MEMO_SIZE:
-                self._memo.clear()
             rate, it = max_min_rates(capacity, flow_of, edge_of, F, caps if capped else None,
                                      start_level=floor)
             rate.flags.writeable = False        # shared by every hit
+            size = len(key[0]) + len(key[1]) + rate.nbytes
+            if self._memo_bytes + size > _MEMO_BYTES:
+                self._memo.clear()
+                self._memo_bytes = 0
             hit = self._memo[key] = (rate, it)
+            self._memo_bytes += size
         self._rate = hit[0]
         self.solves += 1
         self.iterations += hit[1]

@@ -113,6 +113,10 @@ def build_graph(topology, num_nodes: int) -> nx.DiGraph:
                           f"{topology.max_nodes}", key="num_nodes")
     b = _Builder(topology, num_nodes)
     b.build()
+    # in bulk, in the order they were made (networkx keeps insertion order: node and neighbour
+    # order, which routing reads, are those of adding them one by one)
+    b.G.add_nodes_from(b.nodes.items())
+    b.G.add_edges_from(b.edge_attrs)
     return b.G
 
 
@@ -125,15 +129,20 @@ class _Builder:
         self.g = topo.gpus_per_node
         self.G = nx.DiGraph()
         self.edges: list[tuple[str, str]] = []
+        self.nodes: dict = {}                     # name -> attributes, added to G at the end
+        self.edge_attrs: list = []                # (u, v, attributes), added to G at the end
 
     # --- helpers ---
     def add_node(self, name: str, kind: str, server: int = -1, index: int = 0, rail: int = -1, **kw):
-        self.G.add_node(name, kind=kind, server=server, index=index, rail=rail, layer=LAYERS[kind], **kw)
+        attrs = self.nodes.setdefault(name, {})   # as networkx: a node added again is updated
+        attrs.update(kind=kind, server=server, index=index, rail=rail, layer=LAYERS[kind], **kw)
 
     def edge(self, u: str, v: str, cls: str, bw_gbps: float, lat: int):
         """One direction of a link."""
-        self.G.add_edge(u, v, eid=len(self.edges), link_class=cls, bandwidth_gbps=float(bw_gbps),
-                        latency_ns=int(lat))
+        if u not in self.nodes or v not in self.nodes:
+            raise AssertionError(f"edge {u} -> {v} before its nodes")  # the bulk add needs nodes first
+        self.edge_attrs.append((u, v, {"eid": len(self.edges), "link_class": cls,
+                                       "bandwidth_gbps": float(bw_gbps), "latency_ns": int(lat)}))
         self.edges.append((u, v))
 
     def link(self, a: str, b: str, cls: str, bw_gbps: float, lat_ab: int, lat_ba: int | None = None):
@@ -265,7 +274,7 @@ class _Builder:
         # Each NIC's port on its leaf (D-mod-k routing picks the up-link by it).
         for (m, r), lf in leaf_of.items():
             port = (m % down) if f.kind == "rail-optimized" else (m * nics + r) % down
-            self.G.nodes[nic_name(m, r)]["leaf_port"] = port
+            self.nodes[nic_name(m, r)]["leaf_port"] = port
         for (m, r), lf in sorted(leaf_of.items()):
             # NIC -> leaf enters the switch (switch latency); leaf -> NIC enters the NIC.
             self.link(nic_name(m, r), f"leaf{lf}", "nic", nd.nic.bandwidth_gbps,
