@@ -176,7 +176,10 @@ class Engine:
         self._state = {r: _RankState() for r in programs}
         self.p2p: dict = {}
         """key -> {"src", "dst", "sent_ns", "arrived_ns", "consumed_ns"} for every send/recv."""
-        self._streams = {(r, s): simpy.Resource(self.env, capacity=1) for r in programs for s in comm_streams}
+        self._stream_names = frozenset(comm_streams)
+        self._tail: dict = {}
+        """(rank, stream) -> completion event of the last call queued on the stream by a process
+        (the next such call starts after it: FIFO)."""
         self._free: dict = {}
         """(rank, stream) -> when the stream's last fixed-time call ends (`_launch`)."""
         self._slow: dict = {}
@@ -239,6 +242,9 @@ class Engine:
         record and its completion event are known at once. Otherwise a process queues it on the
         stream's resource; it starts after the fixed-time calls ahead of it."""
         sk = (rank, stream)
+        if stream not in self._stream_names:
+            raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
+                                f"{', '.join(sorted(self._stream_names))}")
         if key is None and not self.slowdown and not self._slow.get(sk):
             fixed = getattr(self.network, "fixed_ns", None)
             dur = fixed(spec) if fixed is not None else None
@@ -254,26 +260,31 @@ class Engine:
                 env.schedule(done, simpy.core.NORMAL, end - now)
                 return
         self._slow[sk] = self._slow.get(sk, 0) + 1
-        self.env.process(self._comm_process(rank, stream, spec, name, done, key))
+        ahead = self._tail.get(sk)
+        self._tail[sk] = done
+        self.env.process(self._comm_process(rank, stream, spec, name, done, key, ahead))
 
-    def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None):
+    def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None,
+                      ahead: simpy.Event | None = None):
         env = self.env
         sk = (rank, stream)
-        with self._streams[sk].request() as req:
-            yield req
-            # fixed-time calls launched before it may still run (while a call of this kind is
-            # in flight no fixed-time call joins them, so the time does not move)
-            free = self._free.get(sk, 0)
-            if free > env.now:
-                yield env.timeout(free - env.now)
-            start = env.now
-            if self.slowdown:
-                self._set_busy(rank, +1)
-            yield from self._transfer(spec, key)
-            if self.slowdown:
-                self._set_busy(rank, -1)
-            self._log.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
+        if ahead is not None and ahead.callbacks is not None:      # not processed yet
+            yield ahead                                          # the call queued before it
+        # fixed-time calls launched before it may still run (while a call of this kind is in
+        # flight no fixed-time call joins them, so the time does not move)
+        free = self._free.get(sk, 0)
+        if free > env.now:
+            yield env.timeout(free - env.now)
+        start = env.now
+        if self.slowdown:
+            self._set_busy(rank, +1)
+        yield from self._transfer(spec, key)
+        if self.slowdown:
+            self._set_busy(rank, -1)
+        self._log.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
         self._slow[sk] -= 1
+        if self._tail.get(sk) is done:
+            del self._tail[sk]
         done.succeed()
 
     def _slowed_compute(self, rank, dur_ns):
@@ -523,7 +534,7 @@ class Engine:
         p2p table and counts stay."""
         self.programs = {}
         self.env = self.network = None
-        self._streams, self._handles, self._arrivals, self._rdv = {}, {}, {}, {}
+        self._tail, self._handles, self._arrivals, self._rdv = {}, {}, {}, {}
         self._fixed_spec, self._calls, self._free, self._slow = {}, {}, {}, {}
 
     @property

@@ -86,7 +86,7 @@ class ClusterNetwork:
         """Find the isolated groups (module docstring) among the calls of `programs`."""
         if self.mode != "flow":
             return
-        from sim.engine.core import Comm, Launch, Send, Wait
+        from sim.engine.core import Comm, Compute, Launch, Mark, Send, Wait
 
         calls: set = set()               # distinct calls
         overlap: set = set()             # groups two of whose calls may be in flight together
@@ -94,8 +94,11 @@ class ClusterNetwork:
         for rank, prog in programs.items():
             inflight: dict = {}          # handle -> (group, stream) of a launched, unwaited call
             busy: dict = {}              # group -> {stream: calls in flight}
+            group_of: dict = {}          # id(spec) -> its group, None for calls without traffic
             for ins in prog:
                 t = type(ins)
+                if t is Compute or t is Mark:
+                    continue
                 if t is Wait:
                     hit = inflight.pop(ins.handle, None)
                     if hit is not None:
@@ -104,11 +107,15 @@ class ClusterNetwork:
                 if t is not Comm and t is not Launch and t is not Send:
                     continue
                 spec = ins.spec
-                if len(spec.ranks) < 2 or spec.size_bytes <= 0:
+                g = group_of.get(id(spec), False)      # a spec recurs per layer and microbatch
+                if g is False:
+                    g = group_of[id(spec)] = (spec.ranks if len(spec.ranks) >= 2 and spec.size_bytes > 0
+                                              else None)
+                    if g is not None:
+                        calls.add(spec)
+                        callers.setdefault(g, set()).add(rank)
+                if g is None:
                     continue
-                g = spec.ranks
-                calls.add(spec)
-                callers.setdefault(g, set()).add(rank)
                 stream = "compute" if t is Comm else ins.stream if t is Launch else "pp"
                 on = busy.setdefault(g, {})
                 # calls on one stream run one after another (FIFO); on two streams they may overlap
@@ -170,7 +177,7 @@ class ClusterNetwork:
         elif spec.ranks in self._isolated:
             yield env.timeout(self.alone_ns(spec))
         else:
-            yield env.process(collective_process(env, self.net, self.plan(spec)))
+            yield from collective_process(env, self.net, self.plan(spec))
 
 
 def network_for(sc, layout: Layout | None = None) -> ClusterNetwork:
