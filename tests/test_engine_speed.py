@@ -5,6 +5,11 @@
 - Isolated groups (sim.engine.netmodel): a group whose calls never overlap and whose links no
   other group crosses takes its calls' time alone on the graph, without the shared network.
 - Batches: a collective's phase enters the flow network as one batch with one event.
+- Streams: fixed-time calls need no process; runs hold fixed-time launches and their waits
+  (calls still in flight when a run ends escape it); calls timed by a process queue FIFO.
+- Max-min filling on Python floats for small problems, remembered per distinct problem.
+- Records made only when asked for; the breakdown from each run's merged intervals.
+- Layer templates in the program builder.
 The independent truth for the whole engine is tests/data/engine_reference.json: step times,
 breakdowns and a hash of every record, written by the engine before this work
 (`python benchmarks/engine_reference.py --write ...` at commit 52895d1).

@@ -184,7 +184,7 @@ class Engine:
         """(rank, stream) -> when the stream's last fixed-time call ends (`_launch`)."""
         self._slow: dict = {}
         """(rank, stream) -> calls in flight on the stream whose time the network decides as
-        they run (queued on the stream's SimPy resource)."""
+        they run (each run by a process, `_comm_process`)."""
         self.events = 0
         self._busy = {r: 0 for r in programs}
         self._busy_changed: dict = {}
@@ -239,8 +239,8 @@ class Engine:
         """Queue a call on a communication stream (FIFO). A call of a fixed duration (the
         network's `fixed_ns`, no barrier, no interference) behind only fixed-time calls needs
         no process: it starts when the stream is free (the end of the call before it) and its
-        record and its completion event are known at once. Otherwise a process queues it on the
-        stream's resource; it starts after the fixed-time calls ahead of it."""
+        record and its completion event are known at once. Otherwise a process runs it after the
+        call queued before it (and the fixed-time calls ahead of it) has ended."""
         sk = (rank, stream)
         if stream not in self._stream_names:
             raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
