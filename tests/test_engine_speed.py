@@ -12,7 +12,8 @@
 - Layer templates in the program builder.
 The independent truth for the whole engine is tests/data/engine_reference.json: step times,
 breakdowns and a hash of every record, written by the engine before this work
-(`python benchmarks/engine_reference.py --write ...` at commit 52895d1).
+(`python benchmarks/engine_reference.py --write ...` at commit 52895d1; the `ranks-all` cases by
+the engine at 6d96fb3, which gives the earlier cases unchanged).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _bench():
 FAST = ["llama3-8b-h100x16-1f1b/flow", "llama3-8b-h100x16-1f1b/analytical", "llama3-8b-h100x8-zbv/flow",
         "gpt-1.7b-a100x8-gpipe/flow", "gpt-7.5b-a100x32-zbh2/flow", "mixtral-8x7b-h200x16-dualpipev/flow",
         "llama3-8b-h100x64-cp4-32k/flow", "llama3-70b-h200x64-zbh1/analytical", "narayanan/gpt-18b",
-        "zero-bubble/1.5b-zb-h1" if "zero-bubble/1.5b-zb-h1" in REFERENCE else "narayanan/gpt-3.6b"]
+        "zero-bubble/1.5b-zb-h1" if "zero-bubble/1.5b-zb-h1" in REFERENCE else "narayanan/gpt-3.6b",
+        "llama3-8b-h100x16-1f1b/flow/ranks-all/training.tp_comm_overlap=True",
+        "mixtral-8x7b-h200x16-dualpipev/flow/ranks-all"]
 
 
 @pytest.mark.parametrize("name", FAST)

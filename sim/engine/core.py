@@ -222,14 +222,44 @@ class Engine:
         if key is None:
             yield from self.network.transfer(self.env, spec)
             return
+        yield self._arrive(spec, key, self.env.now)
+
+    def _arrive(self, spec: CommSpec, key, at: int, member=None) -> simpy.Event:
+        """One member of a barrier call arrives at `at` (now, or later for a launch queued behind
+        fixed-time calls); returns the event of the call's end. `member`: (rank, stream, name,
+        category, start, done) of a launch without a process, recorded when the call ends."""
         ent = self._rdv.get(key)
         if ent is None:
-            ent = self._rdv[key] = [0, self.env.event()]
+            ent = self._rdv[key] = [0, self.env.event(), at, []]
         ent[0] += 1
+        ent[2] = max(ent[2], at)
+        if member is not None:
+            ent[3].append(member)
         if ent[0] == len(spec.ranks):
             del self._rdv[key]
-            self.env.process(self._run_shared(spec, ent[1]))
-        yield ent[1]
+            self._resolve(spec, ent)
+        return ent[1]
+
+    def _resolve(self, spec, ent) -> None:
+        """Every member has arrived: the call starts at the last arrival. A call of a fixed time
+        (an isolated group, or the analytical network) ends then + its time, with no process;
+        otherwise a process runs it on the network (only members arriving now can be waiting)."""
+        env = self.env
+        fixed = getattr(self.network, "fixed_ns", None)
+        dur = fixed(spec) if fixed is not None else None
+        if dur is None:
+            env.process(self._run_shared(spec, ent[1]))
+            return
+        end = ent[2] + dur
+        for ev in [ent[1]] + [m[5] for m in ent[3]]:
+            ev._ok = True
+            ev._value = None
+            env.schedule(ev, simpy.core.NORMAL, end - env.now)
+        for rank, stream, name, cat, start, _ in ent[3]:
+            self._log.append(Record(rank, stream, name, cat, start, end))
+            sk = (rank, stream)
+            self._free[sk] = max(self._free.get(sk, 0), end)
+            self._slow[sk] -= 1
 
     def _run_shared(self, spec, done):
         yield from self.network.transfer(self.env, spec)
@@ -237,21 +267,29 @@ class Engine:
 
     def _launch(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None):
         """Queue a call on a communication stream (FIFO). A call of a fixed duration (the
-        network's `fixed_ns`, no barrier, no interference) behind only fixed-time calls needs
-        no process: it starts when the stream is free (the end of the call before it) and its
-        record and its completion event are known at once. Otherwise a process runs it after the
-        call queued before it (and the fixed-time calls ahead of it) has ended."""
+        network's `fixed_ns`, no interference) behind only fixed-time calls needs no process: it
+        starts when the stream is free (the end of the call before it) and its record and its
+        completion event are known at once, or for a barrier when its last member arrives.
+        Otherwise a process runs it after the call queued before it (and the fixed-time calls
+        ahead of it) has ended."""
         sk = (rank, stream)
         if stream not in self._stream_names:
             raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
                                 f"{', '.join(sorted(self._stream_names))}")
-        if key is None and not self.slowdown and not self._slow.get(sk):
+        if not self.slowdown and not self._slow.get(sk):
             fixed = getattr(self.network, "fixed_ns", None)
             dur = fixed(spec) if fixed is not None else None
             if dur is not None:
                 env = self.env
                 now = env.now
                 start = max(now, self._free.get(sk, 0))
+                if key is not None:
+                    # a barrier: it ends when its last member has arrived (`_resolve`); until
+                    # then the stream is busy to an unknown time, as with a process
+                    self._slow[sk] = 1
+                    self._tail[sk] = done
+                    self._arrive(spec, key, start, (rank, stream, name, spec.tag or stream, start, done))
+                    return
                 end = start + dur
                 self._free[sk] = end
                 self._log.append(Record(rank, stream, name, spec.tag or stream, start, end))
@@ -332,6 +370,8 @@ class Engine:
         out, origin = [], []
         parts, total, first = [], 0, -1
         add = parts.append
+        kernels, comms = [], []  # the run's busy intervals (touching ones merged), as `_Run.busy`
+        busy = last = 0          # whether it records anything but marks; its latest end offset
         slowed = bool(self.slowdown)
         ends: dict = {}          # handle of a call launched in the current run -> (stream, end offset)
         free: dict = {}          # stream -> end offset of its last call in the current run
@@ -349,7 +389,12 @@ class Engine:
                             raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
                                                 f"{dur!r} ns")
                         add(("compute", ins.name, ins.cat, total, total + dur, 0.0))
+                        if kernels and kernels[-1][1] == total:
+                            kernels[-1] = (kernels[-1][0], total + dur)
+                        else:
+                            kernels.append((total, total + dur))
                         total += dur
+                        busy = 1
                     part = True
             elif t is Mark:
                 add(("mark", ins.name, ins.cat, total, total, ins.value))
@@ -358,16 +403,31 @@ class Engine:
                 dur = self._fixed_comm_ns(ins.spec)
                 if dur is not None:
                     add(("compute", ins.name, "comm:" + (ins.spec.tag or "x"), total, total + dur, 0.0))
+                    if dur:
+                        if comms and comms[-1][1] == total:
+                            comms[-1] = (comms[-1][0], total + dur)
+                        else:
+                            comms.append((total, total + dur))
                     total += dur
+                    busy = 1
                     part = True
             elif t is Launch:
                 stream = ins.stream
                 dur = None if slowed or outside.get(stream) else self._fixed_comm_ns(ins.spec)
                 if dur is not None:
                     start = max(total, free.get(stream, 0))          # FIFO on the stream
-                    add((stream, ins.name, ins.spec.tag or stream, start, start + dur, 0.0))
-                    free[stream] = start + dur
-                    ends[ins.handle] = (stream, start + dur)
+                    end = start + dur
+                    add((stream, ins.name, ins.spec.tag or stream, start, end, 0.0))
+                    if dur:
+                        if comms and comms[-1][1] == start:
+                            comms[-1] = (comms[-1][0], end)
+                        else:
+                            comms.append((start, end))
+                    if end > last:
+                        last = end
+                    free[stream] = end
+                    ends[ins.handle] = (stream, end)
+                    busy = 1
                     part = True
                 else:
                     outside[stream] = outside.get(stream, 0) + 1
@@ -391,20 +451,24 @@ class Engine:
                     first = i
                 continue
             if first >= 0:
-                out.append(self._close_run(total, parts, i - first, ends, outside, where))
+                out.append(self._close_run(total, parts, i - first, ends, outside, where,
+                                           max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
                 origin.append(first)
                 parts, total, first = [], 0, -1
                 add = parts.append
+                kernels, comms = [], []
+                busy = last = 0
                 free = {}
             out.append(ins)
             origin.append(i)
         if first >= 0:
-            out.append(self._close_run(total, parts, len(program) - first, ends, outside, where))
+            out.append(self._close_run(total, parts, len(program) - first, ends, outside, where,
+                                       max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
             origin.append(first)
         return out, origin
 
     @staticmethod
-    def _close_run(total, parts, count, ends, outside, where) -> _Run:
+    def _close_run(total, parts, count, ends, outside, where, last, busy) -> _Run:
         """The run; its calls still in flight escape it (completion scheduled at run time; their
         streams count as busy until their waits)."""
         escapes = ()
@@ -414,24 +478,7 @@ class Engine:
                 outside[stream] = outside.get(stream, 0) + 1
                 where[h] = stream
             ends.clear()
-        kernels, comms = [], []
-        last = 0
-        intervals = False
-        for stream, _, cat, a, b, _ in parts:
-            if b > last:
-                last = b
-            if stream == "mark":
-                continue
-            intervals = True
-            if b <= a:
-                continue
-            iv = kernels if stream == "compute" and not cat.startswith("comm:") else comms
-            if iv and iv[-1][1] == a:
-                iv[-1] = (iv[-1][0], b)
-            else:
-                iv.append((a, b))
-        return _Run(total, tuple(parts), count, escapes, last,
-                    (tuple(kernels), tuple(comms)) if intervals else None)
+        return _Run(total, tuple(parts), count, escapes, last, busy)
 
     def _rank_process(self, rank, program, origin):
         env, st = self.env, self._state[rank]
