@@ -142,6 +142,15 @@ class _Run(NamedTuple):
     when it has no record but marks."""
 
 
+def _merge(intervals: list, start: int, end: int) -> None:
+    """Add [start, end) to a run's intervals, joined to the last one when they touch (the union,
+    all the breakdown reads, is the same)."""
+    if intervals and intervals[-1][1] == start:
+        intervals[-1] = (intervals[-1][0], end)
+    else:
+        intervals.append((start, end))
+
+
 class DeadlockError(RuntimeError):
     """The simulation stopped with ranks still waiting; the message lists who waits on what."""
 
@@ -389,10 +398,7 @@ class Engine:
                             raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
                                                 f"{dur!r} ns")
                         add(("compute", ins.name, ins.cat, total, total + dur, 0.0))
-                        if kernels and kernels[-1][1] == total:
-                            kernels[-1] = (kernels[-1][0], total + dur)
-                        else:
-                            kernels.append((total, total + dur))
+                        _merge(kernels, total, total + dur)
                         total += dur
                         busy = 1
                     part = True
@@ -404,10 +410,7 @@ class Engine:
                 if dur is not None:
                     add(("compute", ins.name, "comm:" + (ins.spec.tag or "x"), total, total + dur, 0.0))
                     if dur:
-                        if comms and comms[-1][1] == total:
-                            comms[-1] = (comms[-1][0], total + dur)
-                        else:
-                            comms.append((total, total + dur))
+                        _merge(comms, total, total + dur)
                     total += dur
                     busy = 1
                     part = True
@@ -419,10 +422,7 @@ class Engine:
                     end = start + dur
                     add((stream, ins.name, ins.spec.tag or stream, start, end, 0.0))
                     if dur:
-                        if comms and comms[-1][1] == start:
-                            comms[-1] = (comms[-1][0], end)
-                        else:
-                            comms.append((start, end))
+                        _merge(comms, start, end)
                     if end > last:
                         last = end
                     free[stream] = end

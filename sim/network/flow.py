@@ -434,7 +434,8 @@ class FlowNetwork:
                 return
         capped = np.isfinite(caps).any()
         # The same set of flows on the same links recurs (a pipeline's sends in every cycle of
-        # its schedule): the filling is a pure function of its inputs, computed once per set.
+        # its schedule): the filling is a pure function of its inputs (the link capacities are
+        # this network's, fixed), computed once per set.
         key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes() if capped else None, floor)
         hit = self._memo.get(key)
         if hit is None:
