@@ -171,7 +171,7 @@ class Engine:
             raise ValueError(f"comm_compute_slowdown ({comm_compute_slowdown}) must be in [0, 1)")
         self.slowdown = float(comm_compute_slowdown)
         self.env = simpy.Environment()
-        self.programs = programs
+        self.programs = dict(programs)
         self.network = network
         if hasattr(network, "bind"):
             network.bind(self.env)
@@ -202,7 +202,8 @@ class Engine:
         self._all_simulated: dict = {}
         self._watch_now = -1
         self._fixed_spec: dict = {}
-        """id(spec) -> `_fixed_comm_ns` (the specs are alive as long as the programs)."""
+        """id(spec) -> (spec, `_fixed_comm_ns`): a spec recurs per layer and microbatch, and
+        hashing one costs a hash of its group."""
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -356,15 +357,15 @@ class Engine:
     def _fixed_comm_ns(self, spec):
         """The duration of a blocking collective that depends on nothing else in the simulation,
         or None (a barrier with simulated peers, or a time the network decides as it runs)."""
-        hit = self._fixed_spec.get(id(spec), self)
-        if hit is self:
+        hit = self._fixed_spec.get(id(spec))
+        if hit is None or hit[0] is not spec:
             if len(spec.ranks) >= 2 and self._members_simulated(spec.ranks):
-                hit = None                                    # a barrier with simulated peers
+                dur = None                                    # a barrier with simulated peers
             else:
                 fixed = getattr(self.network, "fixed_ns", None)
-                hit = fixed(spec) if fixed is not None else None
-            self._fixed_spec[id(spec)] = hit
-        return hit
+                dur = fixed(spec) if fixed is not None else None
+            hit = self._fixed_spec[id(spec)] = (spec, dur)    # holds the spec: its id stays its own
+        return hit[1]
 
     def _members_simulated(self, ranks) -> bool:
         ok = self._all_simulated.get(ranks)
@@ -565,7 +566,10 @@ class Engine:
         prepare = getattr(self.network, "prepare", None)
         if prepare is not None:                     # the network learns every call in advance
             prepare(self.programs)
-        compiled = {r: self._compile(r, prog) for r, prog in self.programs.items()}
+        compiled = {}
+        for r in self.programs:
+            compiled[r] = self._compile(r, self.programs[r])
+            self.programs[r] = ()          # compiled: its runs hold what the step needs of it
         procs = [self.env.process(self._rank_process(r, *compiled[r])) for r in self.programs]
         self.env.run()
         stuck = {r: s for r, s in self._state.items() if not s.done}

@@ -96,15 +96,15 @@ def simulate(sc, *, costs=None, network=None) -> RunResult:
         from sim.engine.netmodel import network_for
         network = network_for(sc, layout)
     builder = ProgramBuilder(sc, sched, costs, layout)
-    programs = builder.build()
-    engine = Engine(programs, network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+    engine = Engine(builder.build(), network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+    # (the engine holds the only reference to the programs and drops each once compiled)
     try:
         makespan = engine.run()
     except BeyondLimits as e:                                # a transfer past the step limit
         raise beyond_limits(sc, str(e)) from None
     if makespan >= MAX_STEP_NS:                                # the clock is a Python int: exact
         raise beyond_limits(sc, f"the step would take {makespan / 1e9:.3g} s")
-    pp_rank_of = {rank: layout.coord(rank).pp for rank in programs}
+    pp_rank_of = {rank: layout.coord(rank).pp for rank in engine.programs}
     engine.release()
     return RunResult(scenario=sc, engine=engine, makespan_ns=makespan,
                      breakdowns=breakdown_of(engine.busy_intervals(), makespan), memory=memory_report(sc),
