@@ -142,6 +142,14 @@ class _Run(NamedTuple):
     when it has no record but marks."""
 
 
+def _succeed_in(env, ev, delay: int) -> None:
+    """Trigger `ev` `delay` ns from now (a completion known in advance), as SimPy's succeed()
+    does now: its waiters resume then, and `ev.processed` stays False until then."""
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, simpy.core.NORMAL, delay)
+
+
 def _merge(intervals: list, start: int, end: int) -> None:
     """Add [start, end) to a run's intervals, joined to the last one when they touch (the union,
     all the breakdown reads, is the same)."""
@@ -255,16 +263,13 @@ class Engine:
         (an isolated group, or the analytical network) ends then + its time, with no process;
         otherwise a process runs it on the network (only members arriving now can be waiting)."""
         env = self.env
-        fixed = getattr(self.network, "fixed_ns", None)
-        dur = fixed(spec) if fixed is not None else None
+        dur = self._network_fixed_ns(spec)
         if dur is None:
             env.process(self._run_shared(spec, ent[1]))
             return
         end = ent[2] + dur
         for ev in [ent[1]] + [m[5] for m in ent[3]]:
-            ev._ok = True
-            ev._value = None
-            env.schedule(ev, simpy.core.NORMAL, end - env.now)
+            _succeed_in(env, ev, end - env.now)
         for rank, stream, name, cat, start, _ in ent[3]:
             self._log.append(Record(rank, stream, name, cat, start, end))
             sk = (rank, stream)
@@ -287,8 +292,7 @@ class Engine:
             raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
                                 f"{', '.join(sorted(self._stream_names))}")
         if not self.slowdown and not self._slow.get(sk):
-            fixed = getattr(self.network, "fixed_ns", None)
-            dur = fixed(spec) if fixed is not None else None
+            dur = self._network_fixed_ns(spec)
             if dur is not None:
                 env = self.env
                 now = env.now
@@ -303,9 +307,7 @@ class Engine:
                 end = start + dur
                 self._free[sk] = end
                 self._log.append(Record(rank, stream, name, spec.tag or stream, start, end))
-                done._ok = True
-                done._value = None
-                env.schedule(done, simpy.core.NORMAL, end - now)
+                _succeed_in(env, done, end - now)
                 return
         self._slow[sk] = self._slow.get(sk, 0) + 1
         ahead = self._tail.get(sk)
@@ -354,6 +356,11 @@ class Engine:
             remaining -= (env.now - t0) * rate
 
     # -- compiling programs into runs ------------------------------------------------------
+    def _network_fixed_ns(self, spec):
+        """The network's time for `spec` if it is known in advance (`fixed_ns`), else None."""
+        fixed = getattr(self.network, "fixed_ns", None)
+        return fixed(spec) if fixed is not None else None
+
     def _fixed_comm_ns(self, spec):
         """The duration of a blocking collective that depends on nothing else in the simulation,
         or None (a barrier with simulated peers, or a time the network decides as it runs)."""
@@ -362,8 +369,7 @@ class Engine:
             if len(spec.ranks) >= 2 and self._members_simulated(spec.ranks):
                 dur = None                                    # a barrier with simulated peers
             else:
-                fixed = getattr(self.network, "fixed_ns", None)
-                dur = fixed(spec) if fixed is not None else None
+                dur = self._network_fixed_ns(spec)
             hit = self._fixed_spec[id(spec)] = (spec, dur)    # holds the spec: its id stays its own
         return hit[1]
 
@@ -492,10 +498,7 @@ class Engine:
                 looks = self.events // WATCHDOG_EVENTS - before // WATCHDOG_EVENTS
                 start = env.now
                 for h, stream, end in ins.escapes:
-                    done = self._event_for(self._handles, (rank, h))
-                    done._ok = True
-                    done._value = None
-                    env.schedule(done, simpy.core.NORMAL, end)
+                    _succeed_in(env, self._event_for(self._handles, (rank, h)), end)
                     sk = (rank, stream)
                     self._free[sk] = max(self._free.get(sk, 0), start + end)
                 if ins.total_ns:
@@ -606,23 +609,13 @@ class Engine:
 
     def busy_intervals(self) -> dict:
         """{rank: (kernel starts, kernel ends, communication starts, communication ends)} as
-        int64 arrays, for sim.engine.metrics.breakdown_of (without making every Record)."""
-        by_rank: dict = {}
+        lists, for sim.engine.metrics.breakdown_of (without making every Record): the log's
+        records as metrics.intervals_by_rank counts them, and each run's merged intervals."""
+        from sim.engine.metrics import intervals_by_rank
+
+        by_rank = intervals_by_rank([x for x in self._log if type(x) is Record])
         for x in self._log:
             if type(x) is Record:
-                if x.stream == "mark":
-                    continue
-                rank = x.rank
-                kernel = x.stream == "compute" and not x.cat.startswith("comm:")
-                lists = by_rank.get(rank)
-                if lists is None:
-                    lists = by_rank[rank] = ([], [], [], [])
-                if kernel:
-                    lists[0].append(x.start_ns)
-                    lists[1].append(x.end_ns)
-                else:
-                    lists[2].append(x.start_ns)
-                    lists[3].append(x.end_ns)
                 continue
             rank, start, run = x
             if run.busy is None:

@@ -26,10 +26,11 @@ order, gzip with mtime 0.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from pathlib import Path
+
+from sim.engine.outputs import write_gzip
 
 HOST_PID = HOST_TID = 1000
 """The host process and thread of every file (a device index is the pid of GPU events)."""
@@ -118,9 +119,6 @@ def write_traces(result, folder: Path, labels: dict) -> list:
                            label=labels.get(rank, f"rank {rank}"), makespan_ns=result.makespan_ns,
                            zero_stage=sc.parallelism.zero_stage, device_props=props)
         path = folder / f"rank-{rank}.json.gz"
-        # gzip level 6 (gzip(1)'s default): a third of level 9's time, 10% larger files
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0,
-                                                       filename="") as f:
-            f.write(json.dumps(trace).encode())
+        write_gzip(path, json.dumps(trace).encode())
         paths.append(path)
     return paths

@@ -43,7 +43,14 @@ def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
 def breakdown(records, makespan_ns: int) -> dict:
     """{rank: Breakdown} from engine records. compute = |K| (K: the union of kernel intervals),
     exposed = |C minus K| = |C union K| - |K| (C: the communication intervals)."""
-    by_rank: dict = {}
+    return breakdown_of(intervals_by_rank(records), makespan_ns)
+
+
+def intervals_by_rank(records, by_rank: dict | None = None) -> dict:
+    """{rank: (kernel starts, kernel ends, comm starts, comm ends)} (lists) of `records`, added
+    to `by_rank` when given: kernels are compute-stream records that are not exposed
+    communication (category comm:*), marks are left out, everything else is communication."""
+    by_rank = {} if by_rank is None else by_rank
     for r in records:
         if r.stream == "mark":
             continue
@@ -56,12 +63,12 @@ def breakdown(records, makespan_ns: int) -> dict:
         else:
             lists[2].append(r.start_ns)
             lists[3].append(r.end_ns)
-    return breakdown_of(by_rank, makespan_ns)
+    return by_rank
 
 
 def breakdown_of(by_rank: dict, makespan_ns: int) -> dict:
-    """`breakdown` from {rank: (kernel starts, kernel ends, comm starts, comm ends)} (the
-    engine's `busy_intervals`)."""
+    """`breakdown` from {rank: (kernel starts, kernel ends, comm starts, comm ends)}
+    (`intervals_by_rank`, or the engine's `busy_intervals`)."""
     out = {}
     for rank, (ks, ke, cs, ce) in by_rank.items():
         ks, ke = np.array(ks, dtype=np.int64), np.array(ke, dtype=np.int64)
