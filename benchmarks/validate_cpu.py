@@ -157,10 +157,11 @@ def _buckets(model):
     return buckets
 
 
-def train_steps(rank: int, world: int, args, port: int, queue=None, trace=None):
+def train_steps(rank: int, world: int, args, port: int, queue=None, trace=None, traced=None):
     """Step times of `args.steps` steps after `args.warmup`. `trace` (a path; single process): two
     more steps, in the middle of the timed ones and not timed, are profiled with torch.profiler
-    (record_shapes) and written there as a Kineto JSON trace (`sim5d calibrate trace`'s input)."""
+    (record_shapes) and written there as a Kineto JSON trace (`sim5d calibrate trace`'s input);
+    `traced` (a list), if given, receives those two steps' wall time each (profiler running)."""
     import torch
 
     torch.set_num_threads(1)
@@ -199,8 +200,11 @@ def train_steps(rank: int, world: int, args, port: int, queue=None, trace=None):
         if trace is not None and world == 1 and i == args.warmup + args.steps // 2:
             from torch.profiler import ProfilerActivity, profile
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                step()
-                step()
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    step()
+                    if traced is not None:
+                        traced.append(time.perf_counter() - t0)
             prof.export_chrome_trace(str(trace))
         if world > 1:
             dist.barrier()
@@ -221,13 +225,16 @@ def _dp_worker(rank, world, args, port, queue):
     train_steps(rank, world, args, port, queue)
 
 
-def measure_clean(args, world: int, tries: int, trace=None) -> tuple[list[float], float]:
+def measure_clean(args, world: int, tries: int, trace=None, traced=None) -> tuple[list[float], float]:
     """measure(), repeated (up to `tries` times) while other processes took more than 10% of the
-    CPU during it; returns the step times and that share. `trace`: train_steps' (single process)."""
+    CPU during it; returns the step times and that share. `trace`, `traced`: train_steps' (single
+    process; `traced` holds the last try's)."""
     for i in range(tries):
         wait_quiet(args.wait_quiet)
+        if traced is not None:
+            traced.clear()
         with OtherLoad() as load:
-            times = measure(args, world, trace)
+            times = measure(args, world, trace, traced)
         if load.fraction <= 0.10:
             break
         print(f"# other processes used {100 * load.fraction:.0f}% of the CPU during the measurement"
@@ -235,9 +242,9 @@ def measure_clean(args, world: int, tries: int, trace=None) -> tuple[list[float]
     return times, load.fraction
 
 
-def measure(args, world: int, trace=None) -> list[float]:
+def measure(args, world: int, trace=None, traced=None) -> list[float]:
     if world == 1:
-        return train_steps(0, 1, args, 0, trace=trace)
+        return train_steps(0, 1, args, 0, trace=trace, traced=traced)
     import multiprocessing as mp
 
     from sim.calibrate.runner import _free_port
@@ -338,11 +345,15 @@ def main(argv=None) -> int:
 
     results = {}
     t0 = time.perf_counter()
-    single, other = measure_clean(args, 1, args.tries, trace=args.profile)
+    traced = []
+    single, other = measure_clean(args, 1, args.tries, trace=args.profile, traced=traced)
     results["single"] = single
     print(f"# measured single process: median {statistics.median(single):.4f} s over {len(single)} steps "
           f"(min {min(single):.4f}, max {max(single):.4f}) [{time.perf_counter() - t0:.0f} s; other "
           f"processes {100 * other:.0f}% of the CPU]")
+    if traced:   # the host's speed drifts: a trace taken while it ran slower fits a slower machine
+        print(f"# the two profiled steps took {', '.join(f'{t:.4f}' for t in traced)} s "
+              f"({100 * (statistics.median(traced) / statistics.median(single) - 1):+.1f}% on the timed median)")
     if not args.skip_dp:
         t0 = time.perf_counter()
         dp, other = measure_clean(args, 2, args.tries)

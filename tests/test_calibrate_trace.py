@@ -201,17 +201,23 @@ def test_real_check_trace_fitted_cpu_step(tmp_path, monkeypatch):
     # at the end of a full run (1 GB of earlier tests' objects) the timed steps ran 40% slower
     # than the traced ones (CI: measured 2.01 s, simulated 1.44 s; alone: 1.48 s and 1.44 s):
     # that measured the test process's state, not the step.
+    # A try counts when other processes took <= 10% of the CPU (validate_cpu's rule) and the two
+    # traced steps ran, by their own wall clock, within 10% of the timed steps' median: this 2-core
+    # host's speed drifts (within one run, steps of 1.41 and 2.23 s); a CI run whose traced steps
+    # took ~1.95 s against timed ones of 1.39 s fitted a profile to a slower machine than it timed.
     bench = str(Path(__file__).resolve().parent.parent / "benchmarks")
     code = (f"import json, sys; sys.path.insert(0, {bench!r}); import validate_cpu as v; "
-            f"args = v.build_parser().parse_args(['--steps', '4']); "
-            f"print(json.dumps(v.train_steps(0, 1, args, 0, trace={str(trace)!r})))")
-    for _ in range(2):        # again if other processes took > 10% of the CPU (as validate_cpu)
+            f"args = v.build_parser().parse_args(['--steps', '4']); traced = []; "
+            f"times = v.train_steps(0, 1, args, 0, trace={str(trace)!r}, traced=traced); "
+            f"print(json.dumps([times, traced]))")
+    for _ in range(3):
         v.wait_quiet(20.0)
         with v.OtherLoad() as load:              # counts the joined child as this process
             run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-2000:]
-        times = json.loads(run.stdout.strip().splitlines()[-1])
-        if load.fraction <= 0.10:
+        times, traced = json.loads(run.stdout.strip().splitlines()[-1])
+        drift = statistics.median(traced) / statistics.median(times) - 1
+        if load.fraction <= 0.10 and abs(drift) <= 0.10:
             break
     code, out, err = run_cli("calibrate", "trace", str(trace), "--out", str(prof), "--memory-gib", "8")
     assert code == 0, err
@@ -221,8 +227,9 @@ def test_real_check_trace_fitted_cpu_step(tmp_path, monkeypatch):
     assert yaml.safe_load(prof.read_text())["extra"]["compute"]["attention"]["seqlen"] == [args.seq]
     measured = statistics.median(times)
     msg = (f"measured {measured:.4f} s, simulated {sim:.4f} s ({100 * (sim / measured - 1):+.1f}%), "
+           f"traced steps {100 * drift:+.1f}% on the timed ones, "
            f"other processes {100 * load.fraction:.0f}% of the CPU")
     print(msg)
-    if load.fraction > 0.10:   # validate_cpu's rule: timings taken beside other work are not a check
-        pytest.skip(f"the machine stayed busy with other work: {msg}")
+    if load.fraction > 0.10 or abs(drift) > 0.10:   # timings of a machine that changed: not a check
+        pytest.skip(f"the machine stayed busy or changed speed between trace and timing: {msg}")
     assert abs(sim / measured - 1) <= 0.15, msg
