@@ -364,3 +364,68 @@ def test_a_recurring_set_of_flows_is_solved_once(monkeypatch):
     env.run()
     assert len(set(ends)) == 1 and ends[0] > 0
     assert net.solves == 10 and len(calls) == 2      # both flows, then the one left: once each
+
+
+@pytest.mark.parametrize("name", ["dgx-a100-hdr", "dgx-h100-ndr", "hgx-h200-ndr", "hgx-h800-ndr",
+                                  "pcie-l40s", "cpu-local", "cpu-local-torch"])
+def test_servers_copied_from_server_0_are_the_graph_built_server_by_server(name):
+    """build_graph copies servers 1.. from server 0 (_Builder._copy_servers); the graph built
+    server by server is the truth: the same nodes, edges and attributes, in the same order (node
+    and neighbour order are what routing reads, edge ids what the flow network indexes)."""
+    from sim.topology.graph import _Builder
+    topo = load_topology(name)
+    n = 1 if topo.fabric is None or topo.fabric.kind == "none" else min(topo.max_nodes or 5, 5)
+    for nodes in sorted({1, min(2, n), n}):   # (the copy leaves the fabric to _build_fabric)
+        fast, slow = _Builder(topo, nodes), _Builder(topo, nodes, replicate=False)
+        fast.build()
+        slow.build()
+        assert list(fast.nodes.items()) == list(slow.nodes.items())
+        assert [(u, v, list(d.items())) for u, v, d in fast.edge_attrs] == \
+               [(u, v, list(d.items())) for u, v, d in slow.edge_attrs]
+        assert [list(a.items()) for a in fast.nodes.values()] == [list(a.items()) for a in slow.nodes.values()]
+        assert [list(a.items()) for a in fast.nodes.values()] != [] and nodes * topo.gpus_per_node == \
+            sum(a["kind"] == "gpu" for a in fast.nodes.values())
+        assert fast.G.graph == slow.G.graph
+    # build_graph fills the DiGraph's dicts itself (graph._fill); networkx's own calls are the truth
+    G = build_graph(topo, n)
+    slow.G.add_nodes_from(slow.nodes.items())
+    slow.G.add_edges_from(slow.edge_attrs)
+    H = slow.G
+    assert list(G.nodes(data=True)) == list(H.nodes(data=True))
+    assert [list(d.items()) for _, d in G.nodes(data=True)] == [list(d.items()) for _, d in H.nodes(data=True)]
+    assert [(u, list(G.succ[u]), list(G.pred[u])) for u in G] == [(u, list(H.succ[u]), list(H.pred[u])) for u in H]
+    assert [(u, v, list(d.items())) for u, v, d in G.edges(data=True)] == \
+           [(u, v, list(d.items())) for u, v, d in H.edges(data=True)]
+    assert all(G.pred[v][u] is G.succ[u][v] for u, v in G.edges)     # one dict per edge, as networkx
+    assert G.number_of_edges() == H.number_of_edges() == len(G.graph["edge_list"]) > 0
+    assert G.graph["edge_list"] == [(u, v) for u, v, _ in slow.edge_attrs]
+
+
+@pytest.mark.parametrize("name,network", [("gpt3-175b-a100x64", "flow"),
+                                          ("mixtral-8x7b-h100x64-dualpipe", "flow"),
+                                          ("llama3-8b-h100x8-zbv", "analytical")])
+def test_a_step_leaves_almost_no_cyclic_garbage(name, network):
+    """simulate() pauses the cyclic garbage collector (sim.engine.simulate.cyclic_gc_paused):
+    right only while the engine frees what it makes by reference counting. A step's garbage
+    that only the collector can free, once its result is dropped: a few objects (SimPy's
+    Environment and its bound methods), not something per instruction, flow or rank."""
+    import gc
+
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    sc = load_scenario(name, overrides=[f"simulation.network={network}"])
+    gc.collect()
+    assert gc.isenabled()
+    res = simulate(sc)
+    assert gc.isenabled()                              # as it was before the step
+    assert res.events > 5_000 and res.engine.records   # a real step, its records made on demand
+    del res
+    gc.set_debug(gc.DEBUG_SAVEALL)                     # keep what the collector finds, to count it
+    try:
+        gc.collect()
+        garbage = len(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert garbage < 200, garbage

@@ -66,21 +66,25 @@ class _Batch:
 
 
 def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
-                  max_rate: np.ndarray | None = None, *, start_level: float = 0.0
-                  ) -> tuple[np.ndarray, int]:
+                  max_rate: np.ndarray | None = None, *, start_level: float = 0.0,
+                  entry_capacity: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Max-min fair rates by progressive filling.
 
     capacity: (E,) capacity of each link direction (bytes/ns). flow_of, edge_of: the incidence,
     one entry per (flow, link it crosses). max_rate: optional (F,) per-flow cap (inf = none),
     treated as a private link. start_level: resume the filling at this level (every flow is known
     to get at least this much and `capacity` is what is left once the flows not listed here took
-    theirs). Returns (rates (F,), iterations). Every flow must cross a link or have a finite cap.
+    theirs). entry_capacity: optional, capacity[edge_of] (a caller that keeps it saves reading
+    the links' capacities out of the whole network's array, scattered in memory, at each call).
+    Returns (rates (F,), iterations). Every flow must cross a link or have a finite cap.
     """
     E = capacity.shape[0]
     if max_rate is not None:
         capped = np.flatnonzero(np.isfinite(max_rate))
         if capped.size:
             capacity = np.concatenate([capacity, max_rate[capped]])
+            if entry_capacity is not None:
+                entry_capacity = np.concatenate([entry_capacity, max_rate[capped]])
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
             E = capacity.shape[0]
@@ -89,10 +93,13 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     # Number the links actually used 0..L-1 without sorting: each link's slot keeps the index of
     # one of its entries (whichever write lands last), that entry stands for the link. The fill's
     # arithmetic is per link, so the numbering does not change any result.
-    idx = np.arange(edge_of.size)
+    idx = _ARANGE[0]
+    if idx.size < edge_of.size:
+        idx = _ARANGE[0] = np.arange(2 * edge_of.size, dtype=np.int32)
+    idx = idx[:edge_of.size]
     slot = _SLOTS.get(E)
     if slot is None:                    # kept: a fresh array per call costs its page faults
-        slot = _SLOTS[E] = np.empty(E, dtype=np.int64)
+        slot = _SLOTS[E] = np.empty(E, dtype=np.int32)   # (half the cache lines of int64)
     slot[edge_of] = idx
     first = slot[edge_of]
     is_first = first == idx
@@ -100,7 +107,8 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     ae = local[first]
     links = edge_of[is_first]
     L = links.size
-    cap_rem = capacity[links].astype(np.float64)
+    cap_rem = (capacity[links] if entry_capacity is None else entry_capacity[is_first]
+               ).astype(np.float64, copy=False)                # (indexing made a copy)
     level = float(start_level)
     if level > 0.0:
         cap_rem -= level * np.bincount(ae, minlength=L)
@@ -112,8 +120,11 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     while af.size:
         it += 1
         n_e = np.bincount(ae, minlength=L)
-        share = np.full(L, np.inf)
-        np.divide(cap_rem, n_e, out=share, where=n_e > 0)
+        if it == 1:                             # every link numbered carries an entry: n_e > 0
+            share = cap_rem / n_e
+        else:
+            share = np.full(L, np.inf)
+            np.divide(cap_rem, n_e, out=share, where=n_e > 0)
         inc = share.min()
         level += inc
         cap_rem -= inc * n_e
@@ -124,10 +135,14 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
         rate[hit] = level
         frozen[hit] = True
         keep = ~frozen[af]
+        if not keep.any():
+            break
         af, ae = af[keep], ae[keep]
     return rate, it
 
 
+_ARANGE = [np.arange(0, dtype=np.int32)]
+"""0, 1, 2, ... (kept; sliced to each problem's number of entries)."""
 _SLOTS: dict = {}
 """Scratch arrays of max_min_rates by number of links (only entries it writes are read)."""
 _MEMO_BYTES = 32 << 20
@@ -206,6 +221,7 @@ class FlowNetwork:
         self._caps = np.zeros(0)
         self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
         self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
+        self._inc_cap = np.zeros(0)                   # that link's capacity
         self._pending: list = []                      # (batch id, edges, lengths, bytes, caps)
         self._t = 0
         self._solve_scheduled = False
@@ -338,6 +354,7 @@ class FlowNetwork:
             self._caps = np.concatenate([self._caps] + [p[4] for p in new])
             self._len = np.concatenate([self._len] + [p[2] for p in new])
             self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
+            self._inc_cap = np.concatenate([self._inc_cap] + [self.capacity[p[1]] for p in new])
             full = True
         self.peak_flows = max(self.peak_flows, int(self._rem.size))
         if now != self._last_now:
@@ -379,12 +396,24 @@ class FlowNetwork:
 
     def _complete(self, done: np.ndarray, now: int):
         batches = self._batches
-        for b, k in zip(self._bid[done].tolist(), self._pos[done].tolist()):
-            bt = batches[b]
-            self.completed += 1
-            if self.record:
+        bids = self._bid[done]
+        n = bids.size
+        self.completed += n
+        if self.record:
+            for b, k in zip(bids.tolist(), self._pos[done].tolist()):
+                bt = batches[b]
                 self.log.append(TransferResult(bt.names[k], bt.nbytes[k], bt.start_ns, now + bt.latency_ns))
-            bt.left -= 1
+        # Per run of equal batch ids (in flow order: a batch's flows are contiguous), its count:
+        # a batch ends at the run holding its last flow, in the order the per-flow loop ends them.
+        if n and (bids == bids[0]).all():       # (usually one batch)
+            runs = ((int(bids[0]), n),)
+        else:
+            cuts = (np.flatnonzero(bids[1:] != bids[:-1]) + 1).tolist()
+            bl = bids.tolist()
+            runs = [(bl[a], b - a) for a, b in zip([0] + cuts, cuts + [n])]
+        for b, c in runs:
+            bt = batches[b]
+            bt.left -= c
             if not bt.left:
                 del batches[b]
                 one = len(bt.names) == 1
@@ -395,7 +424,9 @@ class FlowNetwork:
                 ev._value = res
                 self.env.schedule(ev, simpy.core.NORMAL, bt.latency_ns)
         keep = ~done
-        self._inc_edge = self._inc_edge[np.repeat(keep, self._len)]
+        on_kept = np.repeat(keep, self._len)
+        self._inc_edge = self._inc_edge[on_kept]
+        self._inc_cap = self._inc_cap[on_kept]
         self._len = self._len[keep]
         self._caps = self._caps[keep]
         self._bid = self._bid[keep]
@@ -440,7 +471,7 @@ class FlowNetwork:
         hit = self._memo.get(key)
         if hit is None:
             rate, it = max_min_rates(capacity, flow_of, edge_of, F, caps if capped else None,
-                                     start_level=floor)
+                                     start_level=floor, entry_capacity=self._inc_cap)
             rate.flags.writeable = False        # shared by every hit
             size = len(key[0]) + len(key[1]) + rate.nbytes
             if self._memo_bytes + size > _MEMO_BYTES:

@@ -35,11 +35,10 @@ class Router:
         # attributes where they live now (a caller may have changed them since)
         edges = G.graph.get("edge_list") or [(u, v) for u, v, _ in sorted(
             G.edges(data=True), key=lambda x: x[2]["eid"])]
-        adj = G.adj
-        data = [adj[u][v] for u, v in edges]
+        succ = self._succ = dict(G.adjacency())   # node -> neighbour -> edge attributes (dicts)
+        data = [succ[u][v] for u, v in edges]
         if len(data) != G.number_of_edges() or any(d["eid"] != i for i, d in enumerate(data)):
             raise ValueError("the graph's edge ids are not 0..E-1 in its edge_list order")
-        self.eid = {e: i for i, e in enumerate(edges)}
         self.bandwidth_gbps = [d["bandwidth_gbps"] for d in data]
         self.latency_ns = [d["latency_ns"] for d in data]
         self.link_class = [d["link_class"] for d in data]
@@ -59,7 +58,8 @@ class Router:
         p = self._cache.get(ck)
         if p is None:
             nodes = self.path_nodes(src, dst, rail=rail, key=key, dst_rail=dst_rail)
-            p = tuple(self.eid[(a, b)] for a, b in zip(nodes, nodes[1:]))
+            succ = self._succ
+            p = tuple(succ[a][b]["eid"] for a, b in zip(nodes, nodes[1:]))
             self._cache[ck] = p
         return p
 
