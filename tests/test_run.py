@@ -178,17 +178,16 @@ def test_flow_network_never_exceeds_a_link_capacity(monkeypatch):
     from sim.network.flow import FlowNetwork
 
     checks = []
-    original = FlowNetwork._solve_rates
+    original = FlowNetwork._on_solve
 
-    def checked(self, floor):
-        original(self, floor)
-        if self._rate.size:
-            flow_of = np.repeat(np.arange(self._rate.size), self._len)
-            load = np.bincount(self._inc_edge, weights=self._rate[flow_of], minlength=self.capacity.shape[0])
+    def checked(self, ev):
+        original(self, ev)
+        if self.active_flows:
+            load = self.link_load()
             assert np.all(load <= self.capacity * (1 + 1e-9) + 1e-12)
-            checks.append(self._rate.size)
+            checks.append(self.active_flows)
 
-    monkeypatch.setattr(FlowNetwork, "_solve_rates", checked)
+    monkeypatch.setattr(FlowNetwork, "_on_solve", checked)
     data = base_scenario(model={"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "vocab_size": 2048},
                          training={"global_batch_size": 16, "seq_length": 256, "overlap_grad_reduce": True})
     data["parallelism"] = {"tp": 2, "pp": 2, "dp": 4}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 
 import networkx as nx
 import numpy as np
@@ -148,6 +149,10 @@ _SLOTS: dict = {}
 _MEMO_BYTES = 32 << 20
 """Bytes of remembered max-min problems (links and rates) a FlowNetwork keeps (then it starts
 over): a 16,384-GPU step's data-parallel collectives are problems of thousands of entries."""
+_SMALL_FLOWS = 32
+"""Up to this many active flows a FlowNetwork keeps them in Python lists (back to lists once at
+most half as many are left): numpy's cost per call exceeds the work on a pipeline's few sends
+(the Narayanan 1T row spent 9 of its 21 s in the flow network's bookkeeping with 2-16 flows)."""
 _SMALL_ENTRIES = 64
 """Up to this many (flow, link) entries the filling runs on Python floats (`_fill_small`): numpy's
 per-call cost exceeds the work (measured: 12 entries 23 us against 57 us; 56 entries in one
@@ -222,6 +227,16 @@ class FlowNetwork:
         self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
         self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
         self._inc_cap = np.zeros(0)                   # that link's capacity
+        # the same while few (`small_flows`, see the machinery): per flow, its path (edge ids)
+        self._small = True
+        self.small_flows = _SMALL_FLOWS
+        self._s_path: list = []
+        self._s_bid: list = []
+        self._s_pos: list = []
+        self._s_rem: list = []
+        self._s_rate: list = []
+        self._s_finish: list = []
+        self._s_caps: list = []
         self._pending: list = []                      # (batch id, edges, lengths, bytes, caps)
         self._t = 0
         self._solve_scheduled = False
@@ -300,16 +315,38 @@ class FlowNetwork:
 
     @property
     def active_flows(self) -> int:
-        return int(self._rem.size) + sum(p[2].size for p in self._pending)
+        return self._count() + sum(p[2].size for p in self._pending)
+
+    def _count(self) -> int:
+        return len(self._s_rem) if self._small else int(self._rem.size)
 
     def _name(self, i: int) -> str:
+        if self._small:
+            return self._batches[self._s_bid[i]].names[self._s_pos[i]]
         return self._batches[int(self._bid[i])].names[int(self._pos[i])]
 
     def current_rates(self) -> dict[str, float]:
         """Name -> current rate (bytes/ns = GB/s) of every active flow (for tests and reports)."""
-        return {self._name(i): float(r) for i, r in enumerate(self._rate)}
+        rates = self._s_rate if self._small else self._rate.tolist()
+        return {self._name(i): float(r) for i, r in enumerate(rates)}
+
+    def link_load(self) -> np.ndarray:
+        """The summed rate of the active flows on each link direction, by edge id (bytes/ns)."""
+        if self._small:
+            load = np.zeros(self.capacity.shape[0])
+            for path, r in zip(self._s_path, self._s_rate):
+                load[list(path)] += r
+            return load
+        flow_of = np.repeat(np.arange(self._rate.size), self._len)
+        return np.bincount(self._inc_edge, weights=self._rate[flow_of], minlength=self.capacity.shape[0])
 
     # --- machinery ---
+    # The active flows are kept as Python lists while they are few (`_small`: a pipeline's sends,
+    # 2-16 flows, where numpy's cost per call is most of the work) and as numpy arrays while they
+    # are many (a 16,384-GPU step's data-parallel rings, 1,000 flows). Both do the same IEEE
+    # operations on the same numbers in the same order, and one memo holds the solutions of both
+    # (keys of different shapes), so the rates and end times do not depend on the form
+    # (tests/test_engine_speed.py runs random traffic in each and compares every end time).
     def _finish_event(self, ev, name, nbytes, start, end_data, lat):
         res = TransferResult(name, nbytes, start, end_data + lat)
         if self.record:
@@ -333,9 +370,79 @@ class FlowNetwork:
 
     def _advance(self, now: int):
         dt = now - self._t
-        if dt > 0 and self._rem.size:
-            self._rem -= self._rate * dt
+        if dt > 0:
+            if self._small:
+                if self._s_rem:
+                    self._s_rem = [r - x * dt for r, x in zip(self._s_rem, self._s_rate)]
+            elif self._rem.size:
+                self._rem -= self._rate * dt
         self._t = now
+
+    def _to_arrays(self):
+        """Lists -> arrays (exact: float64 and int64 both ways)."""
+        paths = self._s_path
+        self._bid = np.array(self._s_bid, dtype=np.int64)
+        self._pos = np.array(self._s_pos, dtype=np.int64)
+        self._rem = np.array(self._s_rem, dtype=np.float64)
+        self._rate = np.array(self._s_rate, dtype=np.float64)
+        self._finish = np.array(self._s_finish, dtype=np.int64)
+        self._caps = np.array(self._s_caps, dtype=np.float64)
+        self._len = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+        self._inc_edge = np.fromiter(chain.from_iterable(paths), dtype=np.int64)
+        self._inc_cap = self.capacity[self._inc_edge]
+        self._small = False
+
+    def _to_lists(self):
+        """Arrays -> lists."""
+        edges = self._inc_edge.tolist()
+        ends = np.cumsum(self._len).tolist()
+        self._s_path = [tuple(edges[a:b]) for a, b in zip([0] + ends, ends)]
+        self._s_bid = self._bid.tolist()
+        self._s_pos = self._pos.tolist()
+        self._s_rem = self._rem.tolist()
+        self._s_rate = self._rate.tolist()
+        self._s_finish = self._finish.tolist()
+        self._s_caps = self._caps.tolist()
+        self._small = True
+
+    def _join(self, new: list):
+        """Add the pending batches to the active flows."""
+        n = [p[2].size for p in new]
+        k = sum(n)
+        if self._small and self._count() + k > self.small_flows:
+            self._to_arrays()
+        if self._small:
+            for b, edges, lengths, nbytes, caps in new:
+                e = edges.tolist()
+                ends = np.cumsum(lengths).tolist() if len(lengths) > 1 else [len(e)]
+                self._s_path += [tuple(e[a:c]) for a, c in zip([0] + ends, ends)]
+                self._s_bid += [b] * len(ends)
+                self._s_pos += range(len(ends))
+                self._s_rem += [float(x) for x in nbytes]      # (numpy's int -> float64: the same)
+                self._s_rate += [0.0] * len(ends)
+                self._s_finish += [_INF_NS] * len(ends)
+                self._s_caps += caps.tolist()
+        elif not self._rem.size and len(new) == 1:      # (often: one batch on an idle network)
+            b, edges, lengths, nbytes, caps = new[0]
+            self._bid = np.full(k, b, dtype=np.int64)
+            self._pos = np.arange(k, dtype=np.int64)
+            self._rem = np.array(nbytes, dtype=np.float64)             # a copy: changed in place
+            self._rate = np.zeros(k)
+            self._finish = np.full(k, _INF_NS, dtype=np.int64)
+            self._caps = np.asarray(caps, dtype=np.float64)            # the caller's arrays: only
+            self._len = np.asarray(lengths, dtype=np.int64)            # read, as slices of the
+            self._inc_edge = np.asarray(edges, dtype=np.int64)         # concatenation would be
+            self._inc_cap = self.capacity[self._inc_edge]
+        else:
+            self._bid = np.concatenate([self._bid] + [np.full(j, p[0], dtype=np.int64) for j, p in zip(n, new)])
+            self._pos = np.concatenate([self._pos] + [np.arange(j, dtype=np.int64) for j in n])
+            self._rem = np.concatenate([self._rem] + [np.asarray(p[3], dtype=np.float64) for p in new])
+            self._rate = np.concatenate([self._rate, np.zeros(k)])
+            self._finish = np.concatenate([self._finish, np.full(k, _INF_NS, dtype=np.int64)])
+            self._caps = np.concatenate([self._caps] + [p[4] for p in new])
+            self._len = np.concatenate([self._len] + [p[2] for p in new])
+            self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
+            self._inc_cap = np.concatenate([self._inc_cap] + [self.capacity[p[1]] for p in new])
 
     def _on_solve(self, _ev):
         self._solve_scheduled = False
@@ -343,74 +450,100 @@ class FlowNetwork:
         self._advance(now)
         full = False
         if self._pending:
-            new = self._pending
+            self._join(self._pending)
             self._pending = []
-            n = [p[2].size for p in new]
-            self._bid = np.concatenate([self._bid] + [np.full(k, p[0], dtype=np.int64) for k, p in zip(n, new)])
-            self._pos = np.concatenate([self._pos] + [np.arange(k, dtype=np.int64) for k in n])
-            self._rem = np.concatenate([self._rem] + [np.asarray(p[3], dtype=np.float64) for p in new])
-            self._rate = np.concatenate([self._rate, np.zeros(sum(n))])
-            self._finish = np.concatenate([self._finish, np.full(sum(n), _INF_NS, dtype=np.int64)])
-            self._caps = np.concatenate([self._caps] + [p[4] for p in new])
-            self._len = np.concatenate([self._len] + [p[2] for p in new])
-            self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
-            self._inc_cap = np.concatenate([self._inc_cap] + [self.capacity[p[1]] for p in new])
             full = True
-        self.peak_flows = max(self.peak_flows, int(self._rem.size))
+        self.peak_flows = max(self.peak_flows, self._count())
         if now != self._last_now:
             self._same_instant, self._last_now = 0, now
         while True:
-            done = self._finish <= now
-            floor = 0.0
-            if done.any():
-                # Flows slower than every departing one keep their rates: progressive filling is
-                # unchanged below the lowest departing rate (none of their links saturates there).
-                floor = float(self._rate[done].min())
-                self._complete(done, now)
-            if not self._rem.size:
+            # Flows slower than every departing one keep their rates: progressive filling is
+            # unchanged below the lowest departing rate (none of their links saturates there).
+            floor = self._complete_due(now)
+            if not self._count():
                 return
-            self._solve_rates(0.0 if full else floor)
+            if not self._small and self._count() <= self.small_flows // 2:
+                self._to_lists()
+            level = 0.0 if full else floor
             full = False
-            np.maximum(self._rem, 0.0, out=self._rem)
-            steps = np.ceil(self._rem / self._rate - 1e-9)
-            if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
-                bad = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
-                name, rate = self._name(bad), float(self._rate[bad])
-                nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
-                if 0 < rate < np.inf and steps[bad] < np.inf:   # a real rate: the scenario's work
-                    raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
-                                       f"would end {(now + steps[bad]) / 1e9:.3g} s into the step")
-                raise InternalError(f"flow {name!r} ({nbytes} bytes) got rate {self._rate[bad]!r} "
-                                    f"B/ns: its finish time overflows int64 nanoseconds")
-            self._finish = now + steps.astype(np.int64)
-            if not (self._finish <= now).any():
+            nxt = None
+            if self._small:
+                self._solve_lists(level)
+                nxt = self._finish_lists(now)
+                if nxt is None:                 # a zero or overflowing time: the arrays report it
+                    self._to_arrays()
+            else:
+                self._solve_rates(level)
+            if nxt is None:
+                nxt = self._finish_arrays(now)
+            if nxt > now:
                 break
             self._same_instant += 1
             if self._same_instant > LIVELOCK_SOLVES:
                 raise InternalError(f"the flow network re-solved {LIVELOCK_SOLVES:,} times at t = {now} ns "
                                     "without time advancing (a livelock)")
         self._version += 1
-        nxt = int(self._finish.min())
         t = self.env.timeout(nxt - now, value=self._version)
         t.callbacks.append(self._on_wake)
 
-    def _complete(self, done: np.ndarray, now: int):
+    def _finish_arrays(self, now: int) -> int:
+        """Each flow's end (integer ns) at its new rate; the earliest."""
+        np.maximum(self._rem, 0.0, out=self._rem)
+        steps = np.ceil(self._rem / self._rate - 1e-9)
+        if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
+            bad = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
+            name, rate = self._name(bad), float(self._rate[bad])
+            nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
+            if 0 < rate < np.inf and steps[bad] < np.inf:   # a real rate: the scenario's work
+                raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
+                                   f"would end {(now + steps[bad]) / 1e9:.3g} s into the step")
+            raise InternalError(f"flow {name!r} ({nbytes} bytes) got rate {self._rate[bad]!r} "
+                                f"B/ns: its finish time overflows int64 nanoseconds")
+        self._finish = now + steps.astype(np.int64)
+        return int(self._finish.min())
+
+    def _finish_lists(self, now: int) -> int | None:
+        """_finish_arrays on the lists (np.ceil of a float64 is a float64 integer: math.ceil's
+        int is that number); None, changing nothing, where a time is not finite or too late."""
+        lim = float(MAX_STEP_NS - now)
+        rem = [max(r, 0.0) for r in self._s_rem]
+        fin = []
+        for r, x in zip(rem, self._s_rate):
+            if not x > 0.0:
+                return None
+            q = r / x - 1e-9
+            if not q < lim:
+                return None
+            c = math.ceil(q)
+            if not c < lim:
+                return None
+            fin.append(now + c)
+        self._s_rem = rem
+        self._s_finish = fin
+        return min(fin)
+
+    def _complete_due(self, now: int) -> float:
+        """End the flows due by `now`; the lowest rate among them (0.0 if none)."""
+        if self._small:
+            fin = self._s_finish
+            idx = [i for i, f in enumerate(fin) if f <= now]
+            if not idx:
+                return 0.0
+            rate = self._s_rate
+            floor = min(rate[i] for i in idx)
+            self._complete_lists(idx, now)
+            return floor
+        done = self._finish <= now
+        if not done.any():
+            return 0.0
+        floor = float(self._rate[done].min())
+        self._complete(done, now)
+        return floor
+
+    def _end_runs(self, runs, now: int):
+        """(batch id, flows of it ended now) in flow order: a batch ends at the run holding its
+        last flow, in the order a per-flow loop would end them."""
         batches = self._batches
-        bids = self._bid[done]
-        n = bids.size
-        self.completed += n
-        if self.record:
-            for b, k in zip(bids.tolist(), self._pos[done].tolist()):
-                bt = batches[b]
-                self.log.append(TransferResult(bt.names[k], bt.nbytes[k], bt.start_ns, now + bt.latency_ns))
-        # Per run of equal batch ids (in flow order: a batch's flows are contiguous), its count:
-        # a batch ends at the run holding its last flow, in the order the per-flow loop ends them.
-        if n and (bids == bids[0]).all():       # (usually one batch)
-            runs = ((int(bids[0]), n),)
-        else:
-            cuts = (np.flatnonzero(bids[1:] != bids[:-1]) + 1).tolist()
-            bl = bids.tolist()
-            runs = [(bl[a], b - a) for a, b in zip([0] + cuts, cuts + [n])]
         for b, c in runs:
             bt = batches[b]
             bt.left -= c
@@ -423,6 +556,84 @@ class FlowNetwork:
                 ev._ok = True
                 ev._value = res
                 self.env.schedule(ev, simpy.core.NORMAL, bt.latency_ns)
+
+    def _complete_lists(self, idx: list, now: int):
+        bid, pos = self._s_bid, self._s_pos
+        n = len(idx)
+        self.completed += n
+        if self.record:
+            for i in idx:
+                bt = self._batches[bid[i]]
+                self.log.append(TransferResult(bt.names[pos[i]], bt.nbytes[pos[i]], bt.start_ns, now + bt.latency_ns))
+        runs = []
+        for i in idx:                           # a batch's flows are contiguous
+            b = bid[i]
+            if runs and runs[-1][0] == b:
+                runs[-1][1] += 1
+            else:
+                runs.append([b, 1])
+        self._end_runs(runs, now)
+        if n == len(bid):                       # every active flow ended
+            self._s_path, self._s_bid, self._s_pos, self._s_rem = [], [], [], []
+            self._s_rate, self._s_finish, self._s_caps = [], [], []
+            return
+        keep = [i for i, f in enumerate(self._s_finish) if f > now]
+        for name in ("_s_path", "_s_bid", "_s_pos", "_s_rem", "_s_rate", "_s_finish", "_s_caps"):
+            old = getattr(self, name)
+            setattr(self, name, [old[i] for i in keep])
+
+    def _solve_lists(self, floor: float):
+        """_solve_rates on the lists: the same memo (keys of another shape) and max_min_rates."""
+        if floor > 0.0:
+            thr = floor * (1.0 - 1e-12)
+            if any(r < thr for r in self._s_rate):      # (rare) the arrays' partial re-solve
+                self._to_arrays()
+                self._solve_rates(floor)
+                self._to_lists()
+                return
+        key = (tuple(self._s_path), tuple(self._s_caps), floor)
+        hit = self._memo.get(key)
+        if hit is None:
+            paths = self._s_path
+            F = len(paths)
+            lens = np.fromiter(map(len, paths), dtype=np.int64, count=F)
+            edge_of = np.fromiter(chain.from_iterable(paths), dtype=np.int64)
+            caps = np.array(self._s_caps, dtype=np.float64)
+            rate, it = max_min_rates(self.capacity, np.repeat(np.arange(F), lens), edge_of, F,
+                                     caps if np.isfinite(caps).any() else None, start_level=floor)
+            hit = (rate.tolist(), it)           # (never changed in place: shared by every hit)
+            self._remember(key, hit, 8 * (edge_of.size + 3 * F))
+        self._s_rate = hit[0]
+        self.solves += 1
+        self.iterations += hit[1]
+
+    def _remember(self, key, hit, size: int):
+        if self._memo_bytes + size > _MEMO_BYTES:
+            self._memo.clear()
+            self._memo_bytes = 0
+        self._memo[key] = hit
+        self._memo_bytes += size
+
+    def _complete(self, done: np.ndarray, now: int):
+        batches = self._batches
+        bids = self._bid[done]
+        n = bids.size
+        self.completed += n
+        if self.record:
+            for b, k in zip(bids.tolist(), self._pos[done].tolist()):
+                bt = batches[b]
+                self.log.append(TransferResult(bt.names[k], bt.nbytes[k], bt.start_ns, now + bt.latency_ns))
+        if bids[0] == bids[-1]:                 # one batch (usually): _bid is ascending, as
+            runs = ((int(bids[0]), n),)         # batches join in id order and leave in place
+        else:
+            cuts = (np.flatnonzero(bids[1:] != bids[:-1]) + 1).tolist()
+            bl = bids.tolist()
+            runs = [(bl[a], b - a) for a, b in zip([0] + cuts, cuts + [n])]
+        self._end_runs(runs, now)
+        if n == self._rem.size:                 # every active flow ended
+            for name in ("_inc_edge", "_inc_cap", "_len", "_caps", "_bid", "_pos", "_rem", "_rate", "_finish"):
+                setattr(self, name, getattr(self, name)[:0])
+            return
         keep = ~done
         on_kept = np.repeat(keep, self._len)
         self._inc_edge = self._inc_edge[on_kept]
@@ -440,12 +651,12 @@ class FlowNetwork:
         rate is below the floor keep it and the rest are re-solved on the capacity they leave."""
         F = int(self._rem.size)
         edge_of = self._inc_edge
-        flow_of = np.repeat(np.arange(F), self._len)   # not in the memo key: a function of _len
         caps = self._caps
         capacity = self.capacity
         if floor > 0.0:
             fixed = self._rate < floor * (1.0 - 1e-12)
             if fixed.any():
+                flow_of = np.repeat(np.arange(F), self._len)
                 on_fixed = fixed[flow_of]
                 used = np.bincount(edge_of[on_fixed], weights=self._rate[flow_of[on_fixed]],
                                    minlength=capacity.shape[0])
@@ -463,22 +674,18 @@ class FlowNetwork:
                 self.solves += 1
                 self.iterations += it
                 return
-        capped = np.isfinite(caps).any()
         # The same set of flows on the same links recurs (a pipeline's sends in every cycle of
         # its schedule): the filling is a pure function of its inputs (the link capacities are
         # this network's, fixed), computed once per set.
-        key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes() if capped else None, floor)
+        key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes(), floor)
         hit = self._memo.get(key)
         if hit is None:
-            rate, it = max_min_rates(capacity, flow_of, edge_of, F, caps if capped else None,
+            flow_of = np.repeat(np.arange(F), self._len)   # (the incidence: a function of _len)
+            rate, it = max_min_rates(capacity, flow_of, edge_of, F, caps if np.isfinite(caps).any() else None,
                                      start_level=floor, entry_capacity=self._inc_cap)
             rate.flags.writeable = False        # shared by every hit
-            size = len(key[0]) + len(key[1]) + rate.nbytes
-            if self._memo_bytes + size > _MEMO_BYTES:
-                self._memo.clear()
-                self._memo_bytes = 0
-            hit = self._memo[key] = (rate, it)
-            self._memo_bytes += size
+            hit = (rate, it)
+            self._remember(key, hit, len(key[0]) + len(key[1]) + len(key[2]) + rate.nbytes)
         self._rate = hit[0]
         self.solves += 1
         self.iterations += hit[1]
