@@ -65,16 +65,22 @@ def register(app: typer.Typer) -> None:
         sc = load_scenario(scenario, overrides=set_ or [])
         from rich.console import Console
 
-        from sim.engine.simulate import simulate
+        from sim.engine.simulate import cyclic_gc_paused, simulate
 
         err = Console(stderr=True)
-        if sys.stderr.isatty():
-            with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
-                result = simulate(sc)
-        else:
-            result = simulate(sc)
         folder = out or Path("runs") / sc.name
-        summary = write_outputs(result, folder)
+        # The step's objects and the outputs' records (millions in a large step) are freed by
+        # reference counting; the cyclic collector would only scan them again and again
+        # (sim.engine.simulate.cyclic_gc_paused). The result is dropped before it runs again.
+        with cyclic_gc_paused():
+            if sys.stderr.isatty():
+                with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
+                    result = simulate(sc)
+            else:
+                result = simulate(sc)
+            summary = write_outputs(result, folder)
+            memory = result.memory
+            del result
         from sim.plan.training_run import reliability_keys_given, training_run
 
         run = None
@@ -101,7 +107,7 @@ def register(app: typer.Typer) -> None:
                     con.print(f"  {what.replace('_', ' ')}: {src}")
             con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
                       "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
-        check_fit(sc, result.memory, strict)
+        check_fit(sc, memory, strict)
 
 
 def check_fit(sc, report, strict: bool) -> None:

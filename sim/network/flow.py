@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 
 import networkx as nx
 import numpy as np
@@ -414,7 +414,7 @@ class FlowNetwork:
         if self._small:
             for b, edges, lengths, nbytes, caps in new:
                 e = edges.tolist()
-                ends = np.cumsum(lengths).tolist() if len(lengths) > 1 else [len(e)]
+                ends = list(accumulate(lengths.tolist())) if len(lengths) > 1 else [len(e)]
                 self._s_path += [tuple(e[a:c]) for a, c in zip([0] + ends, ends)]
                 self._s_bid += [b] * len(ends)
                 self._s_pos += range(len(ends))
