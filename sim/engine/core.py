@@ -387,6 +387,7 @@ class Engine:
         parts, total, first = [], 0, -1
         add = parts.append
         kernels, comms = [], []  # the run's busy intervals (touching ones merged), as `_Run.busy`
+        ks = ke = -1             # the last kernel interval, still open (kernels follow each other)
         busy = last = 0          # whether it records anything but marks; its latest end offset
         slowed = bool(self.slowdown)
         ends: dict = {}          # handle of a call launched in the current run -> (stream, end offset)
@@ -405,8 +406,12 @@ class Engine:
                             raise InternalError(f"kernel {ins.name!r} of rank {rank} has a duration of "
                                                 f"{dur!r} ns")
                         add(("compute", ins.name, ins.cat, total, total + dur, 0.0))
-                        _merge(kernels, total, total + dur)
+                        if ke != total:                      # (_merge, written out: the hot path)
+                            if ks >= 0:
+                                kernels.append((ks, ke))
+                            ks = total
                         total += dur
+                        ke = total
                         busy = 1
                     part = True
             elif t is Mark:
@@ -458,17 +463,22 @@ class Engine:
                     first = i
                 continue
             if first >= 0:
+                if ks >= 0:
+                    kernels.append((ks, ke))
                 out.append(self._close_run(total, parts, i - first, ends, outside, where,
                                            max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
                 origin.append(first)
                 parts, total, first = [], 0, -1
                 add = parts.append
                 kernels, comms = [], []
+                ks = ke = -1
                 busy = last = 0
                 free = {}
             out.append(ins)
             origin.append(i)
         if first >= 0:
+            if ks >= 0:
+                kernels.append((ks, ke))
             out.append(self._close_run(total, parts, len(program) - first, ends, outside, where,
                                        max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
             origin.append(first)

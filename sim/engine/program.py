@@ -671,20 +671,21 @@ class ProgramBuilder:
         self._serial += 1
         n, s = self._serial, str(mb)
         add = prog.append
-        for it in items:
+        new = tuple.__new__     # a named tuple made as namedtuple's _make does: 3x faster than its
+        for it in items:        # __new__ (0.15 against 0.5 us), for millions of instructions
             k = it[0]
             if k == 0:
                 add(it[1])
             elif k == 1:
-                add(Compute(it[1], s.join(it[2]), it[3]))
+                add(new(Compute, (it[1], s.join(it[2]), it[3])))
             elif k == 2:
-                add(Comm(it[1], s.join(it[2])))
+                add(new(Comm, (it[1], s.join(it[2]))))
             elif k == 3:
                 name = it[3]
-                add(Launch((it[1], n), it[2], name if type(name) is str else s.join(name), it[4]))
+                add(new(Launch, ((it[1], n), it[2], name if type(name) is str else s.join(name), it[4])))
             else:
                 name = it[2]
-                add(Wait((it[1], n), name if type(name) is str else s.join(name)))
+                add(new(Wait, ((it[1], n), name if type(name) is str else s.join(name))))
         self._pending_tp.extend((h, n) for h in pending)
 
     # -- the program ---------------------------------------------------------------------
