@@ -10,6 +10,9 @@
 - Max-min filling on Python floats for small problems, remembered per distinct problem.
 - Records made only when asked for; the breakdown from each run's merged intervals.
 - Layer templates in the program builder.
+- The flow network's active flows in Python lists while few, numpy arrays while many.
+- The cluster graph: servers copied from server 0, networkx's dicts filled directly.
+- The cyclic garbage collector paused during a step (which must leave almost no cyclic garbage).
 The independent truth for the whole engine is tests/data/engine_reference.json: step times,
 breakdowns and a hash of every record, written by the engine before this work
 (`python benchmarks/engine_reference.py --write ...` at commit 52895d1; the `ranks-all` cases by
