@@ -454,6 +454,18 @@ def test_servers_copied_from_server_0_are_the_graph_built_server_by_server(name)
     assert all(G.pred[v][u] is G.succ[u][v] for u, v in G.edges)     # one dict per edge, as networkx
     assert G.number_of_edges() == H.number_of_edges() == len(G.graph["edge_list"]) > 0
     assert G.graph["edge_list"] == [(u, v) for u, v, _ in slow.edge_attrs]
+    # any other graph class gets networkx's public calls
+    import networkx as nx
+
+    from sim.topology.graph import _fill
+
+    class Sub(nx.DiGraph):
+        pass
+
+    S = Sub()
+    _fill(S, slow.nodes, slow.edge_attrs)
+    assert list(S.nodes(data=True)) == list(H.nodes(data=True))
+    assert list(S.edges(data=True)) == list(H.edges(data=True))
 
 
 @pytest.mark.parametrize("name,network", [("gpt3-175b-a100x64", "flow"),

@@ -128,7 +128,8 @@ def _fill(G: nx.DiGraph, nodes: dict, edges: list) -> None:
     the public calls. tests/test_engine_speed.py compares the two graphs."""
     if type(G) is not nx.DiGraph or G.number_of_nodes() or not (
             G.node_dict_factory is G.adjlist_outer_dict_factory is G.adjlist_inner_dict_factory
-            is G.edge_attr_dict_factory is G.node_attr_dict_factory is dict):
+            is G.edge_attr_dict_factory is G.node_attr_dict_factory is dict) or not all(
+            type(getattr(G, a, None)) is dict for a in ("_node", "_succ", "_pred")):
         G.add_nodes_from(nodes.items())
         G.add_edges_from(edges)
         return
