@@ -168,3 +168,29 @@ def test_hta_breakdown_and_overlap_match_sim5d(run, monkeypatch, rounding):
                 assert abs(got - value) <= 0.01 * span, key
             else:
                 assert got == pytest.approx(value, rel=1e-9, abs=1e-3), key
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-h100x16-1f1b", "mixtral-8x7b-h100x64-dualpipe",
+                                  "llama3-8b-h100x64-cp4-32k", "gpt3-175b-a100x64"])
+def test_traces_written_as_text_are_json_dumps_of_the_trace(name):
+    """write_traces writes each rank's trace as text (kineto.rank_trace_json); the truth is
+    json.dumps of the trace as a dict (kineto.rank_trace): the same bytes, on steps with MoE
+    all-to-alls, CP ring steps, a DP ZeRO-1 step and a 64-GPU GPT-3 step."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(name))
+    props = {"name": "GPU \"x\" \u00e9", "totalGlobalMem": 1 << 36, "numSms": 132}  # escapes too
+    by_rank: dict = {}
+    for r in res.records:
+        by_rank.setdefault(r.rank, []).append(r)
+    assert by_rank
+    for rank, recs in by_rank.items():
+        kw = dict(world_size=res.layout.world_size, device=res.layout.local_gpu_of(rank),
+                  label=f"rank {rank} \u00b5", makespan_ns=res.makespan_ns,
+                  zero_stage=res.scenario.parallelism.zero_stage, device_props=props)
+        text, want = kineto.rank_trace_json(recs, rank, **kw), json.dumps(kineto.rank_trace(recs, rank, **kw))
+        if text != want:                 # (a short message: pytest's diff of 10 MB strings never ends)
+            i = next((i for i, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
+            pytest.fail(f"rank {rank}: differs at {i}: {text[i - 80:i + 80]!r} vs {want[i - 80:i + 80]!r}")
+        assert len(json.loads(text)["traceEvents"]) > 100

@@ -63,14 +63,37 @@ def _is_comm(rec) -> bool:
     return rec.stream != "compute" or rec.cat.startswith("comm:")
 
 
-def rank_trace(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-               zero_stage: int, device_props: dict) -> dict:
-    """The Kineto-style trace (a dict) of one simulated rank from its engine records."""
+def _kernels(records):
+    """(the records shown as kernels in their order, sim5d stream -> CUDA stream id)."""
     mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
                   key=lambda r: (r.start_ns, r.end_ns, r.stream, r.name))
     streams = dict(STREAMS)
     for s in sorted({r.stream for r in mine} - set(streams)):
         streams[s] = max(streams.values()) + 4
+    return mine, streams
+
+
+def _frame(rank: int, *, world_size: int, device: int, label: str, makespan_ns: int, device_props: dict,
+           streams: dict, used: set) -> tuple:
+    """(the file's top level without its events, the metadata and profiler-step events)."""
+    host = {"pid": HOST_PID, "tid": HOST_TID}
+    meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": f"host of {label}"}},
+            {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
+    meta += [{"ph": "M", "name": "thread_name", "pid": device, "tid": sid, "args": {"name": f"stream {sid} ({s})"}}
+             for s, sid in sorted(streams.items(), key=lambda kv: kv[1]) if sid in used]
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", **host, "ts": 0,
+            "dur": makespan_ns / 1000, "args": {}}
+    top = {"schemaVersion": 1,
+           "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
+           "deviceProperties": [{"id": device, **device_props}],
+           "displayTimeUnit": "ms"}
+    return top, meta + [step]
+
+
+def rank_trace(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
+               zero_stage: int, device_props: dict) -> dict:
+    """The Kineto-style trace (a dict) of one simulated rank from its engine records."""
+    mine, streams = _kernels(records)
     host = {"pid": HOST_PID, "tid": HOST_TID}
     launches, kernels, last_start = [], [], {}
     for corr, r in enumerate(mine, 1):
@@ -84,18 +107,39 @@ def rank_trace(records, rank: int, *, world_size: int, device: int, label: str, 
             name, args["sim5d_name"] = nccl_kernel(r.name, r.stream, zero_stage), r.name
         kernels.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": sid,
                         "ts": r.start_ns / 1000, "dur": (r.end_ns - r.start_ns) / 1000, "args": args})
-    meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": f"host of {label}"}},
-            {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
-    meta += [{"ph": "M", "name": "thread_name", "pid": device, "tid": sid, "args": {"name": f"stream {sid} ({s})"}}
-             for s, sid in sorted(streams.items(), key=lambda kv: kv[1]) if sid in last_start]
-    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", **host, "ts": 0,
-            "dur": makespan_ns / 1000, "args": {}}
+    top, head = _frame(rank, world_size=world_size, device=device, label=label, makespan_ns=makespan_ns,
+                       device_props=device_props, streams=streams, used=set(last_start))
     launches.sort(key=lambda e: (e["ts"], e["args"]["correlation"]))
-    return {"schemaVersion": 1,
-            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
-            "deviceProperties": [{"id": device, **device_props}],
-            "displayTimeUnit": "ms",
-            "traceEvents": meta + [step] + launches + kernels}
+    return {**top, "traceEvents": head + launches + kernels}
+
+
+def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
+                    zero_stage: int, device_props: dict) -> str:
+    """`json.dumps(rank_trace(...))`, the same text, with each kernel and launch written as text
+    instead of through a dict (a GPT-3 64-GPU step's 270,000 events: 2.3 of its 6 s of outputs,
+    then 1.0). tests/test_kineto.py compares the two."""
+    mine, streams = _kernels(records)
+    enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
+    launches, kernels, last_start = [], [], {}
+    for corr, r in enumerate(mine, 1):
+        sid = streams[r.stream]
+        ts = last_start.get(sid, 0) / 1000
+        launches.append((ts, corr, f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", '
+                                   f'"pid": {HOST_PID}, "tid": {HOST_TID}, "ts": {ts!r}, "dur": 0, '
+                                   f'"args": {{"cbid": 211, "correlation": {corr}}}}}'))
+        last_start[sid] = r.start_ns
+        if _is_comm(r):
+            name, extra = nccl_kernel(r.name, r.stream, zero_stage), f', "sim5d_name": {enc(r.name)}'
+        else:
+            name, extra = r.name, ""
+        kernels.append(f'{{"ph": "X", "cat": "kernel", "name": {enc(name)}, "pid": {device}, "tid": {sid}, '
+                       f'"ts": {r.start_ns / 1000!r}, "dur": {(r.end_ns - r.start_ns) / 1000!r}, '
+                       f'"args": {{"device": {device}, "stream": {sid}, "correlation": {corr}{extra}}}}}')
+    top, head = _frame(rank, world_size=world_size, device=device, label=label, makespan_ns=makespan_ns,
+                       device_props=device_props, streams=streams, used=set(last_start))
+    launches.sort(key=lambda e: (e[0], e[1]))
+    events = [json.dumps(e) for e in head] + [e[2] for e in launches] + kernels
+    return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ", ".join(events) + "]}"
 
 
 def write_traces(result, folder: Path, labels: dict) -> list:
@@ -115,10 +159,11 @@ def write_traces(result, folder: Path, labels: dict) -> list:
         old.unlink()
     paths = []
     for rank in sorted(by_rank):
-        trace = rank_trace(by_rank[rank], rank, world_size=layout.world_size, device=layout.local_gpu_of(rank),
-                           label=labels.get(rank, f"rank {rank}"), makespan_ns=result.makespan_ns,
-                           zero_stage=sc.parallelism.zero_stage, device_props=props)
+        text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,
+                               device=layout.local_gpu_of(rank), label=labels.get(rank, f"rank {rank}"),
+                               makespan_ns=result.makespan_ns, zero_stage=sc.parallelism.zero_stage,
+                               device_props=props)
         path = folder / f"rank-{rank}.json.gz"
-        write_gzip(path, json.dumps(trace).encode())
+        write_gzip(path, text.encode())
         paths.append(path)
     return paths

@@ -59,11 +59,8 @@ def memory_series(records, static_bytes: dict) -> dict:
     return out
 
 
-def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> dict:
-    """The trace as a dict. `labels[rank]` names the process (its coordinates); `p2p` is the
-    engine's send/recv log, drawn as flow arrows from the send to the receiving compute. Each
-    rank declares a thread only for the streams it has events on; zero-length communication
-    (a collective over one GPU) is left out."""
+def _trace_head(records, labels: dict, p2p: dict | None):
+    """(metadata events, the records shown as complete events in their order, stream -> tid)."""
     ev = []
     shown = [r for r in records if r.stream != "mark" and (r.stream == "compute" or r.end_ns > r.start_ns)]
     tids = dict(STREAM_TIDS)
@@ -81,9 +78,12 @@ def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> d
         ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         for stream in sorted(used.get(rank, ()), key=tids.get):
             ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[stream], "args": {"name": stream}})
-    for r in sorted(shown, key=lambda x: (x.rank, x.start_ns, x.stream)):
-        ev.append({"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": tids[r.stream],
-                   "ts": r.start_ns / 1000.0, "dur": (r.end_ns - r.start_ns) / 1000.0})
+    return ev, sorted(shown, key=lambda x: (x.rank, x.start_ns, x.stream)), tids
+
+
+def _trace_tail(mem: dict, p2p: dict | None) -> list:
+    """The send -> receive flow arrows and the memory counters."""
+    ev = []
     for i, (key, info) in enumerate(sorted((p2p or {}).items(), key=lambda kv: kv[1].get("sent_ns", 0))):
         if "src" not in info or "dst" not in info:
             continue
@@ -96,12 +96,35 @@ def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> d
         for t, b in pts:
             ev.append({"ph": "C", "name": "memory", "pid": rank, "ts": t / 1000.0,
                        "args": {"GiB": round(b / GiB, 6)}})
-    return {"traceEvents": ev, "displayTimeUnit": "ns"}
+    return ev
+
+
+def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> dict:
+    """The trace as a dict. `labels[rank]` names the process (its coordinates); `p2p` is the
+    engine's send/recv log, drawn as flow arrows from the send to the receiving compute. Each
+    rank declares a thread only for the streams it has events on; zero-length communication
+    (a collective over one GPU) is left out."""
+    meta, shown, tids = _trace_head(records, labels, p2p)
+    ev = meta + [{"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": tids[r.stream],
+                  "ts": r.start_ns / 1000.0, "dur": (r.end_ns - r.start_ns) / 1000.0} for r in shown]
+    return {"traceEvents": ev + _trace_tail(mem, p2p), "displayTimeUnit": "ns"}
+
+
+def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None) -> str:
+    """`json.dumps(chrome_trace(...), separators=(",", ":"))`, the same text, with each
+    kernel's event written as text instead of through a dict (tests/test_charts.py compares)."""
+    meta, shown, tids = _trace_head(records, labels, p2p)
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
+    ev = [dumps(e) for e in meta]
+    ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{enc(r.cat)},"pid":{r.rank},"tid":{tids[r.stream]},'
+           f'"ts":{r.start_ns / 1000.0!r},"dur":{(r.end_ns - r.start_ns) / 1000.0!r}}}' for r in shown]
+    ev += [dumps(e) for e in _trace_tail(mem, p2p)]
+    return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
 
 
 def write_trace(records, labels, mem, path: Path, p2p: dict | None = None) -> None:
-    data = json.dumps(chrome_trace(records, labels, mem, p2p), separators=(",", ":"))
-    write_gzip(path, data.encode())
+    write_gzip(path, chrome_trace_json(records, labels, mem, p2p).encode())
 
 
 def write_gzip(path: Path, data: bytes) -> None:
