@@ -463,10 +463,8 @@ class Engine:
                     first = i
                 continue
             if first >= 0:
-                if ks >= 0:
-                    kernels.append((ks, ke))
                 out.append(self._close_run(total, parts, i - first, ends, outside, where,
-                                           max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
+                                           max(last, total), kernels, (ks, ke), comms, busy))
                 origin.append(first)
                 parts, total, first = [], 0, -1
                 add = parts.append
@@ -477,17 +475,19 @@ class Engine:
             out.append(ins)
             origin.append(i)
         if first >= 0:
-            if ks >= 0:
-                kernels.append((ks, ke))
             out.append(self._close_run(total, parts, len(program) - first, ends, outside, where,
-                                       max(last, total), (tuple(kernels), tuple(comms)) if busy else None))
+                                       max(last, total), kernels, (ks, ke), comms, busy))
             origin.append(first)
         return out, origin
 
     @staticmethod
-    def _close_run(total, parts, count, ends, outside, where, last, busy) -> _Run:
+    def _close_run(total, parts, count, ends, outside, where, last, kernels, open_kernel, comms,
+                   busy) -> _Run:
         """The run; its calls still in flight escape it (completion scheduled at run time; their
-        streams count as busy until their waits)."""
+        streams count as busy until their waits). `open_kernel`: the kernel interval still open
+        (start -1: none)."""
+        if open_kernel[0] >= 0:
+            kernels.append(open_kernel)
         escapes = ()
         if ends:
             escapes = tuple((h, stream, end) for h, (stream, end) in ends.items())
@@ -495,7 +495,7 @@ class Engine:
                 outside[stream] = outside.get(stream, 0) + 1
                 where[h] = stream
             ends.clear()
-        return _Run(total, tuple(parts), count, escapes, last, busy)
+        return _Run(total, tuple(parts), count, escapes, last, (tuple(kernels), tuple(comms)) if busy else None)
 
     def _rank_process(self, rank, program, origin):
         env, st = self.env, self._state[rank]

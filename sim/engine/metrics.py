@@ -46,11 +46,11 @@ def breakdown(records, makespan_ns: int) -> dict:
     return breakdown_of(intervals_by_rank(records), makespan_ns)
 
 
-def intervals_by_rank(records, by_rank: dict | None = None) -> dict:
-    """{rank: (kernel starts, kernel ends, comm starts, comm ends)} (lists) of `records`, added
-    to `by_rank` when given: kernels are compute-stream records that are not exposed
-    communication (category comm:*), marks are left out, everything else is communication."""
-    by_rank = {} if by_rank is None else by_rank
+def intervals_by_rank(records) -> dict:
+    """{rank: (kernel starts, kernel ends, comm starts, comm ends)} (lists) of `records`: kernels
+    are compute-stream records that are not exposed communication (category comm:*), marks are
+    left out, everything else is communication."""
+    by_rank: dict = {}
     for r in records:
         if r.stream == "mark":
             continue

@@ -378,25 +378,40 @@ class FlowNetwork:
                 self._rem -= self._rate * dt
         self._t = now
 
+    @staticmethod
+    def _incidence(paths: list) -> tuple:
+        """(path lengths, edge ids end to end) of paths given as tuples, as arrays."""
+        lens = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+        return lens, np.fromiter(chain.from_iterable(paths), dtype=np.int64, count=int(lens.sum()))
+
+    @staticmethod
+    def _paths(edges: list, lengths: list) -> list:
+        """Edge ids end to end, split into one tuple per flow."""
+        ends = list(accumulate(lengths))
+        return [tuple(edges[a:b]) for a, b in zip([0] + ends, ends)]
+
+    def _fill(self, edge_of, lens, caps, floor: float, entry_capacity=None) -> tuple:
+        """max_min_rates of the flows given by their incidence (no memo)."""
+        F = lens.size
+        return max_min_rates(self.capacity, np.repeat(np.arange(F), lens), edge_of, F,
+                             caps if np.isfinite(caps).any() else None, start_level=floor,
+                             entry_capacity=entry_capacity)
+
     def _to_arrays(self):
         """Lists -> arrays (exact: float64 and int64 both ways)."""
-        paths = self._s_path
         self._bid = np.array(self._s_bid, dtype=np.int64)
         self._pos = np.array(self._s_pos, dtype=np.int64)
         self._rem = np.array(self._s_rem, dtype=np.float64)
         self._rate = np.array(self._s_rate, dtype=np.float64)
         self._finish = np.array(self._s_finish, dtype=np.int64)
         self._caps = np.array(self._s_caps, dtype=np.float64)
-        self._len = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
-        self._inc_edge = np.fromiter(chain.from_iterable(paths), dtype=np.int64)
+        self._len, self._inc_edge = self._incidence(self._s_path)
         self._inc_cap = self.capacity[self._inc_edge]
         self._small = False
 
     def _to_lists(self):
         """Arrays -> lists."""
-        edges = self._inc_edge.tolist()
-        ends = np.cumsum(self._len).tolist()
-        self._s_path = [tuple(edges[a:b]) for a, b in zip([0] + ends, ends)]
+        self._s_path = self._paths(self._inc_edge.tolist(), self._len.tolist())
         self._s_bid = self._bid.tolist()
         self._s_pos = self._pos.tolist()
         self._s_rem = self._rem.tolist()
@@ -412,15 +427,13 @@ class FlowNetwork:
         if self._small and self._count() + k > self.small_flows:
             self._to_arrays()
         if self._small:
-            for b, edges, lengths, nbytes, caps in new:
-                e = edges.tolist()
-                ends = list(accumulate(lengths.tolist())) if len(lengths) > 1 else [len(e)]
-                self._s_path += [tuple(e[a:c]) for a, c in zip([0] + ends, ends)]
-                self._s_bid += [b] * len(ends)
-                self._s_pos += range(len(ends))
+            for (b, edges, lengths, nbytes, caps), j in zip(new, n):
+                self._s_path += self._paths(edges.tolist(), lengths.tolist())
+                self._s_bid += [b] * j
+                self._s_pos += range(j)
                 self._s_rem += [float(x) for x in nbytes]      # (numpy's int -> float64: the same)
-                self._s_rate += [0.0] * len(ends)
-                self._s_finish += [_INF_NS] * len(ends)
+                self._s_rate += [0.0] * j
+                self._s_finish += [_INF_NS] * j
                 self._s_caps += caps.tolist()
         elif not self._rem.size and len(new) == 1:      # (often: one batch on an idle network)
             b, edges, lengths, nbytes, caps = new[0]
@@ -594,15 +607,10 @@ class FlowNetwork:
         key = (tuple(self._s_path), tuple(self._s_caps), floor)
         hit = self._memo.get(key)
         if hit is None:
-            paths = self._s_path
-            F = len(paths)
-            lens = np.fromiter(map(len, paths), dtype=np.int64, count=F)
-            edge_of = np.fromiter(chain.from_iterable(paths), dtype=np.int64)
-            caps = np.array(self._s_caps, dtype=np.float64)
-            rate, it = max_min_rates(self.capacity, np.repeat(np.arange(F), lens), edge_of, F,
-                                     caps if np.isfinite(caps).any() else None, start_level=floor)
+            lens, edge_of = self._incidence(self._s_path)
+            rate, it = self._fill(edge_of, lens, np.array(self._s_caps, dtype=np.float64), floor)
             hit = (rate.tolist(), it)           # (never changed in place: shared by every hit)
-            self._remember(key, hit, 8 * (edge_of.size + 3 * F))
+            self._remember(key, hit, 8 * (edge_of.size + 3 * lens.size))
         self._s_rate = hit[0]
         self.solves += 1
         self.iterations += hit[1]
@@ -680,9 +688,7 @@ class FlowNetwork:
         key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes(), floor)
         hit = self._memo.get(key)
         if hit is None:
-            flow_of = np.repeat(np.arange(F), self._len)   # (the incidence: a function of _len)
-            rate, it = max_min_rates(capacity, flow_of, edge_of, F, caps if np.isfinite(caps).any() else None,
-                                     start_level=floor, entry_capacity=self._inc_cap)
+            rate, it = self._fill(edge_of, self._len, caps, floor, self._inc_cap)
             rate.flags.writeable = False        # shared by every hit
             hit = (rate, it)
             self._remember(key, hit, len(key[0]) + len(key[1]) + len(key[2]) + rate.nbytes)

@@ -176,17 +176,9 @@ class _Builder:
                           "latency_ns": int(lat)}))
 
     def link(self, a: str, b: str, cls: str, bw_gbps: float, lat_ab: int, lat_ba: int | None = None):
-        """A full-duplex link: two directed edges with the same capacity (edge() twice, written
-        out: a 16,384-GPU cluster has 108,544 links)."""
-        nodes = self.nodes
-        if a not in nodes or b not in nodes:
-            raise AssertionError(f"link {a} - {b} before its nodes")
-        ea = self.edge_attrs
-        n = len(ea)
-        bw = float(bw_gbps)
-        ea.append((a, b, {"eid": n, "link_class": cls, "bandwidth_gbps": bw, "latency_ns": int(lat_ab)}))
-        ea.append((b, a, {"eid": n + 1, "link_class": cls, "bandwidth_gbps": bw,
-                          "latency_ns": int(lat_ab if lat_ba is None else lat_ba)}))
+        """A full-duplex link: two directed edges with the same capacity."""
+        self.edge(a, b, cls, bw_gbps, lat_ab)
+        self.edge(b, a, cls, bw_gbps, lat_ab if lat_ba is None else lat_ba)
 
     def build(self):
         nd = self.node
