@@ -174,13 +174,16 @@ class Engine:
     """Runs the programs of a set of ranks to completion."""
 
     def __init__(self, programs: dict, network, *, comm_streams=("pp", "dp", "tp", "cp", "ep"),
-                 comm_compute_slowdown: float = 0.0):
+                 comm_compute_slowdown: float = 0.0, orbits=None):
         if not 0.0 <= comm_compute_slowdown < 1.0:
             raise ValueError(f"comm_compute_slowdown ({comm_compute_slowdown}) must be in [0, 1)")
         self.slowdown = float(comm_compute_slowdown)
         self.env = simpy.Environment()
         self.programs = dict(programs)
         self.network = network
+        self.orbits = orbits
+        """sim.engine.symmetry.Orbits when `programs` are stage representatives standing for every
+        rank of their stage (`records`, `busy_intervals` and `p2p` then cover every rank)."""
         if hasattr(network, "bind"):
             network.bind(self.env)
         self._log: list = []
@@ -577,7 +580,8 @@ class Engine:
     def run(self) -> int:
         """Simulate; returns the makespan in ns. Raises DeadlockError naming the waiting ranks."""
         prepare = getattr(self.network, "prepare", None)
-        if prepare is not None:                     # the network learns every call in advance
+        if prepare is not None and not getattr(self.network, "prepared", False):
+            # the network learns every call in advance
             prepare(self.programs)
         compiled = {}
         for r in self.programs:
@@ -607,13 +611,16 @@ class Engine:
         if self._records is None or self._made != len(self._log):
             out = []
             add = out.append
+            members = self.orbits.members if self.orbits is not None else {}
             for x in self._log:
                 if type(x) is Record:
-                    add(x)
+                    for q in members.get(x.rank, (x.rank,)):
+                        add(x if q == x.rank else x._replace(rank=q))
                     continue
                 rank, start, run = x
-                for stream, name, cat, a, b, value in run.parts:
-                    add(Record(rank, stream, name, cat, start + a, start + b, value))
+                for q in members.get(rank, (rank,)):
+                    for stream, name, cat, a, b, value in run.parts:
+                        add(Record(q, stream, name, cat, start + a, start + b, value))
             self._records, self._made = out, len(self._log)
         return self._records
 
@@ -640,4 +647,6 @@ class Engine:
             for a, b in comms:
                 lists[2].append(start + a)
                 lists[3].append(start + b)
+        if self.orbits is not None:         # every rank of a stage: its representative's lists
+            by_rank = {q: lists for r, lists in by_rank.items() for q in self.orbits.members[r]}
         return by_rank

@@ -20,6 +20,7 @@ the traffic that can actually contend.
 
 from __future__ import annotations
 
+import numpy as np
 import simpy
 
 from sim.errors import InternalError
@@ -56,6 +57,11 @@ class ClusterNetwork:
         self._ns: dict = {}
         self._isolated: frozenset = frozenset()
         self._alone: dict = {}
+        self._images: dict | None = None         # by symmetry: call -> its counterparts
+        self._unions: dict = {}
+        self.prepared = False
+        """Whether `prepare_symmetric` has readied the network for the run (Engine.run then does
+        not prepare it again)."""
 
     def bind(self, env) -> None:
         """Attach to the engine's SimPy environment (the flow model keeps state there)."""
@@ -84,11 +90,58 @@ class ClusterNetwork:
 
     def prepare(self, programs: dict) -> None:
         """Find the isolated groups (module docstring) among the calls of `programs`."""
+        self.prepared = False
+        self._images = None
         if self.mode != "flow":
             return
+        calls, overlap, callers = self._scan(programs)
+        self._isolated = frozenset(
+            g for g in self._alone_groups(calls, overlap)
+            # one simulated caller, or every member simulated (the engine's barrier)
+            if len(callers[g]) == 1 or all(r in programs for r in g))
+
+    def prepare_symmetric(self, programs: dict, orbits) -> bool:
+        """For `ranks: all` simulated by symmetry (sim.engine.symmetry): `programs` are the
+        stage representatives'. Whether every call of theirs takes, for each rank of the stage
+        making its own version of it, the same time as for the representative, with no link of
+        it shared with other traffic (all ranks' calls counted; in the full simulation every
+        member of a group is simulated, so each group's calls wait for all its members); if so
+        the network is ready for the reduced run (`prepared`)."""
+        from sim.engine.symmetry import NotSymmetric
+
+        self.prepared = False
+        calls, overlap, _ = self._scan(programs)
+        try:
+            images = {spec: orbits.counterparts(spec, rep) for spec, rep in calls.items()}
+        except NotSymmetric:
+            return False
+        if self.mode == "analytical":
+            ok = all(self.time_ns(c) == self.time_ns(spec) for spec, cs in images.items() for c in cs[1:])
+        else:
+            every = {c: None for cs in images.values() for c in cs}
+            overlap = {c.ranks for spec, cs in images.items() if spec.ranks in overlap for c in cs}
+            isolated = frozenset(self._alone_groups(every, overlap))
+            ok = True
+            for spec, cs in images.items():
+                alone = [c.ranks in isolated for c in cs]
+                if all(alone):          # each alone on the graph: the same time for all
+                    ok = all(self.alone_ns(c) == self.alone_ns(spec) for c in cs[1:])
+                else:                   # on the shared network together (`_together`)
+                    ok = not any(alone)
+                if not ok:
+                    break
+            self._isolated = isolated
+            self._images = images
+        self.prepared = ok
+        return ok
+
+    @staticmethod
+    def _scan(programs: dict) -> tuple:
+        """The calls of `programs` with traffic ({spec: the first rank making it}), the groups two
+        of whose calls may be in flight together, and the simulated ranks calling each group."""
         from sim.engine.core import Comm, Compute, Launch, Mark, Send, Wait
 
-        calls: set = set()               # distinct calls
+        calls: dict = {}                 # distinct calls -> the first rank making it
         overlap: set = set()             # groups two of whose calls may be in flight together
         callers: dict = {}               # group -> the simulated ranks that issue its calls
         for rank, prog in programs.items():
@@ -112,7 +165,7 @@ class ClusterNetwork:
                     g = group_of[id(spec)] = (spec.ranks if len(spec.ranks) >= 2 and spec.size_bytes > 0
                                               else None)
                     if g is not None:
-                        calls.add(spec)
+                        calls.setdefault(spec, rank)
                         callers.setdefault(g, set()).add(rank)
                 if g is None:
                     continue
@@ -124,6 +177,11 @@ class ClusterNetwork:
                 if t is not Comm:
                     inflight[ins.handle if t is Launch else ins.key] = (g, stream)
                     on[stream] = on.get(stream, 0) + 1
+        return calls, overlap, callers
+
+    def _alone_groups(self, calls, overlap: set) -> list:
+        """The groups of `calls` none of whose calls may overlap another of the group and none
+        of whose links another group's calls cross."""
         links: dict = {}
         for spec in calls:
             used = links.setdefault(spec.ranks, set())
@@ -134,11 +192,7 @@ class ClusterNetwork:
         for used in links.values():
             for e in used:
                 users[e] = users.get(e, 0) + 1
-        self._isolated = frozenset(
-            g for g, used in links.items()
-            if g not in overlap and all(users[e] == 1 for e in used)
-            # one simulated caller, or every member simulated (the engine's barrier)
-            and (len(callers[g]) == 1 or all(r in programs for r in g)))
+        return [g for g, used in links.items() if g not in overlap and all(users[e] == 1 for e in used)]
 
     def fixed_ns(self, spec):
         """The duration of a call that depends on nothing else in the simulation, or None: every
@@ -176,8 +230,51 @@ class ClusterNetwork:
             yield env.timeout(self.time_ns(spec))
         elif spec.ranks in self._isolated:
             yield env.timeout(self.alone_ns(spec))
+        elif self._images is not None:
+            yield from self._together(env, self._images[spec])
         else:
             yield from collective_process(env, self.net, self.plan(spec))
+
+    def _together(self, env, specs: list):
+        """A representative's call and its counterparts (sim.engine.symmetry), started together
+        as every rank of the stage starts its own: each phase's flows of all of them as one
+        batch. Raises NotSymmetric unless every counterpart's phase ends when the
+        representative's does (then the full simulation's calls, one per group, would run
+        exactly so)."""
+        from sim.engine.symmetry import NotSymmetric
+
+        key = tuple(c.ranks for c in specs) + (specs[0].op, specs[0].size_bytes)
+        phases = self._unions.get(key)
+        if phases is None:
+            plans = [self.plan(c) for c in specs]
+            p0 = plans[0]
+            if any((p.latency_ns, p.wire_factor, [ph.repeat for ph in p.phases])
+                   != (p0.latency_ns, p0.wire_factor, [ph.repeat for ph in p0.phases]) for p in plans[1:]):
+                raise NotSymmetric(f"the counterparts of {specs[0]} have other plans")
+            phases = []
+            for k, ph in enumerate(p0.phases):
+                flows = [p.phases[k].flows(p.wire_factor) for p in plans]
+                if all(f is None for f in flows):
+                    phases.append((ph.repeat, None))
+                    continue
+                if any(f is None for f in flows):
+                    raise NotSymmetric(f"the counterparts of {specs[0]} have other plans")
+                seg = [i for i, f in enumerate(flows) for _ in f[3]]
+                phases.append((ph.repeat, (np.concatenate([f[0] for f in flows]),
+                                           np.concatenate([f[1] for f in flows]),
+                                           [b for f in flows for b in f[2]],
+                                           np.concatenate([f[3] for f in flows]),
+                                           [n for f in flows for n in f[4]], seg)))
+            self._unions[key] = phases = (p0.latency_ns, phases)
+        latency, phases = phases
+        if latency:
+            yield env.timeout(latency)
+        for repeat, flows in phases:
+            for _ in range(repeat):
+                if flows is not None:
+                    res = yield self.net.transfer_batch(*flows)
+                    if min(res.segment_ends) != max(res.segment_ends):
+                        raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
 
 
 def network_for(sc, layout: Layout | None = None) -> ClusterNetwork:

@@ -236,7 +236,7 @@ class ProgramBuilder:
     rank; the TP, CP and DP peers of a rank do the same work at the same time)."""
 
     def __init__(self, sc, schedule, costs: CostModel, layout: Layout | None = None, *,
-                 ranks: str | None = None):
+                 ranks: str | None = None, recipes: bool = False):
         self.sc = sc
         self.sched = schedule
         self.costs = costs
@@ -248,6 +248,11 @@ class ProgramBuilder:
         self._peers: dict = {}
         self._costs: dict = {}
         self._specs: dict = {}
+        self.recipes: dict | None = {} if recipes else None
+        """With `recipes=True`: (rank, spec) -> how each rank of its stage makes its own version
+        (sim.engine.symmetry):
+        ("dim", D) its group along D, ("peer", pp) itself and its peer at pipeline rank pp,
+        ("pair", pp) the same sorted."""
         self.act_bytes = _act_bytes(sc)
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
@@ -318,7 +323,28 @@ class ProgramBuilder:
         key = (self.me, op, dim, size, tag)
         spec = self._specs.get(key)
         if spec is None:
-            spec = self._specs[key] = CommSpec(op, self._group(pp_rank, dim), size, tag)
+            spec = self._specs[key] = self._dim_spec(op, dim, size, tag)
+        return spec
+
+    def _recipe(self, spec: CommSpec, recipe: tuple) -> CommSpec:
+        if self.recipes is not None:
+            self.recipes.setdefault((self.me, spec), set()).add(recipe)
+        return spec
+
+    def _dim_spec(self, op: str, dim: str, size: int, tag: str) -> CommSpec:
+        """A call over this rank's group along `dim` (a new object: see `_spec` for one per call)."""
+        return self._recipe(CommSpec(op, self._group(None, dim), size, tag), ("dim", dim))
+
+    def _send_spec(self, pp_rank: int) -> CommSpec:
+        """The point-to-point transfer of an activation (or its gradient) to this rank's peer at
+        pipeline rank `pp_rank`, one object per peer."""
+        key = (self.me, "send", pp_rank)
+        spec = self._specs.get(key)
+        if spec is None:
+            p = self.sc.parallelism
+            spec = self._specs[key] = self._recipe(CommSpec(
+                "send_recv", (self.me, self._peer(pp_rank)), self.act_bytes // (p.tp if self.sp else 1), "pp"),
+                ("peer", pp_rank))
         return spec
 
     def _peer(self, pp_rank: int) -> int:
@@ -590,9 +616,9 @@ class ProgramBuilder:
         n_dense, n_expert = self.params_per_stage[stage][k]
         specs = []
         if n_dense:
-            specs.append(CommSpec("all_gather", self._group(r, "dp-cp"), int(n_dense * 2), "dp"))
+            specs.append(self._dim_spec("all_gather", "dp-cp", int(n_dense * 2), "dp"))
         if n_expert and p.edp > 1:
-            specs.append(CommSpec("all_gather", self._group(r, "edp"), int(n_expert * 2), "dp"))
+            specs.append(self._dim_spec("all_gather", "edp", int(n_expert * 2), "dp"))
         return specs
 
     def _fsdp_launch(self, prog, r, stage, layer):
@@ -648,9 +674,9 @@ class ProgramBuilder:
         op = "reduce_scatter" if z >= 1 else "all_reduce"
         specs = []
         if p.dp * p.cp > 1 and n_dense:
-            specs.append(CommSpec(op, self._group(r, "dp-cp"), int(n_dense * gb), "dp"))
+            specs.append(self._dim_spec(op, "dp-cp", int(n_dense * gb), "dp"))
         if p.edp > 1 and n_expert:
-            specs.append(CommSpec(op, self._group(r, "edp"), int(n_expert * gb), "dp"))
+            specs.append(self._dim_spec(op, "edp", int(n_expert * gb), "dp"))
         return specs
 
     # -- layers from templates ----------------------------------------------------------
@@ -716,8 +742,8 @@ class ProgramBuilder:
             for s in stages:
                 if self.end_params[s]:
                     h = ("param-gather", s)
-                    prog.append(Launch(h, CommSpec("all_gather", self._group(r, "dp-cp"),
-                                                   int(self.end_params[s] * 2), "dp"),
+                    prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp",
+                                                         int(self.end_params[s] * 2), "dp"),
                                        f"param all-gather emb/head chunk {s}", "dp"))
                     gather_handles[s] = h
         # ZeRO 1/2 parameter all-gather (overlapped with this step's forward when asked)
@@ -725,8 +751,8 @@ class ProgramBuilder:
             for s in stages:
                 n_dense = sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
                 h = ("param-gather", s)
-                prog.append(Launch(h, CommSpec("all_gather", self._group(r, "dp-cp"),
-                                               int(n_dense * 2), "dp"), f"param all-gather chunk {s}", "dp"))
+                prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp", int(n_dense * 2), "dp"),
+                                   f"param all-gather chunk {s}", "dp"))
                 gather_handles[s] = h
         last_backward = {}   # stage -> index in the rank's list of the last I/B of that stage
         items = [a for item in sched.ranks[r] for a in item.parts]
@@ -764,10 +790,8 @@ class ProgramBuilder:
                 prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
                 nxt = sched.next_stage(s, mb)
                 if nxt is not None and sched.stage_rank(nxt) != r:
-                    dst = self._peer(sched.stage_rank(nxt))
-                    prog.append(Send(("act", nxt, mb, dst), CommSpec(
-                        "send_recv", (self.me, dst),
-                        self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send act s{nxt} mb{mb}"))
+                    spec = self._send_spec(sched.stage_rank(nxt))
+                    prog.append(Send(("act", nxt, mb, spec.ranks[1]), spec, f"send act s{nxt} mb{mb}"))
             else:
                 do_input = a.kind in ("B", "I")
                 do_weight = a.kind in ("B", "W")
@@ -802,10 +826,8 @@ class ProgramBuilder:
                     prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
                     prv = sched.prev_stage(s, mb)
                     if prv is not None and sched.stage_rank(prv) != r:
-                        dst = self._peer(sched.stage_rank(prv))
-                        prog.append(Send(("grad", prv, mb, dst), CommSpec(
-                            "send_recv", (self.me, dst),
-                            self.act_bytes // (p.tp if self.sp else 1), "pp"), f"send grad s{prv} mb{mb}"))
+                        spec = self._send_spec(sched.stage_rank(prv))
+                        prog.append(Send(("grad", prv, mb, spec.ranks[1]), spec, f"send grad s{prv} mb{mb}"))
             if self._pending_tp:
                 prog[bounds[i]:] = pair_tp_waits(prog[bounds[i]:], set(self._pending_tp))
                 self._pending_tp.clear()
@@ -841,8 +863,9 @@ class ProgramBuilder:
         if emb_peer is not None:
             v_local = -(-sc.model.vocab_size // p.tp)
             gb = 4 if t.precision == "fp32" else 2
-            prog.append(Comm(CommSpec("all_reduce", tuple(sorted((self.me, self._peer(emb_peer)))),
-                                      v_local * sc.model.hidden_size * gb, "pp"), "embedding grad all-reduce"))
+            spec = CommSpec("all_reduce", tuple(sorted((self.me, self._peer(emb_peer)))),
+                            v_local * sc.model.hidden_size * gb, "pp")
+            prog.append(Comm(self._recipe(spec, ("pair", emb_peer)), "embedding grad all-reduce"))
         # optimizer step on the local shard
         n_local = 0.0
         for s in stages:
@@ -854,6 +877,6 @@ class ProgramBuilder:
         if 1 <= p.zero_stage <= 2 and p.dp * p.cp > 1 and not t.overlap_param_gather:
             for s in stages:
                 n_dense = sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
-                prog.append(Comm(CommSpec("all_gather", self._group(r, "dp-cp"), int(n_dense * 2), "dp"),
+                prog.append(Comm(self._dim_spec("all_gather", "dp-cp", int(n_dense * 2), "dp"),
                                  f"param all-gather chunk {s}"))
         return prog

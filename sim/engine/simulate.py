@@ -22,6 +22,7 @@ from sim.engine.core import Engine
 from sim.engine.costs import beyond_limits
 from sim.engine.metrics import breakdown_of
 from sim.engine.program import ProgramBuilder
+from sim.engine.symmetry import NotSymmetric, Orbits
 from sim.errors import BeyondLimits
 from sim.layout import Layout
 from sim.memory import memory_report
@@ -109,13 +110,21 @@ def cyclic_gc_paused():
             gc.enable()
 
 
-def simulate(sc, *, costs=None, network=None) -> RunResult:
-    """Simulate one optimizer step of scenario `sc`."""
+def _run(sc, engine) -> int:
+    try:
+        return engine.run()
+    except BeyondLimits as e:                                # a transfer past the step limit
+        raise beyond_limits(sc, str(e)) from None
+
+
+def simulate(sc, *, costs=None, network=None, by_symmetry: bool = True) -> RunResult:
+    """Simulate one optimizer step of scenario `sc`. `by_symmetry=False`: with `ranks: all`,
+    simulate every rank even where one per stage is exact (sim.engine.symmetry; for tests)."""
     with cyclic_gc_paused():
-        return _simulate(sc, costs, network)
+        return _simulate(sc, costs, network, by_symmetry)
 
 
-def _simulate(sc, costs, network) -> RunResult:
+def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
     t0 = time.perf_counter()
     p = sc.parallelism
     sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
@@ -126,18 +135,38 @@ def _simulate(sc, costs, network) -> RunResult:
     if network is None:
         from sim.engine.netmodel import network_for
         network = network_for(sc, layout)
-    builder = ProgramBuilder(sc, sched, costs, layout)
-    engine = Engine(builder.build(), network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
-    # (the engine holds the only reference to the programs and drops each once compiled)
-    try:
-        makespan = engine.run()
-    except BeyondLimits as e:                                # a transfer past the step limit
-        raise beyond_limits(sc, str(e)) from None
+    engine = orbits = None
+    if by_symmetry and sc.simulation.ranks == "all" and hasattr(network, "prepare_symmetric"):
+        # every rank of a stage like its representative, when that is exact (sim.engine.symmetry)
+        reps = ProgramBuilder(sc, sched, costs, layout, ranks="representative", recipes=True)
+        programs = reps.build()
+        orbits = Orbits(layout, reps.reps, reps.recipes)
+        if network.prepare_symmetric(programs, orbits):
+            counts = {r: len(prog) for r, prog in programs.items()}
+            engine = Engine(programs, network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown,
+                            orbits=orbits)
+            del programs
+            try:
+                makespan = _run(sc, engine)
+            except NotSymmetric:        # a counterpart ended at another time: rank by rank
+                engine = None
+    if engine is None:
+        if orbits is not None:
+            network.prepared = False        # Engine.run prepares it for every rank's calls
+        orbits = None
+        engine = Engine(ProgramBuilder(sc, sched, costs, layout).build(), network,
+                        comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+        # (the engine holds the only reference to the programs and drops each once compiled)
+        makespan = _run(sc, engine)
     if makespan >= MAX_STEP_NS:                                # the clock is a Python int: exact
         raise beyond_limits(sc, f"the step would take {makespan / 1e9:.3g} s")
-    pp_rank_of = {rank: layout.coord(rank).pp for rank in engine.programs}
+    if orbits is None:
+        pp_rank_of = {rank: layout.coord(rank).pp for rank in engine.programs}
+        events, p2p = engine.events, engine.p2p
+    else:
+        pp_rank_of, events, p2p = orbits.pp_rank_of(), orbits.events(counts), orbits.expand_p2p(engine.p2p)
     engine.release()
     return RunResult(scenario=sc, engine=engine, makespan_ns=makespan,
                      breakdowns=breakdown_of(engine.busy_intervals(), makespan), memory=memory_report(sc),
-                     layout=layout, pp_rank_of=pp_rank_of, events=engine.events,
-                     wall_s=time.perf_counter() - t0, p2p=engine.p2p)
+                     layout=layout, pp_rank_of=pp_rank_of, events=events,
+                     wall_s=time.perf_counter() - t0, p2p=p2p)

@@ -49,21 +49,26 @@ class TransferResult:
     nbytes: int
     start_ns: int
     end_ns: int
+    segment_ends: tuple | None = None
+    """For a batch given `segments`: when each segment's last flow ended (ns)."""
 
 
 class _Batch:
     """Flows started together by one call (a collective's phase, or one transfer): one event,
     triggered `latency_ns` after the last of them ends."""
 
-    __slots__ = ("left", "event", "latency_ns", "names", "nbytes", "start_ns")
+    __slots__ = ("left", "event", "latency_ns", "names", "nbytes", "start_ns", "seg", "seg_last")
 
-    def __init__(self, left, event, latency_ns, names, nbytes, start_ns):
+    def __init__(self, left, event, latency_ns, names, nbytes, start_ns, seg=None):
         self.left = left
         self.event = event
         self.latency_ns = latency_ns
         self.names = names
         self.nbytes = nbytes
         self.start_ns = start_ns
+        self.seg = seg
+        """The segment of each flow (or None): see FlowNetwork.transfer_batch."""
+        self.seg_last = None if seg is None else [-1] * (max(seg) + 1)
 
 
 def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
@@ -249,6 +254,7 @@ class FlowNetwork:
         self._same_instant, self._last_now = 0, -1   # livelock watchdog (_on_solve)
         self._memo: dict = {}                         # max-min inputs -> (rates, iterations)
         self._memo_bytes = 0
+        self._segmented = 0                           # active batches with segments
 
     # --- public API ---
     def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
@@ -291,25 +297,31 @@ class FlowNetwork:
         return ev
 
     def transfer_batch(self, edges: np.ndarray, lengths: np.ndarray, nbytes: list, caps: np.ndarray,
-                       names: list) -> simpy.Event:
+                       names: list, segments: list | None = None) -> simpy.Event:
         """Start several flows at once (a collective's phase): flow i crosses the `lengths[i]`
         edge ids of `edges` that follow flow i-1's, carries `nbytes[i]` > 0 bytes (ints) at most
         at `caps[i]` bytes/ns (inf: no cap). The event succeeds when the last one has arrived
-        (no path latency: collectives cost theirs in the plan)."""
+        (no path latency: collectives cost theirs in the plan). `segments`: a segment number
+        0, 1, ... per flow (several calls' phases run as one batch); the event's value then
+        tells when each segment's last flow ended (`segment_ends`)."""
         if self.mode == "analytical":
+            if segments is not None:
+                raise InternalError("segments are for the flow mode")
             offs = np.concatenate([[0], np.cumsum(lengths)]).tolist()
             return self.env.all_of([
                 self.transfer_on(edges[a:b].tolist(), n, latency=False, name=nm,
                                  max_rate_gbps=None if math.isinf(cap) else cap)
                 for a, b, n, cap, nm in zip(offs, offs[1:], nbytes, caps.tolist(), names)])
         ev = self.env.event()
-        self._add_batch(ev, 0, names, nbytes, edges, lengths, caps)
+        self._add_batch(ev, 0, names, nbytes, edges, lengths, caps, segments)
         return ev
 
-    def _add_batch(self, ev, lat, names, nbytes, edges, lengths, caps):
+    def _add_batch(self, ev, lat, names, nbytes, edges, lengths, caps, segments=None):
         b = self._next_batch
         self._next_batch += 1
-        self._batches[b] = _Batch(len(names), ev, lat, names, nbytes, self.env.now)
+        self._batches[b] = _Batch(len(names), ev, lat, names, nbytes, self.env.now, segments)
+        if segments is not None:
+            self._segmented += 1
         self._pending.append((b, edges, lengths, nbytes, caps))
         self._request_solve()
 
@@ -565,15 +577,28 @@ class FlowNetwork:
                 one = len(bt.names) == 1
                 res = TransferResult(bt.names[0] if one else f"{len(bt.names)} flows",
                                      bt.nbytes[0] if one else sum(bt.nbytes), bt.start_ns, now + bt.latency_ns)
+                if bt.seg is not None:
+                    res.segment_ends = tuple(bt.seg_last)
+                    self._segmented -= 1
                 ev = bt.event
                 ev._ok = True
                 ev._value = res
                 self.env.schedule(ev, simpy.core.NORMAL, bt.latency_ns)
 
+    def _segment_ends(self, bids, positions, now: int):
+        """Note `now` as the latest end of the segments of these ending flows."""
+        batches = self._batches
+        for b, k in zip(bids, positions):
+            bt = batches[b]
+            if bt.seg is not None:
+                bt.seg_last[bt.seg[k]] = now
+
     def _complete_lists(self, idx: list, now: int):
         bid, pos = self._s_bid, self._s_pos
         n = len(idx)
         self.completed += n
+        if self._segmented:
+            self._segment_ends([bid[i] for i in idx], [pos[i] for i in idx], now)
         if self.record:
             for i in idx:
                 bt = self._batches[bid[i]]
@@ -627,6 +652,8 @@ class FlowNetwork:
         bids = self._bid[done]
         n = bids.size
         self.completed += n
+        if self._segmented:
+            self._segment_ends(bids.tolist(), self._pos[done].tolist(), now)
         if self.record:
             for b, k in zip(bids.tolist(), self._pos[done].tolist()):
                 bt = batches[b]
@@ -666,8 +693,11 @@ class FlowNetwork:
             if fixed.any():
                 flow_of = np.repeat(np.arange(F), self._len)
                 on_fixed = fixed[flow_of]
-                used = np.bincount(edge_of[on_fixed], weights=self._rate[flow_of[on_fixed]],
-                                   minlength=capacity.shape[0])
+                # each link's fixed flows summed in order of their rates, not of the flows: the
+                # sum then depends only on which flows there are (sim.engine.symmetry relies on it)
+                e_fixed, r_fixed = edge_of[on_fixed], self._rate[flow_of[on_fixed]]
+                order = np.lexsort((r_fixed, e_fixed))
+                used = np.bincount(e_fixed[order], weights=r_fixed[order], minlength=capacity.shape[0])
                 capacity = capacity - used
                 sub = np.flatnonzero(~fixed)
                 remap = np.full(F, -1, dtype=np.int64)
