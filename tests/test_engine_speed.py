@@ -523,3 +523,82 @@ def test_a_step_hands_its_objects_to_the_oldest_generation():
     finally:
         gc.unfreeze()
     assert kept
+
+
+# (scenario, overrides, whether layers become blocks: not with TP comm overlap (its waits are
+# placed after the layer's instructions); with interference or barriers (ranks: all) they are
+# expanded in the engine)
+BLOCK_CASES = [("llama3-8b-h100x16-1f1b", [], True), ("gpt-1.7b-a100x8-gpipe", ["simulation.network=analytical"], True),
+               ("llama3-8b-h100x16-1f1b", ["simulation.network=analytical"], True),
+               ("gpt3-175b-a100x64", ["training.global_batch_size=64"], True),
+               ("mixtral-8x7b-h200x16-dualpipev", [], True),
+               ("llama3-8b-h100x16-1f1b", ["training.tp_comm_overlap=true"], False),
+               ("llama3-8b-h100x16-1f1b", ["simulation.comm_compute_slowdown=0.1"], True),
+               ("llama3-8b-h100x16-1f1b", ["simulation.ranks=all"], True),
+               ("llama3-8b-h100x64-cp4-32k", ["training.global_batch_size=16"], True)]
+
+
+def _programs(sc, blocks):
+    from sim import schedules
+    from sim.engine.costs import DeviceCostModel
+    from sim.engine.program import ProgramBuilder
+
+    p = sc.parallelism
+    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    return ProgramBuilder(sc, sched, DeviceCostModel(sc), blocks=blocks).build()
+
+
+@pytest.mark.parametrize("name,overrides,has_blocks", BLOCK_CASES)
+def test_layer_blocks_are_the_instructions_made_one_by_one(name, overrides, has_blocks):
+    """A Block (a layer instance of kernels, blocking collectives and marks, kept whole) expands
+    to the instructions the builder makes without blocks; in the engine it gives the same step,
+    instruction count, records in the same order and busy intervals (compiled once per
+    template and placed whole into a run, or expanded where its calls are not fixed-time)."""
+    from sim.config import load_scenario
+    from sim.engine.core import Block, expand_blocks, instruction_count
+    from sim.engine.netmodel import network_for
+
+    sc = load_scenario(name, overrides=overrides)
+    plain, blocked = _programs(sc, False), _programs(sc, True)
+    assert list(plain) == list(blocked)
+    n_blocks = sum(type(x) is Block for prog in blocked.values() for x in prog)
+    for r in plain:
+        assert expand_blocks(blocked[r]) == plain[r], r
+        assert instruction_count(blocked[r]) == len(plain[r])
+    assert (n_blocks > 0) == has_blocks
+    a = Engine(plain, network_for(sc), comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+    b = Engine(blocked, network_for(sc), comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+    assert a.run() == b.run()
+    assert a.events == b.events
+    assert a.busy_intervals() == b.busy_intervals()
+    ra, rb = a.records, b.records
+    assert len(ra) == len(rb)
+    bad = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None)
+    assert bad is None, f"record {bad}: {ra[bad]} against {rb[bad]}"
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_block_on_a_busy_stream(busy):
+    """A Block launching on the "tp" stream while a call launched before it on that stream may
+    still run: the program is compiled instruction by instruction instead (hand-worked: the
+    block's call queues behind the 10 ns one). Without that call the block joins the run whole;
+    both give the plain engine's records."""
+    from sim.engine.core import Block, Template, _Run, expand_blocks
+
+    tmpl = Template([Compute(2, "k1 mb\x00"), Launch("c", _fixed(3), "call mb\x00", "tp"),
+                     Compute(1, "k2"), Wait("c"), Compute(1, "k3 mb\x00")])
+    assert tmpl.simple
+    head = [Launch("long", _fixed(10), "long", "tp"), Compute(1, "k0")] if busy else [Compute(1, "k0")]
+    tail = [Wait("long")] if busy else []
+    prog = head + [Block(tmpl, "7", 1), Block(tmpl, "8", 2)] + tail
+    flat = expand_blocks(prog)
+    assert [x.name for x in flat if type(x) is Compute][:3] == ["k0", "k1 mb7", "k2"]
+    fast, plain = Engine({0: prog}, _HalfFixed()), Engine({0: flat}, _ProcessOnly())
+    # busy: k0 [0,1], k1 [1,3], call queued behind "long" [3->10, 13], k2 [3,4], wait to 13,
+    # k3 [13,14], k1 [14,16], call [16,19], k2 [16,17], wait 19, k3 [19,20]; free: the call
+    # [3,6], wait 6, k3 [6,7], then the second block 6 ns later
+    assert fast.run() == plain.run() == (20 if busy else 13)
+    assert sorted(fast.records) == sorted(plain.records)
+    compiled, _ = fast._compile(0, prog)
+    assert len(compiled) == 1 and type(compiled[0]) is _Run and compiled[0].count == len(flat)
+    assert any(p[0] is None for p in compiled[0].parts) == (not busy)     # kept whole when free

@@ -139,7 +139,7 @@ class ClusterNetwork:
     def _scan(programs: dict) -> tuple:
         """The calls of `programs` with traffic ({spec: the first rank making it}), the groups two
         of whose calls may be in flight together, and the simulated ranks calling each group."""
-        from sim.engine.core import Comm, Compute, Launch, Mark, Send, Wait
+        from sim.engine.core import Block, Comm, Compute, Launch, Mark, Send, Wait
 
         calls: dict = {}                 # distinct calls -> the first rank making it
         overlap: set = set()             # groups two of whose calls may be in flight together
@@ -148,7 +148,7 @@ class ClusterNetwork:
             inflight: dict = {}          # handle -> (group, stream) of a launched, unwaited call
             busy: dict = {}              # group -> {stream: calls in flight}
             group_of: dict = {}          # id(spec) -> its group, None for calls without traffic
-            for ins in prog:
+            for ins in _calls(prog, Block):
                 t = type(ins)
                 if t is Compute or t is Mark:
                     continue
@@ -275,6 +275,16 @@ class ClusterNetwork:
                     res = yield self.net.transfer_batch(*flows)
                     if min(res.segment_ends) != max(res.segment_ends):
                         raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
+
+
+def _calls(program, block_type):
+    """The instructions of `program` with each Block's blocking collectives in its place (its
+    kernels and marks do nothing to a network)."""
+    for ins in program:
+        if type(ins) is block_type:
+            yield from ins.template.calls
+        else:
+            yield ins
 
 
 def network_for(sc, layout: Layout | None = None) -> ClusterNetwork:

@@ -75,7 +75,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from sim.engine.core import Comm, CommSpec, Compute, Launch, Mark, Recv, Send, Wait
+from sim.engine.core import (Block, Comm, CommSpec, Compute, Launch, Mark, Recv, Send, Template, Wait,
+                             expand_blocks)
 from sim.layout import Layout
 
 
@@ -206,37 +207,12 @@ class _Microbatch:
 _MB = _Microbatch()
 
 
-def _template(instructions: list) -> tuple:
-    """How to make each instruction of a layer's template for a microbatch: reused as it is when
-    it names no microbatch and holds no handle of its own, else remade with the microbatch's
-    number in its name and its handle made unique to the instance: (kind, fields...)."""
-    launched = {ins.handle for ins in instructions if type(ins) is Launch}
-    out = []
-    for ins in instructions:
-        t = type(ins)
-        parts = ins.name.split("\x00")
-        name = parts if len(parts) > 1 else None
-        if t is Compute and name:
-            out.append((1, ins.dur_ns, name, ins.cat))
-        elif t is Comm and name:
-            out.append((2, ins.spec, name))
-        elif t is Launch and ins.handle in launched:
-            out.append((3, ins.handle, ins.spec, name or ins.name, ins.stream))
-        elif t is Wait and ins.handle in launched:
-            out.append((4, ins.handle, name or ins.name))
-        elif name:
-            raise TypeError(f"no template for {ins!r}")       # only the kinds above name a microbatch
-        else:
-            out.append((0, ins))
-    return tuple(out)
-
-
 class ProgramBuilder:
     """Builds the per-rank programs of one scenario (representative ranks: one per pipeline
     rank; the TP, CP and DP peers of a rank do the same work at the same time)."""
 
     def __init__(self, sc, schedule, costs: CostModel, layout: Layout | None = None, *,
-                 ranks: str | None = None, recipes: bool = False):
+                 ranks: str | None = None, recipes: bool = False, blocks: bool = False):
         self.sc = sc
         self.sched = schedule
         self.costs = costs
@@ -248,6 +224,8 @@ class ProgramBuilder:
         self._peers: dict = {}
         self._costs: dict = {}
         self._specs: dict = {}
+        self.blocks = blocks
+        """Emit a layer instance of kernels, blocking collectives and marks as one Block."""
         self.recipes: dict | None = {} if recipes else None
         """With `recipes=True`: (rank, spec) -> how each rank of its stage makes its own version
         (sim.engine.symmetry):
@@ -683,8 +661,9 @@ class ProgramBuilder:
     def _layer(self, prog, key, make, mb):
         """Append a layer's instructions for microbatch `mb`. They differ between microbatches
         only in the number in their names (and the handles of their own launches), so they are
-        made once per layer and direction (`make(list, microbatch)` with a stand-in number) and
-        copied: a large step repeats each layer for hundreds of microbatches."""
+        made once per layer and direction (`make(list, microbatch)` with a stand-in number) as a
+        Template and instanced: a large step repeats each layer for hundreds of microbatches.
+        With `blocks`, an instance of a simple template (see Template) is one Block."""
         hit = self._templates.get(key)
         if hit is None:
             tmp: list = []
@@ -692,26 +671,16 @@ class ProgramBuilder:
             make(tmp, _MB)
             pending = tuple(self._pending_tp[before:])
             del self._pending_tp[before:]
-            hit = self._templates[key] = (_template(tmp), pending)
-        items, pending = hit
+            template = Template(tmp)
+            hit = self._templates[key] = (template, pending,
+                                          self.blocks and not pending and template.simple)
+        template, pending, whole = hit
         self._serial += 1
-        n, s = self._serial, str(mb)
-        add = prog.append
-        new = tuple.__new__     # a named tuple made as namedtuple's _make does: 3x faster than its
-        for it in items:        # __new__ (0.15 against 0.5 us), for millions of instructions
-            k = it[0]
-            if k == 0:
-                add(it[1])
-            elif k == 1:
-                add(new(Compute, (it[1], s.join(it[2]), it[3])))
-            elif k == 2:
-                add(new(Comm, (it[1], s.join(it[2]))))
-            elif k == 3:
-                name = it[3]
-                add(new(Launch, ((it[1], n), it[2], name if type(name) is str else s.join(name), it[4])))
-            else:
-                name = it[2]
-                add(new(Wait, ((it[1], n), name if type(name) is str else s.join(name))))
+        n = self._serial
+        if whole:
+            prog.append(Block(template, str(mb), n))
+            return
+        prog += template.expand(mb, n)
         self._pending_tp.extend((h, n) for h in pending)
 
     # -- the program ---------------------------------------------------------------------
@@ -829,7 +798,7 @@ class ProgramBuilder:
                         spec = self._send_spec(sched.stage_rank(prv))
                         prog.append(Send(("grad", prv, mb, spec.ranks[1]), spec, f"send grad s{prv} mb{mb}"))
             if self._pending_tp:
-                prog[bounds[i]:] = pair_tp_waits(prog[bounds[i]:], set(self._pending_tp))
+                prog[bounds[i]:] = pair_tp_waits(expand_blocks(prog[bounds[i]:]), set(self._pending_tp))
                 self._pending_tp.clear()
         bounds[len(items)] = len(prog)
         # Overlapped pairs: the two chunks' kernels share the compute stream while each one's
@@ -837,7 +806,7 @@ class ProgramBuilder:
         # 3.2.1, fig. 4). Replace each pair's two instruction runs by their interleaving.
         for f, b in reversed(pairs):
             lo, mid, hi = bounds[f], bounds[b], bounds[b + 1]
-            prog[lo:hi] = overlap_pair(prog[lo:mid], prog[mid:hi], ("fb", r, lo))
+            prog[lo:hi] = overlap_pair(expand_blocks(prog[lo:mid]), expand_blocks(prog[mid:hi]), ("fb", r, f))
         # gradient reduction (not overlapped), then wait for all of it
         handles = []
         for s in stages:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from sim import schedules, workload
-from sim.engine.core import Engine
+from sim.engine.core import Engine, instruction_count
 from sim.engine.costs import beyond_limits
 from sim.engine.metrics import breakdown_of
 from sim.engine.program import ProgramBuilder
@@ -138,11 +138,11 @@ def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
     engine = orbits = None
     if by_symmetry and sc.simulation.ranks == "all" and hasattr(network, "prepare_symmetric"):
         # every rank of a stage like its representative, when that is exact (sim.engine.symmetry)
-        reps = ProgramBuilder(sc, sched, costs, layout, ranks="representative", recipes=True)
+        reps = ProgramBuilder(sc, sched, costs, layout, ranks="representative", recipes=True, blocks=True)
         programs = reps.build()
         orbits = Orbits(layout, reps.reps, reps.recipes)
         if network.prepare_symmetric(programs, orbits):
-            counts = {r: len(prog) for r, prog in programs.items()}
+            counts = {r: instruction_count(prog) for r, prog in programs.items()}
             engine = Engine(programs, network, comm_compute_slowdown=sc.simulation.comm_compute_slowdown,
                             orbits=orbits)
             del programs
@@ -154,7 +154,7 @@ def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
         if orbits is not None:
             network.prepared = False        # Engine.run prepares it for every rank's calls
         orbits = None
-        engine = Engine(ProgramBuilder(sc, sched, costs, layout).build(), network,
+        engine = Engine(ProgramBuilder(sc, sched, costs, layout, blocks=True).build(), network,
                         comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
         # (the engine holds the only reference to the programs and drops each once compiled)
         makespan = _run(sc, engine)
