@@ -535,7 +535,12 @@ BLOCK_CASES = [("llama3-8b-h100x16-1f1b", [], True), ("gpt-1.7b-a100x8-gpipe", [
                ("llama3-8b-h100x16-1f1b", ["training.tp_comm_overlap=true"], False),
                ("llama3-8b-h100x16-1f1b", ["simulation.comm_compute_slowdown=0.1"], True),
                ("llama3-8b-h100x16-1f1b", ["simulation.ranks=all"], True),
-               ("llama3-8b-h100x64-cp4-32k", ["training.global_batch_size=16"], True)]
+               ("llama3-8b-h100x64-cp4-32k", ["training.global_batch_size=16"], True),
+               # EP groups = DP groups, gradient reduction in flight during the backward's
+               # all-to-alls (the network's prepare cannot reuse a template's scan there)
+               ("mixtral-8x7b-h200x16-dualpipev", ["parallelism.pipeline_schedule=1f1b",
+                                                   "training.overlap_grad_reduce=true",
+                                                   "simulation.network=flow"], True)]
 
 
 def _programs(sc, blocks):
@@ -566,6 +571,7 @@ def test_layer_blocks_are_the_instructions_made_one_by_one(name, overrides, has_
         assert expand_blocks(blocked[r]) == plain[r], r
         assert instruction_count(blocked[r]) == len(plain[r])
     assert (n_blocks > 0) == has_blocks
+    assert network_for(sc)._scan(blocked) == network_for(sc)._scan(plain)   # a template's scan reused
     a = Engine(plain, network_for(sc), comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
     b = Engine(blocked, network_for(sc), comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
     assert a.run() == b.run()

@@ -494,7 +494,7 @@ class Engine:
         by a `_Run`; also the index in `program` of each compiled instruction (for deadlock
         messages). A Block whose template is such a run joins the run whole (its parts one
         entry: (None, compiled template, offset, microbatch)); the others are expanded first."""
-        if any(type(x) is Block and self._block(x.template) is None for x in program):
+        if any(self._block(tm) is None for tm in {x.template for x in program if type(x) is Block}):
             program = expand_blocks(program)
         out, origin = [], []
         extra = 0                # instructions of the current run's blocks beyond one each

@@ -139,7 +139,7 @@ class ClusterNetwork:
     def _scan(programs: dict) -> tuple:
         """The calls of `programs` with traffic ({spec: the first rank making it}), the groups two
         of whose calls may be in flight together, and the simulated ranks calling each group."""
-        from sim.engine.core import Block, Comm, Compute, Launch, Mark, Send, Wait
+        from sim.engine.core import Block, Comm, Launch, Send, Wait
 
         calls: dict = {}                 # distinct calls -> the first rank making it
         overlap: set = set()             # groups two of whose calls may be in flight together
@@ -148,17 +148,16 @@ class ClusterNetwork:
             inflight: dict = {}          # handle -> (group, stream) of a launched, unwaited call
             busy: dict = {}              # group -> {stream: calls in flight}
             group_of: dict = {}          # id(spec) -> its group, None for calls without traffic
-            for ins in _calls(prog, Block):
+
+            def step(ins, found: set) -> None:
                 t = type(ins)
-                if t is Compute or t is Mark:
-                    continue
                 if t is Wait:
                     hit = inflight.pop(ins.handle, None)
                     if hit is not None:
                         busy[hit[0]][hit[1]] -= 1
-                    continue
+                    return
                 if t is not Comm and t is not Launch and t is not Send:
-                    continue
+                    return
                 spec = ins.spec
                 g = group_of.get(id(spec), False)      # a spec recurs per layer and microbatch
                 if g is False:
@@ -168,15 +167,39 @@ class ClusterNetwork:
                         calls.setdefault(spec, rank)
                         callers.setdefault(g, set()).add(rank)
                 if g is None:
-                    continue
+                    return
                 stream = "compute" if t is Comm else ins.stream if t is Launch else "pp"
                 on = busy.setdefault(g, {})
                 # calls on one stream run one after another (FIFO); on two streams they may overlap
                 if any(n and s != stream for s, n in on.items()):
-                    overlap.add(g)
+                    found.add(g)
                 if t is not Comm:
                     inflight[ins.handle if t is Launch else ins.key] = (g, stream)
                     on[stream] = on.get(stream, 0) + 1
+
+            def idle(groups) -> bool:
+                return not any(n for g in groups for n in busy.get(g, {}).values())
+
+            seen: dict = {}              # id(template) -> (template, its groups, overlaps it finds)
+            for ins in prog:
+                if type(ins) is not Block:
+                    step(ins, overlap)
+                    continue
+                # a layer instance: its launches are waited in it, so from a state where none of
+                # its groups has a call in flight it finds the same overlaps every time
+                tm = ins.template
+                hit = seen.get(id(tm))
+                if hit is not None and idle(hit[1]):
+                    overlap.update(hit[2])
+                    continue
+                clean = hit is None and idle(c.spec.ranks for c in tm.calls if type(c) is not Wait)
+                found: set = set()
+                for c in tm.calls:
+                    step(c, found)
+                overlap.update(found)
+                if clean:
+                    seen[id(tm)] = (tm, {group_of[id(c.spec)] for c in tm.calls if type(c) is not Wait}
+                                    - {None}, found)
         return calls, overlap, callers
 
     def _alone_groups(self, calls, overlap: set) -> list:
@@ -275,16 +298,6 @@ class ClusterNetwork:
                     res = yield self.net.transfer_batch(*flows)
                     if min(res.segment_ends) != max(res.segment_ends):
                         raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
-
-
-def _calls(program, block_type):
-    """The instructions of `program` with each Block's blocking collectives in its place (its
-    kernels and marks do nothing to a network)."""
-    for ins in program:
-        if type(ins) is block_type:
-            yield from ins.template.calls
-        else:
-            yield ins
 
 
 def network_for(sc, layout: Layout | None = None) -> ClusterNetwork:
