@@ -219,6 +219,20 @@ def test_memory_chart_starts_at_zero(figures, tmp_path):
     assert not _extent(fig, fig.legends[0]).overlaps(_extent(fig, ax))
 
 
+def test_memory_series_per_rank_hand_worked():
+    """Each rank's series: its static bytes at 0, then its own marks in time order (at one time,
+    allocations before frees), summed; ranks not asked for are left out; records of one pass
+    (it was one pass per rank: 1,024 ranks x 8.7M records never ended)."""
+    from sim.engine.core import Record
+
+    recs = [Record(1, "mark", "1F0", "activations", 5, 5, 10.0), Record(0, "compute", "k", "compute", 0, 4),
+            Record(0, "mark", "0F0", "activations", 4, 4, 3.0), Record(1, "mark", "1B0", "activations", 9, 9, -10.0),
+            Record(0, "mark", "0B0", "activations", 8, 8, -3.0), Record(0, "mark", "0F1", "activations", 8, 8, 2.0),
+            Record(2, "mark", "2F0", "activations", 1, 1, 7.0)]
+    got = outputs.memory_series(recs, {0: 100, 1: 50})
+    assert got == {0: [(0, 100), (4, 103.0), (8, 105.0), (8, 102.0)], 1: [(0, 50), (5, 60.0), (9, 50.0)]}
+
+
 # ---------------------------------------------------------------------------------------------- 15
 _NO_BACKEND_CHANGE = r"""
 import sys

@@ -47,12 +47,15 @@ def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
 
 def memory_series(records, static_bytes: dict) -> dict:
     """{rank: [(t_ns, bytes)]}: static memory plus activations allocated/freed by the marks."""
+    marks: dict = {rank: [] for rank in static_bytes}
+    for x in records:                    # one pass (every rank's marks, in record order)
+        if x.stream == "mark" and x.rank in marks:
+            marks[x.rank].append(x)
     out = {}
     for rank, base in static_bytes.items():
         cur = base
         pts = [(0, cur)]
-        for r in sorted((x for x in records if x.rank == rank and x.stream == "mark"),
-                        key=lambda x: (x.start_ns, -x.value)):
+        for r in sorted(marks[rank], key=lambda x: (x.start_ns, -x.value)):
             cur += r.value
             pts.append((r.start_ns, cur))
         out[rank] = pts
