@@ -608,3 +608,48 @@ def test_a_block_on_a_busy_stream(busy):
     compiled, _ = fast._compile(0, prog)
     assert len(compiled) == 1 and type(compiled[0]) is _Run and compiled[0].count == len(flat)
     assert any(p[0] is None for p in compiled[0].parts) == (not busy)     # kept whole when free
+
+
+@pytest.mark.parametrize("name,overrides,steps", [("gpt3-175b-a100x64", ["training.global_batch_size=64"], False),
+                                                  ("llama3-8b-h100x16-1f1b", [], False),
+                                                  ("llama3-8b-h100x16-1f1b", [], True),
+                                                  ("mixtral-8x7b-h200x16-dualpipev", [], False)])
+def test_calls_started_without_a_process_keep_every_time(name, overrides, steps, monkeypatch):
+    """A call on a free stream starts at once through the network's `start` (callbacks, no SimPy
+    process): the same step, breakdowns and records as every such call run by a process. With
+    `steps`, every collective runs its ring steps as phases one after another (several batches
+    per call)."""
+    from sim.config import load_scenario
+    from sim.engine import netmodel
+    from sim.engine.netmodel import ClusterNetwork
+    from sim.engine.simulate import simulate
+
+    sc = load_scenario(name, overrides=overrides)
+    if steps:
+        from sim.network.collectives import plan_collective
+
+        def plan(self, spec):
+            key = (spec.op, spec.ranks, spec.size_bytes)
+            if key not in self._plans:
+                self._plans[key] = plan_collective(self.graph, spec.op, [self.gpu(r) for r in spec.ranks],
+                                                   int(spec.size_bytes), granularity="step")
+            return self._plans[key]
+
+        monkeypatch.setattr(ClusterNetwork, "plan", plan)
+        monkeypatch.setattr(netmodel, "_GRAPHS", {})        # no cached alone times of other plans
+    used = []
+    real = ClusterNetwork.start
+
+    def counted(self, env, spec, finish):
+        used.append(spec.tag)
+        return real(self, env, spec, finish)
+
+    monkeypatch.setattr(ClusterNetwork, "start", counted)
+    fast = simulate(sc)
+    monkeypatch.setattr(ClusterNetwork, "start", None)         # every such call in a process
+    plain = simulate(sc)
+    assert used
+    assert fast.makespan_ns == plain.makespan_ns and fast.breakdowns == plain.breakdowns
+    ra, rb = sorted(fast.records), sorted(plain.records)
+    bad = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None)
+    assert len(ra) == len(rb) and bad is None, bad

@@ -268,6 +268,9 @@ class Engine:
         self.env = simpy.Environment()
         self.programs = dict(programs)
         self.network = network
+        self._start = getattr(network, "start", None)
+        """The network's `start(env, spec, finish) -> bool`, if it has one: run the call and
+        call finish() when it ends, as `transfer` in a process would (False: it cannot)."""
         self.orbits = orbits
         """sim.engine.symmetry.Orbits when `programs` are stage representatives standing for every
         rank of their stage (`records`, `busy_intervals` and `p2p` then cover every rank)."""
@@ -404,7 +407,22 @@ class Engine:
         self._slow[sk] = self._slow.get(sk, 0) + 1
         ahead = self._tail.get(sk)
         self._tail[sk] = done
-        self.env.process(self._comm_process(rank, stream, spec, name, done, key, ahead))
+        env = self.env
+        if (key is None and not self.slowdown and (ahead is None or ahead.callbacks is None)
+                and self._free.get(sk, 0) <= env.now and self._start is not None):
+            # the stream is free: the call starts now, as its process would, without one
+            start = env.now
+
+            def finish():
+                self._log.append(Record(rank, stream, name, spec.tag or stream, start, env.now))
+                self._slow[sk] -= 1
+                if self._tail.get(sk) is done:
+                    del self._tail[sk]
+                done.succeed()
+
+            if self._start(env, spec, finish):
+                return
+        env.process(self._comm_process(rank, stream, spec, name, done, key, ahead))
 
     def _comm_process(self, rank, stream, spec: CommSpec, name: str, done: simpy.Event, key=None,
                       ahead: simpy.Event | None = None):

@@ -59,6 +59,7 @@ class ClusterNetwork:
         self._alone: dict = {}
         self._images: dict | None = None         # by symmetry: call -> its counterparts
         self._unions: dict = {}
+        self._steps: dict = {}                   # id(plan) -> (plan, its phases' batches in order)
         self.prepared = False
         """Whether `prepare_symmetric` has readied the network for the run (Engine.run then does
         not prepare it again)."""
@@ -258,6 +259,32 @@ class ClusterNetwork:
         else:
             yield from collective_process(env, self.net, self.plan(spec))
 
+    def start(self, env, spec, finish) -> bool:
+        """`transfer` without a process: run the call from now and call finish() when it ends
+        (at the same time and after the same events as the process would resume); False where
+        it does not (calls with counterparts, `_together`)."""
+        if len(spec.ranks) < 2 or spec.size_bytes <= 0:
+            finish()
+        elif self.mode == "analytical" or self.net is None:
+            _after(env, self.time_ns(spec), finish)
+        elif spec.ranks in self._isolated:
+            _after(env, self.alone_ns(spec), finish)
+        elif self._images is not None:
+            return False
+        else:
+            plan = self.plan(spec)
+            steps = self._steps.get(id(plan))
+            if steps is None or steps[0] is not plan:
+                steps = self._steps[id(plan)] = (plan, [f for ph in plan.phases
+                                                        for f in [ph.flows(plan.wire_factor)] * ph.repeat
+                                                        if f is not None])
+            chain = _Chain(self.net, steps[1], finish)
+            if plan.latency_ns:
+                _after(env, plan.latency_ns, chain.next)
+            else:
+                chain.next()
+        return True
+
     def _together(self, env, specs: list):
         """A representative's call and its counterparts (sim.engine.symmetry), started together
         as every rank of the stage starts its own: each phase's flows of all of them as one
@@ -298,6 +325,28 @@ class ClusterNetwork:
                     res = yield self.net.transfer_batch(*flows)
                     if min(res.segment_ends) != max(res.segment_ends):
                         raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
+
+
+def _after(env, delay: int, fn) -> None:
+    env.timeout(delay).callbacks.append(lambda _ev: fn())
+
+
+class _Chain:
+    """A collective's phases one after another on the flow network (collective_process's loop
+    after its latency, as callbacks)."""
+
+    __slots__ = ("net", "steps", "i", "finish")
+
+    def __init__(self, net, steps: list, finish):
+        self.net, self.steps, self.i, self.finish = net, steps, 0, finish
+
+    def next(self, _ev=None) -> None:
+        if self.i == len(self.steps):
+            self.finish()
+            return
+        ev = self.net.transfer_batch(*self.steps[self.i])
+        self.i += 1
+        ev.callbacks.append(self.next)
 
 
 def network_for(sc, layout: Layout | None = None) -> ClusterNetwork:
