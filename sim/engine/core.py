@@ -489,13 +489,13 @@ class Engine:
             ok = self._all_simulated[ranks] = all(r in self.programs for r in ranks)
         return ok
 
-    def _block(self, template: Template):
+    def _block(self, template: Template, rank: int):
         """The template compiled alone if it is one run of fixed-time instructions (its parts'
         names split at the stand-in microbatch number), else None; once per template. Also the
         end offset of its last call on each stream it launches on."""
         hit = self._blocks.get(id(template))
         if hit is None or hit[0] is not template:
-            out, _ = self._compile(-1, list(template.ins))
+            out, _ = self._compile(rank, list(template.ins))
             run = out[0] if len(out) == 1 and type(out[0]) is _Run and not out[0].escapes else None
             free = ()
             if run is not None:
@@ -512,7 +512,7 @@ class Engine:
         by a `_Run`; also the index in `program` of each compiled instruction (for deadlock
         messages). A Block whose template is such a run joins the run whole (its parts one
         entry: (None, compiled template, offset, microbatch)); the others are expanded first."""
-        if any(self._block(tm) is None for tm in {x.template for x in program if type(x) is Block}):
+        if any(self._block(tm, rank) is None for tm in {x.template for x in program if type(x) is Block}):
             program = expand_blocks(program)
         out, origin = [], []
         extra = 0                # instructions of the current run's blocks beyond one each
