@@ -236,6 +236,7 @@ class FlowNetwork:
         self._small = True
         self.small_flows = _SMALL_FLOWS
         self._s_path: list = []
+        self._s_pid: list = []                         # a number per distinct path (_pid_of)
         self._s_bid: list = []
         self._s_pos: list = []
         self._s_rem: list = []
@@ -255,6 +256,8 @@ class FlowNetwork:
         self._memo: dict = {}                         # max-min inputs -> (rates, iterations)
         self._memo_bytes = 0
         self._segmented = 0                           # active batches with segments
+        self._lists: dict = {}                        # id(edges) -> a batch's lists (_as_lists)
+        self._pids: dict = {}                         # path -> its number (_pid_of)
 
     # --- public API ---
     def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
@@ -424,6 +427,7 @@ class FlowNetwork:
     def _to_lists(self):
         """Arrays -> lists."""
         self._s_path = self._paths(self._inc_edge.tolist(), self._len.tolist())
+        self._s_pid = [self._pid_of(p) for p in self._s_path]
         self._s_bid = self._bid.tolist()
         self._s_pos = self._pos.tolist()
         self._s_rem = self._rem.tolist()
@@ -431,6 +435,26 @@ class FlowNetwork:
         self._s_finish = self._finish.tolist()
         self._s_caps = self._caps.tolist()
         self._small = True
+
+    def _as_lists(self, edges, lengths, nbytes, caps) -> tuple:
+        """A batch's paths (tuples), bytes (floats: numpy's int -> float64, the same) and caps as
+        lists; remembered for the arrays of a collective's phase, which recur (Phase.flows)."""
+        hit = self._lists.get(id(edges))
+        if hit is None or hit[0] is not edges or hit[1] is not nbytes or hit[2] is not caps or hit[3] is not lengths:
+            paths = self._paths(edges.tolist(), lengths.tolist())
+            hit = (edges, nbytes, caps, lengths, paths, [self._pid_of(p) for p in paths],
+                   [float(x) for x in nbytes], caps.tolist())
+            if len(self._lists) >= 4096:
+                self._lists.clear()
+            self._lists[id(edges)] = hit       # (holds the arrays: their ids stay their own)
+        return hit[4:]
+
+    def _pid_of(self, path: tuple) -> int:
+        """A number for each distinct path (the lists' memo keys hold numbers, not paths)."""
+        pid = self._pids.get(path)
+        if pid is None:
+            pid = self._pids[path] = len(self._pids)
+        return pid
 
     def _join(self, new: list):
         """Add the pending batches to the active flows."""
@@ -440,13 +464,15 @@ class FlowNetwork:
             self._to_arrays()
         if self._small:
             for (b, edges, lengths, nbytes, caps), j in zip(new, n):
-                self._s_path += self._paths(edges.tolist(), lengths.tolist())
+                paths, pids, rem, cap = self._as_lists(edges, lengths, nbytes, caps)
+                self._s_path += paths
+                self._s_pid += pids
                 self._s_bid += [b] * j
                 self._s_pos += range(j)
-                self._s_rem += [float(x) for x in nbytes]      # (numpy's int -> float64: the same)
+                self._s_rem += rem
                 self._s_rate += [0.0] * j
                 self._s_finish += [_INF_NS] * j
-                self._s_caps += caps.tolist()
+                self._s_caps += cap
         elif not self._rem.size and len(new) == 1:      # (often: one batch on an idle network)
             b, edges, lengths, nbytes, caps = new[0]
             self._bid = np.full(k, b, dtype=np.int64)
@@ -612,13 +638,13 @@ class FlowNetwork:
                 runs.append([b, 1])
         self._end_runs(runs, now)
         if n == len(bid):                       # every active flow ended
-            self._s_path, self._s_bid, self._s_pos, self._s_rem = [], [], [], []
+            self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem = [], [], [], [], []
             self._s_rate, self._s_finish, self._s_caps = [], [], []
             return
-        keep = [i for i, f in enumerate(self._s_finish) if f > now]
-        for name in ("_s_path", "_s_bid", "_s_pos", "_s_rem", "_s_rate", "_s_finish", "_s_caps"):
-            old = getattr(self, name)
-            setattr(self, name, [old[i] for i in keep])
+        rows = [r for r in zip(self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos,
+                               self._s_rem, self._s_rate, self._s_caps) if r[0] > now]
+        (self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem, self._s_rate,
+         self._s_caps) = map(list, zip(*rows))
 
     def _solve_lists(self, floor: float):
         """_solve_rates on the lists: the same memo (keys of another shape) and max_min_rates."""
@@ -629,7 +655,7 @@ class FlowNetwork:
                 self._solve_rates(floor)
                 self._to_lists()
                 return
-        key = (tuple(self._s_path), tuple(self._s_caps), floor)
+        key = (tuple(self._s_pid), tuple(self._s_caps), floor)     # (a path's number stands for it)
         hit = self._memo.get(key)
         if hit is None:
             lens, edge_of = self._incidence(self._s_path)
