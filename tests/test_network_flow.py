@@ -126,3 +126,28 @@ def test_many_flows_bit_for_bit_reproducible():
     first = once()
     assert first == once()
     assert len(first) == 300
+
+
+def test_a_remembered_solution_is_not_changed_by_later_flows(a100x2):
+    """The list form keeps a remembered max-min solution as the current rates; a flow joining
+    afterwards must not extend that list in place (it did: the memo then held a rate too many,
+    and the same two flows later reported three rates)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, a100x2)
+    seen = []
+
+    def run():
+        for _ in range(2):
+            a = net.transfer("n0.gpu0", "n1.gpu0", 1 << 20)
+            b = net.transfer("n0.gpu1", "n1.gpu1", 1 << 20)
+            yield env.timeout(10)
+            seen.append(sorted(net.current_rates()))
+            c = net.transfer("n0.gpu2", "n1.gpu2", 1 << 20)     # joins while a and b's rates hold
+            yield env.all_of([a, b, c])
+
+    env.process(run())
+    env.run()
+    assert seen[0] == seen[1] and len(seen[0]) == 2
+    for key, (rates, _) in net._memo.items():
+        if len(key) == 3:                       # the list form's problems: one rate per flow
+            assert len(rates) == len(key[0]), key

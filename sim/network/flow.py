@@ -470,7 +470,7 @@ class FlowNetwork:
                 self._s_bid += [b] * j
                 self._s_pos += range(j)
                 self._s_rem += rem
-                self._s_rate += [0.0] * j
+                self._s_rate = self._s_rate + [0.0] * j        # (a new list: the last one may be a memo's)
                 self._s_finish += [_INF_NS] * j
                 self._s_caps += cap
         elif not self._rem.size and len(new) == 1:      # (often: one batch on an idle network)
@@ -558,17 +558,16 @@ class FlowNetwork:
         int is that number); None, changing nothing, where a time is not finite or too late."""
         lim = float(MAX_STEP_NS - now)
         rem = [max(r, 0.0) for r in self._s_rem]
-        fin = []
-        for r, x in zip(rem, self._s_rate):
-            if not x > 0.0:
-                return None
-            q = r / x - 1e-9
-            if not q < lim:
-                return None
-            c = math.ceil(q)
-            if not c < lim:
-                return None
-            fin.append(now + c)
+        rate = self._s_rate
+        if not min(rate) > 0.0:            # (a NaN rate: here, or ceil's ValueError below)
+            return None
+        ceil = math.ceil
+        try:
+            fin = [now + ceil(r / x - 1e-9) for r, x in zip(rem, rate)]
+        except (ValueError, OverflowError):     # a NaN or infinite time
+            return None
+        if not max(fin) - now < lim:       # every ceil(q) < lim, hence every q < lim
+            return None
         self._s_rem = rem
         self._s_finish = fin
         return min(fin)
