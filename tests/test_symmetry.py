@@ -175,3 +175,28 @@ def test_spec_made_two_ways_must_agree():
         orbits.spec_for(spec, 2)
     orbits = Orbits(layout, {0: 0, 1: layout.rank(pp=1)}, {(0, spec): {("dim", "tp")}})
     assert orbits.spec_for(spec, 2).ranks == layout.group(2, "tp")
+
+
+def test_sim5d_run_says_how_ranks_all_was_simulated(tmp_path):
+    """`sim5d run` names the way `ranks: all` went: by symmetry (how many representatives) or
+    rank by rank; nothing for representative ranks."""
+    from conftest import run_cli
+
+    sym = _scenario("gpt-1.7b-a100x8-gpipe", [])
+    code, out, err = run_cli("run", "gpt-1.7b-a100x8-gpipe", "--set", "simulation.ranks=all",
+                             "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    assert f"ranks: all: {sym.parallelism.pp} stage representatives simulated for all 8 ranks" in out
+    import yaml
+
+    from sim.config import resolved_dict
+
+    path = tmp_path / "asym.yaml"
+    d = resolved_dict(_asymmetric())
+    d.pop("derived")
+    path.write_text(yaml.safe_dump(d))
+    code, out, err = run_cli("run", str(path), "--out", str(tmp_path / "b"))
+    assert code == 0, err
+    assert "ranks: all: each of the 40 ranks simulated" in out
+    code, out, err = run_cli("run", "gpt-1.7b-a100x8-gpipe", "--out", str(tmp_path / "c"))
+    assert code == 0 and "ranks: all" not in out

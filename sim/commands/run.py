@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
                 result = simulate(sc)
             summary = write_outputs(result, folder)
             memory = result.memory
+            how = ranks_note(result)
             del result
         from sim.plan.training_run import reliability_keys_given, training_run
 
@@ -105,9 +106,24 @@ def register(app: typer.Typer) -> None:
                 con.print(f"time to train {format_tokens(n_tokens)} tokens: {summary_line(run)}")
                 for what, src in run.sources.items():
                     con.print(f"  {what.replace('_', ' ')}: {src}")
+            if how:
+                con.print(how)
             con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
                       "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
         check_fit(sc, memory, strict)
+
+
+def ranks_note(result) -> str:
+    """With `ranks: all`, how the ranks were simulated (sim.engine.symmetry), else ''."""
+    sc = result.scenario
+    if sc.simulation.ranks != "all":
+        return ""
+    n = sc.derived.num_gpus
+    orbits = result.engine.orbits
+    if orbits is not None:
+        return (f"ranks: all: {len(orbits.members)} stage representatives simulated for all {n:,} ranks "
+                "(every rank of a stage provably has its representative's timeline; copied)")
+    return f"ranks: all: each of the {n:,} ranks simulated (the ranks of a stage are not symmetric here)"
 
 
 def check_fit(sc, report, strict: bool) -> None:
