@@ -200,3 +200,17 @@ def test_sim5d_run_says_how_ranks_all_was_simulated(tmp_path):
     assert "ranks: all: each of the 40 ranks simulated" in out
     code, out, err = run_cli("run", "gpt-1.7b-a100x8-gpipe", "--out", str(tmp_path / "c"))
     assert code == 0 and "ranks: all" not in out
+
+
+@pytest.mark.parametrize("dims", [dict(tp=2, cp=2, ep=2, dp=2, pp=2, gpus_per_node=8),
+                                  dict(tp=2, cp=1, ep=4, dp=4, pp=1, gpus_per_node=8, etp=1,
+                                       rank_order=("tp", "dp", "ep", "cp", "pp"))])
+def test_every_member_of_a_group_has_that_group(dims):
+    """Orbits caches a rank's group along a dimension for all its members (one Layout.group call
+    per group): right because the groups of a dimension partition the ranks, each listed the
+    same way for all its members."""
+    layout = Layout(**dims)
+    for dim in ("tp", "cp", "dp", "pp", "dp-cp", "ep", "edp", "etp"):
+        for q in range(layout.world_size):
+            g = layout.group(q, dim)
+            assert q in g and all(layout.group(m, dim) == g for m in g), (dim, q)

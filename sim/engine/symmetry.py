@@ -61,7 +61,9 @@ class Orbits:
         key = (q, dim)
         hit = self._groups.get(key)
         if hit is None:
-            hit = self._groups[key] = self.layout.group(q, dim)
+            hit = self.layout.group(q, dim)
+            for m in hit:               # every member has this group along dim (Layout.group)
+                self._groups[(m, dim)] = hit
         return hit
 
     def spec_for(self, spec: CommSpec, q: int) -> CommSpec:
