@@ -225,7 +225,7 @@ class ProgramBuilder:
         self._costs: dict = {}
         self._specs: dict = {}
         self.blocks = blocks
-        """Emit a layer instance of kernels, blocking collectives and marks as one Block."""
+        """Emit an instance of a simple layer template (core.Template.simple) as one Block."""
         self.recipes: dict | None = {} if recipes else None
         """With `recipes=True`: (rank, spec) -> how each rank of its stage makes its own version
         (sim.engine.symmetry):
