@@ -124,6 +124,12 @@ class Layout:
             stride *= self._size(d)
         return r
 
+    def peer(self, rank: int, pp: int) -> int:
+        """The rank at pipeline rank `pp` with `rank`'s tp / cp / dp coordinates (its pipeline
+        peer there)."""
+        c = self.coord(rank)
+        return self.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp)
+
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 

@@ -53,3 +53,10 @@ def test_bad_arguments():
     lay = Layout(tp=1, cp=1, ep=1, dp=2, pp=1, gpus_per_node=8)
     with pytest.raises(ValueError):
         lay.coord(2)
+
+
+def test_pipeline_peer_hand_worked():
+    """Layout.peer keeps tp / cp / dp and changes pp: TP2 DP2 PP2 in the default order, rank 3 is
+    (tp 1, dp 1, pp 0); its peer at pp 1 is 3 + 2 x 2 = 7, and back."""
+    lay = Layout(tp=2, cp=1, ep=1, dp=2, pp=2, gpus_per_node=8)
+    assert lay.peer(3, 1) == 7 and lay.peer(7, 0) == 3 and lay.peer(3, 0) == 3

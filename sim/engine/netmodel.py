@@ -59,7 +59,7 @@ class ClusterNetwork:
         self._alone: dict = {}
         self._images: dict | None = None         # by symmetry: call -> its counterparts
         self._unions: dict = {}
-        self._steps: dict = {}                   # id(plan) -> (plan, its phases' batches in order)
+        self._steps: dict = {}                   # id(plan) -> (plan, latency, its batches: _steps_of)
         self.prepared = False
         """Whether `prepare_symmetric` has readied the network for the run (Engine.run then does
         not prepare it again)."""
@@ -272,18 +272,23 @@ class ClusterNetwork:
         elif self._images is not None:
             return False
         else:
-            plan = self.plan(spec)
-            steps = self._steps.get(id(plan))
-            if steps is None or steps[0] is not plan:
-                steps = self._steps[id(plan)] = (plan, [f for ph in plan.phases
-                                                        for f in [ph.flows(plan.wire_factor)] * ph.repeat
-                                                        if f is not None])
-            chain = _Chain(self.net, steps[1], finish)
-            if plan.latency_ns:
-                _after(env, plan.latency_ns, chain.next)
+            latency, steps = self._steps_of(spec)
+            chain = _Chain(self.net, steps, finish)
+            if latency:
+                _after(env, latency, chain.next)
             else:
                 chain.next()
         return True
+
+    def _steps_of(self, spec) -> tuple:
+        """(latency, the batches of its plan's phases in order, each phase `repeat` times): what
+        collective_process waits for, once per plan."""
+        plan = self.plan(spec)
+        hit = self._steps.get(id(plan))
+        if hit is None or hit[0] is not plan:
+            hit = self._steps[id(plan)] = (plan, plan.latency_ns, [
+                f for ph in plan.phases for f in [ph.flows(plan.wire_factor)] * ph.repeat if f is not None])
+        return hit[1], hit[2]
 
     def _together(self, env, specs: list):
         """A representative's call and its counterparts (sim.engine.symmetry), started together
@@ -294,37 +299,25 @@ class ClusterNetwork:
         from sim.engine.symmetry import NotSymmetric
 
         key = tuple(c.ranks for c in specs) + (specs[0].op, specs[0].size_bytes)
-        phases = self._unions.get(key)
-        if phases is None:
-            plans = [self.plan(c) for c in specs]
-            p0 = plans[0]
-            if any((p.latency_ns, p.wire_factor, [ph.repeat for ph in p.phases])
-                   != (p0.latency_ns, p0.wire_factor, [ph.repeat for ph in p0.phases]) for p in plans[1:]):
+        hit = self._unions.get(key)
+        if hit is None:
+            each = [self._steps_of(c) for c in specs]
+            latency, first = each[0]
+            if any(lat != latency or len(steps) != len(first) for lat, steps in each[1:]):
                 raise NotSymmetric(f"the counterparts of {specs[0]} have other plans")
-            phases = []
-            for k, ph in enumerate(p0.phases):
-                flows = [p.phases[k].flows(p.wire_factor) for p in plans]
-                if all(f is None for f in flows):
-                    phases.append((ph.repeat, None))
-                    continue
-                if any(f is None for f in flows):
-                    raise NotSymmetric(f"the counterparts of {specs[0]} have other plans")
-                seg = [i for i, f in enumerate(flows) for _ in f[3]]
-                phases.append((ph.repeat, (np.concatenate([f[0] for f in flows]),
-                                           np.concatenate([f[1] for f in flows]),
-                                           [b for f in flows for b in f[2]],
-                                           np.concatenate([f[3] for f in flows]),
-                                           [n for f in flows for n in f[4]], seg)))
-            self._unions[key] = phases = (p0.latency_ns, phases)
-        latency, phases = phases
+            batches = []
+            for flows in zip(*(steps for _, steps in each)):
+                batches.append((np.concatenate([f[0] for f in flows]), np.concatenate([f[1] for f in flows]),
+                                [b for f in flows for b in f[2]], np.concatenate([f[3] for f in flows]),
+                                [n for f in flows for n in f[4]], [i for i, f in enumerate(flows) for _ in f[3]]))
+            hit = self._unions[key] = (latency, batches)
+        latency, batches = hit
         if latency:
             yield env.timeout(latency)
-        for repeat, flows in phases:
-            for _ in range(repeat):
-                if flows is not None:
-                    res = yield self.net.transfer_batch(*flows)
-                    if min(res.segment_ends) != max(res.segment_ends):
-                        raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
+        for flows in batches:
+            res = yield self.net.transfer_batch(*flows)
+            if min(res.segment_ends) != max(res.segment_ends):
+                raise NotSymmetric(f"the counterparts of {specs[0]} end at different times")
 
 
 def _after(env, delay: int, fn) -> None:

@@ -330,8 +330,7 @@ class ProgramBuilder:
         key = (self.me, pp_rank)
         peer = self._peers.get(key)
         if peer is None:
-            c = self.layout.coord(self.me)
-            peer = self._peers[key] = self.layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp_rank)
+            peer = self._peers[key] = self.layout.peer(self.me, pp_rank)
         return peer
 
     def _cost(self, layer: int) -> LayerCost:

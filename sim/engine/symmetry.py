@@ -49,12 +49,11 @@ class Orbits:
         self._images: dict = {}
 
     def peer(self, q: int, pp: int) -> int:
-        """The rank at pipeline rank `pp` with q's tp / cp / dp coordinates (ProgramBuilder._peer)."""
+        """q's pipeline peer at pipeline rank `pp` (Layout.peer, as ProgramBuilder._peer)."""
         key = (q, pp)
         hit = self._peers.get(key)
         if hit is None:
-            c = self.layout.coord(q)
-            hit = self._peers[key] = self.layout.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=pp)
+            hit = self._peers[key] = self.layout.peer(q, pp)
         return hit
 
     def _group(self, q: int, dim: str) -> tuple:
