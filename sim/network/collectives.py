@@ -156,6 +156,7 @@ class _Layout:
     def __init__(self, G: nx.DiGraph, ranks):
         self.G = G
         nodes = G.nodes
+        self._orders = _cache(G).orders
         for r in ranks:
             if r not in G or nodes[r]["kind"] != "gpu":
                 raise ConfigError(f"rank {r!r} is not a GPU of this cluster (GPUs are named "
@@ -206,14 +207,23 @@ class _Layout:
         return (d, nd[gpu]["index"])
 
     def order_for_rail(self, server_ranks: list, rail: int) -> list:
-        """Entry GPU (nearest the rail's NIC), the others in index order, exit GPU (next nearest)."""
-        by = sorted(server_ranks, key=lambda g: self.distance(g, rail))
-        entry = by[0]
-        if len(by) == 1:
-            return [entry]
-        exit_ = by[1]
-        mid = [g for g in server_ranks if g not in (entry, exit_)]
-        return [entry] + mid + [exit_]
+        """Entry GPU (nearest the rail's NIC), the others in index order, exit GPU (next nearest).
+        A pure function of the graph, kept per graph (a sweep plans the same servers' rings for
+        thousands of layouts)."""
+        key = (tuple(server_ranks), rail)
+        hit = self._orders.get(key)
+        if hit is None:
+            by = sorted(server_ranks, key=lambda g: self.distance(g, rail))
+            entry = by[0]
+            if len(by) == 1:
+                hit = (entry,)
+            else:
+                exit_ = by[1]
+                hit = (entry, *(g for g in server_ranks if g not in (entry, exit_)), exit_)
+            if len(self._orders) >= _CACHE_ENTRIES:
+                self._orders.clear()
+            self._orders[key] = hit
+        return list(hit)
 
 
 def _btree_parent(nranks: int, rank: int) -> int:
@@ -316,7 +326,32 @@ def plan_latency_us(spec, op: str, algorithm: str, proto: str, lay: _Layout) -> 
 
 def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, root: str | None):
     n = len(lay.ranks)
+    C, paths, names = _ring_flows(lay, router, op == "broadcast", root)
+    if op == "all_reduce":
+        nsteps, per_edge = 2 * (n - 1), 2.0 * (n - 1) / n * nbytes / C
+    elif op in ("all_gather", "reduce_scatter"):
+        nsteps, per_edge = n - 1, (n - 1) / n * nbytes / C
+    else:  # broadcast: a pipelined chain from the root
+        nsteps, per_edge = n - 1, nbytes / C
     ph = Phase()
+    if per_edge > 0:                            # (Phase.add's rule, for every flow at once)
+        ph.paths, ph.names = list(paths), list(names)
+        ph.nbytes, ph.max_rate = [float(per_edge)] * len(paths), [math.inf] * len(paths)
+    if granularity == "step" and nsteps > 1:
+        ph.nbytes = [x / nsteps for x in ph.nbytes]
+        ph.repeat = nsteps
+    return [ph]
+
+
+def _ring_flows(lay: _Layout, router, chain: bool, root: str | None) -> tuple:
+    """A ring's channels: (their number, the flows' paths, their names), flows without a path
+    left out; a broadcast (`chain`) is a chain from `root` (or the first rank). They depend only on the ranks (not on the
+    operation or size), so they are made once per graph and list of ranks."""
+    cache = _cache(lay.G).rings
+    key = (tuple(lay.ranks), chain, root)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
     if lay.n_servers == 1:
         channels = [(None, lay.ranks)]
     else:
@@ -327,32 +362,28 @@ def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, r
             for srv, r in zip(lay.servers, rails):
                 order += lay.order_for_rail(srv, r)
             channels.append((rails, order))
-    C = len(channels)
-    if op == "all_reduce":
-        nsteps, per_edge = 2 * (n - 1), 2.0 * (n - 1) / n * nbytes / C
-    elif op in ("all_gather", "reduce_scatter"):
-        nsteps, per_edge = n - 1, (n - 1) / n * nbytes / C
-    else:  # broadcast: a pipelined chain from the root
-        nsteps, per_edge = n - 1, nbytes / C
-    G = lay.G
     srv_of = {g: i for i, s in enumerate(lay.servers) for g in s}
+    paths, names = [], []
     for ci, (rails, order) in enumerate(channels):
-        if op == "broadcast":
+        if chain:
             k = order.index(root) if root in order else 0
             order = order[k:] + order[:k]
             pairs = list(zip(order, order[1:]))
         else:
             pairs = list(zip(order, order[1:] + order[:1]))
         for a, b in pairs:
-            if G.nodes[a]["server"] != G.nodes[b]["server"]:
+            if srv_of[a] != srv_of[b]:
                 path = router.path(a, b, rail=rails[srv_of[a]], dst_rail=rails[srv_of[b]], key=ci)
             else:
                 path = router.path(a, b, key=ci)
-            ph.add(path, per_edge, f"ring{ci}:{a}->{b}")
-    if granularity == "step" and nsteps > 1:
-        ph.nbytes = [x / nsteps for x in ph.nbytes]
-        ph.repeat = nsteps
-    return [ph]
+            if len(path) > 0:
+                paths.append(path)
+                names.append(f"ring{ci}:{a}->{b}")
+    hit = (len(channels), tuple(paths), tuple(names))
+    if len(cache) >= _CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = hit
+    return hit
 
 
 def _tree_phases(lay: _Layout, router, nbytes: int):
@@ -521,6 +552,20 @@ class _PlanCache:
         self.router = router_for(G)
         self.capacity = self.router.capacity
         self.unit: dict = {}
+        self.layouts: dict = {}     # the ranks of a call, as given -> their _Layout
+        self.orders: dict = {}      # (a server's ranks, rail) -> _Layout.order_for_rail
+        self.rings: dict = {}       # (ranks, chain, root) -> _ring_flows
+
+    def layout(self, ranks: list) -> "_Layout":
+        """`_Layout(G, ranks)`, made once per distinct list of ranks (it only reads the graph)."""
+        key = tuple(ranks)
+        lay = self.layouts.get(key)
+        if lay is None:
+            lay = _Layout(self.G, ranks)
+            if len(self.layouts) >= _CACHE_ENTRIES:
+                self.layouts.clear()
+            self.layouts[key] = lay
+        return lay
 
     def unit_time(self, lay, op, algorithm, granularity, root) -> float:
         key = (tuple(lay.ranks), op, algorithm, root)
@@ -531,6 +576,10 @@ class _PlanCache:
             t = sum(_phase_time_ns(self.router, self.capacity, ph, 1.0) for ph in phases) / ref
             self.unit[key] = t
         return t
+
+
+_CACHE_ENTRIES = 65_536
+"""Layouts and rail orders a graph's plan cache keeps (then it starts over)."""
 
 
 def _cache(G) -> _PlanCache:
@@ -594,7 +643,7 @@ def plan_collective(G: nx.DiGraph, op: str, ranks, nbytes: int, *, algorithm: st
     ranks = list(ranks)
     if len(ranks) < 1:
         raise ConfigError("a collective needs at least one rank", key="ranks")
-    lay = _Layout(G, ranks)
+    lay = _cache(G).layout(ranks)
     _check_algorithm(op, algorithm, lay)
     if op == "send_recv" and len(ranks) < 2:
         raise ConfigError("send_recv needs at least 2 ranks", key="gpus")
