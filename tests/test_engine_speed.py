@@ -583,6 +583,61 @@ def test_layer_blocks_are_the_instructions_made_one_by_one(name, overrides, has_
     assert bad is None, f"record {bad}: {ra[bad]} against {rb[bad]}"
 
 
+def _canonical(program) -> list:
+    """A program with each launch handle replaced by the order of its first appearance (handles
+    only name a call for its wait; their values are the builder's bookkeeping)."""
+    from sim.engine.core import Launch, Wait
+
+    seen: dict = {}
+    out = []
+    for x in program:
+        if type(x) in (Launch, Wait):
+            x = x._replace(handle=seen.setdefault(x.handle, len(seen)))
+        out.append(x)
+    return out
+
+
+ACTION_CASES = BLOCK_CASES + [
+    ("llama3-8b-h100x8-zbv", [], True),                                      # I / W split (ZB-V)
+    ("gpt-7.5b-a100x32-zbh2", ["training.global_batch_size=32"], True),      # ZB-H2
+    ("gpt-1.7b-a100x8-gpipe", ["training.overlap_grad_reduce=true"], True),  # each last backward per layer
+    ("llama3-8b-h100x16-1f1b", ["parallelism.zero_stage=3"], True),          # FSDP: per layer
+    ("llama3-8b-h100x16-1f1b", ["training.recompute=full"], True),
+    ("llama3-8b-h100x16-1f1b", ["training.tp_async_backward=true"], True),
+]
+
+
+@pytest.mark.parametrize("name,overrides,_", ACTION_CASES)
+def test_action_templates_make_the_per_layer_instructions(name, overrides, _):
+    """A pipeline action made from one template (its layers, embedding, head and activation
+    mark) gives the instructions the builder makes layer by layer, in the same order with the
+    same names, calls and times (launch handles compared by where they first appear), and the
+    engine the same step, records and busy intervals."""
+    from sim import schedules
+    from sim.config import load_scenario
+    from sim.engine.costs import DeviceCostModel
+    from sim.engine.netmodel import network_for
+    from sim.engine.program import ProgramBuilder
+
+    sc = load_scenario(name, overrides=overrides)
+    p = sc.parallelism
+    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    made = {}
+    for actions in (True, False):
+        b = ProgramBuilder(sc, sched, DeviceCostModel(sc))
+        b.actions = actions
+        made[actions] = b.build()
+    assert list(made[True]) == list(made[False])
+    for r in made[True]:
+        assert _canonical(made[True][r]) == _canonical(made[False][r]), r
+    a, b = (Engine(made[x], network_for(sc), comm_compute_slowdown=sc.simulation.comm_compute_slowdown)
+            for x in (True, False))
+    assert a.run() == b.run()
+    assert a.events == b.events
+    assert a.busy_intervals() == b.busy_intervals()
+    assert a.records == b.records
+
+
 @pytest.mark.parametrize("busy", [False, True])
 def test_a_block_on_a_busy_stream(busy):
     """A Block launching on the "tp" stream while a call launched before it on that stream may

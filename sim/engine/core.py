@@ -104,7 +104,7 @@ class Mark(NamedTuple):
 
 
 class Template:
-    """A layer's instructions for one direction and microbatch, made once per rank
+    """A pipeline action's (or one layer's) instructions for one microbatch, made once per rank
     (ProgramBuilder._layer) with a stand-in microbatch number (NUL) in their names and handles
     of its own launches not yet unique to an instance; `expand` makes an instance. `simple`:
     only kernels, blocking collectives, marks and its own launches, each waited for in it (an
@@ -129,6 +129,8 @@ class Template:
                 items.append((3, x.handle, x.spec, name or x.name, x.stream))
             elif t is Wait and x.handle in launched:
                 items.append((4, x.handle, name or x.name))
+            elif t is Mark and name:
+                items.append((5, name, x.cat, x.value))
             elif name:
                 raise TypeError(f"no template for {x!r}")       # only the kinds above name a microbatch
             else:
@@ -158,15 +160,17 @@ class Template:
             elif k == 3:
                 name = it[3]
                 add(new(Launch, ((it[1], n), it[2], name if type(name) is str else s.join(name), it[4])))
-            else:
+            elif k == 4:
                 name = it[2]
                 add(new(Wait, ((it[1], n), name if type(name) is str else s.join(name))))
+            else:
+                add(new(Mark, (s.join(it[1]), it[2], it[3])))
         return out
 
 
 class Block(NamedTuple):
-    """A layer's instructions for microbatch `mb`: `template.expand(mb, n)`, kept as one entry
-    (a large step repeats each layer for hundreds of microbatches; the engine compiles the
+    """A template's instructions for microbatch `mb`: `template.expand(mb, n)`, kept as one entry
+    (a large step repeats each action for hundreds of microbatches; the engine compiles the
     template once and places it whole into a run)."""
 
     template: Template

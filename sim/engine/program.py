@@ -225,7 +225,11 @@ class ProgramBuilder:
         self._costs: dict = {}
         self._specs: dict = {}
         self.blocks = blocks
-        """Emit an instance of a simple layer template (core.Template.simple) as one Block."""
+        """Emit an instance of a simple template (core.Template.simple) as one Block."""
+        self.actions = True
+        """Make a pipeline action's instructions (its layers and ends) from one template where
+        it can (not with FSDP's per-layer gathers, nor for a stage's last backward launching each
+        layer's gradient reduction); False: a template per layer (tests compare the two)."""
         self.recipes: dict | None = {} if recipes else None
         """With `recipes=True`: (rank, spec) -> how each rank of its stage makes its own version
         (sim.engine.symmetry):
@@ -656,13 +660,41 @@ class ProgramBuilder:
             specs.append(self._dim_spec(op, "edp", int(n_expert * gb), "dp"))
         return specs
 
-    # -- layers from templates ----------------------------------------------------------
+    # -- pipeline actions ----------------------------------------------------------------
+    def _forward_action(self, prog, r, s, mb, first, last):
+        """A forward action's own instructions (without its receive and send): the embedding on
+        the first stage, each layer, the head and loss on the last, and the activations it keeps."""
+        if first:
+            prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
+        for layer in self._layers(s):
+            self._forward_layer(prog, r, layer, mb)
+        if last:
+            prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
+        prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
+
+    def _backward_action(self, prog, r, s, mb, kind, first, last):
+        """A backward action's own instructions (B: input and weight gradients, I: input, W:
+        weight), the layers in reverse between the head's and the embedding's, and the
+        activations it frees."""
+        do_input, do_weight = kind in ("B", "I"), kind in ("B", "W")
+        if do_input and last:
+            prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
+        if do_weight and last:
+            prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
+        for layer in reversed(self._layers(s)):
+            self._backward_layer(prog, r, layer, mb, do_input, do_weight)
+        if do_weight and first:
+            prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
+        if do_input:
+            prog.append(Mark(f"{s}{kind}{mb}", "activations", -self.stage_act[s]))
+
+    # -- instructions from templates -----------------------------------------------------
     def _layer(self, prog, key, make, mb):
-        """Append a layer's instructions for microbatch `mb`. They differ between microbatches
-        only in the number in their names (and the handles of their own launches), so they are
-        made once per layer and direction (`make(list, microbatch)` with a stand-in number) as a
-        Template and instanced: a large step repeats each layer for hundreds of microbatches.
-        With `blocks`, an instance of a simple template (see Template) is one Block."""
+        """Append a pipeline action's (or one layer's) instructions for microbatch `mb`. They
+        differ between microbatches only in the number in their names (and the handles of their
+        own launches), so they are made once per `key` (`make(list, microbatch)` with a stand-in
+        number) as a Template and instanced: a large step repeats each action for hundreds of
+        microbatches. With `blocks`, an instance of a simple template (see Template) is one Block."""
         hit = self._templates.get(key)
         if hit is None:
             tmp: list = []
@@ -745,17 +777,23 @@ class ProgramBuilder:
                 prev = sched.prev_stage(s, mb)
                 if prev is not None and sched.stage_rank(prev) != r:
                     prog.append(Recv(("act", s, mb, self.me), f"recv act s{s} mb{mb}"))
-                if self._is_first(s, mb):
-                    prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
-                layers = list(self._layers(s))
-                for k, layer in enumerate(layers):
-                    self._fsdp_before(prog, r, s, layers, k)
-                    self._layer(prog, ("F", layer), lambda out, m: self._forward_layer(out, r, layer, m), mb)
-                    if p.reshard_after_forward:
-                        self._fsdp_reshard(s, layer)
-                if self._is_last(s, mb):
-                    prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
-                prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
+                first, last = self._is_first(s, mb), self._is_last(s, mb)
+                if self.actions and not self.zero3:
+                    # the whole action from one template (its layers and ends; see _layer)
+                    self._layer(prog, ("F", s, first, last),
+                                lambda out, m: self._forward_action(out, r, s, m, first, last), mb)
+                else:                           # FSDP: gathers per layer around them
+                    if first:
+                        prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
+                    layers = list(self._layers(s))
+                    for k, layer in enumerate(layers):
+                        self._fsdp_before(prog, r, s, layers, k)
+                        self._layer(prog, ("F", layer), lambda out, m: self._forward_layer(out, r, layer, m), mb)
+                        if p.reshard_after_forward:
+                            self._fsdp_reshard(s, layer)
+                    if last:
+                        prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
+                    prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
                 nxt = sched.next_stage(s, mb)
                 if nxt is not None and sched.stage_rank(nxt) != r:
                     spec = self._send_spec(sched.stage_rank(nxt))
@@ -767,31 +805,38 @@ class ProgramBuilder:
                     nxt = sched.next_stage(s, mb)
                     if nxt is not None and sched.stage_rank(nxt) != r:
                         prog.append(Recv(("grad", s, mb, self.me), f"recv grad s{s} mb{mb}"))
-                    if self._is_last(s, mb):
+                first, last = self._is_first(s, mb), self._is_last(s, mb)
+                # the last backward of a stage launches each layer's gradient reduction
+                final = (i == last_backward.get(s)) and t.overlap_grad_reduce and (do_weight or not split[s])
+                if self.actions and not (self.zero3 or final):
+                    self._layer(prog, ("B", s, a.kind, first, last),
+                                lambda out, m: self._backward_action(out, r, s, m, a.kind, first, last), mb)
+                else:
+                    if do_input and last:
                         prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
-                if do_weight and self._is_last(s, mb):
-                    prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
-                final = (i == last_backward.get(s))
-                layers = list(reversed(self._layers(s)))
-                for k, layer in enumerate(layers):
+                    if do_weight and last:
+                        prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
+                    layers = list(reversed(self._layers(s)))
+                    for k, layer in enumerate(layers):
+                        if do_input:
+                            self._fsdp_before(prog, r, s, layers, k)
+                        self._layer(prog, ("B", layer, do_input, do_weight),
+                                    lambda out, m: self._backward_layer(out, r, layer, m, do_input, do_weight), mb)
+                        if do_input:
+                            self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
+                        if final:
+                            k = layer - self._layers(s).start
+                            n_dense, n_expert = self.params_per_stage[s][k]
+                            for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
+                                prog.append(Launch(("grad", s, layer, j), spec, f"grad reduce L{layer}", "dp"))
+                    if do_weight and first:
+                        prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
+                    if final and self.end_params[s]:
+                        for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
+                            prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
                     if do_input:
-                        self._fsdp_before(prog, r, s, layers, k)
-                    self._layer(prog, ("B", layer, do_input, do_weight),
-                                lambda out, m: self._backward_layer(out, r, layer, m, do_input, do_weight), mb)
-                    if do_input:
-                        self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
-                    if final and t.overlap_grad_reduce and (do_weight or not split[s]):
-                        k = layer - self._layers(s).start
-                        n_dense, n_expert = self.params_per_stage[s][k]
-                        for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
-                            prog.append(Launch(("grad", s, layer, j), spec, f"grad reduce L{layer}", "dp"))
-                if do_weight and self._is_first(s, mb):
-                    prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
-                if final and t.overlap_grad_reduce and (do_weight or not split[s]) and self.end_params[s]:
-                    for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
-                        prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
+                        prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
                 if do_input:
-                    prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
                     prv = sched.prev_stage(s, mb)
                     if prv is not None and sched.stage_rank(prv) != r:
                         spec = self._send_spec(sched.stage_rank(prv))
