@@ -311,6 +311,7 @@ def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
     also give each case's `loo_error_pct` and the set's `mape_loo_pct` (leave-one-out)."""
     todo = cases(sets)
     rows = []
+    loo: dict = {}
     if workers > 1 and len(todo) > 8:
         from concurrent.futures import ProcessPoolExecutor
         # the largest steps first, one per task, so that no worker is left with a 6 s case at
@@ -320,12 +321,15 @@ def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
         big, small = order[:8 * workers], order[8 * workers:]
         rows = [None] * len(todo)
         with ProcessPoolExecutor(max_workers=workers) as ex:
+            # the leave-one-out refits (several simulations each, 7 s) first, beside the cases
+            futures = {s: ex.submit(LOO[s]) for s in sets if s in LOO}
             done = zip(big + small, chain(ex.map(_predict_row, [todo[i] for i in big], chunksize=1),
                                           ex.map(_predict_row, [todo[i] for i in small], chunksize=16)))
             for i, row in done:
                 rows[i] = row
                 if progress:
                     progress()
+            loo = {s: f.result() for s, f in futures.items()}
     else:
         for c in todo:
             rows.append(_predict_row(c))
@@ -339,9 +343,9 @@ def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
                   "mape_pct": _mape(rs), "mape_held_out_pct": _mape(held),
                   "mean_signed_error_pct": _mean_signed(rs)}
         if s in LOO:
-            loo = LOO[s]()
+            errors = loo[s] if s in loo else LOO[s]()
             for r in rs:
-                r["loo_error_pct"] = loo.get(r["id"])
+                r["loo_error_pct"] = errors.get(r["id"])
             have = [abs(r["loo_error_pct"]) for r in rs if r["loo_error_pct"] is not None]
             out[s]["mape_loo_pct"] = sum(have) / len(have) if have else None
     return {"sets": out}
