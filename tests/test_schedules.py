@@ -503,3 +503,29 @@ def test_peak_live_weights_hand_worked():
                                     Action("B", 0, 1)),), "v")
     validate(pair)
     assert peak_live(pair) == [3]
+
+
+@pytest.mark.parametrize("name,pp,m,v", [("1f1b", 4, 8, None), ("interleaved-1f1b", 4, 8, 2),
+                                         ("dualpipe", 4, 8, None), ("zbv", 4, 8, None)])
+def test_build_keeps_each_schedule(name, pp, m, v):
+    """`build` returns the schedule made before for the same arguments (a sweep and the memory
+    calculator ask again), equal to one made afresh from the generator; peak_live on it equals
+    the count made by walking its actions here."""
+    from sim.schedules import LAYOUT
+
+    s = build(name, pp, m, v)
+    assert build(name, pp, m, v) is s
+    fresh = Schedule(name=name, pp=pp, microbatches=m, chunks=s.chunks, layout=LAYOUT[name],
+                     ranks=tuple(tuple(r) for r in SCHEDULES[name](pp, m, s.chunks)))
+    assert fresh == s and fresh is not s
+    w = [3 ** k for k in range(s.num_stages)]
+    for weight in (None, w):
+        want = []
+        for items in s.ranks:
+            live = peak = 0
+            for a in (a for item in items for a in item.parts):
+                d = 1 if weight is None else weight[a.stage]
+                live += d if a.kind == "F" else -d if a.kind in ("I", "B") else 0
+                peak = max(peak, live)
+            want.append(peak)
+        assert peak_live(s, weight) == peak_live(fresh, weight) == want

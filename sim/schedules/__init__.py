@@ -84,11 +84,23 @@ def nearest_microbatches(name: str, pp: int, microbatches: int) -> list[int]:
 
 
 def build(name: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
-    """Check the arguments and build the named schedule."""
+    """Check the arguments and build the named schedule (kept: a Schedule is immutable, and a
+    simulation asks for its schedule twice, a sweep for the same one in many layouts)."""
     v = check(name, pp, microbatches, chunks)
-    ranks = SCHEDULES[name](pp, microbatches, v)
-    return Schedule(name=name, pp=pp, microbatches=microbatches, chunks=v,
-                    ranks=tuple(tuple(r) for r in ranks), layout=LAYOUT[name])
+    key = (name, pp, microbatches, v)
+    hit = _BUILT.get(key)
+    if hit is None:
+        ranks = SCHEDULES[name](pp, microbatches, v)
+        hit = Schedule(name=name, pp=pp, microbatches=microbatches, chunks=v,
+                       ranks=tuple(tuple(r) for r in ranks), layout=LAYOUT[name])
+        if len(_BUILT) >= 64:
+            _BUILT.clear()
+        _BUILT[key] = hit
+    return hit
+
+
+_BUILT: dict = {}
+"""Schedules built (`build`), by their arguments."""
 
 
 __all__ = [
