@@ -576,9 +576,9 @@ class FlowNetwork:
         """End the flows due by `now`; the lowest rate among them (0.0 if none)."""
         if self._small:
             fin = self._s_finish
-            idx = [i for i, f in enumerate(fin) if f <= now]
-            if not idx:
+            if not fin or min(fin) > now:      # (a join between ends: nothing due)
                 return 0.0
+            idx = [i for i, f in enumerate(fin) if f <= now]
             rate = self._s_rate
             floor = min(rate[i] for i in idx)
             self._complete_lists(idx, now)
@@ -639,6 +639,14 @@ class FlowNetwork:
         if n == len(bid):                       # every active flow ended
             self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem = [], [], [], [], []
             self._s_rate, self._s_finish, self._s_caps = [], [], []
+            return
+        a, b = idx[0], idx[-1] + 1
+        if b - a == n:                          # (usually: one batch's flows, contiguous)
+            for lst in (self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem,
+                        self._s_caps):          # (the network's own lists)
+                del lst[a:b]
+            rate = self._s_rate                 # (may be a memo's list: not changed in place)
+            self._s_rate = rate[:a] + rate[b:]
             return
         rows = [r for r in zip(self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos,
                                self._s_rem, self._s_rate, self._s_caps) if r[0] > now]
