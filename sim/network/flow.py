@@ -380,8 +380,11 @@ class FlowNetwork:
             self.env.schedule(ev, _SOLVE_PRIORITY, 0)
 
     def _on_wake(self, ev):
-        if ev.value == self._version:
-            self._request_solve()
+        """The earliest end after the last solve, due now (an event of the solve's priority: after
+        every other event of this instant, as the solve it stands for). Stale after another
+        solve; left to the solve already requested for this instant (a batch joining)."""
+        if ev._value == self._version and not self._solve_scheduled:
+            self._on_solve(ev)
 
     def _advance(self, now: int):
         dt = now - self._t
@@ -534,8 +537,11 @@ class FlowNetwork:
                 raise InternalError(f"the flow network re-solved {LIVELOCK_SOLVES:,} times at t = {now} ns "
                                     "without time advancing (a livelock)")
         self._version += 1
-        t = self.env.timeout(nxt - now, value=self._version)
-        t.callbacks.append(self._on_wake)
+        wake = simpy.Event(self.env)
+        wake._ok = True
+        wake._value = self._version
+        wake.callbacks.append(self._on_wake)
+        self.env.schedule(wake, _SOLVE_PRIORITY, nxt - now)
 
     def _finish_arrays(self, now: int) -> int:
         """Each flow's end (integer ns) at its new rate; the earliest."""
