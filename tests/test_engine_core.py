@@ -69,6 +69,21 @@ def test_deadlock_names_the_waiting_ranks():
         Engine(progs, FixedNetwork()).run()
 
 
+def test_deadlock_says_what_each_rank_waits_in():
+    """The message names each stuck rank's instruction and what it waits for: a message, a
+    handle never launched, a collective whose other member never comes."""
+    progs = {0: [Compute(5, "c"), Recv(("act", 3), "recv act")],
+             1: [Wait("h", "wait grads")],
+             2: [Comm(CommSpec("all_reduce", (2, 3), 8, "tp"), "tp all-reduce")],
+             3: [Recv("never", "recv x")]}
+    with pytest.raises(DeadlockError) as e:
+        Engine(progs, FixedNetwork()).run()
+    assert str(e.value) == ("deadlock: rank 0 at instruction 1 waits on recv act (message ('act', 3)); "
+                            "rank 1 at instruction 0 waits on wait grads (handle 'h'); "
+                            "rank 2 at instruction 0 waits on tp all-reduce (all_reduce over 2 ranks); "
+                            "rank 3 at instruction 0 waits on recv x (message 'never')")
+
+
 def test_deterministic():
     progs = {r: [Compute(3 + r, "c"), Launch("h", spec(7, "dp"), "g", "dp"), Compute(2, "d"), Wait("h")]
              for r in range(4)}

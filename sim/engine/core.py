@@ -257,8 +257,22 @@ class DeadlockError(RuntimeError):
 @dataclass
 class _RankState:
     pc: int = 0
-    waiting_on: str = ""
+    waiting_on: object = None
+    """The instruction it waits in (Comm, Wait or Recv), or None (formatted by `_waiting_text`
+    only for a deadlock's message)."""
     done: bool = False
+
+
+def _waiting_text(ins) -> str:
+    """What a rank stuck in `ins` waits on, for a deadlock's message."""
+    t = type(ins)
+    if t is Comm:
+        return f"{ins.name} ({ins.spec.op} over {len(ins.spec.ranks)} ranks)"
+    if t is Wait:
+        return f"{ins.name} (handle {ins.handle!r})"
+    if t is Recv:
+        return f"{ins.name} (message {ins.key!r})"
+    return "?"
 
 
 class Engine:
@@ -311,6 +325,8 @@ class Engine:
         self._fixed_spec: dict = {}
         """id(spec) -> (spec, `_fixed_comm_ns`): a spec recurs per layer and microbatch, and
         hashing one costs a hash of its group."""
+        self._launch_fixed: dict = {}
+        """id(spec) -> (spec, the network's `fixed_ns`): `_launch`'s, the same way."""
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -391,7 +407,10 @@ class Engine:
             raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
                                 f"{', '.join(sorted(self._stream_names))}")
         if not self.slowdown and not self._slow.get(sk):
-            dur = self._network_fixed_ns(spec)
+            hit = self._launch_fixed.get(id(spec))
+            if hit is None or hit[0] is not spec:      # (a spec recurs: every send of a stage)
+                hit = self._launch_fixed[id(spec)] = (spec, self._network_fixed_ns(spec))
+            dur = hit[1]
             if dur is not None:
                 env = self.env
                 now = env.now
@@ -697,9 +716,9 @@ class Engine:
                 self._log.append(Record(rank, "compute", ins.name, ins.cat, start, env.now))
             elif t is Comm:
                 start = env.now
-                st.waiting_on = f"{ins.name} ({ins.spec.op} over {len(ins.spec.ranks)} ranks)"
+                st.waiting_on = ins
                 yield from self._transfer(ins.spec, self._rendezvous_key(rank, ins.spec))
-                st.waiting_on = ""
+                st.waiting_on = None
                 # an exposed collective occupies the compute stream's timeline as communication
                 self._log.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
                                            start, env.now))
@@ -710,10 +729,10 @@ class Engine:
             elif t is Wait:
                 ev = self._event_for(self._handles, (rank, ins.handle))
                 if not ev.processed:
-                    st.waiting_on = f"{ins.name} (handle {ins.handle!r})"
+                    st.waiting_on = ins
                     start = env.now
                     yield ev
-                    st.waiting_on = ""
+                    st.waiting_on = None
             elif t is Send:
                 arrived = self._event_for(self._arrivals, ins.key)
                 self.p2p.setdefault(ins.key, {})["src"] = rank
@@ -722,9 +741,9 @@ class Engine:
             elif t is Recv:
                 ev = self._event_for(self._arrivals, ins.key)
                 if not ev.processed:
-                    st.waiting_on = f"{ins.name} (message {ins.key!r})"
+                    st.waiting_on = ins
                     yield ev
-                    st.waiting_on = ""
+                    st.waiting_on = None
                 info = self.p2p.setdefault(ins.key, {})
                 info["dst"] = rank
                 info["consumed_ns"] = env.now
@@ -755,7 +774,7 @@ class Engine:
         self.env.run()
         stuck = {r: s for r, s in self._state.items() if not s.done}
         if stuck:
-            lines = [f"rank {r} at instruction {s.pc} waits on {s.waiting_on or '?'}"
+            lines = [f"rank {r} at instruction {s.pc} waits on {_waiting_text(s.waiting_on)}"
                      for r, s in sorted(stuck.items())[:20]]
             raise DeadlockError("deadlock: " + "; ".join(lines))
         del procs
@@ -767,7 +786,7 @@ class Engine:
         self.programs = {}
         self.env = self.network = None
         self._tail, self._handles, self._arrivals, self._rdv = {}, {}, {}, {}
-        self._fixed_spec, self._calls, self._free, self._slow = {}, {}, {}, {}
+        self._fixed_spec, self._launch_fixed, self._calls, self._free, self._slow = {}, {}, {}, {}, {}
 
     @property
     def records(self) -> list:
