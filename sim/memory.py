@@ -245,6 +245,7 @@ def _stage_weights_bytes(sc: Scenario):
     per GPU) for the layers, embedding and head the rank holds."""
     m, p, d = sc.model, sc.parallelism, sc.derived
     out = []
+    kinds: dict = {}        # a layer's parameters depend on it only by whether it is MoE
     for r in range(p.pp):
         dense = expert = 0.0
         largest = 0.0
@@ -254,7 +255,10 @@ def _stage_weights_bytes(sc: Scenario):
                 continue
             first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
             for layer in range(first, first + n):
-                ld, le = layer_params_per_gpu(m, p, layer)
+                moe = m.is_moe_layer(layer)
+                if moe not in kinds:
+                    kinds[moe] = layer_params_per_gpu(m, p, layer)
+                ld, le = kinds[moe]
                 dense += ld
                 expert += le
                 largest = max(largest, ld + le)
@@ -276,13 +280,19 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
     kw = dict(seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
               sequence_parallel=p.sequence_parallel)
     out = []
+    kinds: dict = {}        # a layer's activations depend on it only by whether it is MoE
+
+    def layer_bytes(layer: int) -> float:
+        moe = m.is_moe_layer(layer)
+        if moe not in kinds:
+            kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
+                                                attention_backend=t.attention_backend, precision=t.precision,
+                                                routing_imbalance=t.moe_routing_imbalance, etp=p.etp, **kw)
+        return kinds[moe]
+
     for s in range(d.num_virtual_stages):
         first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-        act = sum(layer_activation_bytes(m, layer, recompute=t.recompute,
-                                         attention_backend=t.attention_backend,
-                                         precision=t.precision, routing_imbalance=t.moe_routing_imbalance,
-                                         etp=p.etp, **kw)
-                  for layer in range(first, first + n))
+        act = sum(layer_bytes(layer) for layer in range(first, first + n))
         if s in d.embedding_stages:
             act += embedding_activation_bytes(m, **kw)
         if s in d.loss_stages:

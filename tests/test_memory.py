@@ -13,6 +13,7 @@ from sim import workload
 from sim.config import build_scenario, load_scenario
 from sim.memory import layer_activation_bytes, memory_report, model_state_bytes
 from sim.models import ModelSpec
+from sim.presets import PRESETS
 from sim.units import GiB
 
 
@@ -252,3 +253,24 @@ def test_routing_imbalance_scales_the_busiest_ranks_expert_activations():
     # per extra token copy: its fc1 input 2*s*h plus activation and fc2 inputs 2*s*(f + f)
     expert_terms = 2 * (2 * 8 * 64 + 2 * 8 * (96 + 96))
     assert two - one == pytest.approx(expert_terms)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_layer_depends_on_its_index_only_by_being_moe(name):
+    """The memory calculator computes a layer's parameters and activations once per kind (dense
+    or MoE) and reuses them for every layer of that kind: for every bundled model, every layer's
+    values equal those of the first layer of its kind."""
+    from types import SimpleNamespace
+
+    from sim.memory import layer_params_per_gpu
+
+    m = PRESETS[name]
+    p = SimpleNamespace(tp=2, ep=2 if m.num_experts else 1, etp=1)
+    first = {}
+    for layer in range(m.num_layers):
+        first.setdefault(m.is_moe_layer(layer), layer)
+        f = first[m.is_moe_layer(layer)]
+        assert layer_params_per_gpu(m, p, layer) == layer_params_per_gpu(m, p, f), layer
+        kw = dict(seq=4096, micro_batch=1, tp=2, cp=1, sequence_parallel=True, recompute="selective",
+                  attention_backend="flash")
+        assert layer_activation_bytes(m, layer, **kw) == layer_activation_bytes(m, f, **kw), layer
