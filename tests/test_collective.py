@@ -403,3 +403,30 @@ def test_nccl_float_follows_nccl_tests_widths():
         ["  25.22", "5507.23", "12646.3", " 123457", "1.5e+08"]
     assert [nccl_float(v, 6) for v in (0.004, 365.567, 1234.56, 12345.6, 1234567.0)] == \
         ["  0.00", "365.57", "1234.6", " 12346", " 1e+06"]
+
+
+def test_plans_from_the_graphs_caches_equal_plans_made_afresh():
+    """A graph keeps each call's rank layout, each server's rail order and each ring's flows
+    (they do not depend on the operation or size): every plan made with those caches warm equals
+    the plan made on a fresh copy of the graph, for rings over one and several servers, in an
+    order other than the servers', each ring operation, a broadcast chain from a root and from
+    none, and the tree and all-to-all."""
+    topo = load_topology("dgx-h100-ndr")
+    warm = build_graph(topo, 4)
+    gpus = gpus_of(warm, 32)
+    groups = [gpus[:8], gpus[::4], gpus[3::8][::-1], gpus[1:32:3]]
+    calls = [(op, g, n, {}) for g in groups for op in ("all_reduce", "all_gather", "reduce_scatter")
+             for n in (1 << 20, 3 << 27)]
+    calls += [("broadcast", g, 1 << 24, {"root": g[2]}) for g in groups]
+    calls += [("broadcast", g, 1 << 24, {}) for g in groups]
+    calls += [("all_reduce", g, 1 << 26, {"algorithm": "tree"}) for g in groups[1:]]
+    calls += [("all_to_all", g, 1 << 22, {}) for g in groups]
+
+    def key(plan):
+        return (plan.algorithm, plan.protocol, plan.latency_ns, plan.wire_factor,
+                [(ph.paths, ph.nbytes, ph.max_rate, ph.names, ph.repeat) for ph in plan.phases])
+
+    for _ in range(2):                                  # the second pass: every cache warm
+        for op, g, n, kw in calls:
+            cold = build_graph(topo, 4)
+            assert key(plan_collective(warm, op, g, n, **kw)) == key(plan_collective(cold, op, g, n, **kw)), (op, kw)
