@@ -430,3 +430,22 @@ def test_plans_from_the_graphs_caches_equal_plans_made_afresh():
         for op, g, n, kw in calls:
             cold = build_graph(topo, 4)
             assert key(plan_collective(warm, op, g, n, **kw)) == key(plan_collective(cold, op, g, n, **kw)), (op, kw)
+
+
+def test_the_ring_cache_starts_over_at_its_flow_budget(monkeypatch):
+    """Past its budget of flows the graph's ring cache is emptied before it keeps the next ring
+    (a sweep's memory stays bounded); the plans are unchanged."""
+    from sim.network import collectives
+
+    monkeypatch.setattr(collectives, "_RING_FLOWS", 40)
+    topo = load_topology("dgx-h100-ndr")
+    G = build_graph(topo, 4)
+    gpus = gpus_of(G, 32)
+    for k in range(1, 6):
+        g = gpus[::k]
+        plan = plan_collective(G, "all_reduce", g, 1 << 24)
+        cold = plan_collective(build_graph(topo, 4), "all_reduce", g, 1 << 24)
+        assert plan.phases[0].paths == cold.phases[0].paths
+        c = collectives._cache(G)
+        assert c.ring_flows == sum(len(v[1]) for v in c.rings.values())
+        assert c.ring_flows <= 40 or len(c.rings) == 1      # one ring over the budget is kept alone

@@ -782,7 +782,7 @@ class ProgramBuilder:
                     # the whole action from one template (its layers and ends; see _layer)
                     self._layer(prog, ("F", s, first, last),
                                 lambda out, m: self._forward_action(out, r, s, m, first, last), mb)
-                else:                           # FSDP: gathers per layer around them
+                else:                           # per layer (FSDP: a gather around each)
                     if first:
                         prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
                     layers = list(self._layers(s))

@@ -345,9 +345,10 @@ def _ring_phases(lay: _Layout, router, op: str, nbytes: int, granularity: str, r
 
 def _ring_flows(lay: _Layout, router, chain: bool, root: str | None) -> tuple:
     """A ring's channels: (their number, the flows' paths, their names), flows without a path
-    left out; a broadcast (`chain`) is a chain from `root` (or the first rank). They depend only on the ranks (not on the
-    operation or size), so they are made once per graph and list of ranks."""
-    cache = _cache(lay.G).rings
+    left out; a broadcast (`chain`) is a chain from `root` (or the first rank). They depend only
+    on the ranks (not on the operation or size), so they are made once per graph and ranks."""
+    pc = _cache(lay.G)
+    cache = pc.rings
     key = (tuple(lay.ranks), chain, root)
     hit = cache.get(key)
     if hit is not None:
@@ -380,9 +381,11 @@ def _ring_flows(lay: _Layout, router, chain: bool, root: str | None) -> tuple:
                 paths.append(path)
                 names.append(f"ring{ci}:{a}->{b}")
     hit = (len(channels), tuple(paths), tuple(names))
-    if len(cache) >= _CACHE_ENTRIES:
+    if len(cache) >= _CACHE_ENTRIES or pc.ring_flows + len(paths) > _RING_FLOWS:
         cache.clear()
+        pc.ring_flows = 0
     cache[key] = hit
+    pc.ring_flows += len(paths)
     return hit
 
 
@@ -555,6 +558,7 @@ class _PlanCache:
         self.layouts: dict = {}     # the ranks of a call, as given -> their _Layout
         self.orders: dict = {}      # (a server's ranks, rail) -> _Layout.order_for_rail
         self.rings: dict = {}       # (ranks, chain, root) -> _ring_flows
+        self.ring_flows = 0         # flows held in `rings`
 
     def layout(self, ranks: list) -> "_Layout":
         """`_Layout(G, ranks)`, made once per distinct list of ranks (it only reads the graph)."""
@@ -579,7 +583,10 @@ class _PlanCache:
 
 
 _CACHE_ENTRIES = 65_536
-"""Layouts and rail orders a graph's plan cache keeps (then it starts over)."""
+"""Layouts, rail orders and rings a graph's plan cache keeps (then it starts over)."""
+_RING_FLOWS = 1_000_000
+"""Flows of the rings it keeps (about 100 bytes each; a sweep of Llama 3 70B on 1,024 GPUs plans
+172 rings of 55,000 flows in all)."""
 
 
 def _cache(G) -> _PlanCache:
