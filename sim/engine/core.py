@@ -325,8 +325,8 @@ class Engine:
         self._fixed_spec: dict = {}
         """id(spec) -> (spec, `_fixed_comm_ns`): a spec recurs per layer and microbatch, and
         hashing one costs a hash of its group."""
-        self._launch_fixed: dict = {}
-        """id(spec) -> (spec, the network's `fixed_ns`): `_launch`'s, the same way."""
+        self._net_fixed: dict = {}
+        """id(spec) -> (spec, the network's `fixed_ns`): `_network_fixed_ns`, the same way."""
 
     # -- helpers --------------------------------------------------------------------------
     def _event_for(self, table: dict, key) -> simpy.Event:
@@ -407,10 +407,7 @@ class Engine:
             raise InternalError(f"rank {rank} launches {name!r} on stream {stream!r}, not one of "
                                 f"{', '.join(sorted(self._stream_names))}")
         if not self.slowdown and not self._slow.get(sk):
-            hit = self._launch_fixed.get(id(spec))
-            if hit is None or hit[0] is not spec:      # (a spec recurs: every send of a stage)
-                hit = self._launch_fixed[id(spec)] = (spec, self._network_fixed_ns(spec))
-            dur = hit[1]
+            dur = self._network_fixed_ns(spec)
             if dur is not None:
                 env = self.env
                 now = env.now
@@ -490,9 +487,13 @@ class Engine:
 
     # -- compiling programs into runs ------------------------------------------------------
     def _network_fixed_ns(self, spec):
-        """The network's time for `spec` if it is known in advance (`fixed_ns`), else None."""
-        fixed = getattr(self.network, "fixed_ns", None)
-        return fixed(spec) if fixed is not None else None
+        """The network's time for `spec` if it is known in advance (`fixed_ns`), else None; kept
+        per spec (a spec recurs: every send of a stage, every layer's collective)."""
+        hit = self._net_fixed.get(id(spec))
+        if hit is None or hit[0] is not spec:
+            fixed = getattr(self.network, "fixed_ns", None)
+            hit = self._net_fixed[id(spec)] = (spec, fixed(spec) if fixed is not None else None)
+        return hit[1]
 
     def _fixed_comm_ns(self, spec):
         """The duration of a blocking collective that depends on nothing else in the simulation,
@@ -786,7 +787,7 @@ class Engine:
         self.programs = {}
         self.env = self.network = None
         self._tail, self._handles, self._arrivals, self._rdv = {}, {}, {}, {}
-        self._fixed_spec, self._launch_fixed, self._calls, self._free, self._slow = {}, {}, {}, {}, {}
+        self._fixed_spec, self._net_fixed, self._calls, self._free, self._slow = {}, {}, {}, {}, {}
 
     @property
     def records(self) -> list:

@@ -186,7 +186,7 @@ class ClusterNetwork:
                 if type(ins) is not Block:
                     step(ins, overlap)
                     continue
-                # a layer instance: its launches are waited in it, so from a state where none of
+                # a template instance: its launches are waited in it, so from a state where none of
                 # its groups has a call in flight it finds the same overlaps every time
                 tm = ins.template
                 hit = seen.get(id(tm))

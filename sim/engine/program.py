@@ -661,30 +661,40 @@ class ProgramBuilder:
         return specs
 
     # -- pipeline actions ----------------------------------------------------------------
-    def _forward_action(self, prog, r, s, mb, first, last):
+    def _forward_action(self, prog, r, s, mb, first, last, each_layer=None):
         """A forward action's own instructions (without its receive and send): the embedding on
-        the first stage, each layer, the head and loss on the last, and the activations it keeps."""
+        the first stage, each layer, the head and loss on the last, and the activations it keeps.
+        `each_layer(k, layer)`: what makes the k-th layer's (default: its instructions here)."""
         if first:
             prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
-        for layer in self._layers(s):
-            self._forward_layer(prog, r, layer, mb)
+        for k, layer in enumerate(self._layers(s)):
+            if each_layer is None:
+                self._forward_layer(prog, r, layer, mb)
+            else:
+                each_layer(k, layer)
         if last:
             prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
         prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
 
-    def _backward_action(self, prog, r, s, mb, kind, first, last):
+    def _backward_action(self, prog, r, s, mb, kind, first, last, each_layer=None, after=None):
         """A backward action's own instructions (B: input and weight gradients, I: input, W:
         weight), the layers in reverse between the head's and the embedding's, and the
-        activations it frees."""
+        activations it frees. `each_layer(k, layer)` as for `_forward_action` (k counts in
+        reverse order); `after()` adds what goes before the activations are freed."""
         do_input, do_weight = kind in ("B", "I"), kind in ("B", "W")
         if do_input and last:
             prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
         if do_weight and last:
             prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
-        for layer in reversed(self._layers(s)):
-            self._backward_layer(prog, r, layer, mb, do_input, do_weight)
+        for k, layer in enumerate(reversed(self._layers(s))):
+            if each_layer is None:
+                self._backward_layer(prog, r, layer, mb, do_input, do_weight)
+            else:
+                each_layer(k, layer)
         if do_weight and first:
             prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
+        if after is not None:
+            after()
         if do_input:
             prog.append(Mark(f"{s}{kind}{mb}", "activations", -self.stage_act[s]))
 
@@ -783,17 +793,15 @@ class ProgramBuilder:
                     self._layer(prog, ("F", s, first, last),
                                 lambda out, m: self._forward_action(out, r, s, m, first, last), mb)
                 else:                           # per layer (FSDP: a gather around each)
-                    if first:
-                        prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
                     layers = list(self._layers(s))
-                    for k, layer in enumerate(layers):
+
+                    def fwd_layer(k, layer):
                         self._fsdp_before(prog, r, s, layers, k)
                         self._layer(prog, ("F", layer), lambda out, m: self._forward_layer(out, r, layer, m), mb)
                         if p.reshard_after_forward:
                             self._fsdp_reshard(s, layer)
-                    if last:
-                        prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
-                    prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
+
+                    self._forward_action(prog, r, s, mb, first, last, fwd_layer)
                 nxt = sched.next_stage(s, mb)
                 if nxt is not None and sched.stage_rank(nxt) != r:
                     spec = self._send_spec(sched.stage_rank(nxt))
@@ -811,13 +819,10 @@ class ProgramBuilder:
                 if self.actions and not (self.zero3 or final):
                     self._layer(prog, ("B", s, a.kind, first, last),
                                 lambda out, m: self._backward_action(out, r, s, m, a.kind, first, last), mb)
-                else:
-                    if do_input and last:
-                        prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
-                    if do_weight and last:
-                        prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
+                else:                           # per layer (FSDP; each layer's gradient reduction)
                     layers = list(reversed(self._layers(s)))
-                    for k, layer in enumerate(layers):
+
+                    def bwd_layer(k, layer):
                         if do_input:
                             self._fsdp_before(prog, r, s, layers, k)
                         self._layer(prog, ("B", layer, do_input, do_weight),
@@ -825,17 +830,16 @@ class ProgramBuilder:
                         if do_input:
                             self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
                         if final:
-                            k = layer - self._layers(s).start
-                            n_dense, n_expert = self.params_per_stage[s][k]
+                            n_dense, n_expert = self.params_per_stage[s][layer - self._layers(s).start]
                             for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
                                 prog.append(Launch(("grad", s, layer, j), spec, f"grad reduce L{layer}", "dp"))
-                    if do_weight and first:
-                        prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
-                    if final and self.end_params[s]:
-                        for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
-                            prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
-                    if do_input:
-                        prog.append(Mark(f"{s}{a.kind}{mb}", "activations", -self.stage_act[s]))
+
+                    def ends_reduction():
+                        if final and self.end_params[s]:
+                            for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
+                                prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
+
+                    self._backward_action(prog, r, s, mb, a.kind, first, last, bwd_layer, ends_reduction)
                 if do_input:
                     prv = sched.prev_stage(s, mb)
                     if prv is not None and sched.stage_rank(prv) != r:
