@@ -16,7 +16,10 @@
 The independent truth for the whole engine is tests/data/engine_reference.json: step times,
 breakdowns and a hash of every record, written by the engine before this work
 (`python benchmarks/engine_reference.py --write ...` at commit 52895d1; the `ranks-all` cases by
-the engine at 6d96fb3, which gives the earlier cases unchanged).
+the engine at 6d96fb3, which gives the earlier cases unchanged). The DualPipe and DualPipeV cases
+were written again after a change of model, not of speed (an overlapped pair waits for both its
+inputs before it starts and sends both outputs after it, as DeepSeek's reference does; see
+sim.engine.program.overlap_pair): every other case kept its values.
 """
 
 from __future__ import annotations

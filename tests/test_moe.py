@@ -134,6 +134,35 @@ def test_overlapped_pair_hides_each_chunks_communication_under_the_other():
     assert seq.run() == 42
 
 
+def test_overlapped_pair_starts_when_both_inputs_arrived_and_sends_after_both_halves():
+    """DeepSeek's DualPipe (`_forward_backward_chunk`) posts the forward's and the backward's
+    receives, waits for both, computes the pair, then sends both outputs. Hand-worked: rank 1
+    sends the activation at 0 and the gradient after its 20 ns kernel (each transfer 1 ns; the
+    all-to-alls are with rank 2, not simulated: their sizes in ns), so
+    rank 0's pair starts at 21 (not at 1 with the gradient awaited mid-pair): F a 21-31, B a
+    31-38, F b 38-48, B b 48-55; the forward's output leaves after B b, at 55, and rank 1,
+    waiting for it, ends at 56."""
+    from sim.engine.core import Comm, CommSpec, Compute, Recv, Send
+    from sim.engine.program import overlap_pair
+
+    class Net:
+        def transfer(self, env, spec):
+            yield env.timeout(spec.size_bytes)
+
+    p2p = CommSpec("send_recv", (0, 1), 1, "pp")
+    f = [Recv("act", "recv act"), Compute(10, "F a"), Comm(CommSpec("all_to_all", (0, 2), 5, "ep"), "F a2a"),
+         Compute(10, "F b"), Send("out", p2p, "send out")]
+    b = [Recv("grad", "recv grad"), Compute(7, "B a"), Comm(CommSpec("all_to_all", (0, 2), 3, "ep"), "B a2a"),
+         Compute(7, "B b")]
+    pair = overlap_pair(f, b, "t")
+    assert [type(x).__name__ for x in pair[:2]] == ["Recv", "Recv"] and type(pair[-1]) is Send
+    peer = [Send("act", p2p, "send act"), Compute(20, "x"), Send("grad", p2p, "send grad"), Recv("out", "recv out")]
+    eng = Engine({0: pair, 1: peer}, Net())
+    assert eng.run() == 56
+    got = {r.name: (r.start_ns, r.end_ns) for r in eng.records if r.rank == 0 and r.stream == "compute"}
+    assert got == {"F a": (21, 31), "B a": (31, 38), "F b": (38, 48), "B b": (48, 55)}
+
+
 def test_dualpipe_overlaps_all_to_all_with_the_paired_chunk():
     data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
                                 "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2},

@@ -164,14 +164,34 @@ def pair_tp_waits(seq: list, handles: set) -> list:
     return out
 
 
+def _pair_ends(seq: list) -> tuple:
+    """An action's (leading receives and waits for calls launched before it, its own
+    instructions, trailing sends): see `overlap_pair`."""
+    launched = {x.handle for x in seq if type(x) is Launch}
+    i = 0
+    while i < len(seq) and (type(seq[i]) is Recv or (type(seq[i]) is Wait and seq[i].handle not in launched)):
+        i += 1
+    j = len(seq)
+    while j > i and type(seq[j - 1]) is Send:
+        j -= 1
+    return seq[:i], seq[i:j], seq[j:]
+
+
 def overlap_pair(first: list, second: list, tag) -> list:
     """Interleave two actions' instructions as DualPipe runs an overlapped forward & backward
     pair: each run of compute executes in turn, and where one action would block on a
     collective (`Comm`), the collective is launched on its stream instead and the other action
-    computes meanwhile; the action waits for it only before its own next instruction."""
+    computes meanwhile; the action waits for it only before its own next instruction.
+    Both actions' receives come first and their sends last, as in DeepSeek's reference
+    (deepseek-ai/DualPipe, `DualPipe._forward_backward_chunk`: `_recv_forward`,
+    `_recv_backward`, `_commit_and_wait_comm`, the overlapped compute, then `_send_forward`,
+    `_send_backward`): the pair starts once both inputs have arrived, and its outputs leave
+    after both halves."""
+    lead_f, first, tail_f = _pair_ends(first)
+    lead_b, second, tail_b = _pair_ends(second)
     queues = [deque(first), deque(second)]
     pending = [None, None]
-    out: list = []
+    out: list = lead_f + lead_b
     n = 0
     turn = 0
     while queues[0] or queues[1]:
@@ -191,7 +211,7 @@ def overlap_pair(first: list, second: list, tag) -> list:
                 out.append(ins)
         turn = 1 - turn
     out.extend(Wait(h, "overlapped pair") for h in pending if h is not None)
-    return out
+    return out + tail_f + tail_b
 
 
 class _Microbatch:
