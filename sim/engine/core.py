@@ -119,8 +119,7 @@ class Template:
         items = []               # how to make each instruction of an instance: (kind, fields...)
         for x in self.ins:
             t = type(x)
-            parts = x.name.split("\x00")
-            name = parts if len(parts) > 1 else None
+            name = _split_name(x.name)
             if t is Compute and name:
                 items.append((1, x.dur_ns, name, x.cat))
             elif t is Comm and name:
@@ -143,8 +142,11 @@ class Template:
                        and launched <= waited and waited <= launched)
 
     def expand(self, mb, n) -> list:
-        """The instructions of the instance for microbatch `mb` (its number in names), its own
-        launches' handles made unique by `n`."""
+        """The instructions of the instance for microbatch `mb` (its number in names; a pair of
+        them for a template of two actions, see `_split_name`), its own launches' handles made
+        unique by `n`."""
+        if type(mb) is tuple:
+            return self._expand_pair(mb, n)
         s = str(mb)
         out = []
         add = out.append
@@ -167,6 +169,52 @@ class Template:
                 add(new(Mark, (s.join(it[1]), it[2], it[3])))
         return out
 
+    def _expand_pair(self, mbs: tuple, n) -> list:
+        """`expand` for a template of two actions (names of either microbatch)."""
+        out = []
+        for it in self.items:
+            k = it[0]
+            if k == 0:
+                out.append(it[1])
+            elif k == 1:
+                out.append(Compute(it[1], _join_name(it[2], mbs), it[3]))
+            elif k == 2:
+                out.append(Comm(it[1], _join_name(it[2], mbs)))
+            elif k == 3:
+                out.append(Launch((it[1], n), it[2], _join_name(it[3], mbs), it[4]))
+            elif k == 4:
+                out.append(Wait((it[1], n), _join_name(it[2], mbs)))
+            else:
+                out.append(Mark(_join_name(it[1], mbs), it[2], it[3]))
+        return out
+
+
+class _Second(list):
+    """A name's parts around the second action's stand-in microbatch number (see `_split_name`)."""
+
+    __slots__ = ()
+
+
+def _split_name(name: str):
+    """A template instruction's name split at its stand-in microbatch number: None if it has
+    none, a list of parts around NUL (joined with the instance's number), or, in a template of
+    two actions (DualPipe's overlapped pair, ProgramBuilder._pair), a `_Second` of the parts
+    around U+0001, the second action's stand-in (joined with the second number)."""
+    if "\x01" in name:
+        return _Second(name.split("\x01"))
+    parts = name.split("\x00")
+    return parts if len(parts) > 1 else None
+
+
+def _join_name(name, mb) -> str:
+    """A name of a template's instance: `name` as kept (a str, or parts from `_split_name`)
+    with microbatch `mb` (a str, or the pair of a two-action template's instance)."""
+    if type(name) is str:
+        return name
+    if type(mb) is str:
+        return mb.join(name)
+    return mb[type(name) is _Second].join(name)
+
 
 class Block(NamedTuple):
     """A template's instructions for microbatch `mb`: `template.expand(mb, n)`, kept as one entry
@@ -174,7 +222,8 @@ class Block(NamedTuple):
     template once and places it whole into a run)."""
 
     template: Template
-    mb: str
+    mb: str | tuple
+    """Its microbatch number, or the pair of them of a two-action template (see `_split_name`)."""
     n: int
 
 
@@ -524,7 +573,7 @@ class Engine:
             free = ()
             if run is not None:
                 run = run._replace(parts=tuple(
-                    (st, name.split("\x00") if "\x00" in name else name, cat, a, b, v)
+                    (st, _split_name(name) or name, cat, a, b, v)
                     for st, name, cat, a, b, v in run.parts))
                 free = tuple((st, max(b for s_, _, _, _, b, _ in run.parts if s_ == st))
                              for st in sorted(template.streams))
@@ -809,8 +858,8 @@ class Engine:
                             continue
                         pre, at, mb = name, start + cat, a               # a Block's parts
                         for stream, name, cat, a, b, value in pre.parts:
-                            add(Record(q, stream, name if type(name) is str else mb.join(name), cat,
-                                       at + a, at + b, value))
+                            add(Record(q, stream, name if type(name) is str else mb.join(name)
+                                       if type(mb) is str else _join_name(name, mb), cat, at + a, at + b, value))
             self._records, self._made = out, len(self._log)
         return self._records
 

@@ -177,6 +177,20 @@ def _pair_ends(seq: list) -> tuple:
     return seq[:i], seq[i:j], seq[j:]
 
 
+def _as_second(ins) -> list:
+    """A template's instructions as the second action of a two-action template: the stand-in
+    microbatch number in names U+0001 instead of NUL, its own launches' handles tagged."""
+    own = {x.handle for x in ins if type(x) is Launch}
+    out = []
+    for x in ins:
+        if type(x) in (Launch, Wait) and x.handle in own:
+            x = x._replace(handle=("second", x.handle))
+        if "\x00" in x.name:
+            x = x._replace(name=x.name.replace("\x00", "\x01"))
+        out.append(x)
+    return out
+
+
 def overlap_pair(first: list, second: list, tag) -> list:
     """Interleave two actions' instructions as DualPipe runs an overlapped forward & backward
     pair: each run of compute executes in turn, and where one action would block on a
@@ -744,6 +758,28 @@ class ProgramBuilder:
         prog += template.expand(mb, n)
         self._pending_tp.extend((h, n) for h in pending)
 
+    def _pair(self, fwd: list, bwd: list, r, f) -> list:
+        """An overlapped F&B pair (`overlap_pair`) of the forward's and the backward's
+        instructions. Where each is one template instance between its receives and sends (with
+        `blocks`), the two templates' overlap is itself made once as a template of two actions
+        (the second's stand-in microbatch and its own launches' handles renamed; see
+        core._split_name) and the pair is one Block: a DualPipe step repeats each pair for
+        hundreds of microbatches."""
+        if self.blocks:
+            lead_f, core_f, tail_f = _pair_ends(fwd)
+            lead_b, core_b, tail_b = _pair_ends(bwd)
+            if len(core_f) == 1 == len(core_b) and type(core_f[0]) is Block and type(core_b[0]) is Block:
+                tf, tb = core_f[0].template, core_b[0].template
+                key = ("pair", id(tf), id(tb))
+                hit = self._templates.get(key)
+                if hit is None:
+                    pair = Template(overlap_pair(list(tf.ins), _as_second(tb.ins), ("fb", r)))
+                    hit = self._templates[key] = (pair, tf, tb)      # holds both: their ids stay their own
+                if hit[0].simple:
+                    self._serial += 1
+                    return lead_f + lead_b + [Block(hit[0], (core_f[0].mb, core_b[0].mb), self._serial)] + tail_f + tail_b
+        return overlap_pair(expand_blocks(fwd), expand_blocks(bwd), ("fb", r, f))
+
     # -- the program ---------------------------------------------------------------------
     def build(self) -> dict:
         """{global rank: program} for the simulated ranks."""
@@ -874,7 +910,7 @@ class ProgramBuilder:
         # 3.2.1, fig. 4). Replace each pair's two instruction runs by their interleaving.
         for f, b in reversed(pairs):
             lo, mid, hi = bounds[f], bounds[b], bounds[b + 1]
-            prog[lo:hi] = overlap_pair(expand_blocks(prog[lo:mid]), expand_blocks(prog[mid:hi]), ("fb", r, f))
+            prog[lo:hi] = self._pair(prog[lo:mid], prog[mid:hi], r, f)
         # gradient reduction (not overlapped), then wait for all of it
         handles = []
         for s in stages:
