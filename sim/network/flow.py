@@ -151,6 +151,18 @@ _ARANGE = [np.arange(0, dtype=np.int32)]
 """0, 1, 2, ... (kept; sliced to each problem's number of entries)."""
 _SLOTS: dict = {}
 """Scratch arrays of max_min_rates by number of links (only entries it writes are read)."""
+_MASKS: dict = {}
+"""Scratch boolean arrays by length, all False between uses (`_scratch_mask`)."""
+
+
+def _scratch_mask(n: int) -> np.ndarray:
+    """A boolean array of n Falses, kept: the caller sets entries and clears them again."""
+    m = _MASKS.get(n)
+    if m is None:
+        m = _MASKS[n] = np.zeros(n, dtype=bool)
+    return m
+
+
 _MEMO_BYTES = 32 << 20
 """Bytes of remembered max-min problems (links and rates) a FlowNetwork keeps (then it starts
 over): a 16,384-GPU step's data-parallel collectives are problems of thousands of entries."""
@@ -732,8 +744,16 @@ class FlowNetwork:
             if fixed.any():
                 flow_of = np.repeat(np.arange(F), self._len)
                 on_fixed = fixed[flow_of]
+                keep = ~on_fixed
                 # each link's fixed flows summed in order of their rates, not of the flows: the
-                # sum then depends only on which flows there are (sim.engine.symmetry relies on it)
+                # sum then depends only on which flows there are (sim.engine.symmetry relies on it).
+                # Only the links the re-solved flows cross are read: the fixed flows' entries on
+                # the others are left out of the sort (an all-to-all's thousands of fixed flows
+                # around a few re-solved ones).
+                crossed = _scratch_mask(capacity.shape[0])
+                crossed[edge_of[keep]] = True
+                on_fixed &= crossed[edge_of]
+                crossed[edge_of[keep]] = False
                 e_fixed, r_fixed = edge_of[on_fixed], self._rate[flow_of[on_fixed]]
                 order = np.lexsort((r_fixed, e_fixed))
                 used = np.bincount(e_fixed[order], weights=r_fixed[order], minlength=capacity.shape[0])
@@ -741,7 +761,6 @@ class FlowNetwork:
                 sub = np.flatnonzero(~fixed)
                 remap = np.full(F, -1, dtype=np.int64)
                 remap[sub] = np.arange(sub.size)
-                keep = ~on_fixed
                 rate_sub, it = max_min_rates(capacity, remap[flow_of[keep]], edge_of[keep], sub.size,
                                              caps[sub] if np.isfinite(caps[sub]).any() else None,
                                              start_level=floor)
