@@ -40,7 +40,6 @@ def simpy_baseline(n: int = 200_000) -> float:
 
 def run(G, n: int, workload: str, seed: int = 0):
     gpus = G.graph["gpus"]
-    rng = np.random.default_rng(seed)
     env = simpy.Environment()
     net = FlowNetwork(env, G)
     t = time.perf_counter()
@@ -56,21 +55,19 @@ def run(G, n: int, workload: str, seed: int = 0):
                 made += 1
             k += 1
     else:
-        src = rng.integers(0, len(gpus), n)
-        dst = (src + rng.integers(1, len(gpus), n)) % len(gpus)
-        size = rng.integers(1 << 20, 64 << 20, n)
-        for s, d, b in zip(src, dst, size):
-            net.transfer(gpus[s], gpus[d], int(b))
+        for s, d, b in random_transfers(G, n, seed):
+            net.transfer(s, d, b)
     env.run()
     dt = time.perf_counter() - t
     return dt, net
 
 
-def locality(G, n: int) -> None:
-    """How much of each re-solve an incremental solver could skip, on the random workload: per
-    solve, the flows active, the flows the filling recomputes (all at a start or, after ends,
-    those at or above the lowest ending rate), and the flows whose rate changes by more than
-    1e-9 of itself (the rest keep their rate, up to rounding)."""
+def locality(G, transfers) -> np.ndarray:
+    """How much of each re-solve an incremental solver could skip: per solve after the first
+    (which starts every flow), the flows active, the flows the filling recomputes (after ends,
+    those at or above the lowest ending rate; none when a remembered solution is reused), and
+    the flows whose rate changes by more than 1e-9 of itself (the rest keep their rate, up to
+    rounding). `transfers`: (source GPU, destination GPU, bytes), all started at time 0."""
     import sim.network.flow as flow
 
     stats = []
@@ -97,22 +94,24 @@ def locality(G, n: int) -> None:
 
     flow.max_min_rates = counted
     try:
-        gpus = G.graph["gpus"]
-        rng = np.random.default_rng(0)
         env = simpy.Environment()
         net = Watched(env, G)
-        src = rng.integers(0, len(gpus), n)
-        dst = (src + rng.integers(1, len(gpus), n)) % len(gpus)
-        size = rng.integers(1 << 20, 64 << 20, n)
-        for s, d, b in zip(src, dst, size):
-            net.transfer(gpus[s], gpus[d], int(b))
+        for s, d, b in transfers:
+            net.transfer(s, d, b)
         env.run()
     finally:
         flow.max_min_rates = plain
-    a = np.array([x for x in stats[1:] if x[0]], dtype=float)   # after ends (the first starts all)
-    print(f"random {n:,} flows, {len(a):,} re-solves after ends: per re-solve, {a[:, 0].mean():,.0f} flows "
-          f"active, {a[:, 1].mean():,.0f} recomputed, {a[:, 2].mean():,.1f} changed by more than 1e-9 "
-          f"(at most {a[:, 2].max():,.0f})")
+    return np.array([x for x in stats[1:] if x[0]], dtype=np.int64).reshape(-1, 3)
+
+
+def random_transfers(G, n: int, seed: int = 0) -> list:
+    """The random workload's flows: random GPU pairs, 1-64 MiB."""
+    gpus = G.graph["gpus"]
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, len(gpus), n)
+    dst = (src + rng.integers(1, len(gpus), n)) % len(gpus)
+    size = rng.integers(1 << 20, 64 << 20, n)
+    return [(gpus[s], gpus[d], int(b)) for s, d, b in zip(src, dst, size)]
 
 
 def main():
@@ -123,7 +122,10 @@ def main():
     args = ap.parse_args()
     G = build_graph(load_topology("dgx-h100-ndr"), 64)
     if args.locality:
-        locality(G, args.locality)
+        a = locality(G, random_transfers(G, args.locality))
+        print(f"random {args.locality:,} flows, {len(a):,} re-solves after ends: per re-solve, {a[:, 0].mean():,.0f} "
+              f"flows active, {a[:, 1].mean():,.0f} recomputed, {a[:, 2].mean():,.1f} changed by more than 1e-9 "
+              f"(at most {a[:, 2].max():,})")
         return
     base = simpy_baseline()
     print(f"graph: dgx-h100-ndr x 64 nodes: {G.number_of_nodes()} vertices, {G.number_of_edges()} link directions")

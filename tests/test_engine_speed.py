@@ -717,3 +717,17 @@ def test_calls_started_without_a_process_keep_every_time(name, overrides, steps,
     ra, rb = sorted(fast.records), sorted(plain.records)
     bad = next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None)
     assert len(ra) == len(rb) and bad is None, bad
+
+
+def test_network_locality_counts_hand_worked():
+    """benchmarks/network.py --locality on a hand-worked case (2 DGX H100 nodes): flows a (1 MB)
+    and b (2 MB) share GPU 0's NIC rail (50 GB/s, 25 each); c (10 MB) crosses rail 2 alone (50).
+    a ends first (at its rate 25, the lowest ending rate): b and c are at or above it, so both are
+    recomputed, and only b's rate changes (25 -> 50). Then b ends: c alone, recomputed, unchanged."""
+    spec = importlib.util.spec_from_file_location("network_bench", REPO / "benchmarks" / "network.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    G = build_graph(load_topology("dgx-h100-ndr"), 2)
+    got = mod.locality(G, [("n0.gpu0", "n1.gpu0", 1 << 20), ("n0.gpu0", "n1.gpu0", 2 << 20),
+                           ("n0.gpu2", "n1.gpu2", 10 << 20)])
+    assert got.tolist() == [[2, 2, 1], [1, 1, 0]]
