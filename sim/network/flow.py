@@ -752,8 +752,10 @@ class FlowNetwork:
                 # around a few re-solved ones).
                 crossed = _scratch_mask(capacity.shape[0])
                 crossed[edge_of[keep]] = True
-                on_fixed &= crossed[edge_of]
-                crossed[edge_of[keep]] = False
+                try:
+                    on_fixed &= crossed[edge_of]
+                finally:
+                    crossed[edge_of[keep]] = False
                 e_fixed, r_fixed = edge_of[on_fixed], self._rate[flow_of[on_fixed]]
                 order = np.lexsort((r_fixed, e_fixed))
                 used = np.bincount(e_fixed[order], weights=r_fixed[order], minlength=capacity.shape[0])
