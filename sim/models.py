@@ -73,14 +73,21 @@ class ModelSpec:
     """Citation for the dimensions."""
 
     def __post_init__(self):
+        derived = []
         if not self.ffn_hidden_size:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+            derived.append("ffn_hidden_size")
         if not self.num_query_groups:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+            derived.append("num_query_groups")
         if not self.kv_channels:
             object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
+            derived.append("kv_channels")
         if self.num_experts and not self.moe_ffn_hidden_size:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+            derived.append("moe_ffn_hidden_size")
+        object.__setattr__(self, "_derived", tuple(derived))
+        """The fields filled in here (not given), for `with_`."""
 
     @property
     def is_moe(self) -> bool:
@@ -93,7 +100,12 @@ class ModelSpec:
         return (layer - self.first_k_dense_layers) % self.moe_layer_freq == 0
 
     def with_(self, **changes) -> "ModelSpec":
-        return replace(self, **changes)
+        """This spec with `changes` (a preset with a user's overrides). The fields this spec
+        derived rather than was given (`__post_init__`: ffn_hidden_size 4h, num_query_groups,
+        kv_channels h / heads, moe_ffn_hidden_size) are derived again from the changed values
+        unless `changes` gives them: a preset's hidden_size overridden gets its own head width."""
+        again = {f: 0 for f in self._derived if f not in changes}
+        return replace(self, **again, **changes)
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelSpec))

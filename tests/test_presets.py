@@ -225,3 +225,24 @@ def test_embedding_params_mirror_layer_params_names():
     e = embedding_params(PRESETS["gpt-1.7b"])
     assert (e.tp_sharded, e.tp_replicated) == (e.vocab_sharded, e.replicated)
     assert e.per_rank(tp=8) == 51200 * 2304 // 8 + 2048 * 2304
+
+
+def test_overriding_a_preset_derives_again_what_the_preset_derived():
+    """`ModelSpec.with_` (a preset with the user's overrides): fields the spec filled in itself
+    (ffn 4h, query groups = heads, kv_channels = h / heads, MoE ffn = ffn) follow the new values;
+    fields its source gave stay unless overridden. Hand-worked: h 1024, 16 heads -> kv 64,
+    ffn 4096; with h 2048: kv 128, ffn 8192, groups 16."""
+    from sim.models import ModelSpec
+
+    base = ModelSpec("x", 2, 1024, 16, 1000)
+    assert (base.kv_channels, base.ffn_hidden_size, base.num_query_groups) == (64, 4096, 16)
+    wide = base.with_(hidden_size=2048)
+    assert (wide.kv_channels, wide.ffn_hidden_size, wide.num_query_groups) == (128, 8192, 16)
+    assert base.with_(num_attention_heads=8).num_query_groups == 8
+    assert base.with_(hidden_size=2048, ffn_hidden_size=5000).ffn_hidden_size == 5000
+    given = ModelSpec("y", 2, 1024, 16, 1000, ffn_hidden_size=3000, kv_channels=80, num_query_groups=4)
+    kept = given.with_(hidden_size=2048)
+    assert (kept.kv_channels, kept.ffn_hidden_size, kept.num_query_groups) == (80, 3000, 4)
+    moe = ModelSpec("m", 2, 1024, 16, 1000, num_experts=8)
+    assert moe.with_(hidden_size=2048).moe_ffn_hidden_size == 8192
+    assert base.with_(vocab_size=2000) == ModelSpec("x", 2, 1024, 16, 2000)

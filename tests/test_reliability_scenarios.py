@@ -120,9 +120,6 @@ def test_pipeline_schedule_list_in_a_file_names_its_line(tmp_path):
     assert f"{f}:{line}: parallelism.pipeline_schedule: [1, 2] is not valid" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="open: a preset's hidden_size overridden keeps the preset's derived "
-                   "kv_channels (4096 / 32 = 128), so hidden_size 7 passes as if kv_channels had been given "
-                   "(sim/config.py _build_model / ModelSpec.with_)")
 def test_hidden_size_7_on_a_preset_model_is_refused():
     """`hidden_size: 7` over a preset (32 heads, no kv_channels given): the contract's 'hidden_size
     divisible by the heads unless kv_channels is given' (test_hidden_size_must_divide_by_heads
