@@ -477,3 +477,27 @@ def test_parquet_table_equals_csv(tmp_path):
     csv = pd.read_csv(tmp_path / "t.csv").drop(columns=["sim_wall_s"])
     assert list(pq.columns) == list(csv.columns) and len(pq) == len(csv)
     assert (pq["layout"] == csv["layout"]).all() and (pq["step_time_s"].fillna(-1) == csv["step_time_s"].fillna(-1)).all()
+
+
+def test_a_bad_topology_file_reports_every_error_with_its_key_and_line(tmp_path):
+    """A topology file with two errors: the sweep names both, each with its file line and key
+    (the same lines `sim5d topology FILE` prints), not the first relabelled --topology."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text())
+    data["gpus_per_node"] = -3
+    data["node"]["nic"]["bandwidth_gbps"] = "fast"
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(data))
+    lines = f.read_text().splitlines()
+    gpn = next(i for i, x in enumerate(lines) if x.startswith("gpus_per_node:")) + 1
+    bw = next(i for i, x in enumerate(lines) if "bandwidth_gbps: fast" in x) + 1
+    base = [a for a in TINY]
+    i = base.index("--topology")
+    del base[i:i + 2]
+    code, out, err = run_cli("sweep", *base, "--topology", str(f), "--out", str(tmp_path / "s.csv"))
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"{f}:{gpn}: gpus_per_node: -3 must be a whole number" in err, err
+    assert f"{f}:{bw}: node.nic.bandwidth_gbps: 'fast' must be a number" in err, err
+    _, _, direct = run_cli("topology", str(f))
+    assert err.strip().splitlines() == direct.strip().splitlines()

@@ -128,7 +128,10 @@ def prepare(spec: SweepSpec) -> Prepared:
     try:
         topo = load_topology(spec.topology, key="--topology")
     except ConfigError as e:
-        raise ConfigError(e.message, key="--topology", file=e.file, line=e.line) from None
+        # every error of a bad topology file, each with its own key and line (the file's keys, as
+        # `sim5d topology FILE` names them); one without a key is the --topology argument's
+        raise ConfigError.all([x if x.key else ConfigError(x.message, key="--topology", file=x.file, line=x.line)
+                               for x in (e.errors or (e,))]) from None
     gpn = topo.gpus_per_node
     if spec.gpus > gpn and spec.gpus % gpn:
         raise ConfigError(f"--gpus ({spec.gpus}) must fill whole nodes of {gpn} GPUs ({topo.name}): "
