@@ -79,8 +79,20 @@ class Layout:
     def _size(self, dim: str) -> int:
         return getattr(self, dim)
 
+    @cached_property
+    def _coords(self) -> dict:
+        """rank -> its Coord, as `coord` computes them (`ranks: all` by symmetry maps a million
+        messages' ranks of a 16,384-GPU step: 16,384 distinct)."""
+        return {}
+
     def coord(self, rank: int) -> Coord:
         """Parallel coordinates of a global rank."""
+        hit = self._coords.get(rank)
+        if hit is None:
+            hit = self._coords[rank] = self._coord(rank)
+        return hit
+
+    def _coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
         c = {}

@@ -60,3 +60,17 @@ def test_pipeline_peer_hand_worked():
     (tp 1, dp 1, pp 0); its peer at pp 1 is 3 + 2 x 2 = 7, and back."""
     lay = Layout(tp=2, cp=1, ep=1, dp=2, pp=2, gpus_per_node=8)
     assert lay.peer(3, 1) == 7 and lay.peer(7, 0) == 3 and lay.peer(3, 0) == 3
+
+
+def test_coord_kept_per_rank_equals_the_arithmetic():
+    """`coord` keeps each rank's coordinates (ranks: all by symmetry maps a million messages'
+    ranks): every rank's kept Coord is the mixed-radix arithmetic's, and a rank out of range is
+    refused every time (nothing kept for it)."""
+    lay = Layout(tp=2, cp=2, ep=2, dp=2, pp=3, gpus_per_node=8, etp=1)
+    first = [lay.coord(r) for r in range(lay.world_size)]
+    assert first == [lay._coord(r) for r in range(lay.world_size)]
+    assert [lay.coord(r) for r in range(lay.world_size)] == first
+    assert len({(c.tp, c.cp, c.dp, c.pp) for c in first}) == lay.world_size
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            lay.coord(lay.world_size)
