@@ -14,6 +14,7 @@ Placement (interfaces.md, `sim5d schedule`), with P pipeline ranks and V chunks 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from sim.errors import ConfigError
 from sim.schedules.actions import Action, Item
@@ -47,6 +48,14 @@ class Schedule:
             raise ValueError(f"{len(self.ranks)} rank lists for pp={self.pp}")
         if self.layout in ("v", "dualpipe") and self.chunks != 2:
             raise ValueError(f"the {self.layout} placement holds 2 chunks per rank, not {self.chunks}")
+
+    @cached_property
+    def live_events(self) -> tuple:
+        """Per rank, (stage, True) for each F and (stage, False) for each I or B, in its order:
+        what `replay.peak_live` walks (made once per schedule; the memory calculator asks twice
+        per layout, a sweep for many layouts of one schedule)."""
+        return tuple(tuple((a.stage, a.kind == "F") for item in items for a in item.parts
+                           if a.kind in ("F", "I", "B")) for items in self.ranks)
 
     @property
     def num_stages(self) -> int:

@@ -180,7 +180,7 @@ def peak_live(schedule: Schedule, stage_weight=None) -> list:
     """
     weight = [_weight_of(stage_weight, s) for s in range(schedule.num_stages)]
     peaks = []
-    for events in _live_events(schedule):
+    for events in schedule.live_events:
         live = 0
         peak = 0
         for stage, alloc in events:
@@ -192,19 +192,3 @@ def peak_live(schedule: Schedule, stage_weight=None) -> list:
                 live -= weight[stage]
         peaks.append(peak)
     return peaks
-
-
-def _live_events(schedule: Schedule) -> tuple:
-    """Per rank, (stage, True) for each F and (stage, False) for each I or B, in its order;
-    kept per schedule (the memory calculator asks twice per layout, a sweep for many layouts)."""
-    hit = _EVENTS.get(id(schedule))
-    if hit is None or hit[0] is not schedule:
-        events = tuple(tuple((a.stage, a.kind == "F") for item in items for a in item.parts
-                             if a.kind in ("F", "I", "B")) for items in schedule.ranks)
-        if len(_EVENTS) >= 64:
-            _EVENTS.clear()
-        hit = _EVENTS[id(schedule)] = (schedule, events)    # holds it: its id stays its own
-    return hit[1]
-
-
-_EVENTS: dict = {}
