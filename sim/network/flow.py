@@ -33,6 +33,13 @@ from sim.errors import BeyondLimits, ConfigError, InternalError
 from sim.units import MAX_STEP_NS
 from sim.topology.routing import router_for
 
+try:                                    # built by hatch_build.py where a C compiler is present
+    from sim.network import _maxmin
+except ImportError:
+    _maxmin = None
+KERNEL = "compiled" if _maxmin is not None else "numpy"
+"""Which max-min filling this installation runs (the results are the same)."""
+
 NETWORK_MODES = ("flow", "analytical")
 _SOLVE_PRIORITY = 2          # SimPy: URGENT = 0, NORMAL = 1; larger runs later at the same time
 _INF_NS = np.iinfo(np.int64).max
@@ -83,6 +90,10 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     theirs). entry_capacity: optional, capacity[edge_of] (a caller that keeps it saves reading
     the links' capacities out of the whole network's array, scattered in memory, at each call).
     Returns (rates (F,), iterations). Every flow must cross a link or have a finite cap.
+
+    The filling runs in the compiled kernel (sim/network/_maxmin.c) where the package was built
+    with one, else on numpy (`_fill_numpy`): the same IEEE operations in the same order, equal
+    bit for bit (tests/test_maxmin_kernel.py).
     """
     E = capacity.shape[0]
     if max_rate is not None:
@@ -94,6 +105,21 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
             E = capacity.shape[0]
+    if _maxmin is not None:
+        rate = np.zeros(n_flows)
+        it, level, froze = _maxmin.fill(np.ascontiguousarray(capacity, dtype=np.float64),
+                                        np.ascontiguousarray(flow_of, dtype=np.int64),
+                                        np.ascontiguousarray(edge_of, dtype=np.int64), n_flows,
+                                        float(start_level), rate)
+        if not froze:
+            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+        return rate, it
+    return _fill_numpy(capacity, flow_of, edge_of, n_flows, start_level, entry_capacity)
+
+
+def _fill_numpy(capacity, flow_of, edge_of, n_flows: int, start_level: float, entry_capacity) -> tuple:
+    """max_min_rates' filling on numpy (caps already made links)."""
+    E = capacity.shape[0]
     if edge_of.size <= _SMALL_ENTRIES:
         return _fill_small(capacity, flow_of.tolist(), edge_of.tolist(), n_flows, float(start_level))
     # Number the links actually used 0..L-1 without sorting: each link's slot keeps the index of
@@ -113,34 +139,33 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     ae = local[first]
     links = edge_of[is_first]
     L = links.size
-    cap_rem = (capacity[links] if entry_capacity is None else entry_capacity[is_first]
-               ).astype(np.float64, copy=False)                # (indexing made a copy)
+    cap = (capacity[links] if entry_capacity is None else entry_capacity[is_first]
+           ).astype(np.float64, copy=False)                    # (indexing made a copy)
+    n_e = np.bincount(ae, minlength=L)
+    used = np.zeros(L)
+    sat_level = (cap - used) / n_e              # every link numbered carries an entry: n_e > 0
     level = float(start_level)
-    if level > 0.0:
-        cap_rem -= level * np.bincount(ae, minlength=L)
-        np.maximum(cap_rem, 0.0, out=cap_rem)
     rate = np.zeros(n_flows)
     frozen = np.zeros(n_flows, dtype=bool)
     af = flow_of
     it = 0
     while af.size:
         it += 1
-        n_e = np.bincount(ae, minlength=L)
-        if it == 1:                             # every link numbered carries an entry: n_e > 0
-            share = cap_rem / n_e
-        else:
-            share = np.full(L, np.inf)
-            np.divide(cap_rem, n_e, out=share, where=n_e > 0)
-        inc = share.min()
-        level += inc
-        cap_rem -= inc * n_e
-        sat = share <= inc * (1.0 + 1e-12)
-        hit = af[sat[ae]]
+        m = sat_level.min()
+        if m > level:
+            level = float(m)
+        hit = af[(sat_level <= m + abs(m) * 1e-12)[ae]]     # (m < 0 below a start level)
         if not hit.size:                        # a NaN capacity: no link ever saturates (a hang)
             raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
         rate[hit] = level
         frozen[hit] = True
-        keep = ~frozen[af]
+        on_hit = frozen[af]
+        k = np.bincount(ae[on_hit], minlength=L)
+        n_e -= k
+        used += level * k
+        sat_level = np.full(L, np.inf)
+        np.divide(cap - used, n_e, out=sat_level, where=n_e > 0)
+        keep = ~on_hit
         if not keep.any():
             break
         af, ae = af[keep], ae[keep]
@@ -177,18 +202,18 @@ iteration 62 against 59 us, in three 70 against 103 us)."""
 
 
 def _fill_small(capacity: np.ndarray, af: list, edges: list, n_flows: int, level: float):
-    """`max_min_rates` on Python lists: the same IEEE operations on each link's numbers in the
-    same order as the numpy code (c - level * n, c / n, min, level + inc, c - inc * n), so the
-    rates are equal bit for bit (tests/test_engine_speed.py compares them)."""
+    """`_fill_numpy` on Python lists: the same IEEE operations on each link's numbers in the same
+    order ((c - used) / n, min, used + level * k), so the rates are equal bit for bit
+    (tests/test_engine_speed.py compares them)."""
     local: dict = {}
     ae = [local.setdefault(e, len(local)) for e in edges]
     L = len(local)
-    cap_rem = capacity[list(local)].tolist()
-    if level > 0.0:
-        n_e = [0] * L
-        for e in ae:
-            n_e[e] += 1
-        cap_rem = [max(c - level * n, 0.0) for c, n in zip(cap_rem, n_e)]
+    cap = capacity[list(local)].tolist()
+    n_e = [0] * L
+    for e in ae:
+        n_e[e] += 1
+    used = [0.0] * L
+    sat_level = [(c - 0.0) / n for c, n in zip(cap, n_e)]
     rate = [0.0] * n_flows
     frozen = [False] * n_flows
     entries = list(zip(af, ae))
@@ -196,23 +221,31 @@ def _fill_small(capacity: np.ndarray, af: list, edges: list, n_flows: int, level
     it = 0
     while entries:
         it += 1
-        n_e = [0] * L
-        for _, e in entries:
-            n_e[e] += 1
-        share = [c / n if n else inf for c, n in zip(cap_rem, n_e)]
-        inc = min(share)
-        if inc != inc or any(x != x for x in share):
-            inc = math.nan                      # numpy's min propagates NaN
-        level += inc
-        cap_rem = [c - inc * n for c, n in zip(cap_rem, n_e)]
-        thr = inc * (1.0 + 1e-12)
-        hit = [f for f, e in entries if share[e] <= thr]
+        m = min(sat_level)
+        if m != m or any(x != x for x in sat_level):
+            m = math.nan                        # numpy's min propagates NaN
+        if m > level:
+            level = m
+        thr = m + abs(m) * 1e-12
+        hit = [f for f, e in entries if sat_level[e] <= thr]
         if not hit:
             raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
         for f in hit:
             rate[f] = level
             frozen[f] = True
-        entries = [fe for fe in entries if not frozen[fe[0]]]
+        k = [0] * L
+        rest = []
+        for f, e in entries:
+            if frozen[f]:
+                k[e] += 1
+            else:
+                rest.append((f, e))
+        entries = rest
+        for e in range(L):
+            if k[e]:
+                n_e[e] -= k[e]
+                used[e] = used[e] + level * k[e]
+                sat_level[e] = (cap[e] - used[e]) / n_e[e] if n_e[e] else inf
     return np.array(rate), it
 
 
@@ -739,7 +772,18 @@ class FlowNetwork:
         edge_of = self._inc_edge
         caps = self._caps
         capacity = self.capacity
-        if floor > 0.0:
+        if floor > 0.0 and _maxmin is not None:       # the same steps as below, compiled
+            rate = np.empty(F)
+            got = _maxmin.resolve(capacity, edge_of, self._len, self._rate, caps, floor, rate)
+            if got is not None:
+                it, level, froze = got
+                if not froze:
+                    raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+                self._rate = rate
+                self.solves += 1
+                self.iterations += it
+                return
+        elif floor > 0.0:
             fixed = self._rate < floor * (1.0 - 1e-12)
             if fixed.any():
                 flow_of = np.repeat(np.arange(F), self._len)

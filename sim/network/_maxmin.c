@@ -1,0 +1,388 @@
+/* Max-min fair rates by progressive filling, compiled: sim.network.flow's numpy filling
+ * (`_fill_numpy`) with the same IEEE double operations on each link's numbers in the same order,
+ * so the rates and the iteration count are equal bit for bit (tests/test_maxmin_kernel.py
+ * compares them on random problems). Built by hatch_build.py where a C compiler is present;
+ * without it sim.network.flow runs the numpy filling.
+ *
+ * The numpy filling recomputes every link's saturation level at each iteration; this one
+ * recomputes those of the links a newly frozen flow crosses and keeps the rest in a heap:
+ * O(entries x log links) per problem instead of O(iterations x entries).
+ *
+ * Compiled without floating-point contraction (-ffp-contract=off): `used + level * k` fused
+ * into one multiply-add would round once where numpy rounds twice. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The network's link ids -> local numbers 0..L-1, -1 between calls (only entries a call set are
+ * reset): kept, as a fresh array per call costs its initialisation on a 16,384-GPU graph. */
+static int32_t *slot = NULL;
+static Py_ssize_t slot_size = 0;
+
+static int ensure_slots(Py_ssize_t E) {
+    if (E <= slot_size) return 0;
+    int32_t *s = (int32_t *)realloc(slot, (size_t)E * sizeof(int32_t));
+    if (!s) return -1;
+    for (Py_ssize_t i = slot_size; i < E; i++) s[i] = -1;
+    slot = s;
+    slot_size = E;
+    return 0;
+}
+
+/* A binary min-heap of link positions k keyed by key[k]; at[k] the place of k in it (-1: out). */
+typedef struct { int64_t *h, *at; const double *key; Py_ssize_t size; } Heap;
+
+static void heap_set(Heap *q, Py_ssize_t i, int64_t k) { q->h[i] = k; q->at[k] = i; }
+
+static void sift_up(Heap *q, Py_ssize_t i) {
+    int64_t k = q->h[i];
+    double x = q->key[k];
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!(x < q->key[q->h[p]])) break;
+        heap_set(q, i, q->h[p]);
+        i = p;
+    }
+    heap_set(q, i, k);
+}
+
+static void sift_down(Heap *q, Py_ssize_t i) {
+    int64_t k = q->h[i];
+    double x = q->key[k];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= q->size) break;
+        if (c + 1 < q->size && q->key[q->h[c + 1]] < q->key[q->h[c]]) c++;
+        if (!(q->key[q->h[c]] < x)) break;
+        heap_set(q, i, q->h[c]);
+        i = c;
+    }
+    heap_set(q, i, k);
+}
+
+static void heap_remove(Heap *q, int64_t k) {
+    Py_ssize_t i = q->at[k];
+    q->at[k] = -1;
+    if (--q->size == i) return;
+    int64_t moved = q->h[q->size];
+    heap_set(q, i, moved);
+    sift_down(q, i);
+    if (q->at[moved] == i) sift_up(q, i);
+}
+
+/* The filling on numbered links: cap[L] each link's capacity, ae[n] / af[n] the link and flow
+ * of each entry, F flows, *level_io the start level (then the last level). Sets rate[f] for
+ * every flow with an entry; returns the iterations, or -1 on no memory; *froze_all = 0 where an
+ * iteration froze no flow (a NaN capacity).
+ *
+ * Each link keeps what its frozen flows take (used) and how many unfrozen flows it carries (cnt);
+ * its saturation level (cap - used) / cnt changes only when one of its flows freezes. An
+ * iteration takes the lowest from a heap, freezes the flows on every link within 1e-12 of it,
+ * and updates the links those flows cross: O(entries x log links) in all. */
+static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, const int64_t *af,
+                           Py_ssize_t n, Py_ssize_t F, double *level_io, double *rate,
+                           int *froze_all) {
+    /* int64: lstart[L+1] lflow[n] fstart[F+1] flink[n] fpos[F] cnt[L] kcnt[L] sat[L] touched[L]
+     * heap[L] at[L]; double: used[L] satl[L]; char: frozen[F] */
+    size_t words = (size_t)L * 10 + (size_t)n * 2 + (size_t)F * 2 + 2;
+    void *mem = malloc(words * 8 + (size_t)F + 1);
+    if (!mem) return -1;
+    int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *fstart = lflow + n;
+    int64_t *flink = fstart + F + 1, *fpos = flink + n, *cnt = fpos + F, *kcnt = cnt + L;
+    int64_t *sat = kcnt + L, *touched = sat + L, *hh = touched + L, *at = hh + L;
+    double *used = (double *)(at + L), *satl = used + L;
+    char *frozen = (char *)(satl + L);
+
+    /* each link's entries (flows) and each flow's entries (links), by counting sort */
+    for (Py_ssize_t l = 0; l <= L; l++) lstart[l] = 0;
+    for (Py_ssize_t j = 0; j < n; j++) lstart[ae[j] + 1]++;
+    for (Py_ssize_t l = 0; l < L; l++) lstart[l + 1] += lstart[l];
+    for (Py_ssize_t l = 0; l < L; l++) kcnt[l] = lstart[l];         /* (kcnt as a cursor) */
+    for (Py_ssize_t j = 0; j < n; j++) lflow[kcnt[ae[j]]++] = af[j];
+    for (Py_ssize_t f = 0; f < F; f++) fpos[f] = 0;
+    for (Py_ssize_t j = 0; j < n; j++) fpos[af[j]]++;
+    fstart[0] = 0;
+    for (Py_ssize_t f = 0; f < F; f++) fstart[f + 1] = fstart[f] + fpos[f];
+    for (Py_ssize_t f = 0; f < F; f++) fpos[f] = fstart[f];
+    for (Py_ssize_t j = 0; j < n; j++) flink[fpos[af[j]]++] = ae[j];
+    for (Py_ssize_t f = 0; f < F; f++) frozen[f] = 0;
+
+    Heap q = {hh, at, satl, 0};
+    int nan = 0;
+    for (Py_ssize_t l = 0; l < L; l++) {
+        cnt[l] = lstart[l + 1] - lstart[l];
+        kcnt[l] = 0;
+        used[l] = 0.0;
+        at[l] = -1;
+        if (!cnt[l]) { satl[l] = INFINITY; continue; }
+        satl[l] = (cap[l] - 0.0) / (double)cnt[l];
+        if (satl[l] != satl[l]) nan = 1;
+        heap_set(&q, q.size++, l);
+    }
+    for (Py_ssize_t i = q.size / 2; i-- > 0;) sift_down(&q, i);
+    double level = *level_io;
+    Py_ssize_t remaining = n;
+    long long it = 0;
+    *froze_all = 1;
+    while (remaining > 0) {
+        it++;
+        if (nan || !q.size) { *froze_all = 0; break; }              /* numpy's min: NaN, no link */
+        double m = satl[hh[0]];
+        if (m > level) level = m;
+        const double thr = m + fabs(m) * 1e-12;                       /* (m < 0 below a start level) */
+        Py_ssize_t nsat = 0, nt = 0;
+        while (q.size && satl[hh[0]] <= thr) {
+            int64_t l = hh[0];
+            sat[nsat++] = l;
+            heap_remove(&q, l);
+        }
+        Py_ssize_t froze = 0;
+        for (Py_ssize_t i = 0; i < nsat; i++) {
+            int64_t l = sat[i];
+            for (int64_t j = lstart[l]; j < lstart[l + 1]; j++) {
+                int64_t f = lflow[j];
+                if (frozen[f]) continue;
+                frozen[f] = 1;
+                rate[f] = level;
+                froze++;
+                for (int64_t x = fstart[f]; x < fstart[f + 1]; x++) {
+                    int64_t k = flink[x];
+                    if (!kcnt[k]++) touched[nt++] = k;
+                }
+                remaining -= fstart[f + 1] - fstart[f];
+            }
+        }
+        if (!froze) { *froze_all = 0; break; }
+        for (Py_ssize_t i = 0; i < nt; i++) {
+            int64_t k = touched[i];
+            cnt[k] -= kcnt[k];
+            used[k] = used[k] + level * (double)kcnt[k];
+            kcnt[k] = 0;
+            if (cnt[k] > 0) {
+                double old = satl[k];
+                satl[k] = (cap[k] - used[k]) / (double)cnt[k];
+                if (satl[k] != satl[k]) nan = 1;
+                else if (at[k] >= 0) {
+                    if (satl[k] < old) sift_up(&q, at[k]);
+                    else sift_down(&q, at[k]);
+                }
+            } else {
+                satl[k] = INFINITY;
+                if (at[k] >= 0) heap_remove(&q, k);
+            }
+        }
+    }
+    *level_io = level;
+    free(mem);
+    return it;
+}
+
+/* Number the links of entries edge_of[0..n) in order of first appearance: ae[j] the number of
+ * entry j's link, links[l] the id of link l; returns L. (The fill's arithmetic is per link: the
+ * numbering changes no result.) Leaves slot[] all -1. */
+static Py_ssize_t number_links(const int64_t *edge_of, Py_ssize_t n, int64_t *ae, int64_t *links) {
+    Py_ssize_t L = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t e = edge_of[j];
+        if (slot[e] < 0) { slot[e] = (int32_t)L; links[L++] = e; }
+        ae[j] = slot[e];
+    }
+    for (Py_ssize_t l = 0; l < L; l++) slot[links[l]] = -1;
+    return L;
+}
+
+static int check_ids(const int64_t *ids, Py_ssize_t n, int64_t limit) {
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (ids[j] < 0 || ids[j] >= limit) {
+            PyErr_SetString(PyExc_ValueError, "_maxmin: a link or flow id out of range");
+            return -1;
+        }
+    return 0;
+}
+
+/* fill(capacity, flow_of, edge_of, n_flows, start_level, rate) -> (iterations, level, froze)
+ * capacity: float64[E]; flow_of, edge_of: int64[n] (one entry per flow and link it crosses);
+ * rate: writable float64[>= n_flows], set for every flow that has an entry (others untouched).
+ * froze is False where an iteration froze no flow (a NaN capacity): the caller reports it. */
+static PyObject *fill(PyObject *self, PyObject *args) {
+    Py_buffer cb, fb, eb, rb;
+    Py_ssize_t F;
+    double level;
+    if (!PyArg_ParseTuple(args, "y*y*y*ndw*", &cb, &fb, &eb, &F, &level, &rb)) return NULL;
+    PyObject *result = NULL;
+    void *mem = NULL;
+    const Py_ssize_t E = cb.len / (Py_ssize_t)sizeof(double);
+    const Py_ssize_t n = fb.len / (Py_ssize_t)sizeof(int64_t);
+    const double *capacity = (const double *)cb.buf;
+    const int64_t *edge_of = (const int64_t *)eb.buf;
+    if (eb.len != fb.len || F < 0 || rb.len < F * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "fill: flow_of and edge_of differ in length, or rate is short");
+        goto done;
+    }
+    if (check_ids(edge_of, n, E) || check_ids((const int64_t *)fb.buf, n, F)) goto done;
+    if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
+    mem = malloc((size_t)n * 3 * 8 + 8);                /* ae[n] links[n] cap[n] */
+    if (!mem) { PyErr_NoMemory(); goto done; }
+    int64_t *ae = (int64_t *)mem, *links = ae + n;
+    double *cap = (double *)(links + n);
+    Py_ssize_t L = number_links(edge_of, n, ae, links);
+    for (Py_ssize_t l = 0; l < L; l++) cap[l] = capacity[links[l]];
+    int froze_all;
+    long long it = fill_core(L, cap, ae, (const int64_t *)fb.buf, n, F, &level, (double *)rb.buf, &froze_all);
+    if (it < 0) { PyErr_NoMemory(); goto done; }
+    result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
+done:
+    free(mem);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&fb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&rb);
+    return result;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* resolve(capacity, inc_edge, lens, rate, caps, floor, out) -> (iterations, level, froze) or
+ * None: sim.network.flow.FlowNetwork's partial re-solve after departures. Flows slower than
+ * floor * (1 - 1e-12) keep their rate; the others are filled from `floor` on the capacity the
+ * kept ones leave, each link's kept rates summed in ascending order (as numpy's lexsort then
+ * bincount). inc_edge: int64, each flow's links end to end (lens[f] of them); rate, caps:
+ * float64[F] (caps inf = none); out: writable float64[F], every flow's new rate. None (out
+ * untouched) where no flow keeps its rate. */
+static PyObject *resolve(PyObject *self, PyObject *args) {
+    Py_buffer cb, eb, lb, rb, kb, ob;
+    double floor_;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*dw*", &cb, &eb, &lb, &rb, &kb, &floor_, &ob)) return NULL;
+    PyObject *result = NULL;
+    void *mem = NULL;
+    const Py_ssize_t E = cb.len / 8, n = eb.len / 8, F = lb.len / 8;
+    const double *capacity = (const double *)cb.buf, *old = (const double *)rb.buf;
+    const double *caps = (const double *)kb.buf;
+    const int64_t *edge = (const int64_t *)eb.buf, *lens = (const int64_t *)lb.buf;
+    double *out = (double *)ob.buf;
+    if (rb.len != F * 8 || kb.len != F * 8 || ob.len != F * 8) {
+        PyErr_SetString(PyExc_ValueError, "resolve: rate, caps and out must have one number per flow");
+        goto done;
+    }
+    if (check_ids(edge, n, E)) goto done;
+    int64_t total = 0;
+    for (Py_ssize_t f = 0; f < F; f++) {
+        if (lens[f] < 0) { PyErr_SetString(PyExc_ValueError, "resolve: a negative path length"); goto done; }
+        total += lens[f];
+    }
+    if (total != n) { PyErr_SetString(PyExc_ValueError, "resolve: path lengths do not add up to the entries"); goto done; }
+    if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
+    const double thr = floor_ * (1.0 - 1e-12);
+    Py_ssize_t n_sub = 0;
+    for (Py_ssize_t f = 0; f < F; f++) n_sub += !(old[f] < thr);
+    if (n_sub == F) { result = Py_None; Py_INCREF(result); goto done; }
+
+    /* int64: ae[n+F] af[n+F] links[n+F] sub[F] kcnt[n+F+1] (double) cap[n+F] kept[n] */
+    size_t words = (size_t)(n + F) * 5 + (size_t)F + 1 + (size_t)n + 8;
+    mem = malloc(words * 8);
+    if (!mem) { PyErr_NoMemory(); goto done; }
+    int64_t *ae = (int64_t *)mem, *af = ae + n + F, *links = af + n + F, *sub = links + n + F;
+    int64_t *kcnt = sub + F;
+    double *cap = (double *)(kcnt + n + F + 1), *kept = cap + n + F;
+
+    /* the re-solved flows' entries, their links numbered (slot[]); sub[f] each flow's new number */
+    Py_ssize_t m = 0, L = 0, s = 0;
+    {
+        Py_ssize_t j = 0;
+        for (Py_ssize_t f = 0; f < F; f++) {
+            if (old[f] < thr) { sub[f] = -1; j += lens[f]; continue; }
+            sub[f] = s;
+            for (int64_t k = 0; k < lens[f]; k++, j++) {
+                int64_t e = edge[j];
+                if (slot[e] < 0) { slot[e] = (int32_t)L; links[L++] = e; }
+                ae[m] = slot[e];
+                af[m++] = s;
+            }
+            s++;
+        }
+    }
+    /* the kept flows' rates on those links, grouped by link (counting sort), each group sorted */
+    for (Py_ssize_t l = 0; l <= L; l++) kcnt[l] = 0;
+    {
+        Py_ssize_t j = 0;
+        for (Py_ssize_t f = 0; f < F; f++) {
+            if (old[f] < thr)
+                for (int64_t k = 0; k < lens[f]; k++)
+                    if (slot[edge[j + k]] >= 0) kcnt[slot[edge[j + k]] + 1]++;
+            j += lens[f];
+        }
+        for (Py_ssize_t l = 0; l < L; l++) kcnt[l + 1] += kcnt[l];
+    }
+    {
+        /* cursors in cap[] (free until the capacities are written below) */
+        int64_t *cur = (int64_t *)cap;
+        for (Py_ssize_t l = 0; l < L; l++) cur[l] = kcnt[l];
+        Py_ssize_t j = 0;
+        for (Py_ssize_t f = 0; f < F; f++) {
+            if (old[f] < thr)
+                for (int64_t k = 0; k < lens[f]; k++) {
+                    int32_t l = slot[edge[j + k]];
+                    if (l >= 0) kept[cur[l]++] = old[f];
+                }
+            j += lens[f];
+        }
+    }
+    for (Py_ssize_t l = 0; l < L; l++) {
+        int64_t a = kcnt[l], b = kcnt[l + 1];
+        if (b - a > 1) qsort(kept + a, (size_t)(b - a), sizeof(double), cmp_double);
+        double used = 0.0;
+        for (int64_t k = a; k < b; k++) used += kept[k];
+        cap[l] = capacity[links[l]] - used;
+    }
+    for (Py_ssize_t l = 0; l < L; l++) slot[links[l]] = -1;
+    /* a cap is a private link of its own */
+    for (Py_ssize_t f = 0; f < F; f++) {
+        if (sub[f] >= 0 && isfinite(caps[f])) {
+            cap[L] = caps[f];
+            links[L] = -1;
+            ae[m] = L++;
+            af[m++] = sub[f];
+        }
+    }
+    double *rate_sub = kept;                    /* (free now; n entries, enough unless n_sub > n) */
+    double *tmp = NULL;
+    if (n_sub > n) {
+        tmp = (double *)malloc((size_t)n_sub * 8);
+        if (!tmp) { PyErr_NoMemory(); goto done; }
+        rate_sub = tmp;
+    }
+    for (Py_ssize_t k = 0; k < n_sub; k++) rate_sub[k] = 0.0;
+    double level = floor_;
+    int froze_all;
+    long long it = fill_core(L, cap, ae, af, m, n_sub, &level, rate_sub, &froze_all);
+    if (it < 0) { free(tmp); PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t f = 0; f < F; f++) out[f] = sub[f] < 0 ? old[f] : rate_sub[sub[f]];
+    free(tmp);
+    result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
+done:
+    free(mem);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"fill", fill, METH_VARARGS, "Max-min fair rates by progressive filling (see sim.network.flow)."},
+    {"resolve", resolve, METH_VARARGS, "FlowNetwork's partial re-solve after departures (see sim.network.flow)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_maxmin", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__maxmin(void) { return PyModule_Create(&module); }

@@ -1,0 +1,159 @@
+"""The flow network's max-min filling: the compiled kernel (sim/network/_maxmin.c), the numpy
+filling and the Python-floats filling give the same rates bit for bit, and those rates are the
+correctly rounded max-min fair ones where a hand computation gives them exactly."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sim.network.flow as flow
+from sim.errors import InternalError
+from sim.network import FlowNetwork
+from sim.topology import load_topology
+from sim.topology.graph import build_graph
+
+compiled = pytest.mark.skipif(flow._maxmin is None, reason="the compiled kernel is not built here")
+
+
+def test_the_kernel_is_built_where_ci_requires_it():
+    """CI (.ci/run) installs with a C compiler and sets SIM5D_REQUIRE_KERNEL: a build that
+    silently fell back to numpy fails here rather than only running slower."""
+    if not os.environ.get("SIM5D_REQUIRE_KERNEL"):
+        pytest.skip("SIM5D_REQUIRE_KERNEL not set")
+    assert flow.KERNEL == "compiled"
+
+
+def _three_ways(capacity, flow_of, edge_of, n_flows, max_rate, level):
+    """(compiled or None, numpy, Python floats) fillings of one problem."""
+    E = capacity.shape[0]
+    capped = np.flatnonzero(np.isfinite(max_rate))
+    cap = np.concatenate([capacity, max_rate[capped]])
+    fo = np.concatenate([flow_of, capped])
+    eo = np.concatenate([edge_of, E + np.arange(capped.size)])
+    got = flow.max_min_rates(capacity, flow_of, edge_of, n_flows, max_rate, start_level=level)
+    small = flow._fill_small(cap, fo.tolist(), eo.tolist(), n_flows, float(level))
+    saved = flow._SMALL_ENTRIES
+    flow._SMALL_ENTRIES = -1
+    try:
+        big = flow._fill_numpy(cap, fo, eo, n_flows, level, None)
+    finally:
+        flow._SMALL_ENTRIES = saved
+    return got, big, small
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_compiled_numpy_and_python_fillings_are_equal_bit_for_bit(data):
+    """Random problems with ties (few distinct capacities), caps and start levels, some above a
+    link's fair share (the partial re-solve's floor): the same rates and iteration counts."""
+    n_links = data.draw(st.integers(1, 30))
+    caps = data.draw(st.lists(st.sampled_from([12.5, 25.0, 50.0, 100.0, 0.1, 3.3, 7.77]) | st.floats(0.01, 500),
+                              min_size=n_links, max_size=n_links))
+    paths = data.draw(st.lists(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=6, unique=True),
+                               min_size=1, max_size=60))
+    flow_of = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
+    edge_of = np.array([e for p in paths for e in p], dtype=np.int64)
+    max_rate = np.array(data.draw(st.lists(st.sampled_from([np.inf, np.inf, np.inf, 5.0, 0.7]),
+                                           min_size=len(paths), max_size=len(paths))))
+    level = data.draw(st.sampled_from([0.0, 0.05, 1.0 / 3.0, 2.0]))
+    got, big, small = _three_ways(np.array(caps), flow_of, edge_of, len(paths), max_rate, level)
+    assert got[1] == big[1] == small[1]
+    assert got[0].tobytes() == big[0].tobytes() == small[0].tobytes()
+    assert (got[0] >= level).all()
+
+
+@compiled
+def test_compiled_and_numpy_fillings_equal_on_thousands_of_flows():
+    """Problems of the size the flow network meets (thousands of flows, hundreds of links)."""
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        E, F = int(rng.integers(50, 400)), int(rng.integers(500, 4000))
+        caps = rng.choice([12.5, 25.0, 50.0, 400.0], E) if trial % 2 else rng.uniform(0.1, 500, E)
+        lens = rng.integers(1, 8, F)
+        edge_of = np.concatenate([rng.choice(E, n, replace=False) for n in lens])
+        flow_of = np.repeat(np.arange(F), lens)
+        max_rate = np.where(rng.random(F) < 0.1, rng.choice([5.0, 0.7, 33.0], F), np.inf)
+        got, big, _ = _three_ways(caps, flow_of, edge_of, F, max_rate, [0.0, 0.05, 1 / 3][trial % 3])
+        assert got[1] == big[1]
+        assert got[0].tobytes() == big[0].tobytes()
+
+
+@pytest.mark.parametrize("cap_a, cap_b, n_a, n_b", [(1.0, 0.1, 7, 3), (0.7, 0.3, 5, 3), (2.3, 0.7, 10, 4),
+                                                     (1.1, 0.2, 7, 2)])
+def test_second_level_rates_are_the_correctly_rounded_exact_ones(cap_a, cap_b, n_a, n_b):
+    """n_b of the n_a flows on link a also cross link b, the bottleneck: they get cap_b / n_b and
+    the others (cap_a - cap_b) / (n_a - n_b), computed exactly with fractions and rounded once.
+    (A filling that sums per-level increments rounds at each level: 0.22499999999999998 for the
+    first case, where the exact rate 0.9 / 4 is 0.225.)"""
+    flow_of = [f for f in range(n_a) for _ in range(2 if f < n_b else 1)]
+    edge_of = [e for f in range(n_a) for e in ((0, 1) if f < n_b else (0,))]
+    rate, it = flow.max_min_rates(np.array([cap_a, cap_b]), np.array(flow_of), np.array(edge_of), n_a)
+    assert it == 2
+    assert rate[:n_b].tolist() == [float(Fraction(cap_b) / n_b)] * n_b
+    assert rate[n_b:].tolist() == [float((Fraction(cap_a) - n_b * Fraction(float(Fraction(cap_b) / n_b)))
+                                         / (n_a - n_b))] * (n_a - n_b)
+    if (cap_a, n_a, n_b) == (1.0, 7, 3):
+        assert rate[-1] == 0.225
+
+
+@compiled
+def test_a_nan_capacity_is_reported_by_every_filling():
+    for fill in ("compiled", "numpy"):
+        saved = flow._maxmin
+        if fill == "numpy":
+            flow._maxmin = None
+        try:
+            with pytest.raises(InternalError, match="froze no flow"):
+                flow.max_min_rates(np.array([10.0, np.nan]), np.array([0, 1, 1]), np.array([0, 0, 1]), 2)
+        finally:
+            flow._maxmin = saved
+
+
+@compiled
+def test_the_network_ends_every_flow_at_the_same_ns_with_either_filling():
+    """600 random flows (the partial re-solve after each end: compiled `resolve` against the numpy
+    steps): the same end time for every flow and the same iteration count."""
+    G = build_graph(load_topology("dgx-h100-ndr"), 16)
+    gpus = G.graph["gpus"]
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, len(gpus), 600)
+    dst = (src + rng.integers(1, len(gpus), 600)) % len(gpus)
+    size = rng.integers(1 << 16, 16 << 20, 600)
+
+    def run():
+        env = simpy.Environment()
+        net = FlowNetwork(env, G, record=True)
+        for i, (s, d, b) in enumerate(zip(src, dst, size)):
+            net.transfer(gpus[s], gpus[d], int(b), max_rate_gbps=20.0 if i % 9 == 0 else None)
+        env.run()
+        return [(r.name, r.end_ns) for r in net.log], net.iterations, net.solves
+
+    got = run()
+    saved = flow._maxmin
+    flow._maxmin = None
+    try:
+        want = run()
+    finally:
+        flow._maxmin = saved
+    assert got == want
+    assert got[2] > 500
+
+
+@compiled
+def test_bad_arrays_are_refused_not_read_out_of_bounds():
+    k = flow._maxmin
+    rate = np.zeros(2)
+    with pytest.raises(ValueError, match="out of range"):
+        k.fill(np.array([1.0]), np.array([0, 1]), np.array([0, 5]), 2, 0.0, rate)
+    with pytest.raises(ValueError, match="out of range"):
+        k.fill(np.array([1.0]), np.array([0, 2]), np.array([0, 0]), 2, 0.0, rate)
+    with pytest.raises(ValueError, match="add up"):
+        k.resolve(np.array([1.0]), np.array([0, 0]), np.array([1, 2]), rate, np.full(2, np.inf), 0.5, rate.copy())
