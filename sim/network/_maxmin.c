@@ -33,45 +33,40 @@ static int ensure_slots(Py_ssize_t E) {
     return 0;
 }
 
-/* A binary min-heap of link positions k keyed by key[k]; at[k] the place of k in it (-1: out). */
-typedef struct { int64_t *h, *at; const double *key; Py_ssize_t size; } Heap;
+/* A binary min-heap of (key, link) entries. A link's entry may be stale: its key lower than the
+ * link's saturation level now (freezing flows below a link's level raises it), fixed when it
+ * reaches the top; a level that falls (by rounding) gets a new entry. */
+typedef struct { double *key; int64_t *link; Py_ssize_t size; } Heap;
 
-static void heap_set(Heap *q, Py_ssize_t i, int64_t k) { q->h[i] = k; q->at[k] = i; }
-
-static void sift_up(Heap *q, Py_ssize_t i) {
-    int64_t k = q->h[i];
-    double x = q->key[k];
+static void heap_push(Heap *q, double x, int64_t l) {
+    Py_ssize_t i = q->size++;
     while (i > 0) {
         Py_ssize_t p = (i - 1) / 2;
-        if (!(x < q->key[q->h[p]])) break;
-        heap_set(q, i, q->h[p]);
+        if (!(x < q->key[p])) break;
+        q->key[i] = q->key[p];
+        q->link[i] = q->link[p];
         i = p;
     }
-    heap_set(q, i, k);
+    q->key[i] = x;
+    q->link[i] = l;
 }
 
-static void sift_down(Heap *q, Py_ssize_t i) {
-    int64_t k = q->h[i];
-    double x = q->key[k];
+static void heap_pop(Heap *q) {
+    Py_ssize_t n = --q->size, i = 0;
+    if (!n) return;
+    double x = q->key[n];
+    int64_t l = q->link[n];
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
-        if (c >= q->size) break;
-        if (c + 1 < q->size && q->key[q->h[c + 1]] < q->key[q->h[c]]) c++;
-        if (!(q->key[q->h[c]] < x)) break;
-        heap_set(q, i, q->h[c]);
+        if (c >= n) break;
+        if (c + 1 < n && q->key[c + 1] < q->key[c]) c++;
+        if (!(q->key[c] < x)) break;
+        q->key[i] = q->key[c];
+        q->link[i] = q->link[c];
         i = c;
     }
-    heap_set(q, i, k);
-}
-
-static void heap_remove(Heap *q, int64_t k) {
-    Py_ssize_t i = q->at[k];
-    q->at[k] = -1;
-    if (--q->size == i) return;
-    int64_t moved = q->h[q->size];
-    heap_set(q, i, moved);
-    sift_down(q, i);
-    if (q->at[moved] == i) sift_up(q, i);
+    q->key[i] = x;
+    q->link[i] = l;
 }
 
 /* The filling on numbered links: cap[L] each link's capacity, ae[n] / af[n] the link and flow
@@ -87,15 +82,15 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
                            Py_ssize_t n, Py_ssize_t F, double *level_io, double *rate,
                            int *froze_all) {
     /* int64: lstart[L+1] lflow[n] fstart[F+1] flink[n] fpos[F] cnt[L] kcnt[L] sat[L] touched[L]
-     * heap[L] at[L]; double: used[L] satl[L]; char: frozen[F] */
-    size_t words = (size_t)L * 10 + (size_t)n * 2 + (size_t)F * 2 + 2;
-    void *mem = malloc(words * 8 + (size_t)F + 1);
+     * hlink[L+n]; double: used[L] satl[L] hkey[L+n]; char: frozen[F] insat[L] */
+    size_t words = (size_t)L * 9 + (size_t)n * 4 + (size_t)F * 2 + 2;
+    void *mem = malloc(words * 8 + (size_t)F + (size_t)L + 1);
     if (!mem) return -1;
     int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *fstart = lflow + n;
     int64_t *flink = fstart + F + 1, *fpos = flink + n, *cnt = fpos + F, *kcnt = cnt + L;
-    int64_t *sat = kcnt + L, *touched = sat + L, *hh = touched + L, *at = hh + L;
-    double *used = (double *)(at + L), *satl = used + L;
-    char *frozen = (char *)(satl + L);
+    int64_t *sat = kcnt + L, *touched = sat + L, *hlink = touched + L;
+    double *used = (double *)(hlink + L + n), *satl = used + L, *hkey = satl + L;
+    char *frozen = (char *)(hkey + L + n), *insat = frozen + F;
 
     /* each link's entries (flows) and each flow's entries (links), by counting sort */
     for (Py_ssize_t l = 0; l <= L; l++) lstart[l] = 0;
@@ -111,38 +106,51 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
     for (Py_ssize_t j = 0; j < n; j++) flink[fpos[af[j]]++] = ae[j];
     for (Py_ssize_t f = 0; f < F; f++) frozen[f] = 0;
 
-    Heap q = {hh, at, satl, 0};
+    Heap q = {hkey, hlink, 0};
     int nan = 0;
     for (Py_ssize_t l = 0; l < L; l++) {
         cnt[l] = lstart[l + 1] - lstart[l];
         kcnt[l] = 0;
         used[l] = 0.0;
-        at[l] = -1;
+        insat[l] = 0;
         if (!cnt[l]) { satl[l] = INFINITY; continue; }
         satl[l] = (cap[l] - 0.0) / (double)cnt[l];
         if (satl[l] != satl[l]) nan = 1;
-        heap_set(&q, q.size++, l);
+        else heap_push(&q, satl[l], l);
     }
-    for (Py_ssize_t i = q.size / 2; i-- > 0;) sift_down(&q, i);
     double level = *level_io;
     Py_ssize_t remaining = n;
     long long it = 0;
     *froze_all = 1;
     while (remaining > 0) {
         it++;
+        /* the lowest saturation level: drop the entries of links no unfrozen flow crosses, move
+         * stale ones to their link's level now */
+        while (q.size && !nan) {
+            int64_t l = q.link[0];
+            double x = q.key[0];
+            if (!cnt[l] || x > satl[l]) heap_pop(&q);          /* (x > now: an older entry) */
+            else if (x < satl[l]) { heap_pop(&q); heap_push(&q, satl[l], l); }
+            else break;
+        }
         if (nan || !q.size) { *froze_all = 0; break; }              /* numpy's min: NaN, no link */
-        double m = satl[hh[0]];
+        double m = q.key[0];
         if (m > level) level = m;
         const double thr = m + fabs(m) * 1e-12;                       /* (m < 0 below a start level) */
         Py_ssize_t nsat = 0, nt = 0;
-        while (q.size && satl[hh[0]] <= thr) {
-            int64_t l = hh[0];
+        while (q.size && q.key[0] <= thr) {
+            int64_t l = q.link[0];
+            double x = q.key[0];
+            heap_pop(&q);
+            if (!cnt[l] || insat[l] || x > satl[l]) continue;
+            if (x < satl[l]) { heap_push(&q, satl[l], l); continue; }
+            insat[l] = 1;
             sat[nsat++] = l;
-            heap_remove(&q, l);
         }
         Py_ssize_t froze = 0;
         for (Py_ssize_t i = 0; i < nsat; i++) {
             int64_t l = sat[i];
+            insat[l] = 0;
             for (int64_t j = lstart[l]; j < lstart[l + 1]; j++) {
                 int64_t f = lflow[j];
                 if (frozen[f]) continue;
@@ -166,13 +174,9 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
                 double old = satl[k];
                 satl[k] = (cap[k] - used[k]) / (double)cnt[k];
                 if (satl[k] != satl[k]) nan = 1;
-                else if (at[k] >= 0) {
-                    if (satl[k] < old) sift_up(&q, at[k]);
-                    else sift_down(&q, at[k]);
-                }
+                else if (satl[k] < old) heap_push(&q, satl[k], k);
             } else {
                 satl[k] = INFINITY;
-                if (at[k] >= 0) heap_remove(&q, k);
             }
         }
     }
@@ -336,7 +340,14 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t l = 0; l < L; l++) {
         int64_t a = kcnt[l], b = kcnt[l + 1];
-        if (b - a > 1) qsort(kept + a, (size_t)(b - a), sizeof(double), cmp_double);
+        if (b - a > 32) qsort(kept + a, (size_t)(b - a), sizeof(double), cmp_double);
+        else
+            for (int64_t i = a + 1; i < b; i++) {             /* (insertion sort: groups are small) */
+                double x = kept[i];
+                int64_t j = i;
+                for (; j > a && kept[j - 1] > x; j--) kept[j] = kept[j - 1];
+                kept[j] = x;
+            }
         double used = 0.0;
         for (int64_t k = a; k < b; k++) used += kept[k];
         cap[l] = capacity[links[l]] - used;
