@@ -152,8 +152,10 @@ def test_bad_arrays_are_refused_not_read_out_of_bounds():
     k = flow._maxmin
     rate = np.zeros(2)
     with pytest.raises(ValueError, match="out of range"):
-        k.fill(np.array([1.0]), np.array([0, 1]), np.array([0, 5]), 2, 0.0, rate)
+        k.fill(np.array([1.0]), np.array([0, 1]), np.array([0, 5]), 2, 0.0, np.zeros(0), rate)
     with pytest.raises(ValueError, match="out of range"):
-        k.fill(np.array([1.0]), np.array([0, 2]), np.array([0, 0]), 2, 0.0, rate)
+        k.fill(np.array([1.0]), np.array([0, 2]), np.array([0, 0]), 2, 0.0, np.zeros(0), rate)
+    with pytest.raises(ValueError, match="one number per flow"):
+        k.fill(np.array([1.0]), np.array([0, 1]), np.array([0, 0]), 2, 0.0, np.ones(3), rate)
     with pytest.raises(ValueError, match="add up"):
         k.resolve(np.array([1.0]), np.array([0, 0]), np.array([1, 2]), rate, np.full(2, np.inf), 0.5, rate.copy())

@@ -23,6 +23,22 @@
 static int32_t *slot = NULL;
 static Py_ssize_t slot_size = 0;
 
+/* Scratch memory kept between calls (0: the fill's, 1: its caller's): a problem of thousands of
+ * entries needs a few hundred kB, which malloc would map and unmap at every call (page faults
+ * were half of a 3,000-entry fill). The module runs with the GIL held: one call at a time. */
+static void *arena[2] = {NULL, NULL};
+static size_t arena_size[2] = {0, 0};
+
+static void *scratch(int which, size_t bytes) {
+    if (bytes > arena_size[which]) {
+        void *p = realloc(arena[which], bytes);
+        if (!p) return NULL;
+        arena[which] = p;
+        arena_size[which] = bytes;
+    }
+    return arena[which];
+}
+
 static int ensure_slots(Py_ssize_t E) {
     if (E <= slot_size) return 0;
     int32_t *s = (int32_t *)realloc(slot, (size_t)E * sizeof(int32_t));
@@ -51,11 +67,9 @@ static void heap_push(Heap *q, double x, int64_t l) {
     q->link[i] = l;
 }
 
-static void heap_pop(Heap *q) {
-    Py_ssize_t n = --q->size, i = 0;
-    if (!n) return;
-    double x = q->key[n];
-    int64_t l = q->link[n];
+/* Put (x, l) at place i or below it (the entries below i in order). */
+static void sift_down(Heap *q, Py_ssize_t i, double x, int64_t l) {
+    Py_ssize_t n = q->size;
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= n) break;
@@ -69,6 +83,11 @@ static void heap_pop(Heap *q) {
     q->link[i] = l;
 }
 
+static void heap_pop(Heap *q) {
+    Py_ssize_t n = --q->size;
+    if (n) sift_down(q, 0, q->key[n], q->link[n]);
+}
+
 /* The filling on numbered links: cap[L] each link's capacity, ae[n] / af[n] the link and flow
  * of each entry, F flows, *level_io the start level (then the last level). Sets rate[f] for
  * every flow with an entry; returns the iterations, or -1 on no memory; *froze_all = 0 where an
@@ -76,21 +95,60 @@ static void heap_pop(Heap *q) {
  *
  * Each link keeps what its frozen flows take (used) and how many unfrozen flows it carries (cnt);
  * its saturation level (cap - used) / cnt changes only when one of its flows freezes. An
- * iteration takes the lowest from a heap, freezes the flows on every link within 1e-12 of it,
- * and updates the links those flows cross: O(entries x log links) in all. */
+ * iteration takes the lowest (the first by a scan of the entries, the next ones from a heap),
+ * freezes the flows on every link within 1e-12 of it, and updates the links those flows cross:
+ * O(entries x log links) in all. */
 static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, const int64_t *af,
                            Py_ssize_t n, Py_ssize_t F, double *level_io, double *rate,
                            int *froze_all) {
     /* int64: lstart[L+1] lflow[n] fstart[F+1] flink[n] fpos[F] cnt[L] kcnt[L] sat[L] touched[L]
      * hlink[L+n]; double: used[L] satl[L] hkey[L+n]; char: frozen[F] insat[L] */
     size_t words = (size_t)L * 9 + (size_t)n * 4 + (size_t)F * 2 + 2;
-    void *mem = malloc(words * 8 + (size_t)F + (size_t)L + 1);
+    void *mem = scratch(0, words * 8 + (size_t)F + (size_t)L + 1);
     if (!mem) return -1;
     int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *fstart = lflow + n;
     int64_t *flink = fstart + F + 1, *fpos = flink + n, *cnt = fpos + F, *kcnt = cnt + L;
     int64_t *sat = kcnt + L, *touched = sat + L, *hlink = touched + L;
     double *used = (double *)(hlink + L + n), *satl = used + L, *hkey = satl + L;
     char *frozen = (char *)(hkey + L + n), *insat = frozen + F;
+
+    /* the first iteration on the entries as they come (one iteration is often all: a
+     * collective's equal flows); the links' lists and a heap only where more follow */
+    double level = *level_io;
+    long long it = 1;
+    *froze_all = 1;
+    int nan = 0;
+    for (Py_ssize_t l = 0; l < L; l++) cnt[l] = kcnt[l] = 0;
+    for (Py_ssize_t j = 0; j < n; j++) cnt[ae[j]]++;
+    double m = INFINITY;
+    for (Py_ssize_t l = 0; l < L; l++) {
+        used[l] = 0.0;
+        satl[l] = cnt[l] ? (cap[l] - 0.0) / (double)cnt[l] : INFINITY;
+        if (satl[l] != satl[l]) nan = 1;
+        else if (cnt[l] && satl[l] < m) m = satl[l];
+    }
+    if (nan || !n) { *froze_all = !n; return n ? it : 0; }           /* numpy's min: NaN */
+    if (m > level) level = m;
+    double thr = m + fabs(m) * 1e-12;                                 /* (m < 0 below a start level) */
+    for (Py_ssize_t l = 0; l < L; l++) insat[l] = cnt[l] && satl[l] <= thr;
+    for (Py_ssize_t f = 0; f < F; f++) frozen[f] = 0;
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (insat[ae[j]]) frozen[af[j]] = 1;
+    Py_ssize_t remaining = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (frozen[af[j]]) { kcnt[ae[j]]++; rate[af[j]] = level; }
+        else remaining++;
+    }
+    for (Py_ssize_t l = 0; l < L; l++) {
+        insat[l] = 0;
+        if (!kcnt[l]) continue;
+        cnt[l] -= kcnt[l];
+        used[l] = used[l] + level * (double)kcnt[l];
+        kcnt[l] = 0;
+        satl[l] = cnt[l] > 0 ? (cap[l] - used[l]) / (double)cnt[l] : INFINITY;
+        if (satl[l] != satl[l]) nan = 1;
+    }
+    if (!remaining) { *level_io = level; return it; }
 
     /* each link's entries (flows) and each flow's entries (links), by counting sort */
     for (Py_ssize_t l = 0; l <= L; l++) lstart[l] = 0;
@@ -104,39 +162,28 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
     for (Py_ssize_t f = 0; f < F; f++) fstart[f + 1] = fstart[f] + fpos[f];
     for (Py_ssize_t f = 0; f < F; f++) fpos[f] = fstart[f];
     for (Py_ssize_t j = 0; j < n; j++) flink[fpos[af[j]]++] = ae[j];
-    for (Py_ssize_t f = 0; f < F; f++) frozen[f] = 0;
+    for (Py_ssize_t l = 0; l < L; l++) kcnt[l] = 0;
 
     Heap q = {hkey, hlink, 0};
-    int nan = 0;
-    for (Py_ssize_t l = 0; l < L; l++) {
-        cnt[l] = lstart[l + 1] - lstart[l];
-        kcnt[l] = 0;
-        used[l] = 0.0;
-        insat[l] = 0;
-        if (!cnt[l]) { satl[l] = INFINITY; continue; }
-        satl[l] = (cap[l] - 0.0) / (double)cnt[l];
-        if (satl[l] != satl[l]) nan = 1;
-        else heap_push(&q, satl[l], l);
-    }
-    double level = *level_io;
-    Py_ssize_t remaining = n;
-    long long it = 0;
-    *froze_all = 1;
+    for (Py_ssize_t l = 0; l < L; l++)
+        if (cnt[l] > 0) { hkey[q.size] = satl[l]; hlink[q.size++] = l; }
+    for (Py_ssize_t i = q.size / 2; i-- > 0;) sift_down(&q, i, hkey[i], hlink[i]);
     while (remaining > 0) {
         it++;
-        /* the lowest saturation level: drop the entries of links no unfrozen flow crosses, move
-         * stale ones to their link's level now */
-        while (q.size && !nan) {
+        if (nan) { *froze_all = 0; break; }                           /* numpy's min: NaN */
+        /* the lowest saturation level: drop the entries of links no unfrozen flow crosses,
+         * move stale ones to their link's level now */
+        while (q.size) {
             int64_t l = q.link[0];
             double x = q.key[0];
-            if (!cnt[l] || x > satl[l]) heap_pop(&q);          /* (x > now: an older entry) */
+            if (!cnt[l] || x > satl[l]) heap_pop(&q);              /* (x > now: an older entry) */
             else if (x < satl[l]) { heap_pop(&q); heap_push(&q, satl[l], l); }
             else break;
         }
-        if (nan || !q.size) { *froze_all = 0; break; }              /* numpy's min: NaN, no link */
-        double m = q.key[0];
+        if (!q.size) { *froze_all = 0; break; }
+        m = q.key[0];
         if (m > level) level = m;
-        const double thr = m + fabs(m) * 1e-12;                       /* (m < 0 below a start level) */
+        thr = m + fabs(m) * 1e-12;
         Py_ssize_t nsat = 0, nt = 0;
         while (q.size && q.key[0] <= thr) {
             int64_t l = q.link[0];
@@ -181,7 +228,6 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
         }
     }
     *level_io = level;
-    free(mem);
     return it;
 }
 
@@ -208,42 +254,52 @@ static int check_ids(const int64_t *ids, Py_ssize_t n, int64_t limit) {
     return 0;
 }
 
-/* fill(capacity, flow_of, edge_of, n_flows, start_level, rate) -> (iterations, level, froze)
+/* fill(capacity, flow_of, edge_of, n_flows, start_level, caps, rate) -> (iterations, level, froze)
  * capacity: float64[E]; flow_of, edge_of: int64[n] (one entry per flow and link it crosses);
+ * caps: float64[n_flows] each flow's cap (inf: none; a cap is a private link), or empty;
  * rate: writable float64[>= n_flows], set for every flow that has an entry (others untouched).
  * froze is False where an iteration froze no flow (a NaN capacity): the caller reports it. */
 static PyObject *fill(PyObject *self, PyObject *args) {
-    Py_buffer cb, fb, eb, rb;
+    Py_buffer cb, fb, eb, kb, rb;
     Py_ssize_t F;
     double level;
-    if (!PyArg_ParseTuple(args, "y*y*y*ndw*", &cb, &fb, &eb, &F, &level, &rb)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*ndy*w*", &cb, &fb, &eb, &F, &level, &kb, &rb)) return NULL;
     PyObject *result = NULL;
-    void *mem = NULL;
-    const Py_ssize_t E = cb.len / (Py_ssize_t)sizeof(double);
-    const Py_ssize_t n = fb.len / (Py_ssize_t)sizeof(int64_t);
-    const double *capacity = (const double *)cb.buf;
-    const int64_t *edge_of = (const int64_t *)eb.buf;
-    if (eb.len != fb.len || F < 0 || rb.len < F * (Py_ssize_t)sizeof(double)) {
-        PyErr_SetString(PyExc_ValueError, "fill: flow_of and edge_of differ in length, or rate is short");
+    void *mem;
+    const Py_ssize_t E = cb.len / 8, n = fb.len / 8;
+    const double *capacity = (const double *)cb.buf, *caps = (const double *)kb.buf;
+    const int64_t *edge_of = (const int64_t *)eb.buf, *flow_of = (const int64_t *)fb.buf;
+    const int capped = kb.len > 0;
+    if (eb.len != fb.len || F < 0 || rb.len < F * 8 || (capped && kb.len != F * 8)) {
+        PyErr_SetString(PyExc_ValueError, "fill: flow_of and edge_of differ in length, or rate or caps "
+                                          "do not have one number per flow");
         goto done;
     }
-    if (check_ids(edge_of, n, E) || check_ids((const int64_t *)fb.buf, n, F)) goto done;
+    if (check_ids(edge_of, n, E) || check_ids(flow_of, n, F)) goto done;
     if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
-    mem = malloc((size_t)n * 3 * 8 + 8);                /* ae[n] links[n] cap[n] */
+    mem = scratch(1, ((size_t)n + (size_t)F) * 4 * 8 + 8);  /* ae, af, links, cap: n + F each */
     if (!mem) { PyErr_NoMemory(); goto done; }
-    int64_t *ae = (int64_t *)mem, *links = ae + n;
-    double *cap = (double *)(links + n);
-    Py_ssize_t L = number_links(edge_of, n, ae, links);
+    int64_t *ae = (int64_t *)mem, *af = ae + n + F, *links = af + n + F;
+    double *cap = (double *)(links + n + F);
+    Py_ssize_t L = number_links(edge_of, n, ae, links), m = n;
     for (Py_ssize_t l = 0; l < L; l++) cap[l] = capacity[links[l]];
+    memcpy(af, flow_of, (size_t)n * 8);
+    for (Py_ssize_t f = 0; capped && f < F; f++) {
+        if (isfinite(caps[f])) {
+            cap[L] = caps[f];
+            ae[m] = L++;
+            af[m++] = f;
+        }
+    }
     int froze_all;
-    long long it = fill_core(L, cap, ae, (const int64_t *)fb.buf, n, F, &level, (double *)rb.buf, &froze_all);
+    long long it = fill_core(L, cap, ae, af, m, F, &level, (double *)rb.buf, &froze_all);
     if (it < 0) { PyErr_NoMemory(); goto done; }
     result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
 done:
-    free(mem);
     PyBuffer_Release(&cb);
     PyBuffer_Release(&fb);
     PyBuffer_Release(&eb);
+    PyBuffer_Release(&kb);
     PyBuffer_Release(&rb);
     return result;
 }
@@ -265,7 +321,7 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
     double floor_;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*dw*", &cb, &eb, &lb, &rb, &kb, &floor_, &ob)) return NULL;
     PyObject *result = NULL;
-    void *mem = NULL;
+    void *mem;
     const Py_ssize_t E = cb.len / 8, n = eb.len / 8, F = lb.len / 8;
     const double *capacity = (const double *)cb.buf, *old = (const double *)rb.buf;
     const double *caps = (const double *)kb.buf;
@@ -290,7 +346,7 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
 
     /* int64: ae[n+F] af[n+F] links[n+F] sub[F] kcnt[n+F+1] (double) cap[n+F] kept[n] */
     size_t words = (size_t)(n + F) * 5 + (size_t)F + 1 + (size_t)n + 8;
-    mem = malloc(words * 8);
+    mem = scratch(1, words * 8);
     if (!mem) { PyErr_NoMemory(); goto done; }
     int64_t *ae = (int64_t *)mem, *af = ae + n + F, *links = af + n + F, *sub = links + n + F;
     int64_t *kcnt = sub + F;
@@ -378,7 +434,6 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
     free(tmp);
     result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
 done:
-    free(mem);
     PyBuffer_Release(&cb);
     PyBuffer_Release(&eb);
     PyBuffer_Release(&lb);

@@ -95,6 +95,16 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     with one, else on numpy (`_fill_numpy`): the same IEEE operations in the same order, equal
     bit for bit (tests/test_maxmin_kernel.py).
     """
+    if _maxmin is not None:                     # (caps given as they are: no copy of capacity)
+        rate = np.zeros(n_flows)
+        caps = _NO_CAPS if max_rate is None else np.ascontiguousarray(max_rate, dtype=np.float64)
+        it, level, froze = _maxmin.fill(np.ascontiguousarray(capacity, dtype=np.float64),
+                                        np.ascontiguousarray(flow_of, dtype=np.int64),
+                                        np.ascontiguousarray(edge_of, dtype=np.int64), n_flows,
+                                        float(start_level), caps, rate)
+        if not froze:
+            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+        return rate, it
     E = capacity.shape[0]
     if max_rate is not None:
         capped = np.flatnonzero(np.isfinite(max_rate))
@@ -104,16 +114,6 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
                 entry_capacity = np.concatenate([entry_capacity, max_rate[capped]])
             flow_of = np.concatenate([flow_of, capped])
             edge_of = np.concatenate([edge_of, E + np.arange(capped.size)])
-            E = capacity.shape[0]
-    if _maxmin is not None:
-        rate = np.zeros(n_flows)
-        it, level, froze = _maxmin.fill(np.ascontiguousarray(capacity, dtype=np.float64),
-                                        np.ascontiguousarray(flow_of, dtype=np.int64),
-                                        np.ascontiguousarray(edge_of, dtype=np.int64), n_flows,
-                                        float(start_level), rate)
-        if not froze:
-            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
-        return rate, it
     return _fill_numpy(capacity, flow_of, edge_of, n_flows, start_level, entry_capacity)
 
 
@@ -172,6 +172,8 @@ def _fill_numpy(capacity, flow_of, edge_of, n_flows: int, start_level: float, en
     return rate, it
 
 
+_NO_CAPS = np.zeros(0)
+"""The compiled fill's `caps` where no flow has one."""
 _ARANGE = [np.arange(0, dtype=np.int32)]
 """0, 1, 2, ... (kept; sliced to each problem's number of entries)."""
 _SLOTS: dict = {}
