@@ -105,6 +105,8 @@ def main() -> None:
     a = ap.parse_args()
     names = a.case or (QUICK if a.quick else list(CASES))
     ctx = mp.get_context("spawn")
+    from sim.network.flow import KERNEL
+    print(f"max-min filling: {KERNEL} (sim/network/_maxmin.c where built, else numpy)")
     print(f"{'case':40s} {'network':10s} {'ranks':>5s} {'wall s':>7s} {'cpu s':>7s} {'goal':>6s} "
           f"{'instructions':>12s} {'instr/s':>9s} {'x SimPy':>7s} {'peak MiB':>8s} {'step s':>8s}")
     for name in names:
