@@ -72,7 +72,8 @@ def test_compiled_numpy_and_python_fillings_are_equal_bit_for_bit(data):
 
 @compiled
 def test_compiled_and_numpy_fillings_equal_on_thousands_of_flows():
-    """Problems of the size the flow network meets (thousands of flows, hundreds of links)."""
+    """Problems of the size the flow network meets (thousands of flows, hundreds of links), some
+    with their entries shuffled."""
     rng = np.random.default_rng(7)
     for trial in range(12):
         E, F = int(rng.integers(50, 400)), int(rng.integers(500, 4000))
@@ -80,6 +81,9 @@ def test_compiled_and_numpy_fillings_equal_on_thousands_of_flows():
         lens = rng.integers(1, 8, F)
         edge_of = np.concatenate([rng.choice(E, n, replace=False) for n in lens])
         flow_of = np.repeat(np.arange(F), lens)
+        if trial % 4 == 1:                      # entries in any order, not grouped by flow
+            order = rng.permutation(flow_of.size)
+            flow_of, edge_of = flow_of[order], edge_of[order]
         max_rate = np.where(rng.random(F) < 0.1, rng.choice([5.0, 0.7, 33.0], F), np.inf)
         got, big, _ = _three_ways(caps, flow_of, edge_of, F, max_rate, [0.0, 0.05, 1 / 3][trial % 3])
         assert got[1] == big[1]
@@ -157,5 +161,10 @@ def test_bad_arrays_are_refused_not_read_out_of_bounds():
         k.fill(np.array([1.0]), np.array([0, 2]), np.array([0, 0]), 2, 0.0, np.zeros(0), rate)
     with pytest.raises(ValueError, match="one number per flow"):
         k.fill(np.array([1.0]), np.array([0, 1]), np.array([0, 0]), 2, 0.0, np.ones(3), rate)
+    with pytest.raises(ValueError, match="out of range"):
+        k.resolve(np.array([5.0]), np.array([0, 9]), np.array([1, 1]), np.array([1.0, 2.0]), np.full(2, np.inf),
+                  1.5, rate.copy())
+    with pytest.raises(ValueError, match="add up"):
+        k.keep_entries(np.array([0, 1]), np.array([1, 2]), np.ones(2, dtype=bool), np.empty(2, dtype=np.int64))
     with pytest.raises(ValueError, match="add up"):
         k.resolve(np.array([1.0]), np.array([0, 0]), np.array([1, 2]), rate, np.full(2, np.inf), 0.5, rate.copy())

@@ -88,8 +88,8 @@ static void heap_pop(Heap *q) {
     if (n) sift_down(q, 0, q->key[n], q->link[n]);
 }
 
-/* The filling on numbered links: cap[L] each link's capacity, ae[n] / af[n] the link and flow
- * of each entry, F flows, *level_io the start level (then the last level). Sets rate[f] for
+/* The filling on numbered links: cap[L] each link's capacity; flow f's entries are the links
+ * ae[fstart[f] .. fstart[f + 1]); *level_io the start level (then the last level). Sets rate[f] for
  * every flow with an entry; returns the iterations, or -1 on no memory; *froze_all = 0 where an
  * iteration froze no flow (a NaN capacity).
  *
@@ -98,16 +98,16 @@ static void heap_pop(Heap *q) {
  * iteration takes the lowest (the first by a scan of the entries, the next ones from a heap),
  * freezes the flows on every link within 1e-12 of it, and updates the links those flows cross:
  * O(entries x log links) in all. */
-static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, const int64_t *af,
-                           Py_ssize_t n, Py_ssize_t F, double *level_io, double *rate,
-                           int *froze_all) {
-    /* int64: lstart[L+1] lflow[n] fstart[F+1] flink[n] fpos[F] cnt[L] kcnt[L] sat[L] touched[L]
-     * hlink[L+n]; double: used[L] satl[L] hkey[L+n]; char: frozen[F] insat[L] */
-    size_t words = (size_t)L * 9 + (size_t)n * 4 + (size_t)F * 2 + 2;
+static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, const int64_t *fstart,
+                           Py_ssize_t F, double *level_io, double *rate, int *froze_all) {
+    /* int64: lstart[L+1] lflow[n] cnt[L] kcnt[L] sat[L] touched[L] hlink[L+n];
+     * double: used[L] satl[L] hkey[L+n]; char: frozen[F] insat[L] */
+    const Py_ssize_t n = fstart[F];
+    const int64_t *flink = ae;
+    size_t words = (size_t)L * 9 + (size_t)n * 3 + 1;
     void *mem = scratch(0, words * 8 + (size_t)F + (size_t)L + 1);
     if (!mem) return -1;
-    int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *fstart = lflow + n;
-    int64_t *flink = fstart + F + 1, *fpos = flink + n, *cnt = fpos + F, *kcnt = cnt + L;
+    int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *cnt = lflow + n, *kcnt = cnt + L;
     int64_t *sat = kcnt + L, *touched = sat + L, *hlink = touched + L;
     double *used = (double *)(hlink + L + n), *satl = used + L, *hkey = satl + L;
     char *frozen = (char *)(hkey + L + n), *insat = frozen + F;
@@ -131,13 +131,17 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
     if (m > level) level = m;
     double thr = m + fabs(m) * 1e-12;                                 /* (m < 0 below a start level) */
     for (Py_ssize_t l = 0; l < L; l++) insat[l] = cnt[l] && satl[l] <= thr;
-    for (Py_ssize_t f = 0; f < F; f++) frozen[f] = 0;
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (insat[ae[j]]) frozen[af[j]] = 1;
     Py_ssize_t remaining = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        if (frozen[af[j]]) { kcnt[ae[j]]++; rate[af[j]] = level; }
-        else remaining++;
+    for (Py_ssize_t f = 0; f < F; f++) {
+        char z = 0;
+        for (int64_t j = fstart[f]; j < fstart[f + 1]; j++) z |= insat[ae[j]];
+        frozen[f] = z;
+        if (z) {
+            rate[f] = level;
+            for (int64_t j = fstart[f]; j < fstart[f + 1]; j++) kcnt[ae[j]]++;
+        } else {
+            remaining += fstart[f + 1] - fstart[f];
+        }
     }
     for (Py_ssize_t l = 0; l < L; l++) {
         insat[l] = 0;
@@ -150,18 +154,16 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
     }
     if (!remaining) { *level_io = level; return it; }
 
-    /* each link's entries (flows) and each flow's entries (links), by counting sort */
+    /* each link's unfrozen flows, by counting sort */
     for (Py_ssize_t l = 0; l <= L; l++) lstart[l] = 0;
-    for (Py_ssize_t j = 0; j < n; j++) lstart[ae[j] + 1]++;
+    for (Py_ssize_t f = 0; f < F; f++)
+        if (!frozen[f])
+            for (int64_t j = fstart[f]; j < fstart[f + 1]; j++) lstart[ae[j] + 1]++;
     for (Py_ssize_t l = 0; l < L; l++) lstart[l + 1] += lstart[l];
     for (Py_ssize_t l = 0; l < L; l++) kcnt[l] = lstart[l];         /* (kcnt as a cursor) */
-    for (Py_ssize_t j = 0; j < n; j++) lflow[kcnt[ae[j]]++] = af[j];
-    for (Py_ssize_t f = 0; f < F; f++) fpos[f] = 0;
-    for (Py_ssize_t j = 0; j < n; j++) fpos[af[j]]++;
-    fstart[0] = 0;
-    for (Py_ssize_t f = 0; f < F; f++) fstart[f + 1] = fstart[f] + fpos[f];
-    for (Py_ssize_t f = 0; f < F; f++) fpos[f] = fstart[f];
-    for (Py_ssize_t j = 0; j < n; j++) flink[fpos[af[j]]++] = ae[j];
+    for (Py_ssize_t f = 0; f < F; f++)
+        if (!frozen[f])
+            for (int64_t j = fstart[f]; j < fstart[f + 1]; j++) lflow[kcnt[ae[j]]++] = f;
     for (Py_ssize_t l = 0; l < L; l++) kcnt[l] = 0;
 
     Heap q = {hkey, hlink, 0};
@@ -177,7 +179,7 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
             int64_t l = q.link[0];
             double x = q.key[0];
             if (!cnt[l] || x > satl[l]) heap_pop(&q);              /* (x > now: an older entry) */
-            else if (x < satl[l]) { heap_pop(&q); heap_push(&q, satl[l], l); }
+            else if (x < satl[l]) sift_down(&q, 0, satl[l], l);   /* (its level now, larger) */
             else break;
         }
         if (!q.size) { *froze_all = 0; break; }
@@ -188,9 +190,9 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
         while (q.size && q.key[0] <= thr) {
             int64_t l = q.link[0];
             double x = q.key[0];
+            if (cnt[l] && !insat[l] && x < satl[l]) { sift_down(&q, 0, satl[l], l); continue; }
             heap_pop(&q);
             if (!cnt[l] || insat[l] || x > satl[l]) continue;
-            if (x < satl[l]) { heap_push(&q, satl[l], l); continue; }
             insat[l] = 1;
             sat[nsat++] = l;
         }
@@ -277,22 +279,28 @@ static PyObject *fill(PyObject *self, PyObject *args) {
     }
     if (check_ids(edge_of, n, E) || check_ids(flow_of, n, F)) goto done;
     if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
-    mem = scratch(1, ((size_t)n + (size_t)F) * 4 * 8 + 8);  /* ae, af, links, cap: n + F each */
+    mem = scratch(1, ((size_t)n + (size_t)F) * 4 * 8 + 16);  /* le, ae, links, cap: n+F; fstart F+1 */
     if (!mem) { PyErr_NoMemory(); goto done; }
-    int64_t *ae = (int64_t *)mem, *af = ae + n + F, *links = af + n + F;
-    double *cap = (double *)(links + n + F);
-    Py_ssize_t L = number_links(edge_of, n, ae, links), m = n;
+    int64_t *le = (int64_t *)mem, *ae = le + n + F, *links = ae + n + F, *fstart = links + n + F;
+    double *cap = (double *)(fstart + F + 1);
+    Py_ssize_t L = number_links(edge_of, n, le, links);
     for (Py_ssize_t l = 0; l < L; l++) cap[l] = capacity[links[l]];
-    memcpy(af, flow_of, (size_t)n * 8);
-    for (Py_ssize_t f = 0; capped && f < F; f++) {
-        if (isfinite(caps[f])) {
+    /* the entries grouped by flow (counting sort), a flow's cap (a private link) after its links */
+    for (Py_ssize_t f = 0; f <= F; f++) fstart[f] = 0;
+    for (Py_ssize_t j = 0; j < n; j++) fstart[flow_of[j] + 1]++;
+    for (Py_ssize_t f = 0; f < F; f++)
+        fstart[f + 1] += fstart[f] + (capped && isfinite(caps[f]));
+    for (Py_ssize_t j = 0; j < n; j++) ae[fstart[flow_of[j]]++] = le[j];   /* (fstart: cursors) */
+    for (Py_ssize_t f = 0; f < F; f++) {
+        if (capped && isfinite(caps[f])) {
             cap[L] = caps[f];
-            ae[m] = L++;
-            af[m++] = f;
+            ae[fstart[f]++] = L++;
         }
     }
+    for (Py_ssize_t f = F; f > 0; f--) fstart[f] = fstart[f - 1];        /* (cursors at ends: back) */
+    fstart[0] = 0;
     int froze_all;
-    long long it = fill_core(L, cap, ae, af, m, F, &level, (double *)rb.buf, &froze_all);
+    long long it = fill_core(L, cap, ae, fstart, F, &level, (double *)rb.buf, &froze_all);
     if (it < 0) { PyErr_NoMemory(); goto done; }
     result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
 done:
@@ -331,68 +339,65 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "resolve: rate, caps and out must have one number per flow");
         goto done;
     }
-    if (check_ids(edge, n, E)) goto done;
+    const double thr = floor_ * (1.0 - 1e-12);
     int64_t total = 0;
+    Py_ssize_t n_sub = 0;
     for (Py_ssize_t f = 0; f < F; f++) {
         if (lens[f] < 0) { PyErr_SetString(PyExc_ValueError, "resolve: a negative path length"); goto done; }
         total += lens[f];
+        n_sub += !(old[f] < thr);
     }
     if (total != n) { PyErr_SetString(PyExc_ValueError, "resolve: path lengths do not add up to the entries"); goto done; }
-    if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
-    const double thr = floor_ * (1.0 - 1e-12);
-    Py_ssize_t n_sub = 0;
-    for (Py_ssize_t f = 0; f < F; f++) n_sub += !(old[f] < thr);
     if (n_sub == F) { result = Py_None; Py_INCREF(result); goto done; }
+    if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
 
-    /* int64: ae[n+F] af[n+F] links[n+F] sub[F] kcnt[n+F+1] (double) cap[n+F] kept[n] */
-    size_t words = (size_t)(n + F) * 5 + (size_t)F + 1 + (size_t)n + 8;
+    /* int64: ae[n+F] fstart[n+F] links[n+F] sub[F] kcnt[n+F+1] pl[n] (double) cap[n+F] kept[n]
+     * pr[n] pcap[n+F] */
+    size_t words = (size_t)(n + F) * 6 + (size_t)F + 1 + (size_t)n * 3 + 8;
     mem = scratch(1, words * 8);
     if (!mem) { PyErr_NoMemory(); goto done; }
-    int64_t *ae = (int64_t *)mem, *af = ae + n + F, *links = af + n + F, *sub = links + n + F;
-    int64_t *kcnt = sub + F;
-    double *cap = (double *)(kcnt + n + F + 1), *kept = cap + n + F;
+    int64_t *ae = (int64_t *)mem, *fstart = ae + n + F, *links = fstart + n + F, *sub = links + n + F;
+    int64_t *kcnt = sub + F, *pl = kcnt + n + F + 1;
+    double *cap = (double *)(pl + n), *kept = cap + n + F, *pr = kept + n, *pcap = pr + n;
 
-    /* the re-solved flows' entries, their links numbered (slot[]); sub[f] each flow's new number */
-    Py_ssize_t m = 0, L = 0, s = 0;
-    {
-        Py_ssize_t j = 0;
-        for (Py_ssize_t f = 0; f < F; f++) {
-            if (old[f] < thr) { sub[f] = -1; j += lens[f]; continue; }
-            sub[f] = s;
-            for (int64_t k = 0; k < lens[f]; k++, j++) {
-                int64_t e = edge[j];
-                if (slot[e] < 0) { slot[e] = (int32_t)L; links[L++] = e; }
-                ae[m] = slot[e];
-                af[m++] = s;
+    /* the re-solved flows' entries grouped by flow (fstart), their links numbered (slot[]), a
+     * flow's cap a private link after them (links[l] = -1, its capacity in pcap); sub[f] each
+     * flow's new number */
+    Py_ssize_t m = 0, L = 0, s = 0, p = 0;
+    for (Py_ssize_t f = 0, j = 0; f < F; f++) {
+        if (old[f] < thr) { sub[f] = -1; j += lens[f]; continue; }
+        sub[f] = s;
+        fstart[s++] = m;
+        for (int64_t k = 0; k < lens[f]; k++, j++) {
+            int64_t e = edge[j];
+            if (e < 0 || e >= E) goto bad_id;
+            if (slot[e] < 0) { slot[e] = (int32_t)L; links[L++] = e; }
+            ae[m++] = slot[e];
+        }
+        if (isfinite(caps[f])) {
+            pcap[L] = caps[f];
+            links[L] = -1;
+            ae[m++] = L++;
+        }
+    }
+    fstart[s] = m;
+    /* the kept flows' rates on those links (pl, pr), grouped by link (counting sort) */
+    for (Py_ssize_t f = 0, j = 0; f < F; f++) {
+        if (old[f] < thr)
+            for (int64_t k = 0; k < lens[f]; k++) {
+                int64_t e = edge[j + k];
+                if (e < 0 || e >= E) goto bad_id;
+                if (slot[e] >= 0) { pl[p] = slot[e]; pr[p++] = old[f]; }
             }
-            s++;
-        }
+        j += lens[f];
     }
-    /* the kept flows' rates on those links, grouped by link (counting sort), each group sorted */
     for (Py_ssize_t l = 0; l <= L; l++) kcnt[l] = 0;
+    for (Py_ssize_t i = 0; i < p; i++) kcnt[pl[i] + 1]++;
+    for (Py_ssize_t l = 0; l < L; l++) kcnt[l + 1] += kcnt[l];
     {
-        Py_ssize_t j = 0;
-        for (Py_ssize_t f = 0; f < F; f++) {
-            if (old[f] < thr)
-                for (int64_t k = 0; k < lens[f]; k++)
-                    if (slot[edge[j + k]] >= 0) kcnt[slot[edge[j + k]] + 1]++;
-            j += lens[f];
-        }
-        for (Py_ssize_t l = 0; l < L; l++) kcnt[l + 1] += kcnt[l];
-    }
-    {
-        /* cursors in cap[] (free until the capacities are written below) */
-        int64_t *cur = (int64_t *)cap;
+        int64_t *cur = (int64_t *)cap;          /* (cursors: cap[] is free until written below) */
         for (Py_ssize_t l = 0; l < L; l++) cur[l] = kcnt[l];
-        Py_ssize_t j = 0;
-        for (Py_ssize_t f = 0; f < F; f++) {
-            if (old[f] < thr)
-                for (int64_t k = 0; k < lens[f]; k++) {
-                    int32_t l = slot[edge[j + k]];
-                    if (l >= 0) kept[cur[l]++] = old[f];
-                }
-            j += lens[f];
-        }
+        for (Py_ssize_t i = 0; i < p; i++) kept[cur[pl[i]]++] = pr[i];
     }
     for (Py_ssize_t l = 0; l < L; l++) {
         int64_t a = kcnt[l], b = kcnt[l + 1];
@@ -406,18 +411,10 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
             }
         double used = 0.0;
         for (int64_t k = a; k < b; k++) used += kept[k];
-        cap[l] = capacity[links[l]] - used;
+        cap[l] = links[l] < 0 ? pcap[l] : capacity[links[l]] - used;
     }
-    for (Py_ssize_t l = 0; l < L; l++) slot[links[l]] = -1;
-    /* a cap is a private link of its own */
-    for (Py_ssize_t f = 0; f < F; f++) {
-        if (sub[f] >= 0 && isfinite(caps[f])) {
-            cap[L] = caps[f];
-            links[L] = -1;
-            ae[m] = L++;
-            af[m++] = sub[f];
-        }
-    }
+    for (Py_ssize_t l = 0; l < L; l++)
+        if (links[l] >= 0) slot[links[l]] = -1;
     double *rate_sub = kept;                    /* (free now; n entries, enough unless n_sub > n) */
     double *tmp = NULL;
     if (n_sub > n) {
@@ -428,11 +425,16 @@ static PyObject *resolve(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; k < n_sub; k++) rate_sub[k] = 0.0;
     double level = floor_;
     int froze_all;
-    long long it = fill_core(L, cap, ae, af, m, n_sub, &level, rate_sub, &froze_all);
+    long long it = fill_core(L, cap, ae, fstart, n_sub, &level, rate_sub, &froze_all);
     if (it < 0) { free(tmp); PyErr_NoMemory(); goto done; }
     for (Py_ssize_t f = 0; f < F; f++) out[f] = sub[f] < 0 ? old[f] : rate_sub[sub[f]];
     free(tmp);
     result = Py_BuildValue("LdO", it, level, froze_all ? Py_True : Py_False);
+    goto done;
+bad_id:
+    for (Py_ssize_t l = 0; l < L; l++)
+        if (links[l] >= 0) slot[links[l]] = -1;
+    PyErr_SetString(PyExc_ValueError, "_maxmin: a link or flow id out of range");
 done:
     PyBuffer_Release(&cb);
     PyBuffer_Release(&eb);
@@ -443,8 +445,86 @@ done:
     return result;
 }
 
+/* finish(rem, rate, now, limit, out) -> the earliest end, or -1 - i for the first flow i whose
+ * end is not a number of ns below `limit` after now: FlowNetwork._finish_arrays' numpy steps
+ * (rem = max(rem, 0) in place; out = now + ceil(rem / rate - 1e-9)), one pass. */
+static PyObject *finish(PyObject *self, PyObject *args) {
+    Py_buffer mb, rb, ob;
+    long long now;
+    double limit;
+    if (!PyArg_ParseTuple(args, "w*y*Ldw*", &mb, &rb, &now, &limit, &ob)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t F = mb.len / 8;
+    double *rem = (double *)mb.buf;
+    const double *rate = (const double *)rb.buf;
+    int64_t *out = (int64_t *)ob.buf;
+    if (rb.len != mb.len || ob.len != mb.len) {
+        PyErr_SetString(PyExc_ValueError, "finish: rem, rate and out must have one number per flow");
+        goto done;
+    }
+    long long first = -1;
+    for (Py_ssize_t i = 0; i < F; i++) {
+        double r = rem[i];
+        if (!(r >= 0.0 || r != r)) r = 0.0;                          /* np.maximum: NaN stays */
+        rem[i] = r;
+        double steps = ceil(r / rate[i] - 1e-9);
+        if (!(steps < limit)) { first = -1 - (long long)i; break; }
+        int64_t end = (int64_t)now + (int64_t)steps;
+        out[i] = end;
+        if (first < 0 || end < first) first = end;
+    }
+    result = PyLong_FromLongLong(first);
+done:
+    PyBuffer_Release(&mb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
+/* keep_entries(inc_edge, lens, keep, out) -> count: the entries (links) of the flows kept
+ * (keep: bool[F]) copied in order into out (int64, as long as inc_edge); FlowNetwork's removal of
+ * ended flows without numpy's repeat of the mask over every entry. */
+static PyObject *keep_entries(PyObject *self, PyObject *args) {
+    Py_buffer eb, lb, kb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &eb, &lb, &kb, &ob)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = eb.len / 8, F = lb.len / 8;
+    const int64_t *edge = (const int64_t *)eb.buf, *lens = (const int64_t *)lb.buf;
+    const char *keep = (const char *)kb.buf;
+    int64_t *out = (int64_t *)ob.buf;
+    if (kb.len != F || ob.len < eb.len) {
+        PyErr_SetString(PyExc_ValueError, "keep_entries: keep needs one byte per flow, out as many entries");
+        goto done;
+    }
+    Py_ssize_t j = 0, w = 0, run = 0;        /* (copied a run of kept flows at a time) */
+    for (Py_ssize_t f = 0; f < F; f++) {
+        int64_t c = lens[f];
+        if (c < 0 || c > n - j) {
+            PyErr_SetString(PyExc_ValueError, "keep_entries: path lengths do not add up to the entries");
+            goto done;
+        }
+        if (!keep[f]) {
+            memcpy(out + w, edge + run, (size_t)(j - run) * 8);
+            w += j - run;
+            run = j + c;
+        }
+        j += c;
+    }
+    memcpy(out + w, edge + run, (size_t)(j - run) * 8);
+    w += j - run;
+    result = PyLong_FromSsize_t(w);
+done:
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS, "Max-min fair rates by progressive filling (see sim.network.flow)."},
+    {"finish", finish, METH_VARARGS, "Each flow's end at its rate (see FlowNetwork._finish_arrays)."},
+    {"keep_entries", keep_entries, METH_VARARGS, "The entries of the flows kept (see FlowNetwork._complete)."},
     {"resolve", resolve, METH_VARARGS, "FlowNetwork's partial re-solve after departures (see sim.network.flow)."},
     {NULL, NULL, 0, NULL},
 };

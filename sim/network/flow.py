@@ -193,6 +193,10 @@ def _scratch_mask(n: int) -> np.ndarray:
 _MEMO_BYTES = 32 << 20
 """Bytes of remembered max-min problems (links and rates) a FlowNetwork keeps (then it starts
 over): a 16,384-GPU step's data-parallel collectives are problems of thousands of entries."""
+_MEMO_MAX_ENTRIES = 100_000
+"""Larger problems are not remembered: DeepSeek-V3's concurrent all-to-alls (260,000 entries) never
+recur, and their keys cost more than their fills (the 16,384-GPU step's recurring data-parallel
+problems have up to 10,000)."""
 _SMALL_FLOWS = 32
 """Up to this many active flows a FlowNetwork keeps them in Python lists (back to lists once at
 most half as many are left): numpy's cost per call exceeds the work on a pipeline's few sends
@@ -278,7 +282,8 @@ class FlowNetwork:
         self._caps = np.zeros(0)
         self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
         self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
-        self._inc_cap = np.zeros(0)                   # that link's capacity
+        self._inc_cap = np.zeros(0) if _maxmin is None else None   # that link's capacity (numpy's
+        # filling reads it; the compiled one reads the network's array)
         # the same while few (`small_flows`, see the machinery): per flow, its path (edge ids)
         self._small = True
         self.small_flows = _SMALL_FLOWS
@@ -471,7 +476,8 @@ class FlowNetwork:
         self._finish = np.array(self._s_finish, dtype=np.int64)
         self._caps = np.array(self._s_caps, dtype=np.float64)
         self._len, self._inc_edge = self._incidence(self._s_path)
-        self._inc_cap = self.capacity[self._inc_edge]
+        if self._inc_cap is not None:
+            self._inc_cap = self.capacity[self._inc_edge]
         self._small = False
 
     def _to_lists(self):
@@ -533,7 +539,8 @@ class FlowNetwork:
             self._caps = np.asarray(caps, dtype=np.float64)            # the caller's arrays: only
             self._len = np.asarray(lengths, dtype=np.int64)            # read, as slices of the
             self._inc_edge = np.asarray(edges, dtype=np.int64)         # concatenation would be
-            self._inc_cap = self.capacity[self._inc_edge]
+            if self._inc_cap is not None:
+                self._inc_cap = self.capacity[self._inc_edge]
         else:
             self._bid = np.concatenate([self._bid] + [np.full(j, p[0], dtype=np.int64) for j, p in zip(n, new)])
             self._pos = np.concatenate([self._pos] + [np.arange(j, dtype=np.int64) for j in n])
@@ -543,7 +550,8 @@ class FlowNetwork:
             self._caps = np.concatenate([self._caps] + [p[4] for p in new])
             self._len = np.concatenate([self._len] + [p[2] for p in new])
             self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
-            self._inc_cap = np.concatenate([self._inc_cap] + [self.capacity[p[1]] for p in new])
+            if self._inc_cap is not None:
+                self._inc_cap = np.concatenate([self._inc_cap] + [self.capacity[p[1]] for p in new])
 
     def _on_solve(self, _ev):
         self._solve_scheduled = False
@@ -592,6 +600,12 @@ class FlowNetwork:
 
     def _finish_arrays(self, now: int) -> int:
         """Each flow's end (integer ns) at its new rate; the earliest."""
+        if _maxmin is not None:                 # the same steps in one pass (none is reported)
+            fin = np.empty(self._rem.size, dtype=np.int64)
+            first = _maxmin.finish(self._rem, self._rate, now, float(MAX_STEP_NS - now), fin)
+            if first >= 0:
+                self._finish = fin
+                return first
         np.maximum(self._rem, 0.0, out=self._rem)
         steps = np.ceil(self._rem / self._rate - 1e-9)
         if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
@@ -752,13 +766,19 @@ class FlowNetwork:
             runs = [(bl[a], b - a) for a, b in zip([0] + cuts, cuts + [n])]
         self._end_runs(runs, now)
         if n == self._rem.size:                 # every active flow ended
-            for name in ("_inc_edge", "_inc_cap", "_len", "_caps", "_bid", "_pos", "_rem", "_rate", "_finish"):
+            if self._inc_cap is not None:
+                self._inc_cap = self._inc_cap[:0]
+            for name in ("_inc_edge", "_len", "_caps", "_bid", "_pos", "_rem", "_rate", "_finish"):
                 setattr(self, name, getattr(self, name)[:0])
             return
         keep = ~done
-        on_kept = np.repeat(keep, self._len)
-        self._inc_edge = self._inc_edge[on_kept]
-        self._inc_cap = self._inc_cap[on_kept]
+        if self._inc_cap is None:                       # (compiled: no capacities per entry)
+            out = np.empty_like(self._inc_edge)
+            self._inc_edge = out[:_maxmin.keep_entries(self._inc_edge, self._len, keep, out)]
+        else:
+            on_kept = np.repeat(keep, self._len)
+            self._inc_edge = self._inc_edge[on_kept]
+            self._inc_cap = self._inc_cap[on_kept]
         self._len = self._len[keep]
         self._caps = self._caps[keep]
         self._bid = self._bid[keep]
@@ -821,13 +841,17 @@ class FlowNetwork:
         # The same set of flows on the same links recurs (a pipeline's sends in every cycle of
         # its schedule): the filling is a pure function of its inputs (the link capacities are
         # this network's, fixed), computed once per set.
-        key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes(), floor)
-        hit = self._memo.get(key)
+        if edge_of.size > _MEMO_MAX_ENTRIES:    # (a key of megabytes to build and hash, no repeat)
+            key, hit = None, None
+        else:
+            key = (edge_of.tobytes(), self._len.tobytes(), caps.tobytes(), floor)
+            hit = self._memo.get(key)
         if hit is None:
             rate, it = self._fill(edge_of, self._len, caps, floor, self._inc_cap)
             rate.flags.writeable = False        # shared by every hit
             hit = (rate, it)
-            self._remember(key, hit, len(key[0]) + len(key[1]) + len(key[2]) + rate.nbytes)
+            if key is not None:
+                self._remember(key, hit, len(key[0]) + len(key[1]) + len(key[2]) + rate.nbytes)
         self._rate = hit[0]
         self.solves += 1
         self.iterations += hit[1]
