@@ -248,42 +248,6 @@ def test_breakdown_is_the_interval_walk(spans):
     assert b.bubble_ns == 100 - b.compute_ns - b.exposed_comm_ns
 
 
-def _numpy_fill(monkeypatch, *args, **kw):
-    import sim.network.flow as flow
-
-    monkeypatch.setattr(flow, "_SMALL_ENTRIES", -1)
-    try:
-        return flow.max_min_rates(*args, **kw)
-    finally:
-        monkeypatch.undo()
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.data())
-def test_small_problems_filled_in_python_equal_the_numpy_filling(data):
-    """Up to 64 (flow, link) entries max_min_rates fills on Python floats: rates and iteration
-    counts equal to the numpy filling bit for bit, with caps, a start level and tied shares."""
-    import sim.network.flow as flow
-
-    n_links = data.draw(st.integers(1, 12))
-    caps = data.draw(st.lists(st.sampled_from([12.5, 25.0, 50.0, 100.0, 0.1, 3.3, 7.77]) | st.floats(0.01, 500),
-                              min_size=n_links, max_size=n_links))
-    paths = data.draw(st.lists(st.lists(st.integers(0, n_links - 1), min_size=1, max_size=4, unique=True),
-                               min_size=1, max_size=12))
-    flow_of = np.repeat(np.arange(len(paths)), [len(p) for p in paths])
-    edge_of = np.array([e for p in paths for e in p], dtype=np.int64)
-    max_rate = np.array(data.draw(st.lists(st.sampled_from([np.inf, np.inf, 5.0, 0.7]),
-                                           min_size=len(paths), max_size=len(paths))))
-    level = data.draw(st.sampled_from([0.0, 0.05, 1.0 / 3.0]))
-    capacity = np.array(caps)
-    with pytest.MonkeyPatch.context() as mp:
-        want = _numpy_fill(mp, capacity, flow_of, edge_of, len(paths), max_rate, start_level=level)
-    assert edge_of.size + np.isfinite(max_rate).sum() <= flow._SMALL_ENTRIES
-    got = flow.max_min_rates(capacity, flow_of, edge_of, len(paths), max_rate, start_level=level)
-    assert got[1] == want[1]
-    assert got[0].tobytes() == want[0].tobytes()
-
-
 class _HalfFixed:
     """A network whose calls tagged "fixed" take `size` ns known in advance (`fixed_ns`) and the
     rest `size` ns decided while they run (a process), like isolated vs shared flow calls."""

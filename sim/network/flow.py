@@ -282,7 +282,8 @@ class FlowNetwork:
         self._caps = np.zeros(0)
         self._len = np.zeros(0, dtype=np.int64)       # path length of each active flow
         self._inc_edge = np.zeros(0, dtype=np.int64)  # incidence: link of each (flow, link) entry
-        self._inc_cap = np.zeros(0) if _maxmin is None else None   # that link's capacity (numpy's
+        self._k = _maxmin                             # the compiled kernel, or None: numpy
+        self._inc_cap = np.zeros(0) if self._k is None else None   # that link's capacity (numpy's
         # filling reads it; the compiled one reads the network's array)
         # the same while few (`small_flows`, see the machinery): per flow, its path (edge ids)
         self._small = True
@@ -600,9 +601,9 @@ class FlowNetwork:
 
     def _finish_arrays(self, now: int) -> int:
         """Each flow's end (integer ns) at its new rate; the earliest."""
-        if _maxmin is not None:                 # the same steps in one pass (none is reported)
+        if self._k is not None:                 # the same steps in one pass (none is reported)
             fin = np.empty(self._rem.size, dtype=np.int64)
-            first = _maxmin.finish(self._rem, self._rate, now, float(MAX_STEP_NS - now), fin)
+            first = self._k.finish(self._rem, self._rate, now, float(MAX_STEP_NS - now), fin)
             if first >= 0:
                 self._finish = fin
                 return first
@@ -772,9 +773,9 @@ class FlowNetwork:
                 setattr(self, name, getattr(self, name)[:0])
             return
         keep = ~done
-        if self._inc_cap is None:                       # (compiled: no capacities per entry)
+        if self._k is not None:
             out = np.empty_like(self._inc_edge)
-            self._inc_edge = out[:_maxmin.keep_entries(self._inc_edge, self._len, keep, out)]
+            self._inc_edge = out[:self._k.keep_entries(self._inc_edge, self._len, keep, out)]
         else:
             on_kept = np.repeat(keep, self._len)
             self._inc_edge = self._inc_edge[on_kept]
@@ -794,9 +795,9 @@ class FlowNetwork:
         edge_of = self._inc_edge
         caps = self._caps
         capacity = self.capacity
-        if floor > 0.0 and _maxmin is not None:       # the same steps as below, compiled
+        if floor > 0.0 and self._k is not None:       # the same steps as below, compiled
             rate = np.empty(F)
-            got = _maxmin.resolve(capacity, edge_of, self._len, self._rate, caps, floor, rate)
+            got = self._k.resolve(capacity, edge_of, self._len, self._rate, caps, floor, rate)
             if got is not None:
                 it, level, froze = got
                 if not froze:
