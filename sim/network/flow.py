@@ -40,6 +40,20 @@ except ImportError:
 KERNEL = "compiled" if _maxmin is not None else "numpy"
 """Which max-min filling this installation runs (the results are the same)."""
 
+
+def _froze_none(level: float) -> InternalError:
+    """A filling's iteration froze no flow: a NaN link capacity would make it loop forever."""
+    return InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+
+
+def _compiled(got: tuple) -> int:
+    """The iterations of a compiled fill or re-solve, (iterations, level, froze); raises where an
+    iteration froze no flow."""
+    it, level, froze = got
+    if not froze:
+        raise _froze_none(level)
+    return it
+
 NETWORK_MODES = ("flow", "analytical")
 _SOLVE_PRIORITY = 2          # SimPy: URGENT = 0, NORMAL = 1; larger runs later at the same time
 _INF_NS = np.iinfo(np.int64).max
@@ -98,13 +112,10 @@ def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray
     if _maxmin is not None:                     # (caps given as they are: no copy of capacity)
         rate = np.zeros(n_flows)
         caps = _NO_CAPS if max_rate is None else np.ascontiguousarray(max_rate, dtype=np.float64)
-        it, level, froze = _maxmin.fill(np.ascontiguousarray(capacity, dtype=np.float64),
-                                        np.ascontiguousarray(flow_of, dtype=np.int64),
-                                        np.ascontiguousarray(edge_of, dtype=np.int64), n_flows,
-                                        float(start_level), caps, rate)
-        if not froze:
-            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
-        return rate, it
+        return rate, _compiled(_maxmin.fill(np.ascontiguousarray(capacity, dtype=np.float64),
+                                            np.ascontiguousarray(flow_of, dtype=np.int64),
+                                            np.ascontiguousarray(edge_of, dtype=np.int64), n_flows,
+                                            float(start_level), caps, rate))
     E = capacity.shape[0]
     if max_rate is not None:
         capped = np.flatnonzero(np.isfinite(max_rate))
@@ -156,7 +167,7 @@ def _fill_numpy(capacity, flow_of, edge_of, n_flows: int, start_level: float, en
             level = float(m)
         hit = af[(sat_level <= m + abs(m) * 1e-12)[ae]]     # (m < 0 below a start level)
         if not hit.size:                        # a NaN capacity: no link ever saturates (a hang)
-            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+            raise _froze_none(level)
         rate[hit] = level
         frozen[hit] = True
         on_hit = frozen[af]
@@ -235,7 +246,7 @@ def _fill_small(capacity: np.ndarray, af: list, edges: list, n_flows: int, level
         thr = m + abs(m) * 1e-12
         hit = [f for f, e in entries if sat_level[e] <= thr]
         if not hit:
-            raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+            raise _froze_none(level)
         for f in hit:
             rate[f] = level
             frozen[f] = True
@@ -799,12 +810,9 @@ class FlowNetwork:
             rate = np.empty(F)
             got = self._k.resolve(capacity, edge_of, self._len, self._rate, caps, floor, rate)
             if got is not None:
-                it, level, froze = got
-                if not froze:
-                    raise InternalError(f"max-min filling froze no flow at level {level!r} (a NaN link capacity?)")
+                self.iterations += _compiled(got)
                 self._rate = rate
                 self.solves += 1
-                self.iterations += it
                 return
         elif floor > 0.0:
             fixed = self._rate < floor * (1.0 - 1e-12)
