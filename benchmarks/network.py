@@ -95,7 +95,7 @@ def locality(G, transfers) -> np.ndarray:
     kernel, flow._maxmin = flow._maxmin, None   # (the compiled re-solve does not pass through it)
     try:
         env = simpy.Environment()
-        net = Watched(env, G)
+        net = Watched(env, G, alone=False)     # every flow in the filling (the solver's work)
         for s, d, b in transfers:
             net.transfer(s, d, b)
         env.run()

@@ -445,39 +445,46 @@ done:
     return result;
 }
 
-/* finish(rem, rate, now, limit, out) -> the earliest end, or -1 - i for the first flow i whose
- * end is not a number of ns below `limit` after now: FlowNetwork._finish_arrays' numpy steps
- * (rem = max(rem, 0) in place; out = now + ceil(rem / rate - 1e-9)), one pass. */
-static PyObject *finish(PyObject *self, PyObject *args) {
-    Py_buffer mb, rb, ob;
+/* rebase(rem, t0, rate, old, now, limit, fin) -> the earliest end, or -1 - i for the first flow i
+ * whose new end is not a number of ns below `limit` after now: FlowNetwork._finish_arrays' numpy
+ * steps, one pass. For each flow whose rate changed (rate != old, or is not positive): rem = max(rem - old x (now -
+ * t0), 0) (NaN stays, as np.maximum), t0 = now, fin = now + ceil(rem / rate - 1e-9); the others
+ * keep theirs. */
+static PyObject *rebase(PyObject *self, PyObject *args) {
+    Py_buffer mb, tb, rb, ob, fb;
     long long now;
     double limit;
-    if (!PyArg_ParseTuple(args, "w*y*Ldw*", &mb, &rb, &now, &limit, &ob)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*Ldw*", &mb, &tb, &rb, &ob, &now, &limit, &fb)) return NULL;
     PyObject *result = NULL;
     const Py_ssize_t F = mb.len / 8;
     double *rem = (double *)mb.buf;
-    const double *rate = (const double *)rb.buf;
-    int64_t *out = (int64_t *)ob.buf;
-    if (rb.len != mb.len || ob.len != mb.len) {
-        PyErr_SetString(PyExc_ValueError, "finish: rem, rate and out must have one number per flow");
+    int64_t *t0 = (int64_t *)tb.buf;
+    const double *rate = (const double *)rb.buf, *old = (const double *)ob.buf;
+    int64_t *fin = (int64_t *)fb.buf;
+    if (tb.len != mb.len || rb.len != mb.len || ob.len != mb.len || fb.len != mb.len) {
+        PyErr_SetString(PyExc_ValueError, "rebase: rem, t0, rate, old and fin must have one number per flow");
         goto done;
     }
     long long first = -1;
     for (Py_ssize_t i = 0; i < F; i++) {
-        double r = rem[i];
-        if (!(r >= 0.0 || r != r)) r = 0.0;                          /* np.maximum: NaN stays */
-        rem[i] = r;
-        double steps = ceil(r / rate[i] - 1e-9);
-        if (!(steps < limit)) { first = -1 - (long long)i; break; }
-        int64_t end = (int64_t)now + (int64_t)steps;
-        out[i] = end;
-        if (first < 0 || end < first) first = end;
+        if (rate[i] != old[i] || !(rate[i] > 0.0)) {               /* (a zero or NaN rate: reported) */
+            double r = rem[i] - old[i] * (double)(now - t0[i]);
+            if (!(r >= 0.0 || r != r)) r = 0.0;                      /* np.maximum: NaN stays */
+            double steps = ceil(r / rate[i] - 1e-9);
+            if (!(steps < limit)) { first = -1 - (long long)i; break; }
+            rem[i] = r;
+            t0[i] = now;
+            fin[i] = (int64_t)now + (int64_t)steps;
+        }
+        if (first < 0 || fin[i] < first) first = fin[i];
     }
     result = PyLong_FromLongLong(first);
 done:
     PyBuffer_Release(&mb);
+    PyBuffer_Release(&tb);
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ob);
+    PyBuffer_Release(&fb);
     return result;
 }
 
@@ -523,7 +530,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS, "Max-min fair rates by progressive filling (see sim.network.flow)."},
-    {"finish", finish, METH_VARARGS, "Each flow's end at its rate (see FlowNetwork._finish_arrays)."},
+    {"rebase", rebase, METH_VARARGS, "The end of each flow whose rate changed (see FlowNetwork._finish_arrays)."},
     {"keep_entries", keep_entries, METH_VARARGS, "The entries of the flows kept (see FlowNetwork._complete)."},
     {"resolve", resolve, METH_VARARGS, "FlowNetwork's partial re-solve after departures (see sim.network.flow)."},
     {NULL, NULL, 0, NULL},

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 
 import networkx as nx
 import numpy as np
@@ -90,6 +90,44 @@ class _Batch:
         self.seg = seg
         """The segment of each flow (or None): see FlowNetwork.transfer_batch."""
         self.seg_last = None if seg is None else [-1] * (max(seg) + 1)
+
+
+class _Prep:
+    """A batch's flows as one running alone would take them (FlowNetwork._prep): per flow its
+    path, its rate (its narrowest link or its cap) and its duration (ns)."""
+
+    __slots__ = ("arrays", "links", "paths", "rates", "durs", "end", "first", "ok")
+
+    def __init__(self, arrays, links, paths, rates, durs, end, first, ok):
+        self.arrays = arrays            # (edges, lengths, nbytes, caps): held, so ids stay theirs
+        self.links = links
+        self.paths = paths
+        self.rates = rates
+        self.durs = durs
+        self.end = end
+        """The longest duration (ns)."""
+        self.first = first
+        """The shortest."""
+        self.ok = ok
+        """Whether the batch can run alone: no link twice, every rate positive and finite, every
+        duration at least 1 ns."""
+
+
+def _by_bid(s) -> int:
+    return s.bid
+
+
+class _Solo:
+    """A batch running alone: started at `start` (ns), flow k ends at start + prep.durs[k]."""
+
+    __slots__ = ("bid", "prep", "start", "dead")
+
+    def __init__(self, bid, prep, start):
+        self.bid = bid
+        self.prep = prep
+        self.start = start
+        self.dead = False
+        """Ended, or moved into the shared set (`_demote`)."""
 
 
 def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
@@ -271,7 +309,7 @@ class FlowNetwork:
     TransferResult) when the last byte has arrived."""
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, *, mode: str = "flow",
-                 record: bool = False):
+                 record: bool = False, alone: bool = True):
         if mode not in NETWORK_MODES:
             raise ConfigError(f"simulation.network = {mode!r} must be one of {', '.join(NETWORK_MODES)}",
                               key="simulation.network")
@@ -287,7 +325,8 @@ class FlowNetwork:
         self._next_batch = 0
         self._bid = np.zeros(0, dtype=np.int64)       # batch of each active flow
         self._pos = np.zeros(0, dtype=np.int64)       # its index in the batch
-        self._rem = np.zeros(0)
+        self._rem = np.zeros(0)                       # bytes left at time _t0 (its last rate change)
+        self._t0 = np.zeros(0, dtype=np.int64)
         self._rate = np.zeros(0)
         self._finish = np.zeros(0, dtype=np.int64)
         self._caps = np.zeros(0)
@@ -304,6 +343,7 @@ class FlowNetwork:
         self._s_bid: list = []
         self._s_pos: list = []
         self._s_rem: list = []
+        self._s_t0: list = []
         self._s_rate: list = []
         self._s_finish: list = []
         self._s_caps: list = []
@@ -322,6 +362,14 @@ class FlowNetwork:
         self._segmented = 0                           # active batches with segments
         self._lists: dict = {}                        # id(edges) -> a batch's lists (_as_lists)
         self._pids: dict = {}                         # path -> its number (_pid_of)
+        # batches alone on their links (see "Batches alone" below)
+        self.alone = alone
+        """Whether batches that share no link with another flow run outside the max-min set
+        (False: every flow in it; for tests, the results are the same)."""
+        self._solos: dict = {}                        # batch id -> _Solo, running alone
+        self._solo_n = 0                              # their flows
+        self._held: dict = {}                         # link -> the last _Solo to cross it
+        self._preps: dict = {}                        # id(edges) -> a batch's _Prep
 
     # --- public API ---
     def transfer(self, src: str, dst: str, nbytes: int, *, rail: int | None = None, key: int = 0,
@@ -389,12 +437,12 @@ class FlowNetwork:
         self._batches[b] = _Batch(len(names), ev, lat, names, nbytes, self.env.now, segments)
         if segments is not None:
             self._segmented += 1
-        self._pending.append((b, edges, lengths, nbytes, caps))
+        self._pending.append((b, edges, lengths, nbytes, caps, None))
         self._request_solve()
 
     @property
     def active_flows(self) -> int:
-        return self._count() + sum(p[2].size for p in self._pending)
+        return self._count() + sum(p[2].size for p in self._pending) + len(self._alone_live(self.env.now))
 
     def _count(self) -> int:
         return len(self._s_rem) if self._small else int(self._rem.size)
@@ -407,7 +455,10 @@ class FlowNetwork:
     def current_rates(self) -> dict[str, float]:
         """Name -> current rate (bytes/ns = GB/s) of every active flow (for tests and reports)."""
         rates = self._s_rate if self._small else self._rate.tolist()
-        return {self._name(i): float(r) for i, r in enumerate(rates)}
+        out = {self._name(i): float(r) for i, r in enumerate(rates)}
+        for s, k in self._alone_live(self.env.now):
+            out[self._batches[s.bid].names[k]] = s.prep.rates[k]
+        return out
 
     def link_load(self) -> np.ndarray:
         """The summed rate of the active flows on each link direction, by edge id (bytes/ns)."""
@@ -415,9 +466,12 @@ class FlowNetwork:
             load = np.zeros(self.capacity.shape[0])
             for path, r in zip(self._s_path, self._s_rate):
                 load[list(path)] += r
-            return load
-        flow_of = np.repeat(np.arange(self._rate.size), self._len)
-        return np.bincount(self._inc_edge, weights=self._rate[flow_of], minlength=self.capacity.shape[0])
+        else:
+            flow_of = np.repeat(np.arange(self._rate.size), self._len)
+            load = np.bincount(self._inc_edge, weights=self._rate[flow_of], minlength=self.capacity.shape[0])
+        for s, k in self._alone_live(self.env.now):
+            load[list(s.prep.paths[k])] += s.prep.rates[k]
+        return load
 
     # --- machinery ---
     # The active flows are kept as Python lists while they are few (`_small`: a pipeline's sends,
@@ -450,16 +504,6 @@ class FlowNetwork:
         if ev._value == self._version and not self._solve_scheduled:
             self._on_solve(ev)
 
-    def _advance(self, now: int):
-        dt = now - self._t
-        if dt > 0:
-            if self._small:
-                if self._s_rem:
-                    self._s_rem = [r - x * dt for r, x in zip(self._s_rem, self._s_rate)]
-            elif self._rem.size:
-                self._rem -= self._rate * dt
-        self._t = now
-
     @staticmethod
     def _incidence(paths: list) -> tuple:
         """(path lengths, edge ids end to end) of paths given as tuples, as arrays."""
@@ -484,6 +528,7 @@ class FlowNetwork:
         self._bid = np.array(self._s_bid, dtype=np.int64)
         self._pos = np.array(self._s_pos, dtype=np.int64)
         self._rem = np.array(self._s_rem, dtype=np.float64)
+        self._t0 = np.array(self._s_t0, dtype=np.int64)
         self._rate = np.array(self._s_rate, dtype=np.float64)
         self._finish = np.array(self._s_finish, dtype=np.int64)
         self._caps = np.array(self._s_caps, dtype=np.float64)
@@ -499,6 +544,7 @@ class FlowNetwork:
         self._s_bid = self._bid.tolist()
         self._s_pos = self._pos.tolist()
         self._s_rem = self._rem.tolist()
+        self._s_t0 = self._t0.tolist()
         self._s_rate = self._rate.tolist()
         self._s_finish = self._finish.tolist()
         self._s_caps = self._caps.tolist()
@@ -524,30 +570,205 @@ class FlowNetwork:
             pid = self._pids[path] = len(self._pids)
         return pid
 
-    def _join(self, new: list):
+    # --- batches alone ---
+    # A batch whose flows share no link with each other or with any other live flow gets, from
+    # the max-min filling, each flow its narrowest link's capacity (or its cap): a link crossed
+    # by one flow saturates at (capacity - 0) / 1. It runs outside the shared set, with its end
+    # scheduled once, until a later batch meets one of its live flows; then its flows still
+    # running join the shared set with the bytes they have left, as if they had been there all
+    # along (`_demote`). A pipeline's sends and most of a large step's ring phases run so.
+    def _prep(self, p) -> _Prep:
+        """The batch's flows as one running alone would take them (once per batch arrays: a
+        collective's phases recur)."""
+        _, edges, lengths, nbytes, caps, _ = p
+        hit = self._preps.get(id(edges))
+        if hit is not None and hit.arrays[0] is edges and hit.arrays[1] is lengths \
+                and hit.arrays[2] is nbytes and hit.arrays[3] is caps:
+            return hit
+        cap = self.router.capacity_list
+        links = edges.tolist()
+        paths = self._paths(links, lengths.tolist())
+        rates = [min(min([cap[e] for e in path], default=math.inf), c) for path, c in zip(paths, caps.tolist())]
+        ok = len(set(links)) == len(links) and all(0.0 < r < math.inf for r in rates)
+        durs = [math.ceil(float(n) / r - 1e-9) for n, r in zip(nbytes, rates)] if ok else []
+        ok = ok and min(durs) >= 1
+        hit = _Prep((edges, lengths, nbytes, caps), links, paths, rates, durs, max(durs, default=0),
+                    min(durs, default=0), ok)
+        if len(self._preps) >= 4096:
+            self._preps.clear()
+        self._preps[id(edges)] = hit
+        return hit
+
+    def _take_alone(self, new: list, now: int) -> list:
+        """Start the batches of `new` that meet no other live flow alone; move the batches
+        running alone that one of `new` meets into the shared set. Returns the batches for the
+        shared set (those of `new` in order, then the moved ones)."""
+        preps = [self._prep(p) for p in new]
+        lim = MAX_STEP_NS - now
+        if not any(pr.ok and pr.end < lim for pr in preps) and not self._solos:
+            return new
+        taken: set | np.ndarray = set()         # links of the shared set's flows still running
+        mask = None
+        if self._small:
+            taken = {e for path, f in zip(self._s_path, self._s_finish) if f > now for e in path}
+        elif self._rem.size:
+            mask = _scratch_mask(self.capacity.shape[0])
+            live = self._inc_edge[np.repeat(self._finish > now, self._len)]
+            mask[live] = True
+        try:
+            if len(new) > 1:                    # links two of the new batches cross
+                seen: set = set()
+                for pr in preps:
+                    for e in pr.links:
+                        if e in seen:
+                            taken.add(e) if mask is None else mask.__setitem__(e, True)
+                        seen.add(e)
+            held = self._held
+            out, moved = [], []
+            for p, pr in zip(new, preps):
+                alone = pr.ok and pr.end < lim
+                if alone:
+                    if mask is None:
+                        alone = taken.isdisjoint(pr.links)
+                    else:
+                        alone = not mask[pr.arrays[0]].any()
+                if self._solos:                 # the batches running alone it meets
+                    met = set(map(held.get, pr.links))
+                    met.discard(None)
+                    for h in sorted(met, key=_by_bid):
+                        if not h.dead and (h.start + h.prep.first > now or self._crosses(h, pr.links, now)):
+                            m = self._demote(h, now)
+                            moved.append(m)
+                            if mask is None:    # its links are the shared set's now
+                                taken.update(m[1].tolist())
+                            else:
+                                mask[m[1]] = True
+                            alone = False
+                if alone:
+                    self._start_alone(p[0], pr, now)
+                else:
+                    out.append(p)
+        finally:
+            if mask is not None:
+                mask[:] = False
+        return out + moved
+
+    @staticmethod
+    def _crosses(s: _Solo, links: list, now: int) -> bool:
+        """Whether a flow of `s` still running at `now` crosses one of `links`."""
+        live = {e for path, d in zip(s.prep.paths, s.prep.durs) if s.start + d > now for e in path}
+        return not live.isdisjoint(links)
+
+    def _start_alone(self, b: int, pr: _Prep, now: int):
+        s = self._solos[b] = _Solo(b, pr, now)
+        self._held.update(zip(pr.links, repeat(s)))
+        self._solo_n += len(pr.durs)
+        ev = simpy.Event(self.env)
+        ev._ok = True
+        ev._value = s
+        ev.callbacks.append(self._alone_end)
+        self.env.schedule(ev, _SOLVE_PRIORITY, pr.end)
+
+    def _alone_end(self, ev):
+        """A batch running alone: its last flow ends now (unless it was moved)."""
+        s = ev._value
+        if s.dead:
+            return
+        s.dead = True
+        del self._solos[s.bid]
+        n = len(s.prep.durs)
+        self._solo_n -= n
+        self._ended_alone(s, range(n))
+        self._end_runs(((s.bid, n),), self.env.now)
+
+    def _ended_alone(self, s: _Solo, ks):
+        """Count, log and note the segment ends of flows `ks` of a batch running alone."""
+        self.completed += len(ks)
+        bt = self._batches[s.bid]
+        if bt.seg is None and not self.record:
+            return
+        durs = s.prep.durs
+        for k in sorted(ks, key=durs.__getitem__):          # in order of their ends
+            end = s.start + durs[k]
+            if bt.seg is not None:
+                bt.seg_last[bt.seg[k]] = end
+            if self.record:
+                self.log.append(TransferResult(bt.names[k], bt.nbytes[k], bt.start_ns, end + bt.latency_ns))
+
+    def _demote(self, s: _Solo, now: int) -> tuple:
+        """Move batch `s` (running alone) into the shared set: the flows that have ended are
+        done; the others join as if they had been in it from their start (their bytes at the
+        start, the start as their last rate change, their rate and end: if the next solve keeps
+        a flow's rate, it keeps its end). The batch gets a new id (the shared set keeps its
+        flows in order of batch ids)."""
+        s.dead = True
+        del self._solos[s.bid]
+        pr = s.prep
+        self._solo_n -= len(pr.durs)
+        dt = now - s.start
+        ended = [k for k, d in enumerate(pr.durs) if d <= dt]
+        going = [k for k, d in enumerate(pr.durs) if d > dt]
+        if ended:
+            self._ended_alone(s, ended)
+            self._end_runs(((s.bid, len(ended)),), now)      # (flows left: the batch goes on)
+        b = self._next_batch
+        self._next_batch += 1
+        self._batches[b] = self._batches.pop(s.bid)
+        edges = np.array([e for k in going for e in pr.paths[k]], dtype=np.int64)
+        lengths = np.array([len(pr.paths[k]) for k in going], dtype=np.int64)
+        _, _, nbytes, caps = pr.arrays
+        return (b, edges, lengths, [float(nbytes[k]) for k in going], caps[going],
+                (going, [s.start] * len(going), [pr.rates[k] for k in going], [s.start + pr.durs[k] for k in going]))
+
+    def _alone_live(self, now: int) -> list:
+        """(_Solo, flow index) of each flow running alone that has not ended by `now`."""
+        return [(s, k) for s in self._solos.values() for k, d in enumerate(s.prep.durs) if s.start + d > now]
+
+    def _due(self, now: int) -> bool:
+        """Whether a flow of the shared set ends by `now`."""
+        if self._small:
+            return bool(self._s_finish) and min(self._s_finish) <= now
+        return bool(self._finish.size) and int(self._finish.min()) <= now
+
+    @staticmethod
+    def _fresh(k: int, now: int, was) -> tuple:
+        """(positions in the batch, last rate change, rate, end) of k flows joining now, as arrays:
+        new ones, or those of a batch that ran alone (`was`, from `_demote`)."""
+        if was is None:
+            return (np.arange(k, dtype=np.int64), np.full(k, now, dtype=np.int64), np.zeros(k),
+                    np.full(k, _INF_NS, dtype=np.int64))
+        return (np.array(was[0], dtype=np.int64), np.array(was[1], dtype=np.int64), np.array(was[2]),
+                np.array(was[3], dtype=np.int64))
+
+    def _join(self, new: list, now: int):
         """Add the pending batches to the active flows."""
         n = [p[2].size for p in new]
         k = sum(n)
         if self._small and self._count() + k > self.small_flows:
             self._to_arrays()
         if self._small:
-            for (b, edges, lengths, nbytes, caps), j in zip(new, n):
+            for (b, edges, lengths, nbytes, caps, was), j in zip(new, n):
                 paths, pids, rem, cap = self._as_lists(edges, lengths, nbytes, caps)
                 self._s_path += paths
                 self._s_pid += pids
                 self._s_bid += [b] * j
-                self._s_pos += range(j)
                 self._s_rem += rem
-                self._s_rate = self._s_rate + [0.0] * j        # (a new list: the last one may be a memo's)
-                self._s_finish += [_INF_NS] * j
                 self._s_caps += cap
+                if was is None:
+                    self._s_pos += range(j)
+                    self._s_t0 += [now] * j
+                    self._s_rate = self._s_rate + [0.0] * j    # (a new list: the last one may be a memo's)
+                    self._s_finish += [_INF_NS] * j
+                else:                           # (a batch that ran alone: `_demote`)
+                    self._s_pos += was[0]
+                    self._s_t0 += was[1]
+                    self._s_rate = self._s_rate + was[2]
+                    self._s_finish += was[3]
         elif not self._rem.size and len(new) == 1:      # (often: one batch on an idle network)
-            b, edges, lengths, nbytes, caps = new[0]
+            b, edges, lengths, nbytes, caps, was = new[0]
             self._bid = np.full(k, b, dtype=np.int64)
-            self._pos = np.arange(k, dtype=np.int64)
             self._rem = np.array(nbytes, dtype=np.float64)             # a copy: changed in place
-            self._rate = np.zeros(k)
-            self._finish = np.full(k, _INF_NS, dtype=np.int64)
+            self._pos, self._t0, self._rate, self._finish = self._fresh(k, now, was)
             self._caps = np.asarray(caps, dtype=np.float64)            # the caller's arrays: only
             self._len = np.asarray(lengths, dtype=np.int64)            # read, as slices of the
             self._inc_edge = np.asarray(edges, dtype=np.int64)         # concatenation would be
@@ -555,10 +776,12 @@ class FlowNetwork:
                 self._inc_cap = self.capacity[self._inc_edge]
         else:
             self._bid = np.concatenate([self._bid] + [np.full(j, p[0], dtype=np.int64) for j, p in zip(n, new)])
-            self._pos = np.concatenate([self._pos] + [np.arange(j, dtype=np.int64) for j in n])
+            fresh = [self._fresh(j, now, p[5]) for j, p in zip(n, new)]
+            self._pos = np.concatenate([self._pos] + [f[0] for f in fresh])
             self._rem = np.concatenate([self._rem] + [np.asarray(p[3], dtype=np.float64) for p in new])
-            self._rate = np.concatenate([self._rate, np.zeros(k)])
-            self._finish = np.concatenate([self._finish, np.full(k, _INF_NS, dtype=np.int64)])
+            self._t0 = np.concatenate([self._t0] + [f[1] for f in fresh])
+            self._rate = np.concatenate([self._rate] + [f[2] for f in fresh])
+            self._finish = np.concatenate([self._finish] + [f[3] for f in fresh])
             self._caps = np.concatenate([self._caps] + [p[4] for p in new])
             self._len = np.concatenate([self._len] + [p[2] for p in new])
             self._inc_edge = np.concatenate([self._inc_edge] + [p[1] for p in new])
@@ -568,13 +791,17 @@ class FlowNetwork:
     def _on_solve(self, _ev):
         self._solve_scheduled = False
         now = self.env.now
-        self._advance(now)
         full = False
         if self._pending:
-            self._join(self._pending)
-            self._pending = []
-            full = True
-        self.peak_flows = max(self.peak_flows, self._count())
+            new, self._pending = self._pending, []
+            if self.alone:
+                new = self._take_alone(new, now)
+                if not new and not self._due(now):      # every batch alone: the set is as it was
+                    return
+            if new:
+                self._join(new, now)
+                full = True
+        self.peak_flows = max(self.peak_flows, self._count() + self._solo_n)
         if now != self._last_now:
             self._same_instant, self._last_now = 0, now
         while True:
@@ -589,14 +816,16 @@ class FlowNetwork:
             full = False
             nxt = None
             if self._small:
+                old = self._s_rate              # (replaced by the solve, never changed in place)
                 self._solve_lists(level)
-                nxt = self._finish_lists(now)
+                nxt = self._finish_lists(now, old)
                 if nxt is None:                 # a zero or overflowing time: the arrays report it
                     self._to_arrays()
             else:
+                old = self._rate
                 self._solve_rates(level)
             if nxt is None:
-                nxt = self._finish_arrays(now)
+                nxt = self._finish_arrays(now, old)
             if nxt > now:
                 break
             self._same_instant += 1
@@ -610,45 +839,61 @@ class FlowNetwork:
         wake.callbacks.append(self._on_wake)
         self.env.schedule(wake, _SOLVE_PRIORITY, nxt - now)
 
-    def _finish_arrays(self, now: int) -> int:
-        """Each flow's end (integer ns) at its new rate; the earliest."""
+    def _finish_arrays(self, now: int, old) -> int:
+        """The end (integer ns) of each flow whose rate changed from `old`: its bytes left at the
+        change (rem - old rate x the time since the last change) at the new rate; the earliest
+        end of all. A flow whose rate did not change keeps its end: its bytes are not re-derived
+        at every solve (an end would then depend on how often unrelated flows came and went)."""
         if self._k is not None:                 # the same steps in one pass (none is reported)
-            fin = np.empty(self._rem.size, dtype=np.int64)
-            first = self._k.finish(self._rem, self._rate, now, float(MAX_STEP_NS - now), fin)
+            first = self._k.rebase(self._rem, self._t0, self._rate, np.asarray(old, dtype=np.float64), now,
+                                   float(MAX_STEP_NS - now), self._finish)
             if first >= 0:
-                self._finish = fin
                 return first
-        np.maximum(self._rem, 0.0, out=self._rem)
-        steps = np.ceil(self._rem / self._rate - 1e-9)
-        if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
-            bad = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
-            name, rate = self._name(bad), float(self._rate[bad])
-            nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
-            if 0 < rate < np.inf and steps[bad] < np.inf:   # a real rate: the scenario's work
-                raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
-                                   f"would end {(now + steps[bad]) / 1e9:.3g} s into the step")
-            raise InternalError(f"flow {name!r} ({nbytes} bytes) got rate {self._rate[bad]!r} "
-                                f"B/ns: its finish time overflows int64 nanoseconds")
-        self._finish = now + steps.astype(np.int64)
+        old = np.asarray(old, dtype=np.float64)
+        ch = np.flatnonzero((self._rate != old) | ~(self._rate > 0.0))     # (zero or NaN: reported)
+        if ch.size:
+            x = self._rate[ch]
+            rem = np.maximum(self._rem[ch] - old[ch] * (now - self._t0[ch]), 0.0)
+            steps = np.ceil(rem / x - 1e-9)
+            if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
+                bad = int(ch[np.flatnonzero(~(steps < MAX_STEP_NS - now))[0]])
+                name, rate = self._name(bad), float(self._rate[bad])
+                nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
+                step = float(steps[np.flatnonzero(ch == bad)[0]])
+                if 0 < rate < np.inf and step < np.inf:     # a real rate: the scenario's work
+                    raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
+                                       f"would end {(now + step) / 1e9:.3g} s into the step")
+                raise InternalError(f"flow {name!r} ({nbytes} bytes) got rate {self._rate[bad]!r} "
+                                    f"B/ns: its finish time overflows int64 nanoseconds")
+            self._rem[ch] = rem
+            self._t0[ch] = now
+            self._finish[ch] = now + steps.astype(np.int64)
         return int(self._finish.min())
 
-    def _finish_lists(self, now: int) -> int | None:
+    def _finish_lists(self, now: int, old: list) -> int | None:
         """_finish_arrays on the lists (np.ceil of a float64 is a float64 integer: math.ceil's
         int is that number); None, changing nothing, where a time is not finite or too late."""
-        lim = float(MAX_STEP_NS - now)
-        rem = [max(r, 0.0) for r in self._s_rem]
         rate = self._s_rate
         if not min(rate) > 0.0:            # (a NaN rate: here, or ceil's ValueError below)
             return None
+        lim = MAX_STEP_NS - now
+        rem, t0, fin = self._s_rem, self._s_t0, self._s_finish
         ceil = math.ceil
+        got = []
         try:
-            fin = [now + ceil(r / x - 1e-9) for r, x in zip(rem, rate)]
+            for i, (x, o) in enumerate(zip(rate, old)):
+                if x != o:
+                    r = max(rem[i] - o * (now - t0[i]), 0.0)
+                    q = ceil(r / x - 1e-9)
+                    if not q < lim:
+                        return None
+                    got.append((i, r, now + q))
         except (ValueError, OverflowError):     # a NaN or infinite time
             return None
-        if not max(fin) - now < lim:       # every ceil(q) < lim, hence every q < lim
-            return None
-        self._s_rem = rem
-        self._s_finish = fin
+        for i, r, f in got:
+            rem[i] = r
+            t0[i] = now
+            fin[i] = f
         return min(fin)
 
     def _complete_due(self, now: int) -> float:
@@ -717,20 +962,20 @@ class FlowNetwork:
         self._end_runs(runs, now)
         if n == len(bid):                       # every active flow ended
             self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem = [], [], [], [], []
-            self._s_rate, self._s_finish, self._s_caps = [], [], []
+            self._s_t0, self._s_rate, self._s_finish, self._s_caps = [], [], [], []
             return
         a, b = idx[0], idx[-1] + 1
         if b - a == n:                          # (usually: one batch's flows, contiguous)
             for lst in (self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem,
-                        self._s_caps):          # (the network's own lists)
+                        self._s_t0, self._s_caps):          # (the network's own lists)
                 del lst[a:b]
             rate = self._s_rate                 # (may be a memo's list: not changed in place)
             self._s_rate = rate[:a] + rate[b:]
             return
         rows = [r for r in zip(self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos,
-                               self._s_rem, self._s_rate, self._s_caps) if r[0] > now]
-        (self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem, self._s_rate,
-         self._s_caps) = map(list, zip(*rows))
+                               self._s_rem, self._s_t0, self._s_rate, self._s_caps) if r[0] > now]
+        (self._s_finish, self._s_path, self._s_pid, self._s_bid, self._s_pos, self._s_rem, self._s_t0,
+         self._s_rate, self._s_caps) = map(list, zip(*rows))
 
     def _solve_lists(self, floor: float):
         """_solve_rates on the lists: the same memo (keys of another shape) and max_min_rates."""
@@ -780,7 +1025,7 @@ class FlowNetwork:
         if n == self._rem.size:                 # every active flow ended
             if self._inc_cap is not None:
                 self._inc_cap = self._inc_cap[:0]
-            for name in ("_inc_edge", "_len", "_caps", "_bid", "_pos", "_rem", "_rate", "_finish"):
+            for name in ("_inc_edge", "_len", "_caps", "_bid", "_pos", "_rem", "_t0", "_rate", "_finish"):
                 setattr(self, name, getattr(self, name)[:0])
             return
         keep = ~done
@@ -796,6 +1041,7 @@ class FlowNetwork:
         self._bid = self._bid[keep]
         self._pos = self._pos[keep]
         self._rem = self._rem[keep]
+        self._t0 = self._t0[keep]
         self._rate = self._rate[keep]
         self._finish = self._finish[keep]
 

@@ -44,6 +44,8 @@ class Router:
         self.link_class = [d["link_class"] for d in data]
         self.capacity = np.asarray(self.bandwidth_gbps, dtype=np.float64)
         """Capacity of each link direction by edge id, bytes/ns (= GB/s), as an array."""
+        self.capacity_list = self.capacity.tolist()
+        """The same as Python floats (read one by one: FlowNetwork's batches alone)."""
         self.fabric = G.graph.get("fabric", {})
         self._cache: dict = {}
 
