@@ -603,40 +603,41 @@ class FlowNetwork:
         """Start the batches of `new` that meet no other live flow alone; move the batches
         running alone that one of `new` meets into the shared set. Returns the batches for the
         shared set (those of `new` in order, then the moved ones)."""
-        preps = [self._prep(p) for p in new]
         lim = MAX_STEP_NS - now
-        if not any(pr.ok and pr.end < lim for pr in preps) and not self._solos:
-            return new
-        taken: set | np.ndarray = set()         # links of the shared set's flows still running
-        mask = None
-        if self._small:
+        taken: set = set()                      # links of the shared set's flows still running
+        mask = None                             # the same as a mask, with the links two new batches cross
+        if len(new) == 1 and self._small:
             taken = {e for path, f in zip(self._s_path, self._s_finish) if f > now for e in path}
-        elif self._rem.size:
+        else:
             mask = _scratch_mask(self.capacity.shape[0])
-            live = self._inc_edge[np.repeat(self._finish > now, self._len)]
-            mask[live] = True
+            if self._small:
+                for path, f in zip(self._s_path, self._s_finish):
+                    if f > now:
+                        mask[list(path)] = True
+            elif self._rem.size:
+                mask[self._inc_edge[np.repeat(self._finish > now, self._len)]] = True
+            if len(new) > 1:
+                both = np.sort(np.concatenate([p[1] for p in new]))
+                mask[both[1:][both[1:] == both[:-1]]] = True
         try:
-            if len(new) > 1:                    # links two of the new batches cross
-                seen: set = set()
-                for pr in preps:
-                    for e in pr.links:
-                        if e in seen:
-                            taken.add(e) if mask is None else mask.__setitem__(e, True)
-                        seen.add(e)
             held = self._held
             out, moved = [], []
-            for p, pr in zip(new, preps):
-                alone = pr.ok and pr.end < lim
-                if alone:
-                    if mask is None:
-                        alone = taken.isdisjoint(pr.links)
-                    else:
-                        alone = not mask[pr.arrays[0]].any()
+            for p in new:
+                pr = None
+                if mask is None:
+                    pr = self._prep(p)
+                    alone = pr.ok and pr.end < lim and taken.isdisjoint(pr.links)
+                elif not mask[p[1]].any():
+                    pr = self._prep(p)
+                    alone = pr.ok and pr.end < lim
+                else:
+                    alone = False
                 if self._solos:                 # the batches running alone it meets
-                    met = set(map(held.get, pr.links))
+                    links = p[1].tolist() if pr is None else pr.links
+                    met = set(map(held.get, links))
                     met.discard(None)
                     for h in sorted(met, key=_by_bid):
-                        if not h.dead and (h.start + h.prep.first > now or self._crosses(h, pr.links, now)):
+                        if not h.dead and (h.start + h.prep.first > now or self._crosses(h, links, now)):
                             m = self._demote(h, now)
                             moved.append(m)
                             if mask is None:    # its links are the shared set's now
