@@ -49,43 +49,49 @@ static int ensure_slots(Py_ssize_t E) {
     return 0;
 }
 
-/* A binary min-heap of (key, link) entries. A link's entry may be stale: its key lower than the
- * link's saturation level now (freezing flows below a link's level raises it), fixed when it
- * reaches the top; a level that falls (by rounding) gets a new entry. */
-typedef struct { double *key; int64_t *link; Py_ssize_t size; } Heap;
+/* A 4-ary min-heap of (key, link) entries (fewer levels than a binary one, the four children of
+ * an entry side by side in memory). A link's entry may be stale: its key lower than the link's
+ * saturation level now (freezing flows below a link's level raises it), fixed when it reaches
+ * the top; a level that falls (by rounding) gets a new entry. Which of equal keys comes first
+ * does not matter: an iteration takes every link within 1e-12 of the lowest. */
+typedef struct { double key; int64_t link; } HEnt;
+typedef struct { HEnt *e; Py_ssize_t size; } Heap;
 
 static void heap_push(Heap *q, double x, int64_t l) {
+    HEnt *e = q->e;
     Py_ssize_t i = q->size++;
     while (i > 0) {
-        Py_ssize_t p = (i - 1) / 2;
-        if (!(x < q->key[p])) break;
-        q->key[i] = q->key[p];
-        q->link[i] = q->link[p];
+        Py_ssize_t p = (i - 1) / 4;
+        if (!(x < e[p].key)) break;
+        e[i] = e[p];
         i = p;
     }
-    q->key[i] = x;
-    q->link[i] = l;
+    e[i].key = x;
+    e[i].link = l;
 }
 
 /* Put (x, l) at place i or below it (the entries below i in order). */
 static void sift_down(Heap *q, Py_ssize_t i, double x, int64_t l) {
-    Py_ssize_t n = q->size;
+    HEnt *e = q->e;
+    const Py_ssize_t n = q->size;
     for (;;) {
-        Py_ssize_t c = 2 * i + 1;
+        Py_ssize_t c = 4 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && q->key[c + 1] < q->key[c]) c++;
-        if (!(q->key[c] < x)) break;
-        q->key[i] = q->key[c];
-        q->link[i] = q->link[c];
-        i = c;
+        Py_ssize_t end = c + 4 < n ? c + 4 : n, b = c;
+        double bk = e[c].key;
+        for (Py_ssize_t k = c + 1; k < end; k++)
+            if (e[k].key < bk) { bk = e[k].key; b = k; }
+        if (!(bk < x)) break;
+        e[i] = e[b];
+        i = b;
     }
-    q->key[i] = x;
-    q->link[i] = l;
+    e[i].key = x;
+    e[i].link = l;
 }
 
 static void heap_pop(Heap *q) {
     Py_ssize_t n = --q->size;
-    if (n) sift_down(q, 0, q->key[n], q->link[n]);
+    if (n) sift_down(q, 0, q->e[n].key, q->e[n].link);
 }
 
 /* The filling on numbered links: cap[L] each link's capacity; flow f's entries are the links
@@ -100,17 +106,18 @@ static void heap_pop(Heap *q) {
  * O(entries x log links) in all. */
 static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, const int64_t *fstart,
                            Py_ssize_t F, double *level_io, double *rate, int *froze_all) {
-    /* int64: lstart[L+1] lflow[n] cnt[L] kcnt[L] sat[L] touched[L] hlink[L+n];
-     * double: used[L] satl[L] hkey[L+n]; char: frozen[F] insat[L] */
+    /* int64: lstart[L+1] lflow[n] cnt[L] kcnt[L] sat[L] touched[L]; double: used[L] satl[L];
+     * (double, int64): heap[L+n]; char: frozen[F] insat[L] */
     const Py_ssize_t n = fstart[F];
     const int64_t *flink = ae;
     size_t words = (size_t)L * 9 + (size_t)n * 3 + 1;
     void *mem = scratch(0, words * 8 + (size_t)F + (size_t)L + 1);
     if (!mem) return -1;
     int64_t *lstart = (int64_t *)mem, *lflow = lstart + L + 1, *cnt = lflow + n, *kcnt = cnt + L;
-    int64_t *sat = kcnt + L, *touched = sat + L, *hlink = touched + L;
-    double *used = (double *)(hlink + L + n), *satl = used + L, *hkey = satl + L;
-    char *frozen = (char *)(hkey + L + n), *insat = frozen + F;
+    int64_t *sat = kcnt + L, *touched = sat + L;
+    double *used = (double *)(touched + L), *satl = used + L;
+    HEnt *heap = (HEnt *)(satl + L);
+    char *frozen = (char *)(heap + L + n), *insat = frozen + F;
 
     /* the first iteration on the entries as they come (one iteration is often all: a
      * collective's equal flows); the links' lists and a heap only where more follow */
@@ -166,30 +173,31 @@ static long long fill_core(Py_ssize_t L, const double *cap, const int64_t *ae, c
             for (int64_t j = fstart[f]; j < fstart[f + 1]; j++) lflow[kcnt[ae[j]]++] = f;
     for (Py_ssize_t l = 0; l < L; l++) kcnt[l] = 0;
 
-    Heap q = {hkey, hlink, 0};
+    Heap q = {heap, 0};
     for (Py_ssize_t l = 0; l < L; l++)
-        if (cnt[l] > 0) { hkey[q.size] = satl[l]; hlink[q.size++] = l; }
-    for (Py_ssize_t i = q.size / 2; i-- > 0;) sift_down(&q, i, hkey[i], hlink[i]);
+        if (cnt[l] > 0) { heap[q.size].key = satl[l]; heap[q.size++].link = l; }
+    for (Py_ssize_t i = q.size / 4 + 1; i-- > 0;)
+        if (i < q.size) sift_down(&q, i, heap[i].key, heap[i].link);
     while (remaining > 0) {
         it++;
         if (nan) { *froze_all = 0; break; }                           /* numpy's min: NaN */
         /* the lowest saturation level: drop the entries of links no unfrozen flow crosses,
          * move stale ones to their link's level now */
         while (q.size) {
-            int64_t l = q.link[0];
-            double x = q.key[0];
+            int64_t l = heap[0].link;
+            double x = heap[0].key;
             if (!cnt[l] || x > satl[l]) heap_pop(&q);              /* (x > now: an older entry) */
             else if (x < satl[l]) sift_down(&q, 0, satl[l], l);   /* (its level now, larger) */
             else break;
         }
         if (!q.size) { *froze_all = 0; break; }
-        m = q.key[0];
+        m = heap[0].key;
         if (m > level) level = m;
         thr = m + fabs(m) * 1e-12;
         Py_ssize_t nsat = 0, nt = 0;
-        while (q.size && q.key[0] <= thr) {
-            int64_t l = q.link[0];
-            double x = q.key[0];
+        while (q.size && heap[0].key <= thr) {
+            int64_t l = heap[0].link;
+            double x = heap[0].key;
             if (cnt[l] && !insat[l] && x < satl[l]) { sift_down(&q, 0, satl[l], l); continue; }
             heap_pop(&q);
             if (!cnt[l] || insat[l] || x > satl[l]) continue;
