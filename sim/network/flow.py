@@ -5,9 +5,12 @@ link is a resource of fixed capacity shared max-min fairly by the flows crossing
 the progressive-filling solution (raise every unfrozen flow's rate together until some link is
 full, freeze the flows on it, repeat), recomputed whenever a flow starts or ends. Rates are in
 bytes/ns (numerically equal to GB/s). Simulated time is integer ns: a flow's end is
-`ceil(remaining / rate)` ns after the last re-solve, and which flows end at a given time is
-decided by comparing those integers, never floats. The bytes of a transfer are delivered
-`path latency` ns after its last byte leaves (the sum of the per-hop latencies on the path).
+`ceil(remaining / rate)` ns after its rate last changed (the bytes remaining then), and which
+flows end at a given time is decided by comparing those integers, never floats. A batch of
+flows that shares no link with any other flow runs outside the filling (each flow at its
+narrowest link: what the filling gives it) until another flow meets it ("batches alone"). The
+bytes of a transfer are delivered `path latency` ns after its last byte leaves (the sum of the
+per-hop latencies on the path).
 
 All arrivals at one simulated instant are solved together: the re-solve runs as an event of lower
 priority than SimPy's NORMAL, i.e. after every other event of the same time (a batch of 10,000
@@ -348,7 +351,6 @@ class FlowNetwork:
         self._s_finish: list = []
         self._s_caps: list = []
         self._pending: list = []                      # (batch id, edges, lengths, bytes, caps)
-        self._t = 0
         self._solve_scheduled = False
         self._version = 0
         # statistics
@@ -575,8 +577,10 @@ class FlowNetwork:
     # the max-min filling, each flow its narrowest link's capacity (or its cap): a link crossed
     # by one flow saturates at (capacity - 0) / 1. It runs outside the shared set, with its end
     # scheduled once, until a later batch meets one of its live flows; then its flows still
-    # running join the shared set with the bytes they have left, as if they had been there all
-    # along (`_demote`). A pipeline's sends and most of a large step's ring phases run so.
+    # running join the shared set as if they had been in it from their start (`_demote`): a
+    # flow's end moves only when its rate changes, so it does not matter where a flow ran while
+    # it was alone (tests/test_network_alone.py). A pipeline's sends and most of a large step's
+    # ring phases run so.
     def _prep(self, p) -> _Prep:
         """The batch's flows as one running alone would take them (once per batch arrays: a
         collective's phases recur)."""
@@ -607,7 +611,8 @@ class FlowNetwork:
         taken: set = set()                      # links of the shared set's flows still running
         mask = None                             # the same as a mask, with the links two new batches cross
         if len(new) == 1 and self._small:
-            taken = {e for path, f in zip(self._s_path, self._s_finish) if f > now for e in path}
+            if self._s_path:
+                taken = {e for path, f in zip(self._s_path, self._s_finish) if f > now for e in path}
         else:
             mask = _scratch_mask(self.capacity.shape[0])
             if self._small:
@@ -636,7 +641,7 @@ class FlowNetwork:
                     links = p[1].tolist() if pr is None else pr.links
                     met = set(map(held.get, links))
                     met.discard(None)
-                    for h in sorted(met, key=_by_bid):
+                    for h in sorted(met, key=_by_bid) if len(met) > 1 else met:
                         if not h.dead and (h.start + h.prep.first > now or self._crosses(h, links, now)):
                             m = self._demote(h, now)
                             moved.append(m)
@@ -679,15 +684,14 @@ class FlowNetwork:
         del self._solos[s.bid]
         n = len(s.prep.durs)
         self._solo_n -= n
-        self._ended_alone(s, range(n))
+        self.completed += n
+        if self._segmented or self.record:
+            self._ended_alone(s, range(n))
         self._end_runs(((s.bid, n),), self.env.now)
 
     def _ended_alone(self, s: _Solo, ks):
-        """Count, log and note the segment ends of flows `ks` of a batch running alone."""
-        self.completed += len(ks)
+        """Log and note the segment ends of flows `ks` of a batch running alone."""
         bt = self._batches[s.bid]
-        if bt.seg is None and not self.record:
-            return
         durs = s.prep.durs
         for k in sorted(ks, key=durs.__getitem__):          # in order of their ends
             end = s.start + durs[k]
@@ -710,6 +714,7 @@ class FlowNetwork:
         ended = [k for k, d in enumerate(pr.durs) if d <= dt]
         going = [k for k, d in enumerate(pr.durs) if d > dt]
         if ended:
+            self.completed += len(ended)
             self._ended_alone(s, ended)
             self._end_runs(((s.bid, len(ended)),), now)      # (flows left: the batch goes on)
         b = self._next_batch
