@@ -143,3 +143,28 @@ def test_an_unrelated_flow_ending_does_not_move_a_flow_s_end(alone):
     assert set(router.path(gpus[0], gpus[1])).isdisjoint(router.path(gpus[1], gpus[2]))
     assert a.value.end_ns == 1
     assert b.value.end_ns == 172_888_700
+
+
+def test_a_flow_on_the_links_of_an_ended_flow_of_a_batch_alone_runs_alone_too(a100x2):
+    """A batch alone: gpu0->gpu1 S bytes (1 ms) and gpu2->gpu3 S/2 (0.5 ms). At 0.6 ms a flow
+    gpu2->gpu3 starts on the second flow's links, which that flow left at 0.5 ms: it meets no
+    live flow, so it runs alone too (no solve at all) and takes 1 ms; the batch still ends at
+    1 ms."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, a100x2)
+    router = router_for(a100x2)
+    paths = [router.path("n0.gpu0", "n0.gpu1"), router.path("n0.gpu2", "n0.gpu3")]
+    edges = np.array([e for p in paths for e in p], dtype=np.int64)
+    batch = net.transfer_batch(edges, np.array([len(p) for p in paths]), [S, S // 2], np.full(2, np.inf),
+                               ["a", "b"])
+    seen = {}
+
+    def late():
+        yield env.timeout(600_000)
+        res = yield net.transfer("n0.gpu2", "n0.gpu3", S, name="c", latency=False)
+        seen["c"] = res.end_ns
+
+    env.process(late())
+    env.run()
+    assert batch.value.end_ns == 1_000_000 and seen["c"] == 1_600_000
+    assert net.solves == 0 and net.completed == 3
