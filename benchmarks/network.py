@@ -5,7 +5,8 @@ concurrent flows, against raw SimPy (timeouts processed per second) measured in 
 
 Two workloads on dgx-h100-ndr (64 nodes, 512 GPUs):
 - collective: N equal flows started together in shift patterns (GPU i -> GPU i+k), as a ring or
-  all-to-all step issues them: one max-min solve for the batch, one for the common end;
+  all-to-all step issues them: one max-min solve for the batch, one for the common end (none
+  where the flows share no link: they run alone, sim.network.flow's "batches alone");
 - random: N flows between random GPU pairs with random sizes (1-64 MiB), all started at once:
   every one of the N distinct end times triggers a re-solve of the flows still running (the worst
   case for the solver: N solves of up to N flows).
