@@ -169,3 +169,18 @@ def test_bad_arrays_are_refused_not_read_out_of_bounds():
         k.keep_entries(np.array([0, 1]), np.array([1, 2]), np.ones(2, dtype=bool), np.empty(2, dtype=np.int64))
     with pytest.raises(ValueError, match="add up"):
         k.resolve(np.array([1.0]), np.array([0, 0]), np.array([1, 2]), rate, np.full(2, np.inf), 0.5, rate.copy())
+
+
+@compiled
+def test_capped_flows_on_links_of_their_own_are_filled_within_the_kernel_s_memory():
+    """More links than entries: 3,000 flows, each alone on its own link and capped (each cap a
+    private link too, so 6,000 links for 3,000 entries). The compiled fill sized its scratch
+    memory for one number per flow where it keeps a flow start per flow, and wrote past it
+    here (glibc aborted the process, now and then, on a later allocation; found by
+    tests/test_network_alone.py's random traffic). The same rates as numpy's filling, for
+    several sizes in a row (each reusing the memory the last one grew)."""
+    for F in (3000, 10, 2999, 4000):
+        capacity = np.linspace(1.0, 2.0, F)
+        caps = np.where(np.arange(F) % 2 == 0, 0.5, 1.5)
+        got, big, _ = _three_ways(capacity, np.arange(F), np.arange(F), F, caps, 0.0)
+        assert got[0].tolist() == big[0].tolist() == np.minimum(capacity, caps).tolist()

@@ -287,7 +287,8 @@ static PyObject *fill(PyObject *self, PyObject *args) {
     }
     if (check_ids(edge_of, n, E) || check_ids(flow_of, n, F)) goto done;
     if (ensure_slots(E) < 0) { PyErr_NoMemory(); goto done; }
-    mem = scratch(1, ((size_t)n + (size_t)F) * 4 * 8 + 16);  /* le, ae, links, cap: n+F; fstart F+1 */
+    /* le, ae, links, cap: n+F each (cap: a link per distinct link and per capped flow); fstart F+1 */
+    mem = scratch(1, (((size_t)n + (size_t)F) * 4 + (size_t)F + 1) * 8);
     if (!mem) { PyErr_NoMemory(); goto done; }
     int64_t *le = (int64_t *)mem, *ae = le + n + F, *links = ae + n + F, *fstart = links + n + F;
     double *cap = (double *)(fstart + F + 1);
