@@ -39,6 +39,7 @@ from sim.topology import load_topology
 from sim.topology.graph import build_graph
 
 from conftest import REPO
+from flow_traffic import draw_calls, run_calls
 
 REFERENCE = json.loads((REPO / "tests" / "data" / "engine_reference.json").read_text())
 
@@ -164,48 +165,11 @@ def test_flows_kept_in_lists_or_arrays_end_at_the_same_nanosecond(data):
     arriving over time, so flows join and leave while others run) gives every flow the same end
     time and the network the same solves whether it always uses arrays (small_flows = 0), always
     lists, or switches back and forth (small_flows = 4)."""
-    from sim.topology.routing import router_for
-
-    G = _GRAPH2
-    gpus = G.graph["gpus"]
-    router = router_for(G)
-    n = data.draw(st.integers(1, 30))
-    calls = data.draw(st.lists(st.tuples(
-        st.integers(0, 15), st.integers(1, 15), st.integers(1, 1 << 27),       # src, dst offset, bytes
-        st.integers(0, 4) | st.integers(0, 200_000),                           # start (ns): ties too
-        st.sampled_from([None, None, None, 7.5, 0.3]),                         # cap (GB/s)
-        st.integers(1, 6)), min_size=n, max_size=n))                           # flows in the call
-
-    def run(small_flows):
-        env = simpy.Environment()
-        net = FlowNetwork(env, G, record=True)
-        net.small_flows = small_flows
-
-        def go(i, src, off, nbytes, start, cap, k):
-            yield env.timeout(start)
-            pairs = [(gpus[(src + j) % 16], gpus[(src + j + off) % 16]) for j in range(k)]
-            if k == 1:
-                yield net.transfer(*pairs[0], nbytes, max_rate_gbps=cap, name=f"c{i}")
-            else:
-                paths = [router.path(a, b, key=j) for j, (a, b) in enumerate(pairs)]
-                edges = np.array([e for p in paths for e in p], dtype=np.int64)
-                yield net.transfer_batch(edges, np.array([len(p) for p in paths]),
-                                         [nbytes + j for j in range(k)],
-                                         np.full(k, np.inf if cap is None else cap),
-                                         [f"c{i}.{j}" for j in range(k)])
-
-        for i, c in enumerate(calls):
-            env.process(go(i, *c))
-        env.run()
-        return [(r.name, r.start_ns, r.end_ns) for r in net.log], env.now, net.solves, net.completed
-
-    arrays = run(0)
-    assert arrays[3] == sum(c[5] for c in calls)
-    assert run(10 ** 9) == arrays
-    assert run(4) == arrays
-
-
-_GRAPH2 = build_graph(load_topology("dgx-h100-ndr"), 2)
+    calls = draw_calls(data, 30)
+    arrays = run_calls(calls, small_flows=0)
+    assert arrays[4] == sum(c[5] for c in calls)
+    assert run_calls(calls, small_flows=10 ** 9) == arrays
+    assert run_calls(calls, small_flows=4) == arrays
 
 
 def _subtract(a, b):

@@ -10,6 +10,7 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
+from flow_traffic import GRAPH2, draw_calls, run_calls
 from sim.network import FlowNetwork
 from sim.topology import load_topology
 from sim.topology.graph import build_graph
@@ -73,9 +74,6 @@ def test_two_batches_meeting_at_their_start_share_from_the_start(a100x2):
     assert [e.value.end_ns for e in evs] == [2_000_000, 2_000_000, 1_000_000]
 
 
-_GRAPH2 = build_graph(load_topology("dgx-h100-ndr"), 2)
-
-
 @settings(max_examples=80, deadline=None)
 @given(st.data())
 def test_alone_or_in_the_filling_every_flow_ends_at_the_same_nanosecond(data):
@@ -83,41 +81,11 @@ def test_alone_or_in_the_filling_every_flow_ends_at_the_same_nanosecond(data):
     arriving over time, so batches start alone and are met later, some at the instant they
     start): every flow's end, every batch's segment ends and the step's end are the same as with
     every flow in the max-min filling, in list or array form."""
-    G = _GRAPH2
-    gpus = G.graph["gpus"]
-    router = router_for(G)
-    n = data.draw(st.integers(1, 25))
-    calls = data.draw(st.lists(st.tuples(
-        st.integers(0, 15), st.integers(1, 15), st.integers(1, 1 << 27),       # src, dst offset, bytes
-        st.integers(0, 4) | st.integers(0, 400_000),                           # start (ns): ties too
-        st.sampled_from([None, None, None, 7.5, 0.3]),                         # cap (GB/s)
-        st.integers(1, 6), st.booleans()), min_size=n, max_size=n))            # flows, segmented
+    calls = draw_calls(data, 25)
 
     def run(alone, small_flows=32):
-        env = simpy.Environment()
-        net = FlowNetwork(env, G, record=True, alone=alone)
-        net.small_flows = small_flows
-        ends = {}
-
-        def go(i, src, off, nbytes, start, cap, k, seg):
-            yield env.timeout(start)
-            pairs = [(gpus[(src + j) % 16], gpus[(src + j + off) % 16]) for j in range(k)]
-            if k == 1:
-                res = yield net.transfer(*pairs[0], nbytes, max_rate_gbps=cap, name=f"c{i}")
-            else:
-                paths = [router.path(a, b, key=j) for j, (a, b) in enumerate(pairs)]
-                edges = np.array([e for p in paths for e in p], dtype=np.int64)
-                res = yield net.transfer_batch(edges, np.array([len(p) for p in paths]),
-                                               [nbytes + 999 * j for j in range(k)],
-                                               np.full(k, np.inf if cap is None else cap),
-                                               [f"c{i}.{j}" for j in range(k)],
-                                               segments=[j % 2 for j in range(k)] if seg else None)
-            ends[i] = (env.now, res.end_ns, res.segment_ends)
-
-        for i, c in enumerate(calls):
-            env.process(go(i, *c))
-        env.run()
-        return sorted((r.name, r.start_ns, r.end_ns) for r in net.log), ends, env.now, net.completed
+        log, ends, last, _, completed = run_calls(calls, small_flows, alone=alone)
+        return sorted(log), ends, last, completed         # (the log's order: when each was noted)
 
     want = run(False)
     assert want[3] == sum(c[5] for c in calls)
@@ -132,7 +100,7 @@ def test_an_unrelated_flow_ending_does_not_move_a_flow_s_end(alone):
     it keeps its end. (It did not: the network re-derived every flow's bytes left at each solve,
     51866610 - 0.3 x 1 rounded, and this end came out 1 ns late; found by
     test_alone_or_in_the_filling_every_flow_ends_at_the_same_nanosecond.)"""
-    G = _GRAPH2
+    G = GRAPH2
     gpus = G.graph["gpus"]
     router = router_for(G)
     env = simpy.Environment()
