@@ -594,7 +594,10 @@ class FlowNetwork:
         paths = self._paths(links, lengths.tolist())
         rates = [min(min([cap[e] for e in path], default=math.inf), c) for path, c in zip(paths, caps.tolist())]
         ok = len(set(links)) == len(links) and all(0.0 < r < math.inf for r in rates)
-        durs = [math.ceil(float(n) / r - 1e-9) for n, r in zip(nbytes, rates)] if ok else []
+        try:
+            durs = [math.ceil(float(n) / r - 1e-9) for n, r in zip(nbytes, rates)] if ok else []
+        except OverflowError:                   # (an infinite time: the shared set reports it)
+            ok, durs = False, []
         ok = ok and min(durs) >= 1
         hit = _Prep((edges, lengths, nbytes, caps), links, paths, rates, durs, max(durs, default=0),
                     min(durs, default=0), ok)
@@ -862,10 +865,10 @@ class FlowNetwork:
             rem = np.maximum(self._rem[ch] - old[ch] * (now - self._t0[ch]), 0.0)
             steps = np.ceil(rem / x - 1e-9)
             if not (steps < MAX_STEP_NS - now).all():         # NaN, inf, or past the step limit
-                bad = int(ch[np.flatnonzero(~(steps < MAX_STEP_NS - now))[0]])
+                j = int(np.flatnonzero(~(steps < MAX_STEP_NS - now))[0])
+                bad, step = int(ch[j]), float(steps[j])
                 name, rate = self._name(bad), float(self._rate[bad])
                 nbytes = self._batches[int(self._bid[bad])].nbytes[int(self._pos[bad])]
-                step = float(steps[np.flatnonzero(ch == bad)[0]])
                 if 0 < rate < np.inf and step < np.inf:     # a real rate: the scenario's work
                     raise BeyondLimits(f"the transfer {name!r} ({nbytes:,} bytes at {rate:.3g} B/ns) "
                                        f"would end {(now + step) / 1e9:.3g} s into the step")
