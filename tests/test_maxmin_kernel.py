@@ -174,9 +174,9 @@ def test_bad_arrays_are_refused_not_read_out_of_bounds():
 @compiled
 def test_capped_flows_on_links_of_their_own_are_filled_within_the_kernel_s_memory():
     """More links than entries: 3,000 flows, each alone on its own link and capped (each cap a
-    private link too, so 6,000 links for 3,000 entries). The compiled fill sized its scratch
-    memory for one number per flow where it keeps a flow start per flow, and wrote past it
-    here (glibc aborted the process, now and then, on a later allocation; found by
+    private link too, so 6,000 links for 3,000 entries). The compiled fill's scratch memory
+    held 2 numbers for the F + 1 flow starts, and the links' capacities laid out after them ran
+    past its end here (glibc aborted the process, now and then, on a later allocation; found by
     tests/test_network_alone.py's random traffic). The same rates as numpy's filling, for
     several sizes in a row (each reusing the memory the last one grew)."""
     for F in (3000, 10, 2999, 4000):
