@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
+from operator import attrgetter
 
 import networkx as nx
 import numpy as np
@@ -116,10 +117,6 @@ class _Prep:
         duration at least 1 ns."""
 
 
-def _by_bid(s) -> int:
-    return s.bid
-
-
 class _Solo:
     """A batch running alone: started at `start` (ns), flow k ends at start + prep.durs[k]."""
 
@@ -131,6 +128,10 @@ class _Solo:
         self.start = start
         self.dead = False
         """Ended, or moved into the shared set (`_demote`)."""
+
+    def running(self, now: int) -> list:
+        """The flows (indices) still running at `now`."""
+        return [k for k, d in enumerate(self.prep.durs) if self.start + d > now]
 
 
 def max_min_rates(capacity: np.ndarray, flow_of: np.ndarray, edge_of: np.ndarray, n_flows: int,
@@ -644,7 +645,7 @@ class FlowNetwork:
                     links = p[1].tolist() if pr is None else pr.links
                     met = set(map(held.get, links))
                     met.discard(None)
-                    for h in sorted(met, key=_by_bid) if len(met) > 1 else met:
+                    for h in sorted(met, key=attrgetter("bid")) if len(met) > 1 else met:
                         if not h.dead and (h.start + h.prep.first > now or self._crosses(h, links, now)):
                             m = self._demote(h, now)
                             moved.append(m)
@@ -665,8 +666,8 @@ class FlowNetwork:
     @staticmethod
     def _crosses(s: _Solo, links: list, now: int) -> bool:
         """Whether a flow of `s` still running at `now` crosses one of `links`."""
-        live = {e for path, d in zip(s.prep.paths, s.prep.durs) if s.start + d > now for e in path}
-        return not live.isdisjoint(links)
+        paths = s.prep.paths
+        return not {e for k in s.running(now) for e in paths[k]}.isdisjoint(links)
 
     def _start_alone(self, b: int, pr: _Prep, now: int):
         s = self._solos[b] = _Solo(b, pr, now)
@@ -713,9 +714,8 @@ class FlowNetwork:
         del self._solos[s.bid]
         pr = s.prep
         self._solo_n -= len(pr.durs)
-        dt = now - s.start
-        ended = [k for k, d in enumerate(pr.durs) if d <= dt]
-        going = [k for k, d in enumerate(pr.durs) if d > dt]
+        going = s.running(now)
+        ended = sorted(set(range(len(pr.durs))) - set(going))
         if ended:
             self.completed += len(ended)
             self._ended_alone(s, ended)
@@ -731,7 +731,7 @@ class FlowNetwork:
 
     def _alone_live(self, now: int) -> list:
         """(_Solo, flow index) of each flow running alone that has not ended by `now`."""
-        return [(s, k) for s in self._solos.values() for k, d in enumerate(s.prep.durs) if s.start + d > now]
+        return [(s, k) for s in self._solos.values() for k in s.running(now)]
 
     def _due(self, now: int) -> bool:
         """Whether a flow of the shared set ends by `now`."""
