@@ -27,7 +27,7 @@ from sim.paths import bundled_dir
 from sim.pipeline_layout import LayoutError
 from sim.presets import PRESETS
 from sim.suggest import did_you_mean
-from sim.topology import TopologySpec, load_topology
+from sim.topology import TopologySpec, load_topology, with_domain_nodes
 from sim.yamlio import is_file, load_yaml_with_lines
 
 # ----------------------------------------------------------------------------------------------
@@ -143,6 +143,14 @@ class ClusterIn(_Strict):
     gpu: Optional[str] = None
     """A bundled device profile name or a path (e.g. a calibrated profile); default: the
     topology's GPU."""
+    nodes_per_nvlink_domain: Optional[int] = Field(None, ge=1)
+    """Servers (trays) of each NVLink domain the job gets, e.g. 16 of an NVL72 rack's 18: which
+    trays a job is given is the scheduler's choice, so it is an input here. The job's servers
+    fill domains in order (servers 0..k-1 share domain 0's NVLink switches, k..2k-1 domain 1's,
+    ...). At most the topology's `nvlink_domain.nodes`; 1 on a topology without NVLink domains.
+    Default: the topology's `nvlink_domain.job_nodes`, else NVIDIA's rule: the greatest divisor of
+    the job's nodes that fits in a domain (16 of 18 trays for a power-of-two job; 1 without a
+    domain)."""
     failure_rate_per_gpu_hour: Optional[float] = Field(None, ge=0, le=1)
     """Job-interrupting failures per GPU per hour (a Poisson process; the job's rate is this x
     GPUs, plus failure_rate_per_node_hour x nodes). Used for the time to train. Default (neither
@@ -912,6 +920,12 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     except ConfigError as e:
         raise (e.located(file, _line(lines, ("cluster", "topology"))) if e.key == "cluster.topology" else e) from None
     try:
+        topo = with_domain_nodes(topo, raw.cluster.nodes_per_nvlink_domain)
+    except ConfigError as e:
+        raise e.located(file, _line(lines, ("cluster", "nodes_per_nvlink_domain"))) from None
+    # (with neither the scenario's nor the topology's share, the rule for the job's nodes applies,
+    # fixed below once the nodes are known)
+    try:
         gpu = load_device(raw.cluster.gpu or topo.gpu,
                           key="cluster.gpu" if raw.cluster.gpu else f"gpu (in topology {topo.name})")
     except ConfigError as e:
@@ -1134,7 +1148,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     _check_name(name, err)
     return Scenario(
         name=name, model=model,
-        cluster=Cluster(topology=topo, gpu=gpu, num_nodes=num_nodes,
+        cluster=Cluster(topology=with_domain_nodes(topo, topo.domain_nodes(num_nodes)), gpu=gpu, num_nodes=num_nodes,
                         failure_rate_per_gpu_hour=raw.cluster.failure_rate_per_gpu_hour,
                         failure_rate_per_node_hour=raw.cluster.failure_rate_per_node_hour,
                         restart_time_s=raw.cluster.restart_time_s),
@@ -1205,6 +1219,8 @@ def resolved_dict(sc: Scenario) -> dict:
         "model": model,
         "cluster": {"topology": sc.cluster.topology.name, "num_nodes": sc.cluster.num_nodes,
                     "gpu": sc.cluster.gpu.name,
+                    **({"nodes_per_nvlink_domain": sc.cluster.topology.nvlink_domain_nodes}
+                       if sc.cluster.topology.nvlink_domain is not None else {}),
                     "failure_rate_per_gpu_hour": sc.cluster.failure_rate_per_gpu_hour,
                     "failure_rate_per_node_hour": sc.cluster.failure_rate_per_node_hour,
                     "restart_time_s": sc.cluster.restart_time_s},

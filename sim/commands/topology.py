@@ -13,19 +13,22 @@ def register(app: typer.Typer) -> None:
     def topology_cmd(
         name: str = typer.Argument(..., help="Bundled topology name or a topology YAML path."),
         nodes: int = typer.Option(1, "--nodes", help="Servers in the cluster."),
+        domain_nodes: Optional[int] = typer.Option(
+            None, "--domain-nodes", help="Servers of each NVLink domain the job gets (topologies with an "
+            "nvlink_domain, e.g. 16 of an NVL72 rack's 18 trays); default: the topology's job_nodes."),
         plot: Optional[str] = typer.Option(None, "--plot", help="Draw the cluster to this PNG file "
                                            "(32+ nodes: nodes 0, 1 and the last; the fabric summarised)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """GPUs, links by class, per-GPU injection and bisection bandwidth of a cluster."""
         from sim.errors import ConfigError
-        from sim.topology import load_topology
+        from sim.topology import load_topology, with_domain_nodes
         from sim.topology.graph import build_graph
         from sim.topology.summary import plot_graph, summarize
 
         if nodes < 1:
             raise ConfigError(f"--nodes = {nodes} must be a positive integer", key="--nodes")
-        topo = load_topology(name, key="topology")
+        topo = with_domain_nodes(load_topology(name, key="topology"), domain_nodes, key="--domain-nodes")
         G = build_graph(topo, nodes)
         s = summarize(G, bisection=G.graph["num_nodes"] <= 256)
         if plot:
@@ -65,8 +68,13 @@ def _render(s: dict) -> None:
     c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s inside the node (one GPU's link into the "
             f"GPU interconnect), {inj['inter_node']:g} GB/s into the network (the node's NICs / its GPUs)",
             highlight=False)
-    if s.get("nvls_gbps_per_gpu"):
-        g = s["gpus_per_node"]
+    dom = s["nvlink_domain"]
+    if dom["max_nodes_per_domain"] > 1:
+        c.print(f"NVLink domain: {dom['nodes_per_domain']} of {dom['max_nodes_per_domain']} nodes per domain "
+                f"({dom['gpus_per_domain']} GPUs on one NVLink switch fabric), {dom['domains']} domain(s); "
+                "GPUs of one domain talk over NVLink whichever node they are in", highlight=False)
+    if s.get("nvls_gbps_per_gpu") and s.get("nvls_allreduce_busbw_gbps"):
+        g = dom["gpus_per_domain"]
         c.print(f"NVLink SHARP (NVLS): {s['nvls_gbps_per_gpu']:g} GB/s per GPU through the switch's multimem "
                 f"engine (an all-reduce moves S(n+1)/n each way), so an NVLS all-reduce on {g} GPUs has "
                 f"busbw {s['nvls_gbps_per_gpu']:g} x 2({g}-1)/({g}+1) = "
@@ -74,10 +82,12 @@ def _render(s: dict) -> None:
                 highlight=False)
     if "bisection_gbps" in s:
         inside = s["num_nodes"] == 1
+        # halves inside one NVLink domain also meet over NVLink
+        bound = ("intra-node" if inside else "NVLink + network" if dom["domains"] == 1 else "network")
         c.print(f"bisection: {s['bisection_gbps']:.1f} GB/s from the first half of the "
                 f"{'GPUs' if inside else 'nodes'} to the second (max-flow"
                 f"{' over the GPU interconnect' if inside else ''}), {s['bisection_gbps_per_gpu']:.1f} GB/s "
-                f"per sending GPU (at most its {'intra-node' if inside else 'network'} injection)",
+                f"per sending GPU (at most its {bound} injection)",
                 highlight=False)
     if s.get("plot"):
         c.print(f"drawing: {s['plot']}")

@@ -51,6 +51,7 @@ import simpy
 from sim.errors import ConfigError
 from sim.network.flow import FlowNetwork
 from sim.network.nccl_tests import bus_factor
+from sim.topology.graph import nvswitch_of
 from sim.topology.routing import router_for
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -67,6 +68,8 @@ OP_ALGORITHMS = {
     "send_recv": ("direct",),
 }
 AUTO_CANDIDATES = {"all_reduce": ("ring", "tree", "nvls")}
+MAX_CHANNELS = 32
+"""NCCL's most channels (rings / trees) per communicator: MAXCHANNELS (src/include/device.h)."""
 
 
 @dataclass
@@ -151,7 +154,8 @@ class CollectiveResult:
 # --- topology helpers --------------------------------------------------------------------------
 
 class _Layout:
-    """Ranks grouped by server, with rail-nearest entry/exit GPUs per channel."""
+    """Ranks grouped by NVLink domain (a server, or the trays of an NVL72 rack), with
+    rail-nearest entry/exit GPUs per channel."""
 
     def __init__(self, G: nx.DiGraph, ranks):
         self.G = G
@@ -163,12 +167,17 @@ class _Layout:
                                   "n<server>.gpu<i>)", key="ranks")
         if len(set(ranks)) != len(ranks):
             raise ConfigError("ranks must be distinct GPUs", key="ranks")
-        ordered = sorted(ranks, key=lambda g: (nodes[g]["server"], nodes[g]["index"]))
+        # NCCL treats the GPUs of one NVLink domain as one node (its multi-node NVLink support:
+        # the ranks of an NVLink clique form the intra-node rings and NVLS), so ranks group by
+        # domain; without an nvlink_domain the domain is the server.
+        ordered = sorted(ranks, key=lambda g: (nodes[g].get("domain", nodes[g]["server"]),
+                                               nodes[g]["server"], nodes[g]["index"]))
         self.ranks = ordered
         self.servers: list[list[str]] = []
+        """The ranks of each NVLink domain (each server without domains), in order."""
         last = None
         for g in ordered:
-            s = nodes[g]["server"]
+            s = nodes[g].get("domain", nodes[g]["server"])
             if s != last:
                 self.servers.append([])
                 last = s
@@ -181,20 +190,37 @@ class _Layout:
         # Channels across nodes. Each node searches its channels over the NICs near its own GPUs
         # and all ranks then keep the fewest channels any of them found (NCCL init.cc:
         # graphs[a]->nChannels = std::min over ranks), so a partially filled node caps the channel
-        # count at its own rails. Channel c uses the c-th rail of every server, rails that all
-        # servers have first, so channels stay rail-aligned where they can.
-        own = [sorted({nodes[g]["rail"] for g in srv}) for srv in self.servers] if self.nics else []
+        # count at its own rails. Channel c uses the c-th NIC of every group, NICs that all
+        # groups have first, so channels stay rail-aligned where they can. A NIC is (its server's
+        # offset from the group's first server, rail): one server's NICs are its rails; an NVLink
+        # domain's are every tray's, at most MAXCHANNELS = 32 channels (NCCL src/include/device.h).
+        own = []
+        self._base = []
+        if self.nics:
+            for grp in self.servers:
+                base = nodes[grp[0]]["server"]
+                self._base.append(base)
+                own.append(sorted({(nodes[g]["server"] - base, nodes[g]["rail"]) for g in grp}))
         shared = sorted(set.intersection(*map(set, own))) if own else []
-        self.server_rails = [shared + [r for r in o if r not in shared] for o in own]
-        self.n_channels = min(map(len, own)) if own else 0
+        self.server_nics = [shared + [r for r in o if r not in shared] for o in own]
+        self.server_rails = [[r for _off, r in o] for o in self.server_nics]
+        self.n_channels = min(min(map(len, own)), MAX_CHANNELS) if own else 0
 
     def channel_rails(self, c: int) -> list:
-        """The rail (NIC) each server uses for cross-node channel c."""
+        """The rail (NIC index in its server) each group uses for cross-node channel c."""
         return [rails[c] for rails in self.server_rails]
 
-    def distance(self, gpu: str, rail: int) -> tuple:
+    def channel_nics(self, c: int) -> list:
+        """The NIC (server, rail) each group uses for cross-node channel c."""
+        return [(base + nics[c][0], nics[c][1]) for base, nics in zip(self._base, self.server_nics)]
+
+    def distance(self, gpu: str, nic: tuple) -> tuple:
+        """How far `gpu` is from NIC (server, rail): its own rail 0, behind the same PCIe switch 1,
+        the same socket 2, the same server 3, another server of its NVLink domain 4."""
         nd = self.G.nodes
-        m = nd[gpu]["server"]
+        m, rail = nic
+        if nd[gpu]["server"] != m:
+            return (4, nd[gpu]["server"], nd[gpu]["index"])
         nic = nd[f"n{m}.nic{rail}"]
         if nd[gpu]["rail"] == rail:
             d = 0
@@ -204,16 +230,16 @@ class _Layout:
             d = 2
         else:
             d = 3
-        return (d, nd[gpu]["index"])
+        return (d, 0, nd[gpu]["index"])
 
-    def order_for_rail(self, server_ranks: list, rail: int) -> list:
-        """Entry GPU (nearest the rail's NIC), the others in index order, exit GPU (next nearest).
-        A pure function of the graph, kept per graph (a sweep plans the same servers' rings for
-        thousands of layouts)."""
-        key = (tuple(server_ranks), rail)
+    def order_for_rail(self, server_ranks: list, nic: tuple) -> list:
+        """Entry GPU (nearest the NIC (server, rail)), the others in order, exit GPU (next
+        nearest). A pure function of the graph, kept per graph (a sweep plans the same servers'
+        rings for thousands of layouts)."""
+        key = (tuple(server_ranks), nic)
         hit = self._orders.get(key)
         if hit is None:
-            by = sorted(server_ranks, key=lambda g: self.distance(g, rail))
+            by = sorted(server_ranks, key=lambda g: self.distance(g, nic))
             entry = by[0]
             if len(by) == 1:
                 hit = (entry,)
@@ -360,8 +386,8 @@ def _ring_flows(lay: _Layout, router, chain: bool, root: str | None) -> tuple:
         for c in range(lay.n_channels):
             rails = lay.channel_rails(c)
             order = []
-            for srv, r in zip(lay.servers, rails):
-                order += lay.order_for_rail(srv, r)
+            for srv, nic in zip(lay.servers, lay.channel_nics(c)):
+                order += lay.order_for_rail(srv, nic)
             channels.append((rails, order))
     srv_of = {g: i for i, s in enumerate(lay.servers) for g in s}
     paths, names = [], []
@@ -404,7 +430,7 @@ def _tree_phases(lay: _Layout, router, nbytes: int):
     ci = 0
     for c in range(lay.n_channels):
         rails = lay.channel_rails(c)
-        chains = [lay.order_for_rail(srv, r) for srv, r in zip(lay.servers, rails)]
+        chains = [lay.order_for_rail(srv, nic) for srv, nic in zip(lay.servers, lay.channel_nics(c))]
         # order_for_rail puts the exit GPU last; a tree chain only needs the head first
         for t in (0, 1):
             for chain in chains:
@@ -429,7 +455,7 @@ def _nvls_phases(lay: _Layout, router, nbytes: int):
     per = nbytes * (n + 1) / n  # ld_reduce of every shard + multimem store of its own, each way
     ph = Phase()
     for g in lay.ranks:
-        sw = f"n{G.nodes[g]['server']}.nvsw"
+        sw = nvswitch_of(G, g)
         ph.add((G.edges[g, sw]["eid"],), per, f"nvls:{g}->switch", nv.nvls_bandwidth_gbps)
         ph.add((G.edges[sw, g]["eid"],), per, f"nvls:switch->{g}", nv.nvls_bandwidth_gbps)
     return [ph]

@@ -192,8 +192,9 @@ def prepare(spec: SweepSpec) -> Prepared:
     training.setdefault("overlap_param_gather", True)
     data["simulation"] = {**data["simulation"], "network": "analytical"}
 
+    # TP (and so the NVLink-bound groups) may span an NVLink domain, not just a server (NVL72)
     layouts = space.enumerate_layouts(
-        gpus=spec.gpus, gpus_per_node=gpn, num_layers=model.num_layers,
+        gpus=spec.gpus, gpus_per_node=topo.gpus_per_domain(nodes) if topo.nvlink_domain else gpn, num_layers=model.num_layers,
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
     ident = json.dumps({"version": 1, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,

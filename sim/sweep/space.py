@@ -207,7 +207,9 @@ def _schedules(pp: int, layers: int, grid: Grid) -> list[tuple[str, int]]:
 
 def enumerate_layouts(*, gpus: int, gpus_per_node: int, num_layers: int, num_experts: int,
                       seq_length: int, grid: Grid, tp_across_nodes: bool = False) -> list[Layout]:
-    """Every candidate layout of the grid, in the module docstring's deterministic order."""
+    """Every candidate layout of the grid, in the module docstring's deterministic order.
+    `gpus_per_node`: the GPUs of one NVLink domain (a server, or an NVL72 rack's trays), the
+    largest tensor-parallel size tried unless `tp_across_nodes`."""
     tps = grid.tp or tuple(divisors(gpus if tp_across_nodes else min(gpus, gpus_per_node)))
     mbss = grid.micro_batch_size or tuple(
         b for b in DEFAULT_MICRO_BATCHES if b == 1 or b * seq_length <= MAX_MICRO_BATCH_TOKENS)

@@ -10,7 +10,7 @@ header fields every consumer relies on (see `TopologySpec`) and the `node`, `fab
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,7 +19,8 @@ from sim.errors import ConfigError
 from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.suggest import did_you_mean
-from sim.topology.schema import CollectiveSpec, FabricSpec, NodeSpec, check_topology
+from sim.topology.schema import (CollectiveSpec, FabricSpec, NodeSpec, NVLinkDomainSpec, check_topology,
+                                 segment_nodes)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,53 @@ class TopologySpec:
     """The collective library's latency/protocol model (sim.topology.schema.CollectiveSpec)."""
     source: str = ""
     """Where the numbers come from (free text)."""
+    nvlink_domain: "NVLinkDomainSpec | None" = None
+    """The file's `nvlink_domain` section (servers sharing NVLink switches); None: each server is
+    its own NVLink domain."""
+    nvlink_domain_nodes: int | None = 1
+    """Servers of each NVLink domain in the graph built from this topology: the job's share of a
+    domain (`cluster.nodes_per_nvlink_domain`, else `nvlink_domain.job_nodes`); None: NVIDIA's
+    rule for the job's servers (`domain_nodes`); 1 without a domain. Servers 0..k-1 are domain 0,
+    k..2k-1 domain 1, and so on (`with_domain_nodes`)."""
+
+    def domain_nodes(self, num_nodes: int) -> int:
+        """Servers per NVLink domain for a job of `num_nodes` servers (the fixed share, else
+        NVIDIA's segment rule, sim.topology.schema.segment_nodes)."""
+        if self.nvlink_domain_nodes is not None:
+            return self.nvlink_domain_nodes
+        return segment_nodes(max(1, num_nodes), self.nvlink_domain.nodes)
+
+    def gpus_per_domain(self, num_nodes: int) -> int:
+        """GPUs of one NVLink domain as a job of `num_nodes` servers has it."""
+        return self.gpus_per_node * self.domain_nodes(num_nodes)
+
+
+_DOMAIN_VARIANTS: dict = {}
+
+
+def with_domain_nodes(topo: TopologySpec, nodes: int | None, *, key: str = "cluster.nodes_per_nvlink_domain"
+                      ) -> TopologySpec:
+    """`topo` with `nodes` servers per NVLink domain (None: the topology's default). A domain
+    holds at most the topology's `nvlink_domain.nodes`; without that section only 1. Kept per
+    (topology, nodes), so a sweep's scenarios share one object (and one cluster graph)."""
+    d = topo.nvlink_domain
+    if nodes is None or (d is None and nodes == 1):
+        return topo
+    most = d.nodes if d is not None else 1
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= most:
+        why = (f"topology {topo.name!r} has NVLink domains of {most} servers (nvlink_domain.nodes)"
+               if d is not None else f"topology {topo.name!r} has no nvlink_domain section: each "
+               "server is its own NVLink domain")
+        raise ConfigError(f"{nodes!r} must be a whole number from 1 to {most}: {why}", key=key)
+    if nodes == topo.nvlink_domain_nodes:
+        return topo
+    k = (id(topo), nodes)
+    hit = _DOMAIN_VARIANTS.get(k)
+    if hit is None or hit[0] is not topo:
+        if len(_DOMAIN_VARIANTS) >= 64:
+            _DOMAIN_VARIANTS.clear()
+        hit = _DOMAIN_VARIANTS[k] = (topo, replace(topo, nvlink_domain_nodes=nodes))
+    return hit[1]
 
 
 def topology_dir() -> Path:
@@ -83,4 +131,5 @@ def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
     return TopologySpec(name=str(data.get("name", path.stem)), gpu=str(data["gpu"]),
                         gpus_per_node=data["gpus_per_node"], max_nodes=t.max_nodes, raw=data,
                         path=str(path), node=t.node, fabric=t.fabric, collectives=t.collectives,
-                        source=str(data.get("source", "")))
+                        source=str(data.get("source", "")), nvlink_domain=t.nvlink_domain,
+                        nvlink_domain_nodes=t.nvlink_domain.job_nodes if t.nvlink_domain else 1)

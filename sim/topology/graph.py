@@ -11,6 +11,8 @@ name                kind            meaning
 ==================  ==============  ===========================================================
 ``n{m}.gpu{i}``     ``gpu``         accelerator i of server m (a process for `loopback`)
 ``n{m}.nvsw``       ``nvswitch``    the node's NVSwitch fabric, one non-blocking crossbar
+``nvl{d}.nvsw``     ``nvswitch``    NVLink domain d's switch fabric (topologies with an
+                                    ``nvlink_domain``: every GPU of the domain's servers)
 ``n{m}.pcie{k}``    ``pcie_switch`` PCIe switch k of server m
 ``n{m}.cpu{s}``     ``cpu``         CPU socket (root complex) s of server m
 ``n{m}.nic{j}``     ``nic``         network port j (rail j) of server m
@@ -23,7 +25,9 @@ name                kind            meaning
 
 Every node has: ``kind``; ``server`` (server index, -1 for fabric switches); ``index`` (local
 index); ``rail`` (GPU: the NIC nearest to it; NIC: its own index; leaf of a rail-optimized fabric:
-its rail; else -1); ``layer`` (0 GPUs ... 6 cores, for drawing). GPUs, NICs and switches also
+its rail; else -1); ``layer`` (0 GPUs ... 6 cores, for drawing). GPUs and domain switches
+carry ``domain``: the NVLink domain (server // nvlink_domain_nodes; the server itself without
+an ``nvlink_domain`` section). GPUs, NICs and switches also
 carry ``pcie_switch`` and ``socket`` where they have one; NICs ``leaf_port`` (their port on the leaf).
 
 Edge attributes
@@ -35,7 +39,8 @@ leaf and back), ``fabric`` (switch to switch), ``loopback``, ``memory``.
 ``latency_ns`` (int): one-way latency, including the switch the edge enters.
 
 Graph attributes (``G.graph``): ``topology`` (TopologySpec), ``num_nodes``, ``gpus_per_node``,
-``nics_per_node``, ``gpus`` (GPU names, server-major), ``edge_list`` (edge tuples by eid),
+``nics_per_node``, ``nvlink_domain_nodes`` (servers per NVLink domain), ``gpus`` (GPU names,
+server-major), ``edge_list`` (edge tuples by eid),
 ``fabric`` (a dict of derived fabric sizes: down/up ports, leaves, spines, pods, cores).
 """
 
@@ -58,6 +63,13 @@ def gpu_name(server: int, index: int) -> str:
 
 def nic_name(server: int, index: int) -> str:
     return f"n{server}.nic{index}"
+
+
+def nvswitch_of(G: nx.DiGraph, gpu: str) -> str | None:
+    """The NVSwitch node `gpu`'s NVLinks go to (its server's, or its NVLink domain's), or None."""
+    d = G.nodes[gpu]
+    name = f"nvl{d['domain']}.nvsw" if G.graph.get("nvlink_domain") else f"n{d['server']}.nvsw"
+    return name if name in G else None
 
 
 def leaf_ports(fabric: FabricSpec) -> tuple[int, int]:
@@ -157,6 +169,9 @@ class _Builder:
         self.fabric: FabricSpec = topo.fabric or FabricSpec()
         self.n = num_nodes
         self.g = topo.gpus_per_node
+        # servers per NVLink domain; with an nvlink_domain section the NVSwitch is the domain's
+        self.shared_nvswitch = getattr(topo, "nvlink_domain", None) is not None
+        self.domain_nodes = topo.domain_nodes(num_nodes) if self.shared_nvswitch else 1
         self.G = nx.DiGraph()
         self.nodes: dict = {}                     # name -> attributes, added to G at the end
         self.edge_attrs: list = []                # (u, v, attributes), added to G at the end
@@ -199,8 +214,11 @@ class _Builder:
         else:
             for m in range(1, self.n):
                 self._server(m)
+        if self.shared_nvswitch:
+            self._build_domains()
         self._build_fabric()
         G.graph.update(topology=self.t, num_nodes=self.n, gpus_per_node=self.g, nics_per_node=nics,
+                       nvlink_domain_nodes=self.domain_nodes, nvlink_domain=self.shared_nvswitch,
                        gpus=gpus, edge_list=[(u, v) for u, v, _ in self.edge_attrs], gpu_switch=list(self.gpu_switch),
                        nic_switch=list(self.nic_switch), switch_socket=list(self.switch_socket),
                        gpu_rail=list(self.gpu_rail))
@@ -209,7 +227,7 @@ class _Builder:
         """Server m's nodes and links."""
         nsw = len(self.gpu_switch)
         for i in range(self.g):
-            self.add_node(gpu_name(m, i), "gpu", m, i, self.gpu_rail[i],
+            self.add_node(gpu_name(m, i), "gpu", m, i, self.gpu_rail[i], domain=m // self.domain_nodes,
                           pcie_switch=self.gpu_switch[i] if nsw else -1,
                           socket=self.switch_socket[self.gpu_switch[i]] if nsw else 0)
         self._build_server(m)
@@ -228,16 +246,19 @@ class _Builder:
         te = [(u[k:], v[k:], d) for u, v, d in te]
         for m in range(1, self.n):
             p = f"n{m}."
+            dom = m // self.domain_nodes
             for name, a in tn:
                 d = nodes[p + name] = a.copy()
                 d["server"] = m
+                if "domain" in d:
+                    d["domain"] = dom
             base = len(ea)
             ea.extend([(p + u, p + v, {**d, "eid": base + d["eid"]}) for u, v, d in te])
 
     def _build_server(self, m: int):
         nd = self.node
         ic = nd.gpu_interconnect
-        if ic == "nvswitch":
+        if ic == "nvswitch" and not self.shared_nvswitch:
             sw = f"n{m}.nvsw"
             self.add_node(sw, "nvswitch", m)
             for i in range(self.g):
@@ -285,6 +306,20 @@ class _Builder:
                 self.add_node(nic, "nic", m, j, j, pcie_switch=self.nic_switch[j],
                               socket=self.switch_socket[self.nic_switch[j]])
                 self.link(nic, f"n{m}.pcie{self.nic_switch[j]}", "pcie", pcie.bandwidth_gbps, pcie.latency_ns)
+
+    def _build_domains(self):
+        """One NVSwitch node per NVLink domain (servers d*k .. d*k+k-1), every GPU of the domain
+        linked to it at node.nvlink's bandwidth: the NVL72 rack's NVLink switch trays are
+        non-blocking (every GPU's 18 NVLink 5 ports reach every other GPU at full rate; NVIDIA
+        GB200 NVL72 datasheet), so one crossbar per domain stands for them."""
+        nv = self.node.nvlink
+        k = self.domain_nodes
+        for dom in range((self.n + k - 1) // k):
+            sw = f"nvl{dom}.nvsw"
+            self.add_node(sw, "nvswitch", -1, dom, domain=dom)
+            for m in range(dom * k, min(self.n, dom * k + k)):
+                for i in range(self.g):
+                    self.link(gpu_name(m, i), sw, "nvlink", nv.bandwidth_gbps, nv.latency_ns)
 
     # --- the fabric: a folded Clos, built only as large as num_nodes needs ---
     def _build_fabric(self):

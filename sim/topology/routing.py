@@ -1,6 +1,8 @@
 """Deterministic routing on a cluster graph (see sim.topology.graph).
 
-Inside a server a transfer takes the only sensible path: GPU -> NVSwitch -> GPU, the direct NVLink
+Between GPUs of one NVLink domain (a topology's `nvlink_domain`, e.g. an NVL72 rack's trays) a
+transfer goes GPU -> the domain's NVLink switches -> GPU, whichever trays they sit in. Inside a
+server a transfer takes the only sensible path: GPU -> NVSwitch -> GPU, the direct NVLink
 of a mesh, or up the PCIe tree to the lowest common switch / socket and down again. Between
 servers it leaves through the sender's nearest NIC and arrives through the receiver's nearest NIC
 (or, when a rail is given, through that rail's NIC at both ends: rail alignment, as NCCL's rings
@@ -80,7 +82,11 @@ class Router:
                                   "n<server>.gpu<i>)", key="rank")
         if src == dst:
             return [src]
-        sa, sb = G.nodes[src]["server"], G.nodes[dst]["server"]
+        na, nb = G.nodes[src], G.nodes[dst]
+        sa, sb = na["server"], nb["server"]
+        if G.graph.get("nvlink_domain") and na["kind"] == nb["kind"] == "gpu" and na["domain"] == nb["domain"]:
+            # one NVLink domain (an NVL72 rack): one hop through its switches, tray or not
+            return [src, f"nvl{na['domain']}.nvsw", dst]
         if sa == sb:
             return self._intra(src, dst)
         nics = G.graph["nics_per_node"]

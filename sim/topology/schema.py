@@ -196,6 +196,27 @@ class CollectiveSpec:
 
 
 @dataclass(frozen=True)
+class NVLinkDomainSpec:
+    """GPUs of several servers (compute trays) on one NVLink switch fabric (optional section
+    `nvlink_domain`): a GB200/GB300 NVL72 rack is 18 trays of 4 GPUs whose NVLink ports all go
+    to the rack's NVLink switch trays (NVIDIA GB200 NVL72 datasheet). Every GPU of the domain
+    reaches every other in one switch hop at `node.nvlink` bandwidth; the trays keep their own
+    PCIe, CPUs and NICs. Without the section the domain is one server (DGX/HGX)."""
+
+    nodes: int
+    """Servers (trays) in one NVLink domain, e.g. 18 for NVL72. Required."""
+    job_nodes: int | None = None
+    """Servers of each domain a job gets when the scenario does not say
+    (`cluster.nodes_per_nvlink_domain`): which trays of a rack a job is given is the scheduler's
+    choice (Slurm's topology/block plugin, `--segment`), so it is a cluster input; this fixes its
+    default. Default null: NVIDIA's rule (`segment_nodes`), the greatest divisor of the job's
+    servers that fits in a domain (16 of 18 trays for a power-of-two job, 18 for a multiple of
+    18)."""
+    source: str = ""
+    """Where the figures come from (free text)."""
+
+
+@dataclass(frozen=True)
 class StorageSpec:
     """The file system checkpoints are written to (optional section `storage`; used by `sim5d plan`
     and the time to train of `run`/`compare --tokens`). A write is limited by the aggregate
@@ -424,6 +445,19 @@ class CollectivesIn(Strict):
     this x (3 for Simple)) for multi-node rings (NCCL getNetOverhead, Intel x86)."""
 
 
+class NVLinkDomainIn(Strict):
+    nodes: checked(int, _number("count", integer=True, required=True))
+    """Servers (trays) in one NVLink domain: their GPUs share the domain's NVLink switches, e.g.
+    18 compute trays of an NVL72 rack. Needs `node.gpu_interconnect: nvswitch`. Required."""
+    job_nodes: Count = None
+    """Servers of each domain a job gets by default (the scenario's
+    `cluster.nodes_per_nvlink_domain` overrides it), 1 to `nodes`. Default: NVIDIA's rule, the
+    greatest divisor of the job's servers that is at most `nodes` (NVIDIA/dgxc-benchmarking
+    llmb-run's Slurm segment size: 16 trays of an NVL72 rack for a power-of-two job)."""
+    source: checked(str, string()) = ""
+    """Where the figures come from (free text)."""
+
+
 class StorageIn(Strict):
     write_bandwidth_gbps: Gbps
     """Aggregate sustained write bandwidth of the checkpoint file system, GB/s (1e9 B/s). Required."""
@@ -467,10 +501,14 @@ class TopologyIn(Strict):
     storage: Optional[StorageIn] = None
     """The file system checkpoints are written to (`sim5d plan`, `run`/`compare --tokens`).
     Default: the Llama 3 paper's 2 TB/s aggregate (sim.plan.training_run)."""
+    nvlink_domain: Optional[NVLinkDomainIn] = None
+    """Servers whose GPUs share one NVLink switch fabric (an NVL72 rack: 18 trays of 4 GPUs).
+    Default: none, the NVLink domain is one server."""
 
 
-BODY_KEYS = ("node", "fabric", "collectives", "storage")
-SECTION_MODELS = {"node": NodeIn, "fabric": FabricIn, "collectives": CollectivesIn, "storage": StorageIn}
+BODY_KEYS = ("node", "fabric", "collectives", "storage", "nvlink_domain")
+SECTION_MODELS = {"node": NodeIn, "fabric": FabricIn, "collectives": CollectivesIn, "storage": StorageIn,
+                  "nvlink_domain": NVLinkDomainIn}
 
 
 # --- the rules between keys, and the frozen objects ----------------------------------------------
@@ -590,6 +628,30 @@ def _storage(s: StorageIn | None) -> StorageSpec | None:
                        node_read_bandwidth_gbps=s.node_read_bandwidth_gbps, source=s.source)
 
 
+def _nvlink_domain(d: NVLinkDomainIn | None, node: NodeSpec | None, err) -> NVLinkDomainSpec | None:
+    """The NVLink domain: its servers share the NVSwitch fabric, so the node must have one."""
+    if d is None:
+        return None
+    if node is None or node.gpu_interconnect != "nvswitch":
+        err("nvlink_domain", "needs node.gpu_interconnect 'nvswitch' (an NVLink domain of several "
+            "servers is their GPUs on shared NVLink switches)"
+            + (f"; this node's is {node.gpu_interconnect!r}" if node is not None else ""))
+    job = d.job_nodes
+    if job is not None and job > d.nodes:
+        err("nvlink_domain.job_nodes", f"{job} must not exceed nvlink_domain.nodes ({d.nodes}): a job "
+            "gets at most the servers of a domain")
+    return NVLinkDomainSpec(nodes=d.nodes, job_nodes=job, source=d.source)
+
+
+def segment_nodes(num_nodes: int, domain_nodes: int) -> int:
+    """Servers per NVLink domain a job of `num_nodes` servers gets by NVIDIA's rule: the greatest
+    divisor of num_nodes that is at most the domain's servers (NVIDIA/dgxc-benchmarking,
+    cli/llmb-run job_launcher `_compute_segment_size`, which sets Slurm's `--segment` for GB200
+    and GB300 jobs: "for powers of 2 this is min(num_nodes, 16); for multiples of 18 it is 18").
+    A job within one domain gets all its servers there."""
+    return max(d for d in range(1, min(num_nodes, domain_nodes) + 1) if num_nodes % d == 0)
+
+
 class CheckedTopology(NamedTuple):
     header: TopologyIn
     node: NodeSpec | None
@@ -598,6 +660,7 @@ class CheckedTopology(NamedTuple):
     storage: StorageSpec | None
     max_nodes: int | None
     """The file's max_nodes, else what the fabric can hold (None: a header-only topology)."""
+    nvlink_domain: NVLinkDomainSpec | None = None
 
 
 def check_topology(data: Any, lines: dict | None = None, file: str | None = None, *,
@@ -641,6 +704,7 @@ def check_topology(data: Any, lines: dict | None = None, file: str | None = None
             if "collectives" in sec:
                 coll = _collectives(sec["collectives"] or CollectivesIn(), node)
     storage = _storage(sec.get("storage"))
+    domain = _nvlink_domain(sec.get("nvlink_domain"), node, err) if "nvlink_domain" in sec else None
     max_nodes = data.get("max_nodes") if "max_nodes" not in failed else None
     if node is not None and fabric is not None and not errors:
         from sim.topology.graph import fabric_capacity_nodes
@@ -657,7 +721,7 @@ def check_topology(data: Any, lines: dict | None = None, file: str | None = None
         if max_nodes is None:
             max_nodes = cap
     raise_all(errors)
-    return CheckedTopology(top, node, fabric, coll, storage, max_nodes)
+    return CheckedTopology(top, node, fabric, coll, storage, max_nodes, domain)
 
 
 def parse_storage(data: Any, file: str | None = None) -> StorageSpec | None:

@@ -80,6 +80,9 @@ def summarize(G: nx.DiGraph, *, bisection: bool = True) -> dict:
              "loopback": node.loopback.bandwidth_gbps if node.loopback else None}[node.gpu_interconnect]
     inter = node.nic.count * node.nic.bandwidth_gbps / g if node.nic.count else 0.0
     nvls = node.nvlink.nvls_bandwidth_gbps if node.nvlink else None
+    k = G.graph.get("nvlink_domain_nodes", 1)
+    n_gpus = len(G.graph["gpus"])
+    dom_gpus = min(g * k, n_gpus) if node.gpu_interconnect == "nvswitch" else g
     out = {
         "topology": t.name, "gpu": t.gpu, "num_nodes": G.graph["num_nodes"], "gpus_per_node": g,
         "num_gpus": len(G.graph["gpus"]), "max_nodes": t.max_nodes,
@@ -91,8 +94,11 @@ def summarize(G: nx.DiGraph, *, bisection: bool = True) -> dict:
         "graph_nodes": G.number_of_nodes(), "graph_edges": G.number_of_edges(),
         "links": links_by_class(G),
         "injection_gbps_per_gpu": {"intra_node": intra, "inter_node": inter},
+        "nvlink_domain": {"nodes_per_domain": k, "max_nodes_per_domain": t.nvlink_domain.nodes
+                          if getattr(t, "nvlink_domain", None) else 1,
+                          "gpus_per_domain": dom_gpus, "domains": -(-G.graph["num_nodes"] // k)},
         "nvls_gbps_per_gpu": nvls,
-        "nvls_allreduce_busbw_gbps": nvls * 2 * (g - 1) / (g + 1) if nvls else None,
+        "nvls_allreduce_busbw_gbps": nvls * 2 * (dom_gpus - 1) / (dom_gpus + 1) if nvls and dom_gpus > 1 else None,
         "definitions": DEFINITIONS,
     }
     if bisection:
@@ -111,13 +117,17 @@ DEFINITIONS = {
     "GPUs per node, GB/s per direction",
     "nvls_gbps_per_gpu": "NVLink SHARP: each GPU's multimem rate through the NVSwitch, GB/s per direction; "
     "an all-reduce of S bytes moves S(n+1)/n each way per GPU",
-    "nvls_allreduce_busbw_gbps": "NVLS all-reduce bus bandwidth on the GPUs of one node (nccl-tests busbw "
-    "= S x 2(n-1)/n / time): nvls_gbps_per_gpu x 2(n-1)/(n+1), GB/s",
+    "nvls_allreduce_busbw_gbps": "NVLS all-reduce bus bandwidth on the n GPUs of one NVLink domain (nccl-tests "
+    "busbw = S x 2(n-1)/n / time): nvls_gbps_per_gpu x 2(n-1)/(n+1), GB/s",
+    "nvlink_domain": "servers whose GPUs share NVLink switches (an NVL72 rack's trays; one server on "
+    "DGX/HGX): nodes_per_domain as the job has them (of max_nodes_per_domain), gpus_per_domain, "
+    "and the domains the job spans",
     "bisection_gbps": "most GPU-to-GPU traffic from the first half of the GPUs to the second (first "
     "half of the nodes, or of one node's GPUs), by max-flow; inside one node over the GPU "
     "interconnect only; GB/s one way",
     "bisection_gbps_per_gpu": "bisection_gbps / GPUs of the sending half: at most the inter-node "
-    "injection (several nodes) or the intra-node injection (one node), GB/s",
+    "injection (several nodes), plus the intra-node one when the halves share an NVLink domain, or "
+    "the intra-node injection (one node), GB/s",
 }
 
 
@@ -198,6 +208,12 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
     pos: dict = {}
     for m in servers:
         _server_positions(G, by_server[m], slot[m] * (W + gap), W, pos)
+    # an NVLink domain's switch (servers sharing NVLink, e.g. an NVL72 rack) under its drawn GPUs
+    domain_sw = [v for v, d in G.nodes(data=True) if d["kind"] == "nvswitch" and d["server"] < 0]
+    for v in domain_sw:
+        xs = [pos[u][0] for u in G.successors(v) if u in pos]
+        if xs:
+            pos[v] = (sum(xs) / len(xs), _ROW_Y["nvswitch"] - 1.0)
     fab = G.graph.get("fabric", {})
     fabric_rows = [k for k in _FABRIC if any(d["kind"] == k for _, d in G.nodes(data=True))] if n > 1 else []
     if not summary:
@@ -210,7 +226,7 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
     # size: about 0.45 inch per GPU slot, capped; the legend gets its own column on the right
     draw_in = min(max(5.0, 0.45 * total_w), 26.0)
     top = max([y for _, y in pos.values()] + [_ROW_Y[k] for k in fabric_rows])
-    bottom = min(y for _, y in pos.values())
+    bottom = min(y for _, y in pos.values()) - (0.5 if domain_sw else 0.0)
     height_in = 1.2 + 0.55 * (top - bottom + 2.0)
     legend_in = 3.4
     fig = Figure(figsize=(draw_in + legend_in, height_in))
@@ -232,6 +248,12 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
             for i in range(g):
                 x, y = pos[f"n{m}.gpu{i}"]
                 ax.text(x, y - 0.3, str(i), fontsize=fs - 1, ha="center", va="top", color="#444444")
+    for v in domain_sw:
+        if v in pos:
+            d = G.nodes[v]["domain"]
+            k = G.graph["nvlink_domain_nodes"]
+            ax.text(pos[v][0], pos[v][1] - 0.35, f"NVLink domain {d}: nodes {d * k}-{min(n, d * k + k) - 1}",
+                    fontsize=fs, ha="center", va="top", zorder=5, gid=f"domain:{d}")
     if summary:
         x = 2 * (W + gap) + W / 2
         ax.text(x, 1.0, f"...\n{n - 3} more nodes\n(nodes 2-{n - 2})\n...", ha="center", va="center",
