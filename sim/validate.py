@@ -6,7 +6,9 @@ vTrain's 1,549 measured A100 iterations (VIA-Research/vTrain, MIT licence: vtrai
 h100_calibration.yaml (two H100 steps of NVIDIA/dgxc-benchmarking v25.02, the fit of the H100's
 sustained_matmul_fraction: in sample, reported with each run's leave-one-out error) and
 h100_published.yaml (ten other H100 steps of the same collection: FP8, Nemotron-4 340B, up to
-2,048 GPUs; out of sample).
+2,048 GPUs; out of sample) and gb200_calibration.yaml (two GB200 NVL72 steps of
+NVIDIA/dgxc-benchmarking v25.05.01, the fit of GB200's sustained_matmul_fraction, which the other
+Blackwell profiles carry over: in sample, with leave-one-out errors).
 
 Each set turns its rows into scenarios with the settings its source states (listed per set
 below); nothing is tuned per case. Predicted vs measured, the error per case and the MAPE per
@@ -25,7 +27,9 @@ import yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
 SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration",
-        "h100-published")
+        "h100-published", "gb200-calibration")
+CALIBRATION_SETS = {"h100-calibration": "h100_calibration.yaml", "gb200-calibration": "gb200_calibration.yaml"}
+"""Sets of measured steps a device constant is fitted to (sim.calibrate.step_fit): in sample."""
 
 
 @dataclass(frozen=True)
@@ -170,25 +174,34 @@ def korthikanti_cases() -> list[Case]:
     return out
 
 
-def _h100_runs():
+def _calibration_runs(set_name: str):
     from sim.calibrate.step_fit import load_runs
 
-    return load_runs(DATA / "h100_calibration.yaml")
+    return load_runs(DATA / CALIBRATION_SETS[set_name])
 
 
-def h100_calibration_cases() -> list[Case]:
-    """The measured H100 steps the H100's sustained_matmul_fraction is fitted to
-    (h100_calibration.yaml: NVIDIA/dgxc-benchmarking v25.02, NeMo; its `common:` holds the
-    settings its header states), on the bundled h100-sxm-80gb profile: in sample."""
-    return [Case("h100-calibration", r.name, r.scenario, r.step_time_s) for r in _h100_runs()]
+def calibration_cases(set_name: str) -> list[Case]:
+    """The measured steps a device's sustained_matmul_fraction is fitted to, on the bundled
+    profile of the runs' topology: h100_calibration.yaml (NVIDIA/dgxc-benchmarking v25.02, NeMo,
+    h100-sxm-80gb) or gb200_calibration.yaml (v25.05.01, NeMo 2.0, gb200-186gb on gb200-nvl72);
+    each file's `common:` holds the settings its header states. In sample."""
+    return [Case(set_name, r.name, r.scenario, r.step_time_s) for r in _calibration_runs(set_name)]
 
 
-def h100_calibration_loo() -> dict:
-    """{case id: leave-one-out error, %}: each run predicted by the fraction fitted to the other
+def calibration_loo(set_name: str) -> dict:
+    """{case id: leave-one-out error, %}: each run predicted by the fraction fitted to the others
     (sim.calibrate.step_fit, from the profile's value)."""
     from sim.calibrate.step_fit import loo_errors
 
-    return loo_errors(_h100_runs())
+    return loo_errors(_calibration_runs(set_name))
+
+
+def h100_calibration_loo() -> dict:
+    return calibration_loo("h100-calibration")
+
+
+def gb200_calibration_loo() -> dict:
+    return calibration_loo("gb200-calibration")
 
 
 def h100_published_cases() -> list[Case]:
@@ -201,7 +214,7 @@ def h100_published_cases() -> list[Case]:
             for r in load_runs(DATA / "h100_published.yaml")]
 
 
-LOO = {"h100-calibration": h100_calibration_loo}
+LOO = {"h100-calibration": h100_calibration_loo, "gb200-calibration": gb200_calibration_loo}
 """Sets whose cases were fitted to, with their leave-one-out errors."""
 
 
@@ -211,7 +224,8 @@ def cases(sets=SETS) -> list[Case]:
         out += {"korthikanti": korthikanti_cases, "narayanan": narayanan_cases,
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
                 "vtrain-multi": lambda: vtrain_cases("multi"),
-                "h100-calibration": h100_calibration_cases,
+                "h100-calibration": lambda: calibration_cases("h100-calibration"),
+                "gb200-calibration": lambda: calibration_cases("gb200-calibration"),
                 "h100-published": h100_published_cases}[s]()
     return out
 
@@ -261,10 +275,11 @@ def predict(case: Case) -> float:
 def fitted(case: Case) -> bool:
     """Whether a device constant was fitted to this case (the A100's sustained_matmul_fraction
     to Korthikanti's non-sequence-parallel rows, sim.calibrate.layer_fit; the H100's to the
-    h100-calibration steps, sim.calibrate.step_fit): in-sample."""
+    h100-calibration steps and GB200's to the gb200-calibration steps, sim.calibrate.step_fit):
+    in-sample."""
     from sim.calibrate.layer_fit import FIT_VARIANTS
 
-    if case.set == "h100-calibration":
+    if case.set in CALIBRATION_SETS:
         return True
     return case.set == "korthikanti" and case.id.rsplit("-", 1)[0] in FIT_VARIANTS
 

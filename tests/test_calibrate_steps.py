@@ -202,17 +202,35 @@ def test_bundled_h100_fraction_is_the_fit_to_the_h100_steps():
     lo, hi = FIT_KEYS["sustained_matmul_fraction"].lo, FIT_KEYS["sustained_matmul_fraction"].hi
     assert lo < prof < hi
     assert fit.errors[0] * fit.errors[1] < 0       # a least-squares fit of two: errors either side
-    for name in ("h200-sxm-141gb", "h800-sxm-80gb", "b200-sxm-180gb"):
+    for name in ("h200-sxm-141gb", "h800-sxm-80gb"):
         assert load_device(name).extra["compute"]["sustained_matmul_fraction"] == prof
 
 
-def test_validate_reports_the_h100_set_in_sample_with_leave_one_out():
-    code, out, err = run_cli("validate", "--sets", "h100-calibration", "--json")
+def test_bundled_gb200_fraction_is_the_fit_to_the_gb200_steps():
+    """GB200's sustained_matmul_fraction is the least-squares fit to the two measured GB200 NVL72
+    steps marked for calibration (gb200_calibration.yaml, on the gb200-nvl72 topology with its
+    NVLink domains), to its 3 digits; the other Blackwell profiles carry it over."""
+    runs = step_fit.load_runs(DATA / "gb200_calibration.yaml")
+    assert [r.scenario["cluster"]["topology"] for r in runs] == ["gb200-nvl72"] * 2
+    sim = step_fit.Simulated(runs)
+    fit = step_fit.least_squares(sim, [0, 1], ("sustained_matmul_fraction",), {"sustained_matmul_fraction": 1.0})
+    prof = load_device("gb200-186gb").extra["compute"]["sustained_matmul_fraction"]
+    assert prof == pytest.approx(fit.values["sustained_matmul_fraction"], abs=0.002)
+    assert fit.errors[0] * fit.errors[1] < 0
+    assert all(abs(e) < 0.05 for e in fit.errors)
+    for name in ("b200-sxm-180gb", "b300-sxm-270gb", "gb300-288gb"):
+        assert load_device(name).extra["compute"]["sustained_matmul_fraction"] == prof
+
+
+@pytest.mark.parametrize("name,cases", [
+    ("h100-calibration", [("llama3.1-8b-h100x8-bf16", 12.78), ("gpt3-175b-h100x128-bf16", 8.309)]),
+    ("gb200-calibration", [("llama3.1-405b-gb200x128-bf16", 9.347), ("nemotron4-340b-gb200x128-bf16", 2.189)])])
+def test_validate_reports_a_calibration_set_in_sample_with_leave_one_out(name, cases):
+    code, out, err = run_cli("validate", "--sets", name, "--json")
     assert code == 0, err
-    d = json.loads(out)["sets"]["h100-calibration"]
+    d = json.loads(out)["sets"][name]
     assert d["n"] == 2 and d["n_fitted"] == 2 and d["mape_held_out_pct"] is None
-    assert [(r["id"], r["measured"]) for r in d["cases"]] == [
-        ("llama3.1-8b-h100x8-bf16", 12.78), ("gpt3-175b-h100x128-bf16", 8.309)]
+    assert [(r["id"], r["measured"]) for r in d["cases"]] == cases
     for r in d["cases"]:
         assert r["fitted"] and abs(r["error_pct"]) < 5
         # predicted by the other run's fit: worse than in sample

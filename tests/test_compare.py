@@ -82,7 +82,8 @@ def test_tokens_parse_and_format():
 
 def test_bundled_profiles_carry_a_price():
     # sourced prices where a public source was found; 0 (unknown, give --price) otherwise
-    for name in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h800-sxm-80gb"):
+    for name in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "h800-sxm-80gb", "b200-sxm-180gb",
+                 "gb200-186gb"):
         assert load_device(name).price_per_gpu_hour_usd > 0, name
-    for name in ("l40s-48gb", "b200-sxm-180gb"):
+    for name in ("l40s-48gb", "b300-sxm-270gb", "gb300-288gb"):
         assert load_device(name).price_per_gpu_hour_usd == 0, name

@@ -14,9 +14,10 @@ from sim.errors import ConfigError
 from sim.topology import bundled_topology_names, load_topology
 from sim.topology.graph import build_graph, gpus_of
 from sim.topology.routing import router_for
-from sim.topology.summary import summarize
+from sim.topology.summary import bisection_halves, summarize
 
-BUNDLED = ("dgx-a100-hdr", "dgx-h100-ndr", "hgx-h200-ndr", "hgx-h800-ndr", "pcie-l40s", "cpu-local")
+BUNDLED = ("dgx-a100-hdr", "dgx-h100-ndr", "hgx-h200-ndr", "hgx-h800-ndr", "pcie-l40s", "cpu-local",
+           "gb200-nvl72", "gb300-nvl72", "dgx-b200", "hgx-b300")
 
 
 def test_bundled_topologies_exist_and_build():
@@ -112,8 +113,13 @@ def test_summary_injection_and_bisection():
 def test_bisection_per_gpu_never_exceeds_injection(name):
     t = load_topology(name)
     for n in sorted({1, 2, 3, 4} & set(range(1, t.max_nodes + 1))):
-        s = summarize(build_graph(t, n))
+        G = build_graph(t, n)
+        s = summarize(G)
         inj = s["injection_gbps_per_gpu"]["inter_node" if n > 1 else "intra_node"]
+        # halves that share an NVLink domain (an NVL72 rack's trays) also meet over NVLink
+        a, b = bisection_halves(G)
+        if n > 1 and {G.nodes[g]["domain"] for g in a} & {G.nodes[g]["domain"] for g in b}:
+            inj += s["injection_gbps_per_gpu"]["intra_node"]
         assert 0 < s["bisection_gbps_per_gpu"] <= inj * (1 + 1e-9), (name, n, s["bisection_gbps_per_gpu"], inj)
         for k in ("bisection_gbps", "bisection_gbps_per_gpu", "nvls_gbps_per_gpu",
                   "injection_gbps_per_gpu.inter_node", "injection_gbps_per_gpu.intra_node"):
