@@ -309,9 +309,10 @@ class _Builder:
 
     def _build_domains(self):
         """One NVSwitch node per NVLink domain (servers d*k .. d*k+k-1), every GPU of the domain
-        linked to it at node.nvlink's bandwidth: the NVL72 rack's NVLink switch trays are
-        non-blocking (every GPU's 18 NVLink 5 ports reach every other GPU at full rate; NVIDIA
-        GB200 NVL72 datasheet), so one crossbar per domain stands for them."""
+        linked to it at node.nvlink's bandwidth: an NVL72 rack's 9 NVLink switch trays give "full
+        non-blocking P2P connectivity of all 72 GPUs" (NVIDIA NVL72 enterprise reference
+        architecture, components; each GPU has one NVLink 5 link to each of the 18 switch chips,
+        DGX SuperPOD GB200 RA), so one crossbar per domain stands for them."""
         nv = self.node.nvlink
         k = self.domain_nodes
         for dom in range((self.n + k - 1) // k):
