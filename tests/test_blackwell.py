@@ -90,6 +90,10 @@ def test_sweep_tries_tensor_parallel_across_the_trays_of_a_rack():
     prep = prepare(SweepSpec(model="llama3-70b", gpus=128, topology="gb200-nvl72"))
     tps = {lay.tp for lay in prep.layouts}
     assert {4, 8, 16, 32, 64} <= tps and 128 not in tps       # a domain of 64 GPUs is the limit
+    # the job's share of a rack given: 8 trays = 32 GPUs per domain
+    prep = prepare(SweepSpec(model="llama3-70b", gpus=128, topology="gb200-nvl72",
+                             overrides=["cluster.nodes_per_nvlink_domain=8"]))
+    assert max(lay.tp for lay in prep.layouts) == 32
     prep = prepare(SweepSpec(model="llama3-70b", gpus=128, topology="dgx-b200"))
     assert max(lay.tp for lay in prep.layouts) == 8
 

@@ -113,7 +113,7 @@ def _model_label(model) -> str:
 def prepare(spec: SweepSpec) -> Prepared:
     """Validate the inputs, build the base scenario and the grid, enumerate the layouts."""
     from sim.config import apply_overrides, build_scenario
-    from sim.topology import load_topology
+    from sim.topology import load_topology, with_domain_nodes
 
     if spec.gpus < 1:
         raise ConfigError(f"--gpus ({spec.gpus}) must be at least 1", key="--gpus")
@@ -192,9 +192,12 @@ def prepare(spec: SweepSpec) -> Prepared:
     training.setdefault("overlap_param_gather", True)
     data["simulation"] = {**data["simulation"], "network": "analytical"}
 
-    # TP (and so the NVLink-bound groups) may span an NVLink domain, not just a server (NVL72)
+    # TP (and so the NVLink-bound groups) may span an NVLink domain, not just a server (NVL72):
+    # the job's trays per domain as its scenarios will have them (--set cluster.nodes_per_nvlink_domain)
+    dom_topo = with_domain_nodes(topo, data["cluster"].get("nodes_per_nvlink_domain"))
     layouts = space.enumerate_layouts(
-        gpus=spec.gpus, gpus_per_node=topo.gpus_per_domain(nodes) if topo.nvlink_domain else gpn, num_layers=model.num_layers,
+        gpus=spec.gpus, gpus_per_node=dom_topo.gpus_per_domain(nodes) if topo.nvlink_domain else gpn,
+        num_layers=model.num_layers,
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
     ident = json.dumps({"version": 1, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
