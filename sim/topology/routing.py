@@ -21,6 +21,7 @@ import networkx as nx
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.topology.graph import nvswitch_of
 
 
 def ecmp_hash(src: str, dst: str, key: int) -> int:
@@ -86,7 +87,7 @@ class Router:
         sa, sb = na["server"], nb["server"]
         if G.graph.get("nvlink_domain") and na["kind"] == nb["kind"] == "gpu" and na["domain"] == nb["domain"]:
             # one NVLink domain (an NVL72 rack): one hop through its switches, tray or not
-            return [src, f"nvl{na['domain']}.nvsw", dst]
+            return [src, nvswitch_of(G, src), dst]
         if sa == sb:
             return self._intra(src, dst)
         nics = G.graph["nics_per_node"]
