@@ -64,10 +64,14 @@ A host unit is one op's work in one phase. The value is measured by `sim5d calib
 stack of tiny GPT layers, forward and backward: host time per unit). A CPU device leaves it 0:
 its host and its kernels share the core, and the per-class overheads already hold the cost.
 
-Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8 GEMMs at the fp8
-MAMF where the device has fp8 tensor cores (a device without an `fp8` peak is an error), except
-those ops.py marks `high_precision` (LM head, router, unfused attention), at BF16's; fp32
-means TF32 tensor-core math. Operand bytes follow ops.py (fp8 operands 1 byte, outputs 2).
+Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8, mxfp8 and
+nvfp4 GEMMs at that format's MAMF where the device has its tensor cores (a device without a
+peak for it is an error), except those ops.py marks `high_precision` (LM head, router, unfused
+attention), at BF16's; fp32 means TF32 tensor-core math. Operand bytes follow ops.py (fp8
+operands 1 byte, mxfp8 1 + 1/32, nvfp4 0.5 + 1/16 with their block scales; outputs 2). The
+quantisation kernels before them (ops.py `<gemm>_fp8_cast`, `_mxfp8_cast`, `_nvfp4_cast`) are
+elementwise ops; `fp8_transpose_copy` (default true: Hopper's TN-only FP8 GEMMs) says whether a
+per-tensor FP8 cast also writes the transpose (false on Blackwell).
 
 Fallback (a profile without `extra.compute`, e.g. the measured `cpu-local` profile): the
 profile's own numbers are taken as achievable -- `peak_tflops` as the matmul rate, `hbm_gbps` at
@@ -91,7 +95,8 @@ absent = the behaviour above):
         PyTorch eager's per-op cost). Classes: `gemm`, `attention` (one fused kernel per
         phase, split over its two ops as above), `optimizer` (per launch) and the elementwise
         classes of `ELEMENTWISE_CLASSES` (`norm`, `activation`, `softmax`, `dropout`,
-        `residual`, `rotary`, `embedding`, `cross_entropy`, `moe_permute`, `fp8_cast`), each optionally
+        `residual`, `rotary`, `embedding`, `cross_entropy`, `moe_permute`, `fp8_cast`, `mxfp8_cast`,
+        `nvfp4_cast`), each optionally
         with a `<class>_bwd` entry for its backward kernels (PyTorch's backward kernels differ
         from the forward ones: dropout's forward draws random numbers, its backward only
         multiplies). A class not given uses `kernel_overhead_us`; a `_bwd` class not given uses
@@ -127,10 +132,11 @@ from typing import Annotated, Optional
 
 from pydantic import BeforeValidator
 
-from sim.devices import PRECISIONS, DeviceProfile
+from sim.devices import PRECISIONS, QUANTIZED, DeviceProfile
 from sim.errors import ConfigError
 from sim.fields import Strict, checked, finite, is_number, known_key, one_of, refuse
-from sim.workload.ops import ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES, Op
+from sim.workload.ops import (ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES,
+                              MXFP8_CAST_OPS, NVFP4_CAST_OPS, Op)
 
 PHASES = ("fwd", "dgrad", "wgrad")
 """Forward, input-gradient backward, weight-gradient backward (ops.py's FLOP split)."""
@@ -158,6 +164,8 @@ ELEMENTWISE_CLASSES = {
     "cross_entropy": ("cross_entropy",),
     "moe_permute": ("moe_permute", "moe_unpermute"),
     "fp8_cast": FP8_CAST_OPS,
+    "mxfp8_cast": MXFP8_CAST_OPS,
+    "nvfp4_cast": NVFP4_CAST_OPS,
 }
 """Op classes of sim.workload.ops' elementwise ops (by op name), for the calibrated per-class
 keys `elementwise_gbps` and `overhead_us`."""
@@ -209,6 +217,8 @@ class ComputeParams:
     sustained_matmul_fraction: float = 1.0
     """Fraction of the MAMF that GEMMs sustain inside training layers (`sustained_matmul_fraction`;
     1 = the benchmark's rate)."""
+    fp8_transpose_copy: bool = True
+    """Per-tensor FP8 casts write an FP8 transpose too (`fp8_transpose_copy`)."""
 
     def mamf(self, precision: str) -> float:
         return dict(self.mamf_flops)[precision]
@@ -421,6 +431,9 @@ class ComputeIn(Strict):
     """Share of the MAMF that GEMMs sustain inside training layers."""
     host_overhead_us: checked(float, _non_negative) = 0.0
     """Host time per op and phase, us (0: the host never limits the GPU)."""
+    fp8_transpose_copy: bool = True
+    """FP8 GEMMs are TN-only (Hopper, Ada), so a per-tensor FP8 cast also writes the FP8
+    transpose; false where they take either layout (Blackwell). Default true."""
 
 
 _KNOWN_KEYS = tuple(ComputeIn.model_fields)
@@ -511,7 +524,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
         attention=attention, split_k_max=split_max, split_k_min_chunk=split_chunk,
         calibrated=calibrated, gemm_efficiency=gemm_eff, class_overhead_s=tuple(sorted(class_overhead)),
         class_bytes_per_s=tuple(sorted(class_bw)), sustained_matmul_fraction=sustained,
-        host_overhead_s=host * 1e-6)
+        host_overhead_s=host * 1e-6, fp8_transpose_copy=bool(c.get("fp8_transpose_copy", True)))
 
 
 _CACHE: dict = {}
@@ -535,7 +548,9 @@ def _check_precision(device: DeviceProfile, precision: str) -> None:
                           key="training.precision")
     if precision not in device.peak_tflops:
         have = ", ".join(sorted(device.peak_tflops))
-        hint = " (no FP8 tensor cores: FP8 needs Hopper/Ada or newer)" if precision == "fp8" else ""
+        hint = {"fp8": " (no FP8 tensor cores: FP8 needs Hopper/Ada or newer)",
+                "mxfp8": " (no block-scaled tensor cores: MXFP8 needs Blackwell)",
+                "nvfp4": " (no FP4 tensor cores: NVFP4 needs Blackwell)"}.get(precision, "")
         raise ConfigError(f"{precision} is not available on {device.name}{hint}; its profile has "
                           f"peak_tflops for {have}. Use one of those.", key="training.precision")
 
@@ -606,8 +621,8 @@ def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: st
 
 def _gemm_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
     m, n, k, b = op.m, op.n, op.k, op.batch
-    if precision == "fp8" and op.high_precision:
-        precision = "bf16"      # outside Transformer Engine's FP8 recipe (sim.workload.ops)
+    if precision in QUANTIZED and op.high_precision:
+        precision = "bf16"      # outside Transformer Engine's low-precision recipe (sim.workload.ops)
     if phase == "fwd":
         if op.flops_fwd <= 0:
             return 0.0
@@ -657,8 +672,8 @@ def attention_rate_flops(device: DeviceProfile, phase: str, seqlen: float, *, ca
         table = p.attention_table(f"{direction}_causal_tflops")
     if table is None:
         table = p.attention_table(f"{direction}_tflops")
-    if table is None:   # no attention measurement: the matmul rate (BF16 for fp8 training)
-        return p.mamf("bf16" if precision == "fp8" and "bf16" in device.peak_tflops else precision)
+    if table is None:   # no attention measurement: the matmul rate (BF16 for fp8/mxfp8/nvfp4 training)
+        return p.mamf("bf16" if precision in QUANTIZED and "bf16" in device.peak_tflops else precision)
     rate = _interp_log2(table, seqlen)
     if precision == "fp32":
         rate *= device.peak_tflops["fp32"] / device.peak_tflops.get("bf16", device.peak_tflops["fp32"])

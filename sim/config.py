@@ -238,8 +238,19 @@ class TrainingIn(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none | selective (core attention, Korthikanti et al.) | full
     (every layer's input kept, the layer recomputed in backward). Default none."""
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
-    """Compute precision of the GEMMs (mixed precision with fp32 master weights for 16/8 bit)."""
+    precision: Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"] = "bf16"
+    """Compute precision of the GEMMs (mixed precision with fp32 master weights below 32 bit).
+    fp8: Transformer Engine's per-tensor scaled FP8 (E4M3, E5M2 gradients; see fp8_recipe);
+    mxfp8: TE's MXFP8 block scaling (E4M3 with one E8M0 scale per 32 elements; Blackwell);
+    nvfp4: TE's NVFP4 block scaling (E2M1, E4M3 scale per 16 elements, Hadamard-rotated wgrad
+    operands; Blackwell). Under fp8/mxfp8/nvfp4 every decoder linear layer's GEMMs are
+    quantised, while embedding, LM head, attention core and MoE router stay BF16 (Megatron-Core's
+    default: no first/last BF16 layers, no FP8 attention). Default bf16."""
+    fp8_recipe: Optional[Literal["delayed", "current"]] = None
+    """Scaling of precision fp8: delayed (TE DelayedScaling, scale from the amax history; Megatron
+    `--fp8-recipe delayed`) or current (TE Float8CurrentScaling: an amax pass before each cast;
+    Megatron `--fp8-recipe tensorwise`, NeMo's FP8-CS). Default delayed; only with precision
+    fp8."""
     overlap_grad_reduce: bool = False
     """DP gradient reduce in buckets overlapped with the backward (Megatron default false)."""
     overlap_param_gather: bool = False
@@ -371,6 +382,8 @@ class Training:
     """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
     checkpoint_async: bool = False
     restart_warmup_steps: int = 0
+    fp8_recipe: Optional[str] = None
+    """delayed | current for precision fp8 (resolved: delayed when not given), else None."""
 
 
 @dataclass(frozen=True)
@@ -938,8 +951,13 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
 
     # precision must have a peak on the device
     if t.precision not in gpu.peak_tflops:
+        need = {"mxfp8": " (MXFP8 needs Blackwell's block-scaled tensor cores)",
+                "nvfp4": " (NVFP4 needs Blackwell's FP4 tensor cores)"}.get(t.precision, "")
         raise err("training.precision", f"{gpu.name} has no {t.precision} peak in its profile "
-                  f"(it has {', '.join(gpu.peak_tflops)}); choose one of those")
+                  f"(it has {', '.join(gpu.peak_tflops)}){need}; choose one of those")
+    if t.fp8_recipe is not None and t.precision != "fp8":
+        raise err("training.fp8_recipe", f"{t.fp8_recipe!r} is a scaling recipe of precision fp8; "
+                  f"training.precision is {t.precision} (remove fp8_recipe or set precision: fp8)")
 
     # rank order: a permutation of the five dimensions
     order = tuple(p.rank_order.split("-"))
@@ -1165,7 +1183,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                     if p.pipeline_model_parallel_layout is not None else None),
                                 account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
                                 account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split),
-        training=Training(**t.model_dump()),
+        training=Training(**{**t.model_dump(), "fp8_recipe": (t.fp8_recipe or "delayed")
+                             if t.precision == "fp8" else None}),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
                         num_microbatches=m, num_virtual_stages=len(layers_vs),

@@ -21,7 +21,13 @@ from sim.yamlio import is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.units import GiB
 
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32")
+"""Training precisions: the 16-bit formats, Transformer Engine's low-precision GEMM recipes
+(fp8 per-tensor scaled, delayed or current; mxfp8 and nvfp4 block scaled, Blackwell only) and
+fp32 (TF32 tensor-core math)."""
+QUANTIZED = ("fp8", "mxfp8", "nvfp4")
+"""The precisions whose GEMMs run in a quantised format under Transformer Engine; everything
+outside its recipe (attention core, LM head, MoE router, elementwise kernels) runs in BF16."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,8 @@ class DeviceProfile:
     memory_gib: float
     """Usable device memory as the driver reports it (nvidia-smi total), GiB."""
     peak_tflops: dict
-    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, fp32); datasheet values. The MFU
-    denominator. fp32 means TF32 tensor-core math where the device has it."""
+    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, mxfp8, nvfp4, fp32); datasheet values.
+    The MFU denominator. fp32 means TF32 tensor-core math where the device has it."""
     hbm_gbps: float
     """Peak memory bandwidth, GB/s (1e9 B/s)."""
     runtime_reserved_gib: float = 0.0
@@ -126,8 +132,10 @@ class DeviceIn(Strict):
     Required."""
     peak_tflops: Annotated[dict[checked(str, _precision), checked(float, _device_number("peak_tflops"))],
                            BeforeValidator(_peaks)]
-    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, fp32; fp32 means TF32 tensor-core math
-    where the device has it), datasheet values, 1e-4 to 1e6; the MFU denominator. Required."""
+    """Dense peak TFLOP/s per precision (bf16, fp16, fp8, mxfp8, nvfp4, fp32; fp32 means TF32
+    tensor-core math where the device has it; mxfp8 and nvfp4 only where the tensor cores have
+    block-scaled formats, i.e. Blackwell), datasheet values, 1e-4 to 1e6; the MFU denominator.
+    Required."""
     hbm_gbps: checked(float, _device_number("hbm_gbps"))
     """Peak memory bandwidth, GB/s (1e9 B/s); 0.1 to 10^6. Required."""
     runtime_reserved_gib: checked(float, _non_negative) = 0.0

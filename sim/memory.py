@@ -33,10 +33,16 @@ STATE_BYTES = {
     # fp8 training (Transformer Engine) keeps bf16 weights and fp32 master/Adam state; the fp8
     # casts are transient (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", sec. 4).
     "fp8": (2, 2, 12),
+    # mxfp8 / nvfp4 (TE block-scaled recipes) likewise: BF16 weights and fp32 master/Adam state
+    # (Megatron-Bridge bf16_with_mxfp8_mixed / bf16_with_nvfp4_mixed; NVFP4 paper arXiv
+    # 2509.25149 sec. 4: master weights, gradients accumulation and optimizer state in FP32).
+    "mxfp8": (2, 2, 12),
+    "nvfp4": (2, 2, 12),
     "fp32": (4, 4, 8),
 }
-ACT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
-"""Bytes per stored activation element. fp8 GEMMs still store 16-bit activations (TE)."""
+ACT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
+"""Bytes per stored activation element. fp8/mxfp8/nvfp4 GEMMs still store 16-bit activations
+(counted as TE's BF16 layers; its quantised copies of GEMM inputs are transient here)."""
 
 # NCCL allocates per communicator NCCL_BUFFSIZE (default 4 MiB, NCCL environment-variable docs)
 # per channel and direction; we allow 2 x 8 channels per communicator the rank belongs to.

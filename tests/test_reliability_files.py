@@ -209,7 +209,7 @@ def test_device_unknown_keys_are_refused_with_did_you_mean(tmp_path):
     f = _write(tmp_path, DEVICE, {"hbm_gbp": 3350.0, "extra.compute.sm_cont": 132, "peak_tflops.bf17": 1.0})
     lines = _refused("device", f)
     assert len(lines) == 3, lines
-    assert f"{f}:{_line(f, 'peak_tflops.bf17')}: peak_tflops.bf17: unknown precision 'bf17'; one of bf16, fp16, fp8, fp32 (did you mean 'bf16'?)" in lines[0]
+    assert f"{f}:{_line(f, 'peak_tflops.bf17')}: peak_tflops.bf17: unknown precision 'bf17'; one of bf16, fp16, fp8, mxfp8, nvfp4, fp32 (did you mean 'bf16'?)" in lines[0]
     assert f"{f}:{_line(f, 'extra.compute.sm_cont')}: extra.compute.sm_cont: unknown key 'sm_cont' (did you mean 'sm_count'?)" in lines[1]
     assert f"{f}:{_line(f, 'hbm_gbp')}: hbm_gbp: unknown key 'hbm_gbp' (did you mean 'hbm_gbps'?)" in lines[2]
 

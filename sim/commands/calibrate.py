@@ -3,7 +3,9 @@
 and a topology with the fitted link alpha-beta, that `cluster.gpu:` / `cluster.topology:` accept)
 `sim5d calibrate steps RUNS.yaml --gpu PROFILE --out PROFILE.yaml` (device constants fitted to
 measured training steps, sim.calibrate.step_fit) and `sim5d calibrate trace TRACE.json --out
-PROFILE.yaml` (a profile fitted to a PyTorch profiler trace of a real step, sim.calibrate.trace).
+PROFILE.yaml` (a profile fitted to a PyTorch profiler trace of a real step, sim.calibrate.trace)
+and `sim5d calibrate formats [--gpu PROFILE]` (MXFP8 / NVFP4 GEMM rates relative to FP8,
+sim.calibrate.formats).
 """
 
 from __future__ import annotations
@@ -308,6 +310,58 @@ def trace_cmd(
     for n in res.notes:
         typer.echo(f"# note: {n}")
     _warn(res.warnings)
+
+
+_FORMATS_HELP = (
+    "The MXFP8 and NVFP4 GEMM rates of a device as ratios of its FP8 rate, from a benchmark that "
+    "times the same GEMMs in every format (default: Transformer Engine's on a B300, kernels only; "
+    "sim/data/validation/te_gemm_b300.yaml; sim.calibrate.formats).\n\n"
+    "Prints each format's rate relative to per-tensor FP8 and, with --gpu, the mamf_tflops a "
+    "profile gets (its FP8 MAMF x the ratio) next to the profile's own values.")
+
+
+@calibrate_app.command("formats", help=_FORMATS_HELP)
+def formats_cmd(
+    bench: Optional[Path] = typer.Argument(None, metavar="[BENCH.yaml]", help="Per-format GEMM times "
+                                           "(per_layer_ms.pre_quantized: fp8, mxfp8, nvfp4 ms); default "
+                                           "the bundled B300 benchmark."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Device profile whose FP8 MAMF the ratios "
+                                      "apply to (bundled name or path)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """`sim5d calibrate formats` (sim.calibrate.formats; help: _FORMATS_HELP)."""
+    from sim.calibrate import formats
+    from sim.compute import compute_params
+    from sim.devices import load_device
+    from sim.errors import ConfigError
+
+    data = formats.load_benchmark(bench)
+    ratios = formats.rate_ratios(data)
+    out = {"benchmark": str(bench or formats.default_path()), "device": data.get("device"),
+           "ratio_to_fp8": {k: round(v, 4) for k, v in ratios.items()}}
+    if gpu is not None:
+        device = load_device(gpu, key="--gpu")
+        mamf_in = device.extra.get("compute", {}).get("mamf_tflops", {})
+        if "fp8" not in mamf_in:
+            raise ConfigError(f"{device.name} has no measured FP8 MAMF (extra.compute.mamf_tflops.fp8) "
+                              "to scale", key="--gpu")
+        p = compute_params(device)
+        out.update(gpu=device.name, fp8_mamf_tflops=mamf_in["fp8"],
+                   mamf_tflops=formats.mamf_of(mamf_in["fp8"], ratios),
+                   profile_mamf_tflops={f: round(p.mamf(f) / 1e12, 1) for f in ratios
+                                        if f in device.peak_tflops})
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"# GEMM rate relative to per-tensor FP8, kernels only ({out['device']}, {out['benchmark']})")
+    for f, r in out["ratio_to_fp8"].items():
+        line = f"  {f:<6} {r:.4f}"
+        if gpu is not None:
+            have = out["profile_mamf_tflops"].get(f)
+            line += (f"   {gpu}: mamf_tflops.{f} = {out['fp8_mamf_tflops']:g} x {r:.4f} = "
+                     f"{out['mamf_tflops'][f]:g}" + (f" (profile: {have:g})" if have is not None else
+                                                     " (profile: no such format)"))
+        typer.echo(line)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from sim.units import MAX_STEP_NS, NS_PER_S, s_to_ns
 
 # Gradients as the memory calculator counts them (2 bytes; sim.memory.STATE_BYTES); Megatron's
 # fp32 main-grad accumulation would make it 4.
-GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
 
 COLUMN_GEMMS = ("qkv_proj", "fc1")
 """The column-parallel GEMMs whose backward overlaps the block's input-gradient TP collective
@@ -60,7 +60,10 @@ class DeviceCostModel(CostModel):
     def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
         p = self.sc.parallelism
         ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.etp, causal=True,
-                                 flash_attention=self.flash, **self.kw)
+                                 flash_attention=self.flash,
+                                 fp8_recipe=self.sc.training.fp8_recipe or "delayed",
+                                 fp8_transpose=compute.compute_params(self.device).fp8_transpose_copy,
+                                 **self.kw)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
         for block in (ops[:split], ops[split:]):

@@ -44,16 +44,34 @@ FLOP conventions (per op):
   have 0 FLOPs here and carry `bytes_fwd` / `bytes_bwd`, the minimum HBM traffic (each operand
   read once, each result written once; O(rows) statistics and O(width) weights ignored).
 
-Bytes per element (`precision`): bf16/fp16 2, fp32 4. fp8 (Transformer Engine recipe): GEMM
-operands are cast to 1-byte FP8 while GEMM outputs and all other activations stay 2-byte BF16.
-Only the decoder layers' linear layers run in FP8 (Transformer Engine modules inside
-Megatron-Core's fp8 autocast): the LM head, the MoE router and unfused attention's batched
-GEMMs stay BF16 (`Op.high_precision`). Each FP8 GEMM is preceded by `<gemm>_fp8_cast`, TE's
-cast-transpose kernels (transformer_engine cast_transpose / fp8_cast_transpose_bgrad_fused):
-forward, the BF16 input read and written as FP8 and as its FP8 transpose (kept for the wgrad
-GEMM), batch*m*k*(2 + 1 + 1) bytes; backward, the same for the output gradient, batch*m*n*4.
-Not counted: the weights' cast (once per step with TE's cached FP8 weights) and the amax
-bookkeeping (one small fused kernel and all-reduce per autocast region).
+Bytes per element (`precision`): bf16/fp16 2, fp32 4. The low-precision recipes of
+Transformer Engine (`fp8`, `mxfp8`, `nvfp4`; sources in docs/research/te-precisions.md, TE
+@d0067d0): every decoder linear layer's three GEMMs (fprop, dgrad, wgrad) take quantised
+operands -- fp8 1 byte (E4M3, E5M2 gradients), mxfp8 1 byte + one E8M0 scale per 32 elements
+(1 + 1/32), nvfp4 half a byte + one E4M3 scale per 16 (0.5 + 1/16) -- while GEMM outputs and all
+other activations stay 2-byte BF16. Only the decoder layers' linear layers are quantised (TE
+modules inside Megatron-Core's autocast): the LM head, the MoE router and unfused attention's
+batched GEMMs stay BF16 (`Op.high_precision`), as does flash attention. Each quantised GEMM is
+preceded by `<gemm>_fp8_cast` (`_mxfp8_cast`, `_nvfp4_cast`), TE's quantisation kernels for its
+input (forward) and for its output gradient (backward), memory-bound, bytes per element of the
+BF16 tensor (`cast_bytes`):
+  fp8 delayed scaling: one fused cast(-transpose) pass with last step's scale: read 2, write the
+    FP8 copy 1, and where FP8 GEMMs are TN-only (Hopper, Ada; `fp8_transpose`) its FP8
+    transpose 1 for the wgrad / dgrad GEMMs: 4 (Blackwell 3). Amax bookkeeping is one small
+    fused kernel and all-reduce per autocast region: not counted.
+  fp8 current scaling (Megatron's `--fp8-recipe tensorwise`, NeMo's FP8-CS): an amax pass
+    (read 2) before the cast pass: 6 (Blackwell 5), except where the amax is fused into the
+    LayerNorm that produces the input (TE LayerNormLinear: qkv_proj and dense fc1 forward): 4
+    (Blackwell 3).
+  mxfp8: one pass writing both the rowwise and the columnwise block-scaled copy from the BF16
+    input ("to avoid double quantization"): read 2, write 2 x (1 + 1/32): 4.0625.
+  nvfp4: a random-Hadamard-transform amax pass (read 2), then one fused pass writing the
+    rowwise and the Hadamard-rotated columnwise copies (read 2, write 2 x (0.5 + 1/16)):
+    5.125 (TE nvte_hadamard_transform_amax + nvte_quantize_with_hadamard_transform).
+  Not counted, for every recipe: the weights' quantisation (once per step: TE caches the
+  quantised weights across microbatches); current scaling's 4-byte amax all-reduce over the TP
+  group of a sequence-parallel column-parallel input (latency only); the scale swizzle of
+  block-scaled GEMMs (fused into the quantisation kernel where no communication intervenes).
 GEMM bytes: forward reads A and B and writes C; dgrad reads dC and B, writes dA; wgrad reads A
 and dC and read-modify-writes the fp32 main_grad (Megatron gradient_accumulation_fusion).
 Dropout masks are 1 byte per element.
@@ -83,10 +101,38 @@ from sim.workload.params import attention_dims
 KINDS = ("gemm", "attention", "elementwise")
 RECOMPUTE = ("none", "selective", "full")
 
-ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "fp32": 4}
+ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
 """Bytes per element of activations (and GEMM outputs) per training precision."""
-GEMM_INPUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
-"""Bytes per element of GEMM operands per training precision (fp8: Transformer Engine)."""
+GEMM_INPUT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "mxfp8": 1 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
+                    "fp32": 4}
+"""Bytes per element of GEMM operands per training precision, block scales included (mxfp8:
+one E8M0 byte per 32 elements; nvfp4: one E4M3 byte per 16; OCP MX spec v1.0, TE recipes)."""
+FP8_RECIPES = ("delayed", "current")
+"""Per-tensor FP8 scaling recipes (TE DelayedScaling, Float8CurrentScaling)."""
+FP8_TRANSPOSE_BYTES = 1
+"""The FP8 transpose copy a per-tensor FP8 cast writes where FP8 GEMMs are TN-only (Hopper, Ada;
+TE Float8Tensor keeps `_transpose`); Blackwell's FP8 GEMMs take either layout, so one FP8 copy
+serves fprop, dgrad and wgrad (TE float8_tensor.py, `is_non_tn_fp8_gemm_supported`)."""
+
+
+def cast_bytes(quant: str, *, norm_fused: bool = False, fp8_transpose: bool = True) -> tuple:
+    """(forward, backward) bytes per BF16 element of the quantisation kernels of a GEMM's input
+    (forward) and output gradient (backward) under `quant` (module docstring)."""
+    t = FP8_TRANSPOSE_BYTES if fp8_transpose else 0
+    if quant == "delayed":
+        return (3.0 + t, 3.0 + t)
+    if quant == "current":
+        return ((3.0 if norm_fused else 5.0) + t, 5.0 + t)
+    if quant == "mxfp8":
+        return (2 + 2 * (1 + 1 / 32),) * 2
+    if quant == "nvfp4":
+        return (2 + 2 + 2 * (0.5 + 1 / 16),) * 2
+    raise ValueError(f"no quantisation recipe {quant!r}")
+
+
+NORM_FUSED_GEMMS = ("qkv_proj", "fc1")
+"""GEMMs whose input comes from a LayerNorm fused into the same TE module (LayerNormLinear /
+LayerNormMLP in Megatron-Core's layer spec): current scaling's amax is computed by the norm."""
 MAIN_GRAD_BYTES = 4
 """fp32 main_grad that weight gradients accumulate into (Megatron mixed precision)."""
 MASK_BYTES = 1
@@ -134,8 +180,9 @@ class Op:
     """FLOPs a fused kernel re-does inside its own backward (flash attention: S = Q K^T);
     outside every model-FLOPs convention."""
     high_precision: bool = False
-    """A GEMM that stays BF16 under the FP8 recipe (LM head, router, unfused attention's batched
-    GEMMs): timed at the BF16 rate with 2-byte operands when the training precision is fp8."""
+    """A GEMM that stays BF16 under the low-precision recipes (LM head, router, unfused
+    attention's batched GEMMs): timed at the BF16 rate with 2-byte operands when the training
+    precision is fp8, mxfp8 or nvfp4."""
 
     @property
     def flops_bwd(self) -> float:
@@ -163,7 +210,10 @@ class _Ctx:
     eg: int          # GEMM operand bytes
     causal: bool
     flash: bool
-    fp8: bool = False
+    quant: str | None = None
+    """The quantisation recipe of the decoder GEMMs (cast_bytes), None in 16/32 bit."""
+    fp8_transpose: bool = True
+    """Per-tensor FP8 casts also write the FP8 transpose (FP8_TRANSPOSE_BYTES)."""
 
     @property
     def s_local(self) -> int:
@@ -189,13 +239,17 @@ def _div(a: int, b: int, what: str) -> int:
 
 def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, precision: str, tp: int,
               cp: int, ep: int, etp: int | None, sequence_parallel: bool, causal: bool,
-              flash_attention: bool) -> _Ctx:
+              flash_attention: bool, fp8_recipe: str = "delayed",
+              fp8_transpose: bool = True) -> _Ctx:
     for name, v in (("micro_batch_size", micro_batch_size), ("seq_length", seq_length), ("tp", tp),
                     ("cp", cp), ("ep", ep)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if precision not in ACTIVATION_BYTES:
         raise ValueError(f"precision must be one of {sorted(ACTIVATION_BYTES)}, got {precision!r}")
+    if fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {fp8_recipe!r}")
+    quant = fp8_recipe if precision == "fp8" else precision if precision in ("mxfp8", "nvfp4") else None
     etp = tp if etp is None else etp
     if not isinstance(etp, int) or etp < 1:
         raise ValueError(f"etp must be a positive integer, got {etp!r}")
@@ -205,7 +259,7 @@ def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, preci
         _div(seq_length // cp, tp, "seq_length / cp (sequence parallel)")
     return _Ctx(b=micro_batch_size, s=seq_length, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp,
                 ea=ACTIVATION_BYTES[precision], eg=GEMM_INPUT_BYTES[precision], causal=causal,
-                flash=flash_attention, fp8=precision == "fp8")
+                flash=flash_attention, quant=quant, fp8_transpose=fp8_transpose)
 
 
 def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sharded: bool,
@@ -224,21 +278,28 @@ def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sh
 FP8_GEMMS = ("qkv_proj", "q_proj", "q_down_proj", "q_up_proj", "kv_down_proj", "kv_up_proj",
              "out_proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")
 """The decoder GEMMs that run in FP8 under the FP8 recipe (each gets a cast op)."""
+CAST_SUFFIX = {"delayed": "fp8_cast", "current": "fp8_cast", "mxfp8": "mxfp8_cast",
+               "nvfp4": "nvfp4_cast"}
+"""A quantisation op's name is `<gemm>_<suffix>`; the suffix is its calibration class."""
 FP8_CAST_OPS = tuple(f"{g}_fp8_cast" for g in FP8_GEMMS)
+MXFP8_CAST_OPS = tuple(f"{g}_mxfp8_cast" for g in FP8_GEMMS)
+NVFP4_CAST_OPS = tuple(f"{g}_nvfp4_cast" for g in FP8_GEMMS)
 
 
 def _with_fp8_casts(c: _Ctx, ops: list[Op]) -> list[Op]:
-    """Under the FP8 recipe, TE's cast-transpose kernel before each FP8 GEMM (module docstring)."""
-    if not c.fp8:
+    """Under a low-precision recipe, TE's quantisation kernels before each quantised GEMM
+    (module docstring, cast_bytes)."""
+    if c.quant is None:
         return ops
     out = []
     for op in ops:
         if op.kind == "gemm" and not op.high_precision:
             if op.name not in FP8_GEMMS:
                 raise ValueError(f"GEMM {op.name!r} has no FP8 cast op (sim.workload.ops.FP8_GEMMS)")
-            per = c.ea + 2 * GEMM_INPUT_BYTES["fp8"]
-            out.append(_elementwise(f"{op.name}_fp8_cast", op.m, op.k, op.batch * op.m * op.k * per,
-                                    op.batch * op.m * op.n * per, batch=op.batch,
+            fwd, bwd = cast_bytes(c.quant, norm_fused=op.name in NORM_FUSED_GEMMS,
+                                  fp8_transpose=c.fp8_transpose)
+            out.append(_elementwise(f"{op.name}_{CAST_SUFFIX[c.quant]}", op.m, op.k, op.batch * op.m * op.k * fwd,
+                                    op.batch * op.m * op.n * bwd, batch=op.batch,
                                     tp_sharded=op.tp_sharded, seq_sharded=op.seq_sharded,
                                     expert=op.expert))
         out.append(op)
@@ -434,17 +495,21 @@ def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
 def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length: int,
               precision: str = "bf16", tp: int = 1, cp: int = 1, ep: int = 1,
               etp: int | None = None, sequence_parallel: bool = False, causal: bool = True,
-              flash_attention: bool = True) -> list[Op]:
+              flash_attention: bool = True, fp8_recipe: str = "delayed",
+              fp8_transpose: bool = True) -> list[Op]:
     """Ops of decoder layer `layer` (0-based) for one microbatch on one rank, in execution order.
 
     micro_batch_size, seq_length: sequences per microbatch and tokens per sequence.
     tp, cp, ep, etp (default tp), sequence_parallel: the rank's share (module docstring).
-    causal, flash_attention: attention counting (module docstring)."""
+    causal, flash_attention: attention counting (module docstring).
+    fp8_recipe: delayed | current scaling, for precision fp8; fp8_transpose: its casts also write
+    the FP8 transpose (TN-only FP8 GEMMs: Hopper, Ada; not Blackwell) (module docstring)."""
     if not 0 <= layer < model.num_layers:
         raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers (0-based)")
     c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
                   precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
-                  sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention)
+                  sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention,
+                  fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose)
     h = model.hidden_size
     ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
     ops += _attention_block(c, model)
