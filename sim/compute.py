@@ -162,7 +162,7 @@ ELEMENTWISE_CLASSES = {
     "rotary": ("rotary_emb",),
     "embedding": ("embedding_lookup",),
     "cross_entropy": ("cross_entropy",),
-    "moe_permute": ("moe_permute", "moe_unpermute"),
+    "moe_permute": ("moe_permute", "moe_unpermute", "moe_sort_chunks", "moe_unsort_chunks"),
     "fp8_cast": FP8_CAST_OPS,
     "mxfp8_cast": MXFP8_CAST_OPS,
     "nvfp4_cast": NVFP4_CAST_OPS,

@@ -271,8 +271,8 @@ class TrainingIn(_Strict):
     moe_routing_imbalance: float = Field(1.0, ge=1.0, le=1000.0)
     """MoE routing skew: the busiest expert-parallel rank's share of routed tokens relative to
     the mean (max / mean tokens per EP rank; 1.0 = perfectly balanced, the default). The
-    busiest rank's routed-expert GEMMs and its all-to-all volume scale by this factor, and as
-    every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
+    busiest rank's routed-expert GEMMs (and token re-sorts) and its all-to-all volume scale by
+    this factor, and as every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
     (e.g. a router's max/mean load) or a token-dropping capacity factor goes here. Only for
     MoE models."""
     checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"

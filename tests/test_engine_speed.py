@@ -19,7 +19,9 @@ breakdowns and a hash of every record, written by the engine before this work
 the engine at 6d96fb3, which gives the earlier cases unchanged). The DualPipe and DualPipeV cases
 were written again after a change of model, not of speed (an overlapped pair waits for both its
 inputs before it starts and sends both outputs after it, as DeepSeek's reference does; see
-sim.engine.program.overlap_pair): every other case kept its values.
+sim.engine.program.overlap_pair): every other case kept its values. The MoE cases with several
+experts per rank (deepseek-v3, mixtral dualpipev) were written again when the alltoall
+dispatcher's token re-sort was added (a model change: sim.workload.ops moe_sort_chunks).
 """
 
 from __future__ import annotations

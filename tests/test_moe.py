@@ -179,3 +179,25 @@ def test_dualpipe_overlaps_all_to_all_with_the_paired_chunk():
     # some launched all-to-all runs while the same rank computes the other chunk
     assert any(c.rank == a.rank and c.start_ns < a.end_ns and a.start_ns < c.end_ns
                for a in launched for c in compute)
+
+
+def test_alltoall_dispatcher_resorts_tokens_by_local_expert():
+    """Megatron-Core's alltoall dispatcher, by hand (token_dispatcher.py dispatch_postprocess /
+    combine_preprocess): with more than one local expert the received tokens are sorted by expert
+    after the dispatch all-to-all and un-sorted before the combine: a copy (read + write, 2-byte
+    BF16) of each received token, plus its fp32 probability (read + write) for the sort. Model:
+    h 256, 4 experts, top-2, 128 tokens on 1 rank of ep 2 -> 2 local experts receiving
+    128 x 2 x 2 / 4 = 128 tokens each. With one local expert per rank there is nothing to sort."""
+    from sim.workload.ops import layer_ops
+
+    m = _moe().model
+    ops = {op.name: op for op in layer_ops(m, 0, micro_batch_size=1, seq_length=128, ep=2)}
+    recv = 2 * 128
+    assert ops["moe_sort_chunks"].bytes_fwd == recv * (2 * 256 * 2 + 2 * 4) == ops["moe_sort_chunks"].bytes_bwd
+    assert ops["moe_unsort_chunks"].bytes_fwd == recv * 2 * 256 * 2
+    assert ops["moe_sort_chunks"].expert and ops["moe_sort_chunks"].flops == 0
+    names = list(ops)
+    assert names.index("moe_permute") < names.index("moe_sort_chunks") < names.index("expert_fc1")
+    assert names.index("expert_fc2") < names.index("moe_unsort_chunks") < names.index("moe_unpermute")
+    one = {op.name for op in layer_ops(m, 0, micro_batch_size=1, seq_length=128, ep=4)}
+    assert "moe_sort_chunks" not in one and "moe_unsort_chunks" not in one

@@ -19,8 +19,9 @@ the stage's layers, timed by a cost model, and the communication each parallel d
 - EP: the MoE token dispatch and combine all-to-alls, forward and backward (exposed). Each
   rank sends its tokens' top-k copies: tokens x topk x hidden x bytes per rank (nccl-tests'
   all-to-all size; tokens = b x s/cp, / tp under SP). `training.moe_routing_imbalance` (max /
-  mean tokens per EP rank) scales the busiest rank's routed-expert GEMMs and its all-to-all
-  volume; the representative rank is that busiest rank, since every EP peer waits for it.
+  mean tokens per EP rank) scales the busiest rank's routed-expert ops (GEMMs, token re-sort)
+  and its all-to-all volume; the representative rank is that busiest rank, since every EP peer
+  waits for it.
   Expert TP (`expert_tensor_parallel_size`, default tp; Megatron-Core): the routed experts are
   split over etp x ep, re-splitting a stage's tp x cp x dp GPUs into etp x ep x expert-DP. With
   etp != tp the MoE block follows the alltoall token dispatcher: the all-to-all over ep, then an

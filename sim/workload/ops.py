@@ -80,7 +80,8 @@ Op names (stable; engines may key on them):
   layer: input_norm, qkv_proj | (MLA) q_down_proj, q_norm, q_up_proj (or q_proj), kv_down_proj,
          kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
          when not flash], attn_values, out_proj, attn_bias_dropout_add, pre_mlp_norm,
-         dense: fc1, act, fc2 | MoE: router, moe_permute, expert_fc1, expert_act, expert_fc2,
+         dense: fc1, act, fc2 | MoE: router, moe_permute, [moe_sort_chunks when a rank holds
+         several experts], expert_fc1, expert_act, expert_fc2, [moe_unsort_chunks],
          moe_unpermute, [shared_fc1, shared_act, shared_fc2], then mlp_bias_dropout_add
   embedding (first stage): embedding_lookup, [position_embedding_add], [embedding_dropout]
   output (last stage): final_norm, lm_head, cross_entropy
@@ -476,12 +477,28 @@ def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
     # permute: read the tokens, write topk copies in expert order; backward sums them back.
     ops.append(_elementwise("moe_permute", rows, h, (1 + topk) * rows * h * ea,
                             (1 + topk) * rows * h * ea, seq_sharded=True))
+    # Megatron-Core's alltoall dispatcher with several local experts: after the dispatch
+    # all-to-all the received tokens arrive grouped by source rank and are re-sorted by local
+    # expert ("Permutation 2", sort_chunks_by_idxs, or a transpose().contiguous() when dropping
+    # and padding), and the expert output is un-sorted before the combine all-to-all
+    # ("Unpermutation 2"; MLM @d98e8a6 megatron/core/transformer/moe/token_dispatcher.py,
+    # dispatch_postprocess / combine_preprocess). Each is a copy of the received tokens (read +
+    # write) and of their fp32 probabilities (sort only); the backward copies the gradients back.
+    sorts = local_experts > 1
+    recv = local_experts * m_e
+    if sorts:
+        ops.append(_elementwise("moe_sort_chunks", m_e, h, recv * (2 * h * ea + 2 * 4),
+                                recv * (2 * h * ea + 2 * 4), batch=local_experts,
+                                tp_sharded=c.etp > 1, expert=True))
     ops.append(_gemm(c, "expert_fc1", m_e, _fc1_width(model, w), h, batch=local_experts,
                      tp_sharded=c.etp > 1, expert=True))
     ops.append(_activation(c, model, "expert_act", m_e, w, batch=local_experts,
                            tp_sharded=c.etp > 1, expert=True))
     ops.append(_gemm(c, "expert_fc2", m_e, h, w, batch=local_experts, tp_sharded=c.etp > 1,
                      expert=True))
+    if sorts:
+        ops.append(_elementwise("moe_unsort_chunks", m_e, h, recv * 2 * h * ea, recv * 2 * h * ea,
+                                batch=local_experts, tp_sharded=c.etp > 1, expert=True))
     # unpermute: read topk expert outputs (and probabilities), write the weighted sum; backward
     # reads dy and the expert outputs (for the probabilities' gradient), writes topk gradients.
     ops.append(_elementwise("moe_unpermute", rows, h, (1 + topk) * rows * h * ea,
