@@ -208,7 +208,7 @@ class _Ctx:
     etp: int
     sp: bool
     ea: int          # activation bytes
-    eg: int          # GEMM operand bytes
+    eg: float        # GEMM operand bytes (block scales included)
     causal: bool
     flash: bool
     quant: str | None = None
@@ -299,8 +299,9 @@ def _with_fp8_casts(c: _Ctx, ops: list[Op]) -> list[Op]:
                 raise ValueError(f"GEMM {op.name!r} has no FP8 cast op (sim.workload.ops.FP8_GEMMS)")
             fwd, bwd = cast_bytes(c.quant, norm_fused=op.name in NORM_FUSED_GEMMS,
                                   fp8_transpose=c.fp8_transpose)
-            out.append(_elementwise(f"{op.name}_{CAST_SUFFIX[c.quant]}", op.m, op.k, op.batch * op.m * op.k * fwd,
-                                    op.batch * op.m * op.n * bwd, batch=op.batch,
+            out.append(_elementwise(f"{op.name}_{CAST_SUFFIX[c.quant]}", op.m, op.k,
+                                    op.batch * op.m * op.k * fwd, op.batch * op.m * op.n * bwd,
+                                    batch=op.batch,
                                     tp_sharded=op.tp_sharded, seq_sharded=op.seq_sharded,
                                     expert=op.expert))
         out.append(op)
