@@ -132,7 +132,7 @@ from typing import Annotated, Optional
 
 from pydantic import BeforeValidator
 
-from sim.devices import PRECISIONS, QUANTIZED, DeviceProfile
+from sim.devices import PRECISION_NEEDS, PRECISIONS, QUANTIZED, DeviceProfile
 from sim.errors import ConfigError
 from sim.fields import Strict, checked, finite, is_number, known_key, one_of, refuse
 from sim.workload.ops import (ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES,
@@ -548,9 +548,7 @@ def _check_precision(device: DeviceProfile, precision: str) -> None:
                           key="training.precision")
     if precision not in device.peak_tflops:
         have = ", ".join(sorted(device.peak_tflops))
-        hint = {"fp8": " (no FP8 tensor cores: FP8 needs Hopper/Ada or newer)",
-                "mxfp8": " (no block-scaled tensor cores: MXFP8 needs Blackwell)",
-                "nvfp4": " (no FP4 tensor cores: NVFP4 needs Blackwell)"}.get(precision, "")
+        hint = f" ({PRECISION_NEEDS[precision]})" if precision in PRECISION_NEEDS else ""
         raise ConfigError(f"{precision} is not available on {device.name}{hint}; its profile has "
                           f"peak_tflops for {have}. Use one of those.", key="training.precision")
 

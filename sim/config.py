@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sim import pipeline_layout
-from sim.devices import DeviceProfile, load_device
+from sim.devices import PRECISION_NEEDS, DeviceProfile, load_device
 from sim.errors import ConfigError
 from sim.fields import RULE_ERROR
 from sim.models import MODEL_FIELDS, ModelSpec
@@ -951,8 +951,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
 
     # precision must have a peak on the device
     if t.precision not in gpu.peak_tflops:
-        need = {"mxfp8": " (MXFP8 needs Blackwell's block-scaled tensor cores)",
-                "nvfp4": " (NVFP4 needs Blackwell's FP4 tensor cores)"}.get(t.precision, "")
+        need = f" ({PRECISION_NEEDS[t.precision]})" if t.precision in PRECISION_NEEDS else ""
         raise err("training.precision", f"{gpu.name} has no {t.precision} peak in its profile "
                   f"(it has {', '.join(gpu.peak_tflops)}){need}; choose one of those")
     if t.fp8_recipe is not None and t.precision != "fp8":

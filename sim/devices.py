@@ -25,6 +25,10 @@ PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32")
 """Training precisions: the 16-bit formats, Transformer Engine's low-precision GEMM recipes
 (fp8 per-tensor scaled, delayed or current; mxfp8 and nvfp4 block scaled, Blackwell only) and
 fp32 (TF32 tensor-core math)."""
+PRECISION_NEEDS = {"fp8": "FP8 needs Hopper/Ada or newer",
+                   "mxfp8": "MXFP8 needs Blackwell's block-scaled tensor cores",
+                   "nvfp4": "NVFP4 needs Blackwell's FP4 tensor cores"}
+"""What a device lacking a peak for a low precision is missing (for error messages)."""
 QUANTIZED = ("fp8", "mxfp8", "nvfp4")
 """The precisions whose GEMMs run in a quantised format under Transformer Engine; everything
 outside its recipe (attention core, LM head, MoE router, elementwise kernels) runs in BF16."""

@@ -21,6 +21,7 @@ import csv
 import math
 from itertools import chain
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -196,14 +197,6 @@ def calibration_loo(set_name: str) -> dict:
     return loo_errors(_calibration_runs(set_name))
 
 
-def h100_calibration_loo() -> dict:
-    return calibration_loo("h100-calibration")
-
-
-def gb200_calibration_loo() -> dict:
-    return calibration_loo("gb200-calibration")
-
-
 def h100_published_cases() -> list[Case]:
     """H100 steps of the same benchmark collection that nothing is fitted to (h100_published.yaml:
     the calibration recipes in FP8 and at 16x the GPUs, Nemotron-4 340B in BF16 and FP8), on
@@ -214,7 +207,7 @@ def h100_published_cases() -> list[Case]:
             for r in load_runs(DATA / "h100_published.yaml")]
 
 
-LOO = {"h100-calibration": h100_calibration_loo, "gb200-calibration": gb200_calibration_loo}
+LOO = {s: partial(calibration_loo, s) for s in CALIBRATION_SETS}
 """Sets whose cases were fitted to, with their leave-one-out errors."""
 
 
@@ -224,8 +217,7 @@ def cases(sets=SETS) -> list[Case]:
         out += {"korthikanti": korthikanti_cases, "narayanan": narayanan_cases,
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
                 "vtrain-multi": lambda: vtrain_cases("multi"),
-                "h100-calibration": lambda: calibration_cases("h100-calibration"),
-                "gb200-calibration": lambda: calibration_cases("gb200-calibration"),
+                **{c: partial(calibration_cases, c) for c in CALIBRATION_SETS},
                 "h100-published": h100_published_cases}[s]()
     return out
 

@@ -196,7 +196,7 @@ def prepare(spec: SweepSpec) -> Prepared:
     # the job's trays per domain as its scenarios will have them (--set cluster.nodes_per_nvlink_domain)
     dom_topo = with_domain_nodes(topo, data["cluster"].get("nodes_per_nvlink_domain"))
     layouts = space.enumerate_layouts(
-        gpus=spec.gpus, gpus_per_node=dom_topo.gpus_per_domain(nodes) if topo.nvlink_domain else gpn,
+        gpus=spec.gpus, gpus_per_node=dom_topo.gpus_per_domain(nodes),
         num_layers=model.num_layers,
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
