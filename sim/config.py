@@ -133,6 +133,11 @@ class ModelIn(_Strict):
     """MLA: per-head rotary (decoupled RoPE) dimension of query and key (DeepSeek-V3 64)."""
     v_head_dim: Optional[int] = Field(None, ge=0)
     """MLA: per-head value dimension (DeepSeek-V3 128)."""
+    mtp_num_layers: Optional[int] = Field(None, ge=0)
+    """Multi-token prediction depth (Megatron-Core --mtp-num-layers; DeepSeek-V3 trains with 1):
+    each depth adds, on the stage with the loss, an RMSNorm of the hidden states and of the next
+    token's embedding, a 2h -> h projection, one transformer layer of the last decoder layer's
+    kind and the shared output head and loss. Default 0."""
 
 
 class ClusterIn(_Strict):
@@ -424,6 +429,20 @@ class Derived:
     """Virtual stages that run the embedding (dualpipe: one per direction)."""
     loss_stages: tuple = ()
     """Virtual stages that run the output layer and the loss."""
+    num_decoder_layers: int = 0
+    """The model's decoder layers (ModelSpec.num_layers)."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules (ModelSpec.mtp_num_layers), on every loss stage."""
+
+    def stage_layers(self, s: int) -> range:
+        """The transformer layers virtual stage `s` runs, in order: its decoder layers, then on
+        a loss stage the MTP modules' layers, numbered num_decoder_layers + k (Megatron-Core puts
+        every MTP layer on the last pipeline stage, get_mtp_num_layers_to_build)."""
+        first, n = self.first_layer_of_virtual_stage[s], self.layers_per_virtual_stage[s]
+        if self.mtp_layers and s in self.loss_stages:
+            # a loss stage ends with the last decoder layer, so the MTP layers follow contiguously
+            return range(first, first + n + self.mtp_layers)
+        return range(first, first + n)
 
 
 @dataclass(frozen=True)
@@ -675,6 +694,7 @@ LIMITS = {
     "model.moe_ffn_hidden_size": 1 << 22, "model.max_position_embeddings": 1 << 24,
     # shared experts (DeepSeek: 1 or 2) widen the shared MLP to shared x moe_ffn_hidden_size
     "model.moe_shared_experts": 1 << 8, "model.first_k_dense_layers": 4096, "model.moe_layer_freq": 4096,
+    "model.mtp_num_layers": 64,
     "training.seq_length": 1 << 24, "training.global_batch_size": 1 << 24,
     "training.micro_batch_size": 1 << 16, "num_microbatches": 1 << 17, "num_gpus": 1 << 20,
 }
@@ -831,10 +851,13 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
         raise err("parallelism.decoder_first_pipeline_num_layers" if first else
                   "parallelism.decoder_last_pipeline_num_layers",
                   "uneven first/last stages need pipeline_model_parallel_size > 1")
-    if (first or last) and schedule in TWO_CHUNK_SCHEDULES:
+    if (first or last) and schedule in ("zbv", "dualpipev"):
+        # (dualpipe keeps pp model stages, each on two ranks: uneven first/last stages are its
+        # usual balance, the first rank holding the embedding with the first stage and the loss
+        # with the last; DeepSeek-AI 2024 sec. 3.2.1)
         raise err("parallelism.pipeline_schedule",
                   f"decoder_first/last_pipeline_num_layers are not supported with {schedule} "
-                  "(its V-shaped or mirrored placement puts the first and last layers on one rank)")
+                  "(its V-shaped placement splits the model into 2 x pp equal stages)")
     # dualpipe keeps the model split in pp stages and mirrors them; the others split pp x vpp.
     model_stages = pp if schedule == "dualpipe" else pp * vpp
     chunks_per_pp_stage = 1 if schedule == "dualpipe" else vpp
@@ -1189,7 +1212,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         num_microbatches=m, num_virtual_stages=len(layers_vs),
                         layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
                         stage_rank=stage_rank, layers_per_rank=per_rank,
-                        embedding_stages=emb_stages, loss_stages=loss_stages),
+                        embedding_stages=emb_stages, loss_stages=loss_stages,
+                        num_decoder_layers=model.num_layers, mtp_layers=model.mtp_num_layers),
         source=file or "",
     )
 

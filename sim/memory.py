@@ -221,6 +221,17 @@ def head_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int
     return 2 * p * s * micro_batch * model.hidden_size * rep + 4 * s * micro_batch * model.vocab_size / tp
 
 
+def mtp_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int,
+                         sequence_parallel: bool, precision: str = "bf16") -> float:
+    """One multi-token prediction module's own activations (its transformer layer is counted as
+    a layer): the inputs of its two norms (the next tokens' embedding, the hidden states) and of
+    its projection (their 2h-wide concatenation), p*s*b*h each per h (SP: / t); Megatron-Core
+    MultiTokenPredictionLayer._concat_embeddings."""
+    p = ACT_BYTES[precision]
+    rep = (1.0 / tp) if (sequence_parallel and tp > 1) else 1.0
+    return 4 * p * (seq // cp) * micro_batch * model.hidden_size * rep
+
+
 # ----------------------------------------------------------------------------------------------
 def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16"
                       ) -> tuple[float, float, float]:
@@ -259,8 +270,7 @@ def _stage_weights_bytes(sc: Scenario):
         for s, rank in enumerate(d.stage_rank):
             if rank != r:
                 continue
-            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-            for layer in range(first, first + n):
+            for layer in d.stage_layers(s):
                 moe = m.is_moe_layer(layer)
                 if moe not in kinds:
                     kinds[moe] = layer_params_per_gpu(m, p, layer)
@@ -276,6 +286,7 @@ def _stage_weights_bytes(sc: Scenario):
             # With tied embeddings, a last stage without the embedding keeps its own copy of the
             # word embedding for the LM head (Megatron-LM, and its gradient is all-reduced).
             dense += tp_share(workload.output_params(m, include_tied_copy=not has_emb), p.tp)
+            dense += tp_share(workload.mtp_params(m, include_embedding_copy=not has_emb), p.tp)
         out.append((dense, expert, largest))
     return out
 
@@ -297,12 +308,14 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
         return kinds[moe]
 
     for s in range(d.num_virtual_stages):
-        first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-        act = sum(layer_bytes(layer) for layer in range(first, first + n))
+        act = sum(layer_bytes(layer) for layer in d.stage_layers(s))
         if s in d.embedding_stages:
             act += embedding_activation_bytes(m, **kw)
         if s in d.loss_stages:
-            act += head_activation_bytes(m, precision=t.precision, **kw)
+            # the main loss and each MTP module's (its own head and loss), and per MTP module
+            # what its embedding, norms and projection keep for the backward
+            act += (1 + m.mtp_num_layers) * head_activation_bytes(m, precision=t.precision, **kw)
+            act += m.mtp_num_layers * mtp_activation_bytes(m, precision=t.precision, **kw)
         out.append(act)
     return out
 
@@ -337,8 +350,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
     if t.recompute == "full":
         m = sc.model
         for s, rank in enumerate(d.stage_rank):
-            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-            for layer in range(first, first + n):
+            for layer in d.stage_layers(s):
                 full = layer_activation_bytes(
                     m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
                     sequence_parallel=p.sequence_parallel, recompute="none",

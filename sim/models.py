@@ -69,6 +69,13 @@ class ModelSpec:
     qk_pos_emb_head_dim: int = 0
     """Per-head dim of the rotary part of Q/K (DeepSeek-V3: 64)."""
     v_head_dim: int = 0
+    # --- Multi-token prediction (DeepSeek-V3) ---
+    mtp_num_layers: int = 0
+    """Multi-token prediction depth D (DeepSeek-AI 2024 sec. 2.2; Megatron-Core --mtp-num-layers):
+    D sequential MTP modules on the last pipeline stage, each an RMSNorm of the previous depth's
+    hidden states and one of the next token's embedding (the shared embedding), their
+    concatenation projected 2h -> h (`eh_proj`), one transformer layer of the last decoder
+    layer's kind, and the shared output head and loss. 0 = none (DeepSeek-V3 trains with 1)."""
     source: str = ""
     """Citation for the dimensions."""
 
@@ -94,7 +101,11 @@ class ModelSpec:
         return self.num_experts > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether decoder layer `layer` (0-based) has routed experts."""
+        """Whether decoder layer `layer` (0-based) has routed experts. The MTP modules' layers
+        (`layer` >= num_layers) are of the last decoder layer's kind (Megatron-Core
+        get_gpt_mtp_block_spec builds them from the decoder's last layer spec)."""
+        if layer >= self.num_layers:
+            layer = self.num_layers - 1
         if not self.is_moe or layer < self.first_k_dense_layers:
             return False
         return (layer - self.first_k_dense_layers) % self.moe_layer_freq == 0

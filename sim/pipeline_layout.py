@@ -10,7 +10,8 @@ order (virtual stage s = chunk c x pp + rank r, on rank s % pp). Each stage is a
 Megatron-Core accepts the layout as a list of lists (`[["embedding", "decoder"], ["decoder",
 "loss"]]`; short names E / t / L too) or as a string: stages split by `|`, `X*N` repeats an item
 and `(...)*N` a group (stage separators included), commas are cosmetic; e.g. DeepSeek-V3's
-`Et*3|(tt|)*29,m|L`. sim5d models no multi-token-prediction layers, so `m` is refused.
+`Et*3|(tt|)*29,m|L`. sim5d runs the multi-token prediction modules (`model.mtp_num_layers`) on
+the stage with the loss, so an `m` item is refused: set mtp_num_layers and leave `m` out.
 
 `account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split` (Megatron-Core)
 count the embedding / loss as one layer in the even split: with both, num_layers + 2 items are
@@ -61,8 +62,9 @@ def parse(value) -> list[list[str]]:
             stage = []
             for ch in part:
                 if ch == "m":
-                    raise LayoutError("places an MTP layer ('m'); sim5d models no multi-token-prediction "
-                                      "layers: leave it out")
+                    raise LayoutError("places an MTP layer ('m'); sim5d runs the multi-token prediction "
+                                      "modules (model.mtp_num_layers) on the stage with the loss: "
+                                      "leave 'm' out")
                 if ch not in ("E", "t", "L"):
                     raise LayoutError(f"has {ch!r}; items are E (embedding), t (decoder layer), L (loss)")
                 stage.append(ch)
@@ -76,8 +78,9 @@ def parse(value) -> list[list[str]]:
             stage = []
             for item in st:
                 if item in ("m", "mtp"):
-                    raise LayoutError(f"stage {i} places an MTP layer; sim5d models no "
-                                      "multi-token-prediction layers: leave it out")
+                    raise LayoutError(f"stage {i} places an MTP layer; sim5d runs the multi-token "
+                                      "prediction modules (model.mtp_num_layers) on the stage with "
+                                      "the loss: leave it out")
                 if not isinstance(item, str) or item not in ITEMS:
                     raise LayoutError(f"stage {i} has {item!r}; items are embedding / E, decoder / t, loss / L")
                 stage.append(ITEMS[item])

@@ -9,12 +9,14 @@ class UnitCosts(CostModel):
     """Every attention and MLP block costs `block` ns per phase (fwd, dgrad, wgrad) and
     `recompute` ns of selective recompute; with `expert`, the MLP block's routed experts are
     `expert` ns of it per phase; `column`: ns of each block's dgrad and of its wgrad that are the
-    column-parallel GEMM's (0: none, its TP collectives block); embedding and LM head are free;
-    the optimizer step is 5 ns."""
+    column-parallel GEMM's (0: none, its TP collectives block); the LM head and loss cost `head`
+    ns per phase and an MTP module's own ops `mtp` (default 0: free, as the embedding); the
+    optimizer step is 5 ns."""
 
     def __init__(self, block: int = 100, recompute: int = 0, expert: int | None = None,
-                 column: int = 0):
+                 column: int = 0, head: int = 0, mtp: int = 0):
         self.block, self.recompute, self.expert, self.column = block, recompute, expert, column
+        self.head, self.mtp = head, mtp
 
     def layer(self, layer):
         d = {"fwd": self.block, "dgrad": self.block, "wgrad": self.block, "recompute": self.recompute,
@@ -28,7 +30,10 @@ class UnitCosts(CostModel):
         return 0
 
     def head_ns(self, phase):
-        return 0
+        return self.head
+
+    def mtp_ns(self, phase):
+        return self.mtp
 
     def optimizer_ns(self, n_params):
         return 5

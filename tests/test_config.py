@@ -8,6 +8,7 @@ import yaml
 
 from conftest import base_scenario, run_cli
 from sim.config import build_scenario, load_scenario, resolved_dict
+from sim.errors import ConfigError
 
 
 def _bad(write_yaml, data, *expect, overrides=(), text=None):
@@ -248,6 +249,30 @@ def test_v_shape_and_dualpipe_placement():
     assert sc.derived.layers_per_virtual_stage == (4, 4, 4, 4)
     assert sc.derived.first_layer_of_virtual_stage == (0, 4, 0, 4)
     assert sc.derived.layers_per_rank == (8, 8)
+
+
+def test_dualpipe_uneven_first_and_last_stages():
+    """DualPipe keeps pp model stages, each on two ranks (one per direction), so uneven first and
+    last stages (Megatron-Core's decoder_first/last_pipeline_num_layers) put the embedding's stage
+    and the loss's stage on the same rank: rank 0 and rank P-1 each hold first + last layers
+    (DeepSeek-AI 2024 sec. 3.2.1: the shallowest and deepest layers share a PP rank)."""
+    data = base_scenario(model={"num_layers": 9, "hidden_size": 512, "num_attention_heads": 8,
+                                "vocab_size": 1024}, training={"global_batch_size": 16})
+    data["parallelism"] = {"tp": 1, "pp": 4, "dp": 2, "pipeline_schedule": "dualpipe",
+                           "decoder_first_pipeline_num_layers": 2, "decoder_last_pipeline_num_layers": 1}
+    sc = build_scenario(data)
+    d = sc.derived
+    # model stages of 2, 3, 3, 1 layers; stage P + j runs model stage j on rank P-1-j
+    assert d.layers_per_virtual_stage == (2, 3, 3, 1, 2, 3, 3, 1)
+    assert d.first_layer_of_virtual_stage == (0, 2, 5, 8, 0, 2, 5, 8)
+    assert d.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert d.layers_per_rank == (3, 6, 6, 3)
+    assert d.embedding_stages == (0, 4) and set(d.loss_stages) == {3, 7}
+    from sim.engine.simulate import simulate
+    assert simulate(sc).makespan_ns > 0
+    data["parallelism"]["pipeline_schedule"] = "zbv"
+    with pytest.raises(ConfigError, match="zbv"):
+        build_scenario(data)
 
 
 def test_set_overrides_preset_fields_and_sections(write_yaml):

@@ -21,7 +21,10 @@ were written again after a change of model, not of speed (an overlapped pair wai
 inputs before it starts and sends both outputs after it, as DeepSeek's reference does; see
 sim.engine.program.overlap_pair): every other case kept its values. The MoE cases with several
 experts per rank (deepseek-v3, mixtral dualpipev) were written again when the alltoall
-dispatcher's token re-sort was added (a model change: sim.workload.ops moe_sort_chunks).
+dispatcher's token re-sort was added (a model change: sim.workload.ops moe_sort_chunks), and
+the DeepSeek-V3 scenario once more when it became the model as the report trains it (61 layers
+split 3 / 4 x 14 / 2 over DualPipe's stages and the multi-token prediction module; a scenario
+change).
 """
 
 from __future__ import annotations

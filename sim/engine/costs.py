@@ -132,6 +132,15 @@ class DeviceCostModel(CostModel):
     def head_ns(self, phase: str) -> int:
         return self._time(workload.output_ops(self.sc.model, **self.kw), phase)
 
+    @lru_cache(maxsize=None)
+    def mtp_ns(self, phase: str) -> int:
+        """One multi-token prediction module's ops before its transformer layer (workload.mtp_ops:
+        the next tokens' embedding, the two norms, the concatenation, the 2h -> h projection)."""
+        ops = workload.mtp_ops(self.sc.model, fp8_recipe=self.sc.training.fp8_recipe or "delayed",
+                               fp8_transpose=compute.compute_params(self.device).fp8_transpose_copy,
+                               **self.kw)
+        return self._time(ops, phase)
+
     def optimizer_ns(self, n_params: float) -> int:
         t = self.sc.training
         return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,

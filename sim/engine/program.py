@@ -113,6 +113,10 @@ class CostModel:
     def head_ns(self, phase: str) -> int:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def mtp_ns(self, phase: str) -> int:  # pragma: no cover - interface
+        """One multi-token prediction module's ops before its transformer layer."""
+        raise NotImplementedError
+
     def optimizer_ns(self, n_params: float) -> int:  # pragma: no cover - interface
         raise NotImplementedError
 
@@ -293,8 +297,7 @@ class ProgramBuilder:
         sc, d, p = self.sc, self.sc.derived, self.sc.parallelism
         out = {}
         for s in range(d.num_virtual_stages):
-            first, n = d.first_layer_of_virtual_stage[s], d.layers_per_virtual_stage[s]
-            out[s] = [layer_params_per_gpu(sc.model, p, layer) for layer in range(first, first + n)]
+            out[s] = [layer_params_per_gpu(sc.model, p, layer) for layer in d.stage_layers(s)]
         return out
 
     def _end_params(self) -> dict:
@@ -312,13 +315,14 @@ class ProgramBuilder:
             if s in d.loss_stages:
                 holds_emb = any(d.stage_rank[x] == d.stage_rank[s] for x in d.embedding_stages)
                 total += tp_share(workload.output_params(sc.model, include_tied_copy=not holds_emb), p.tp)
+                total += tp_share(workload.mtp_params(sc.model, include_embedding_copy=not holds_emb), p.tp)
             out[s] = total
         return out
 
     def _layers(self, stage: int) -> range:
-        d = self.sc.derived
-        first = d.first_layer_of_virtual_stage[stage]
-        return range(first, first + d.layers_per_virtual_stage[stage])
+        """The stage's transformer layers: decoder layers, then on a loss stage the MTP
+        modules' (Derived.stage_layers)."""
+        return self.sc.derived.stage_layers(stage)
 
     def _is_first(self, stage: int, mb: int) -> bool:
         return self.sched.prev_stage(stage, mb) is None
@@ -669,10 +673,11 @@ class ProgramBuilder:
 
     # -- DP ------------------------------------------------------------------------------
     def _tied_embedding_peer(self, r):
-        """With tied embeddings, the pipeline rank holding the other copy of the word embedding
+        """With tied embeddings or MTP modules (whose stage holds a copy of the word embedding,
+        Megatron-Core GPTModel), the pipeline rank holding the other copy of the word embedding
         (the first stage's rank for the LM head's rank and vice versa), or None."""
-        if not self.sc.model.tie_embeddings:
-            return None
+        if not (self.sc.model.tie_embeddings or self.sc.model.mtp_num_layers):
+            return None     # MTP: the loss stage looks up the next tokens in its own copy
         d = self.sc.derived
         emb = {d.stage_rank[s] for s in d.embedding_stages}
         head = {d.stage_rank[s] for s in d.loss_stages}
@@ -703,13 +708,43 @@ class ProgramBuilder:
         if first:
             prog.append(Compute(self.costs.embedding_ns("fwd"), f"F embedding mb{mb}"))
         for k, layer in enumerate(self._layers(s)):
+            if layer >= self.sc.model.num_layers:
+                self._mtp_forward(prog, r, layer, mb)
             if each_layer is None:
                 self._forward_layer(prog, r, layer, mb)
             else:
                 each_layer(k, layer)
         if last:
             prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
+            for k in range(self.sc.model.mtp_num_layers):
+                prog.append(Compute(self.costs.head_ns("fwd"), f"F mtp{k} head+loss mb{mb}"))
         prog.append(Mark(f"{s}F{mb}", "activations", self.stage_act[s]))
+
+    def _mtp_forward(self, prog, r, layer, mb):
+        """A multi-token prediction module before its transformer layer (workload.mtp_ops) and the
+        TP collectives of its column-parallel projection (Megatron-Core MultiTokenPredictionLayer.
+        _concat_embeddings): with sequence parallelism the 2h-wide input is gathered over the
+        sequence; the h/tp-wide output is gathered over TP (gather_from_tensor_model_parallel_
+        region) and, with sequence parallelism, scattered back (a split, no traffic)."""
+        prog.append(Compute(self.costs.mtp_ns("fwd"), f"F L{layer} mtp proj mb{mb}"))
+        if self.sp:
+            for half in ("a", "b"):
+                self._tp(prog, r, f"F L{layer} mtp input all-gather {half}", "all_gather")
+        self._tp(prog, r, f"F L{layer} mtp output all-gather", "all_gather")
+
+    def _mtp_backward(self, prog, r, layer, mb, do_input, do_weight):
+        """The backward of `_mtp_forward`: the scatter's backward gathers the gradient over the
+        sequence (sequence parallel), the output gather's backward is a split; the projection's
+        input gradient (2h wide) is reduce-scattered (sequence parallel) or all-reduced."""
+        if do_input:
+            if self.sp:
+                self._tp(prog, r, f"B L{layer} mtp grad all-gather", "all_gather")
+            prog.append(Compute(self.costs.mtp_ns("dgrad"), f"B L{layer} mtp proj dgrad mb{mb}"))
+            op = "reduce_scatter" if self.sp else "all_reduce"
+            for half in ("a", "b"):
+                self._tp(prog, r, f"B L{layer} mtp input-grad {op} {half}", op)
+        if do_weight:
+            prog.append(Compute(self.costs.mtp_ns("wgrad"), f"W L{layer} mtp proj wgrad mb{mb}"))
 
     def _backward_action(self, prog, r, s, mb, kind, first, last, each_layer=None, after=None):
         """A backward action's own instructions (B: input and weight gradients, I: input, W:
@@ -717,15 +752,22 @@ class ProgramBuilder:
         activations it frees. `each_layer(k, layer)` as for `_forward_action` (k counts in
         reverse order); `after()` adds what goes before the activations are freed."""
         do_input, do_weight = kind in ("B", "I"), kind in ("B", "W")
+        heads = 1 + self.sc.model.mtp_num_layers
         if do_input and last:
-            prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}"))
+            for k in range(heads):
+                prog.append(Compute(self.costs.head_ns("dgrad"), f"I head mb{mb}" if k == 0 else
+                                    f"I mtp{k - 1} head mb{mb}"))
         if do_weight and last:
-            prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}"))
+            for k in range(heads):
+                prog.append(Compute(self.costs.head_ns("wgrad"), f"W head mb{mb}" if k == 0 else
+                                    f"W mtp{k - 1} head mb{mb}"))
         for k, layer in enumerate(reversed(self._layers(s))):
             if each_layer is None:
                 self._backward_layer(prog, r, layer, mb, do_input, do_weight)
             else:
                 each_layer(k, layer)
+            if layer >= self.sc.model.num_layers:
+                self._mtp_backward(prog, r, layer, mb, do_input, do_weight)
         if do_weight and first:
             prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
         if after is not None:
@@ -930,8 +972,8 @@ class ProgramBuilder:
                     handles.append(h)
         for h in handles:
             prog.append(Wait(h, "grad reduce"))
-        # Tied embeddings across pipeline stages: the first stage's word embedding and the last
-        # stage's copy all-reduce their gradients every step (Megatron-LM
+        # Tied embeddings (or MTP's embedding copy) across pipeline stages: the first stage's word
+        # embedding and the last stage's copy all-reduce their gradients every step (Megatron-LM
         # _allreduce_embedding_grads, over the group of the first and last pipeline ranks).
         emb_peer = self._tied_embedding_peer(r)
         if emb_peer is not None:

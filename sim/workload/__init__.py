@@ -2,9 +2,9 @@
 
 One place for the arithmetic every other part of sim5d reads:
 
-- `params`: `layer_params`, `embedding_params`, `output_params`, `total_params`,
+- `params`: `layer_params`, `embedding_params`, `output_params`, `mtp_params`, `total_params`,
   `active_params` — counts split the way tensor / expert parallelism shards them.
-- `ops`: `layer_ops`, `embedding_ops`, `output_ops` — the per-microbatch, per-rank operations
+- `ops`: `layer_ops`, `embedding_ops`, `output_ops`, `mtp_ops` — the per-microbatch, per-rank operations
   (GEMM shapes, forward / dgrad / wgrad FLOPs, bytes of memory-bound kernels) and the
   recomputation helpers `recompute_ops`, `recompute_flops`.
 - `flops`: the step-level conventions (Narayanan eq. 3, model FLOPs for MFU, 6N + attention) in
@@ -26,6 +26,7 @@ from sim.workload.ops import (
     Op,
     embedding_ops,
     layer_ops,
+    mtp_ops,
     output_ops,
     recompute_flops,
     recompute_ops,
@@ -38,6 +39,7 @@ from sim.workload.params import (
     attention_dims,
     embedding_params,
     layer_params,
+    mtp_params,
     norm_params,
     output_params,
     total_params,
@@ -47,6 +49,6 @@ __all__ = [
     "ACTIVATION_BYTES", "GEMM_INPUT_BYTES", "KINDS", "RECOMPUTE", "EmbeddingParams", "LayerParams",
     "Op", "active_params", "attention_dims", "embedding_ops", "embedding_params",
     "hardware_flops_per_step", "layer_ops", "layer_params", "model_flops_per_step",
-    "narayanan_eq3_flops", "norm_params", "output_ops", "output_params", "recompute_flops",
+    "mtp_ops", "mtp_params", "narayanan_eq3_flops", "norm_params", "output_ops", "output_params", "recompute_flops",
     "recompute_ops", "six_n_flops_per_step", "sum_flops", "total_params",
 ]

@@ -46,7 +46,7 @@ executes and what ops.layer_ops uses by default for kernel timing.
 from __future__ import annotations
 
 from sim.models import ModelSpec
-from sim.workload.ops import RECOMPUTE, layer_ops, output_ops, recompute_flops, sum_flops
+from sim.workload.ops import RECOMPUTE, layer_ops, mtp_ops, output_ops, recompute_flops, sum_flops
 from sim.workload.params import active_params, attention_dims
 
 
@@ -68,6 +68,16 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
         extra_f += r
     if include_lm_head:
         model_f += sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
+    if model.mtp_num_layers:
+        # each MTP module: a layer of the last decoder layer's kind, the 2h -> h projection and
+        # the shared head (Megatron-LM num_floating_point_operations counts the same three)
+        ops = layer_ops(model, model.num_layers, micro_batch_size=1, seq_length=seq_length,
+                        causal=causal, flash_attention=True)
+        per = (sum_flops(ops) + sum_flops(mtp_ops(model, micro_batch_size=1, seq_length=seq_length))
+               + (sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
+                  if include_lm_head else 0.0))
+        model_f += model.mtp_num_layers * per
+        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute)
     return model_f, extra_f
 
 

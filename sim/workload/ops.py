@@ -277,7 +277,8 @@ def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sh
 
 
 FP8_GEMMS = ("qkv_proj", "q_proj", "q_down_proj", "q_up_proj", "kv_down_proj", "kv_up_proj",
-             "out_proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2")
+             "out_proj", "fc1", "fc2", "shared_fc1", "shared_fc2", "expert_fc1", "expert_fc2",
+             "mtp_eh_proj")
 """The decoder GEMMs that run in FP8 under the FP8 recipe (each gets a cast op)."""
 CAST_SUFFIX = {"delayed": "fp8_cast", "current": "fp8_cast", "mxfp8": "mxfp8_cast",
                "nvfp4": "nvfp4_cast"}
@@ -522,8 +523,9 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
     causal, flash_attention: attention counting (module docstring).
     fp8_recipe: delayed | current scaling, for precision fp8; fp8_transpose: its casts also write
     the FP8 transpose (TN-only FP8 GEMMs: Hopper, Ada; not Blackwell) (module docstring)."""
-    if not 0 <= layer < model.num_layers:
-        raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers (0-based)")
+    if not 0 <= layer < model.num_layers + model.mtp_num_layers:
+        raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers "
+                         f"and {model.mtp_num_layers} MTP layers (0-based)")
     c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
                   precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
                   sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention,
@@ -588,6 +590,32 @@ def output_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
             _gemm(c, "lm_head", T, v_local, h, tp_sharded=True, high_precision=True),
             _elementwise("cross_entropy", T, v_local, logits * (c.ea + 4), logits * (4 + c.ea),
                          tp_sharded=True)]
+
+
+def mtp_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
+            precision: str = "bf16", tp: int = 1, cp: int = 1, sequence_parallel: bool = False,
+            fp8_recipe: str = "delayed", fp8_transpose: bool = True) -> list[Op]:
+    """Ops of one multi-token prediction module before its transformer layer (DeepSeek-AI 2024
+    sec. 2.2; Megatron-Core MultiTokenPredictionLayer._get_embeddings / _concat_embeddings):
+    the shared embedding's lookup of the next tokens (as `embedding_ops`), `mtp_enorm` of that
+    embedding and `mtp_hnorm` of the previous depth's hidden states (RMSNorms), `mtp_concat`
+    (both written side by side: read 2, write 2 x tokens x h; backward splits the gradient),
+    and `mtp_eh_proj`, the column-parallel 2h -> h projection (inside the FP8 autocast under a
+    low-precision recipe, as Megatron-Core runs it). Its transformer layer is a layer op list of
+    its own (`layer_ops` at index num_layers + k) and its loss the shared `output_ops`."""
+    c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                  precision=precision, tp=tp, cp=cp, ep=1, etp=None,
+                  sequence_parallel=sequence_parallel, causal=True, flash_attention=True,
+                  fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose)
+    h, T, rows = model.hidden_size, c.tokens, c.tokens_sp
+    n = rows * h * c.ea
+    ops = embedding_ops(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                        precision=precision, tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    ops += [_norm(c, "mtp_enorm", rows, h, residual_fork=False),
+            _norm(c, "mtp_hnorm", rows, h, residual_fork=False),
+            _elementwise("mtp_concat", rows, 2 * h, 4 * n, 4 * n, seq_sharded=True),
+            _gemm(c, "mtp_eh_proj", T, _div(h, c.tp, "hidden_size"), 2 * h, tp_sharded=True)]
+    return _with_fp8_casts(c, ops)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -186,9 +186,11 @@ def _attention_params(model: ModelSpec) -> tuple[int, int]:
 
 
 def layer_params(model: ModelSpec, layer: int) -> LayerParams:
-    """Parameters of decoder layer `layer` (0-based; dense or MoE per model.is_moe_layer)."""
-    if not 0 <= layer < model.num_layers:
-        raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers (0-based)")
+    """Parameters of decoder layer `layer` (0-based; dense or MoE per model.is_moe_layer); layers
+    num_layers.. are the MTP modules' transformer layers (ModelSpec.mtp_num_layers)."""
+    if not 0 <= layer < model.num_layers + model.mtp_num_layers:
+        raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers "
+                         f"and {model.mtp_num_layers} MTP layers (0-based)")
     att_sh, att_rep = _attention_params(model)
     norms = 2 * norm_params(model, model.hidden_size)
     routed = per_expert = 0
@@ -238,6 +240,25 @@ def output_params(model: ModelSpec, *, include_tied_copy: bool = False) -> Embed
     return EmbeddingParams(vocab_sharded=head, replicated=final_norm, total=head + final_norm)
 
 
+def mtp_params(model: ModelSpec, *, include_embedding_copy: bool = False) -> EmbeddingParams:
+    """The multi-token prediction modules' own parameters (their transformer layers are layer
+    indices num_layers.. of `layer_params`): per depth the 2h -> h projection `eh_proj`
+    (column-parallel: in `vocab_sharded`, the TP-split part) and the two RMSNorms `enorm`,
+    `hnorm` (replicated); DeepSeek-AI 2024 sec. 2.2, Megatron-Core MultiTokenPredictionLayer.
+
+    include_embedding_copy: the stage that runs the MTP modules looks up the next tokens'
+    embeddings, so Megatron-Core builds the word embedding there too (GPTModel: an embedding
+    when pre_process or mtp_process) and all-reduces its gradient with the first stage's, as
+    for tied embeddings; True counts that copy (memory), unless tied embeddings already put one
+    there (the LM head's)."""
+    d, h = model.mtp_num_layers, model.hidden_size
+    sharded = d * 2 * h * h
+    if include_embedding_copy and d and not model.tie_embeddings:
+        sharded += model.vocab_size * h
+    replicated = d * 2 * norm_params(model, h)
+    return EmbeddingParams(vocab_sharded=sharded, replicated=replicated, total=sharded + replicated)
+
+
 def _layer_kinds(model: ModelSpec) -> dict[bool, int]:
     counts: dict[bool, int] = {}
     for layer in range(model.num_layers):
@@ -251,10 +272,14 @@ def _first_layer_of_kind(model: ModelSpec, moe: bool) -> int:
 
 
 def total_params(model: ModelSpec) -> int:
-    """Unique parameters: all layers + input embedding + output layer (tied head counted once)."""
+    """Unique parameters: all layers + input embedding + output layer (tied head counted once)
+    + the multi-token prediction modules (their layers, projections and norms)."""
     n = embedding_params(model).total + output_params(model).total
     for moe, count in _layer_kinds(model).items():
         n += count * layer_params(model, _first_layer_of_kind(model, moe)).total
+    if model.mtp_num_layers:
+        n += (model.mtp_num_layers * layer_params(model, model.num_layers).total
+              + mtp_params(model).total)
     return n
 
 
