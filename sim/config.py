@@ -280,6 +280,15 @@ class TrainingIn(_Strict):
     this factor, and as every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
     (e.g. a router's max/mean load) or a token-dropping capacity factor goes here. Only for
     MoE models."""
+    moe_expert_capacity_factor: Optional[float] = Field(None, gt=0.0, le=1000.0)
+    """Token dropping (Megatron-Core --moe-expert-capacity-factor): each expert takes at most
+    ceil(tokens x topk / num_experts x factor) of the tokens one rank's router sends it
+    (moe_utils.get_capacity, apply_router_token_dropping); the busiest rank's expert load is then
+    at most the factor, whatever moe_routing_imbalance says. Absent: dropless (the default)."""
+    moe_pad_expert_input_to_capacity: bool = False
+    """Megatron-Core --moe-pad-expert-input-to-capacity: every expert's input padded to its
+    capacity, so every rank's expert GEMMs and all-to-alls carry exactly the capacity (load =
+    capacity / mean, whatever the routing). Needs moe_expert_capacity_factor. Default false."""
     checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"
     """Training time between two checkpoints, seconds, or `optimal`: the interval that maximises
     the expected goodput under Poisson failures (Daly 2006's complete model, exact optimum;
@@ -382,6 +391,8 @@ class Training:
     tp_comm_overlap: bool
     attention_backend: str
     moe_routing_imbalance: float = 1.0
+    moe_expert_capacity_factor: Optional[float] = None
+    moe_pad_expert_input_to_capacity: bool = False
     tp_async_backward: bool = True
     checkpoint_interval_s: Union[str, float] = "optimal"
     """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
@@ -433,6 +444,10 @@ class Derived:
     """The model's decoder layers (ModelSpec.num_layers)."""
     mtp_layers: int = 0
     """Multi-token prediction modules (ModelSpec.mtp_num_layers), on every loss stage."""
+    moe_expert_load: float = 1.0
+    """The busiest expert-parallel rank's routed tokens relative to the balanced mean, as the
+    step runs them: training.moe_routing_imbalance, capped at the expert capacity with token
+    dropping, exactly the capacity when padded to it (`moe_expert_load`)."""
 
     def stage_layers(self, s: int) -> range:
         """The transformer layers virtual stage `s` runs, in order: its decoder layers, then on
@@ -1128,6 +1143,14 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("parallelism.reshard_after_forward",
                   f"reshard_after_forward ({p.reshard_after_forward}) applies only with zero_stage 3 "
                   f"(FSDP); zero_stage is {p.zero_stage}")
+    for key in ("moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity"):
+        if getattr(t, key) not in (None, False) and not model.is_moe:
+            raise err(f"training.{key}", f"{key} ({getattr(t, key)}) applies only to MoE models; "
+                      f"{model.name} has num_experts = 0")
+    if t.moe_pad_expert_input_to_capacity and t.moe_expert_capacity_factor is None:
+        raise err("training.moe_pad_expert_input_to_capacity",
+                  "moe_pad_expert_input_to_capacity pads each expert's input to its capacity, which "
+                  "needs training.moe_expert_capacity_factor (Megatron-Core raises the same)")
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1213,9 +1236,25 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
                         stage_rank=stage_rank, layers_per_rank=per_rank,
                         embedding_stages=emb_stages, loss_stages=loss_stages,
-                        num_decoder_layers=model.num_layers, mtp_layers=model.mtp_num_layers),
+                        num_decoder_layers=model.num_layers, mtp_layers=model.mtp_num_layers,
+                        moe_expert_load=moe_expert_load(model, t, tp, cp, bool(p.sequence_parallel))),
         source=file or "",
     )
+
+
+def moe_expert_load(model: ModelSpec, t, tp: int, cp: int, sequence_parallel: bool) -> float:
+    """The busiest expert-parallel rank's routed tokens over the balanced mean (Derived.
+    moe_expert_load). Dropless: training.moe_routing_imbalance. With a capacity factor f, each
+    expert takes at most C = ceil(n x topk / E x f) of the n tokens one rank's router sees
+    (Megatron-Core moe_utils.get_capacity with num_tokens = n x topk; n = b x s / cp, / tp under
+    sequence parallelism), i.e. C / (n x topk / E) times the mean: the load is the imbalance
+    capped there, or exactly that with padding to capacity."""
+    if not model.is_moe or t.moe_expert_capacity_factor is None:
+        return t.moe_routing_imbalance
+    n = t.micro_batch_size * t.seq_length // cp // (tp if sequence_parallel and tp > 1 else 1)
+    mean = n * model.moe_router_topk / model.num_experts
+    cap = math.ceil(mean * t.moe_expert_capacity_factor) / mean
+    return cap if t.moe_pad_expert_input_to_capacity else min(t.moe_routing_imbalance, cap)
 
 
 def resolve_scenario_path(name_or_path: str) -> Path:

@@ -304,7 +304,7 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
         if moe not in kinds:
             kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
                                                 attention_backend=t.attention_backend, precision=t.precision,
-                                                routing_imbalance=t.moe_routing_imbalance, etp=p.etp, **kw)
+                                                routing_imbalance=d.moe_expert_load, etp=p.etp, **kw)
         return kinds[moe]
 
     for s in range(d.num_virtual_stages):
@@ -355,7 +355,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
                     m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
                     sequence_parallel=p.sequence_parallel, recompute="none",
                     attention_backend=t.attention_backend, precision=t.precision,
-                    routing_imbalance=t.moe_routing_imbalance, etp=p.etp)
+                    routing_imbalance=d.moe_expert_load, etp=p.etp)
                 work[rank] = max(work[rank], full)
 
     comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES

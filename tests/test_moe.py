@@ -201,3 +201,66 @@ def test_alltoall_dispatcher_resorts_tokens_by_local_expert():
     assert names.index("expert_fc2") < names.index("moe_unsort_chunks") < names.index("moe_unpermute")
     one = {op.name for op in layer_ops(m, 0, micro_batch_size=1, seq_length=128, ep=4)}
     assert "moe_sort_chunks" not in one and "moe_unsort_chunks" not in one
+
+
+def test_capacity_factor_sets_the_expert_load_as_megatron_core_computes_it():
+    """Megatron-Core moe_utils.get_capacity(num_tokens = n x topk, E, f) = ceil(n x topk / E x f):
+    with n = 128 tokens a rank's router sees, topk 2, 4 experts, f = 1.1: ceil(70.4) = 71 of a
+    mean of 64, a load of 71 / 64. Padded: exactly that whatever the routing; dropping: the
+    routing imbalance capped there."""
+    from sim.config import moe_expert_load
+    cases = [({"moe_expert_capacity_factor": 1.1, "moe_pad_expert_input_to_capacity": True}, 71 / 64),
+             ({"moe_expert_capacity_factor": 1.1, "moe_pad_expert_input_to_capacity": True,
+               "moe_routing_imbalance": 1.5}, 71 / 64),
+             ({"moe_expert_capacity_factor": 1.1, "moe_routing_imbalance": 1.5}, 71 / 64),
+             ({"moe_expert_capacity_factor": 1.1, "moe_routing_imbalance": 1.05}, 1.05),
+             ({"moe_routing_imbalance": 1.5}, 1.5)]
+    for extra, load in cases:
+        sc = _moe_with(extra)
+        assert sc.derived.moe_expert_load == pytest.approx(load, abs=0)
+        assert moe_expert_load(sc.model, sc.training, 1, 1, False) == pytest.approx(load, abs=0)
+    # sequence parallelism: the router sees 128 / tp tokens (ceil(35.2) = 36 of 32)
+    sc = _moe_with({"moe_expert_capacity_factor": 1.1, "moe_pad_expert_input_to_capacity": True},
+                   tp=2, sp=True)
+    assert sc.derived.moe_expert_load == 36 / 32
+
+
+def _moe_with(training, tp=1, sp=False):
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2,
+                                "activation": "swiglu"},
+                         training={"global_batch_size": 4, "seq_length": 128, **training})
+    data["parallelism"] = {"tp": tp, "pp": 1, "dp": 2, "ep": 2, "sequence_parallel": sp}
+    return build_scenario(data)
+
+
+def test_padding_to_capacity_runs_the_step_at_the_capacity():
+    """Padded to a capacity of 1.5x the mean, the step is the dropless step at a 1.5 routing
+    imbalance (the same expert GEMM and all-to-all load), and at capacity factor 1 the balanced
+    one, whatever imbalance is given."""
+    unit = 1000
+    t_skew = _run(_moe_with({"moe_routing_imbalance": 1.5}), A2ANetwork(unit))
+    t_pad = _run(_moe_with({"moe_expert_capacity_factor": 1.5,
+                            "moe_pad_expert_input_to_capacity": True}), A2ANetwork(unit))
+    assert t_pad == t_skew
+    t_bal = _run(_moe_with({}), A2ANetwork(unit))
+    t_cf1 = _run(_moe_with({"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True,
+                            "moe_routing_imbalance": 2.0}), A2ANetwork(unit))
+    assert t_cf1 == t_bal < t_skew
+
+
+def test_capacity_validation(write_yaml):
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2},
+                         training={"seq_length": 256, "global_batch_size": 16,
+                                   "moe_pad_expert_input_to_capacity": True})
+    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 2, "ep": 2}
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "moe_pad_expert_input_to_capacity" in err and "moe_expert_capacity_factor" in err
+    dense = base_scenario(training={"seq_length": 256, "global_batch_size": 16,
+                                    "moe_expert_capacity_factor": 1.0})
+    code, _, err = run_cli("memory", write_yaml(dense))
+    assert code == 2 and "moe_expert_capacity_factor" in err and "MoE" in err
+    data["training"] = {"seq_length": 256, "global_batch_size": 16, "moe_expert_capacity_factor": 0}
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "moe_expert_capacity_factor" in err

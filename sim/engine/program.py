@@ -278,7 +278,7 @@ class ProgramBuilder:
         p = sc.parallelism
         self.sp = p.sequence_parallel and p.tp > 1
         self.cp_bytes = cp_bytes(sc)
-        self.imbalance = sc.training.moe_routing_imbalance
+        self.imbalance = sc.derived.moe_expert_load   # routing imbalance, capped / padded by capacity
         self.zero3 = p.zero_stage >= 3 and (p.dp * p.cp > 1 or p.edp > 1)
         # expert TP != tp (Megatron-Core expert_tensor_parallel_size): the MoE block follows the
         # alltoall token dispatcher; with etp = tp the MoE block keeps the dense block's TP
