@@ -278,8 +278,8 @@ class TrainingIn(_Strict):
     the mean (max / mean tokens per EP rank; 1.0 = perfectly balanced, the default). The
     busiest rank's routed-expert GEMMs (and token re-sorts) and its all-to-all volume scale by
     this factor, and as every EP peer waits for it at the combine all-to-all it sets the pace. A measured skew
-    (e.g. a router's max/mean load) or a token-dropping capacity factor goes here. Only for
-    MoE models."""
+    (e.g. a router's max/mean load) goes here; token dropping caps it
+    (`moe_expert_capacity_factor`). Only for MoE models."""
     moe_expert_capacity_factor: Optional[float] = Field(None, gt=0.0, le=1000.0)
     """Token dropping (Megatron-Core --moe-expert-capacity-factor): each expert takes at most
     ceil(tokens x topk / num_experts x factor) of the tokens one rank's router sends it
