@@ -231,6 +231,17 @@ class ParallelIn(_Strict):
     them again before its backward (torch FSDP2 `reshard_after_forward`, default true there);
     false keeps them from the forward to the backward (Llama 3's choice: one gather per layer
     per microbatch pass instead of two). Default true; only with zero_stage 3."""
+    grad_reduce: Optional[Literal["step", "microbatch"]] = None
+    """When the data-parallel gradient reduction runs. step: once, after each layer's last
+    microbatch (gradients accumulate unsharded: Megatron-LM's DDP and distributed optimizer;
+    torch FSDP2 under torch.distributed.pipelining, which turns gradient sync off until the last
+    backward, stage.py backward_maybe_with_nosync). microbatch: every microbatch's backward
+    reduce-scatters (all-reduces) each layer's gradients into the sharded accumulator:
+    Megatron-FSDP in its gradient-sharding modes ("for grads shard mode there will actually
+    always be gradient sync happening", megatron_fsdp.py no_sync), DeepSpeed ZeRO-2/3, torch
+    FSDP2 in torchtitan's gradient-accumulation loop. Default: microbatch for zero_stage 2 or 3
+    without pipeline parallelism, step otherwise (with PP, as torch.distributed.pipelining runs
+    FSDP2; Megatron-FSDP with PP reduces every microbatch: set it)."""
 
 
 class TrainingIn(_Strict):
@@ -361,6 +372,8 @@ class Parallelism:
     """p2p (ring attention) | a2a (Ulysses all-to-all)."""
     reshard_after_forward: bool = True
     """ZeRO-3: re-gather each layer's parameters before its backward."""
+    grad_reduce: str = "step"
+    """step | microbatch: when the data-parallel gradient reduction runs (ParallelIn)."""
     pipeline_model_parallel_layout: Optional[str] = None
     """The given layout, as a compact Megatron string, else None."""
     account_for_embedding_in_pipeline_split: bool = False
@@ -1223,6 +1236,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                 cp_comm_type=cp_comm_type, etp=etp,
                                 reshard_after_forward=(True if p.reshard_after_forward is None
                                                        else p.reshard_after_forward),
+                                grad_reduce=p.grad_reduce or (
+                                    "microbatch" if p.zero_stage >= 2 and pp == 1 else "step"),
                                 pipeline_model_parallel_layout=(
                                     pipeline_layout.to_string(layout)
                                     if p.pipeline_model_parallel_layout is not None else None),
@@ -1316,6 +1331,7 @@ def resolved_dict(sc: Scenario) -> dict:
             "zero_stage": p.zero_stage, "rank_order": "-".join(p.rank_order),
             "cp_comm_type": p.cp_comm_type if p.cp > 1 else None,
             "reshard_after_forward": p.reshard_after_forward if p.zero_stage == 3 else None,
+            "grad_reduce": p.grad_reduce,
             "pipeline_model_parallel_layout": p.pipeline_model_parallel_layout,
             "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
             "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split},

@@ -365,6 +365,10 @@ def memory_report(sc: Scenario) -> MemoryReport:
         dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision)
         ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision)
         weights, grads, optim = dw + ew, dg + eg, do + eo
+        if p.zero_stage >= 2 and p.grad_reduce == "step":
+            # gradients reduced once per step accumulate unsharded over the microbatches (FSDP2
+            # with gradient sync off until the last backward): the rank's whole gradients
+            grads = (dense + expert) * STATE_BYTES[t.precision][1]
         # ZeRO-3 gathers each layer's full weights before use, and prefetches the next one:
         # two layers' worth of unsharded 16-bit weights (FSDP's default limit of in-flight
         # all-gathers; torch.distributed.fsdp docs, limit_all_gathers). Without

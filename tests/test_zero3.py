@@ -26,11 +26,11 @@ class GatherNetwork:
         yield env.timeout(self.G if spec.op == "all_gather" else 0)
 
 
-def _sc(reshard=None, gbs=2, layers=2, prefetch=True, **par):
+def _sc(reshard=None, gbs=2, layers=2, prefetch=True, zero_stage=3, **par):
     data = base_scenario(model={"num_layers": layers, "hidden_size": 256, "num_attention_heads": 8,
                                 "vocab_size": 1024}, training={"global_batch_size": gbs, "seq_length": 128,
                                                                "overlap_param_gather": prefetch})
-    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3,
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "zero_stage": zero_stage,
                            **({"reshard_after_forward": reshard} if reshard is not None else {}), **par}
     return build_scenario(data)
 
@@ -59,7 +59,14 @@ def test_gathers_equal_params_per_pass(reshard, passes, gbs):
     # the root unit (embedding + head) once per step
     emb = workload.embedding_params(sc.model).total + workload.output_params(sc.model).total
     assert [s.size_bytes for s in gathers if s.size_bytes != layer_bytes] == [2 * emb]
-    # gradients: one reduce-scatter per layer (+ embedding/head), no end-of-step gather
+    # gradients: one reduce-scatter per layer (+ embedding/head) every microbatch (grad_reduce
+    # microbatch, the default without pipeline parallelism), no end-of-step gather
+    assert sc.parallelism.grad_reduce == "microbatch"
+    rs = [s for s in net.seen if s.tag == "dp" and s.op != "all_gather"]
+    assert [s.op for s in rs] == ["reduce_scatter"] * 3 * m
+    # once per step when asked (torch.distributed.pipelining's FSDP2 accumulation)
+    net = GatherNetwork(50)
+    _run(_sc(reshard, gbs=gbs, grad_reduce="step"), net)
     rs = [s for s in net.seen if s.tag == "dp" and s.op != "all_gather"]
     assert [s.op for s in rs] == ["reduce_scatter"] * 3
 
@@ -121,3 +128,49 @@ def test_reshard_after_forward_needs_zero3(write_yaml):
     data["parallelism"] = {"tp": 1, "pp": 1, "dp": 4, "zero_stage": 1, "reshard_after_forward": False}
     code, _, err = run_cli("memory", write_yaml(data))
     assert code == 2 and "reshard_after_forward" in err and "zero_stage" in err
+
+
+class ReduceNetwork:
+    """Gradient reduce-scatters take R ns, everything else 0."""
+
+    def __init__(self, R):
+        self.R = R
+
+    def transfer(self, env, spec):
+        yield env.timeout(self.R if spec.op == "reduce_scatter" else 0)
+
+
+@pytest.mark.parametrize("gbs", [2, 8])
+def test_reduce_every_microbatch_by_hand(gbs):
+    """Without overlap each reduction blocks the compute stream: every microbatch's backward
+    reduces the 2 layers and the embedding/head (3 x R each) with grad_reduce: microbatch, the
+    last one only with step; compute is m x (2 layers x (200 + 400)) + the 5 ns optimizer."""
+    R = 70
+    t = {}
+    for mode in ("step", "microbatch"):
+        data = base_scenario(model={"num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+                                    "vocab_size": 1024},
+                             training={"global_batch_size": gbs, "seq_length": 128,
+                                       "overlap_grad_reduce": False, "overlap_param_gather": False})
+        data["parallelism"] = {"tp": 1, "pp": 1, "dp": 2, "zero_stage": 3, "grad_reduce": mode,
+                               "reshard_after_forward": False}
+        t[mode], _ = _run(build_scenario(data), ReduceNetwork(R))
+    m = gbs // 2
+    compute = m * 2 * 600 + 5
+    assert t["step"] == compute + 3 * R
+    assert t["microbatch"] == compute + 3 * R * m
+
+
+def test_grad_reduce_defaults_and_unsharded_accumulation_memory():
+    # defaults: ZeRO-2/3 without PP reduce every microbatch; with PP (torch pipelining) and for
+    # ZeRO 0/1 once per step
+    assert _sc().parallelism.grad_reduce == "microbatch"
+    assert _sc(zero_stage=2).parallelism.grad_reduce == "microbatch"
+    assert _sc(zero_stage=1).parallelism.grad_reduce == "step"
+    assert _sc(pp=2, dp=1, gbs=4, zero_stage=3).parallelism.grad_reduce == "step"
+    assert _sc(pp=2, dp=1, gbs=4, zero_stage=2).parallelism.grad_reduce == "step"
+    # reduced once per step, the gradients accumulate unsharded: the rank's whole 16-bit gradients
+    a, b = memory_report(_sc(grad_reduce="microbatch")), memory_report(_sc(grad_reduce="step"))
+    st = b.per_stage[0]
+    assert st.grads_bytes == pytest.approx(st.dense_params * 2)
+    assert a.per_stage[0].grads_bytes == pytest.approx(st.dense_params * 2 / 2)

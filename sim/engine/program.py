@@ -50,7 +50,10 @@ the stage's layers, timed by a cost model, and the communication each parallel d
 - DP: gradients of a model chunk are reduced (reduce-scatter with the distributed optimizer
   (ZeRO >= 1), all-reduce otherwise) after the chunk's last backward; with
   `overlap_grad_reduce` one collective per layer is launched as soon as that layer's weight
-  gradient of the last microbatch exists, otherwise all after the whole backward. Then the
+  gradient of the last microbatch exists, otherwise all after the whole backward
+  (`grad_reduce: step`). With `grad_reduce: microbatch` (ZeRO-2/3 as Megatron-FSDP, DeepSpeed
+  and torchtitan's accumulation loop run them) every microbatch's backward reduces each layer's
+  gradients: launched per layer with `overlap_grad_reduce`, else blocking after it. Then the
   optimizer step, then (ZeRO >= 1) the parameter all-gather; with `overlap_param_gather` the
   gather is overlapped with the next step's forward, which in a steady-state step means: it
   is launched at the start of the step and each chunk's first forward waits for it.
@@ -64,8 +67,10 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   after the forward and gathered again before the backward (2 gathers per layer per
   microbatch pass); without it they stay until the backward (1 gather). FSDP2 frees them
   after the backward (reshard_after_backward). The embedding and LM head (the root unit) are
-  gathered once at the start of the step and kept. Gradients: reduce-scatter per layer after
-  the layer's last microbatch (gradient accumulation in unsharded buffers, as with
+  gathered once at the start of the step and kept. Gradients: reduce-scatter per layer, after
+  every microbatch (`grad_reduce: microbatch`, the default without pipeline parallelism) or
+  after the layer's last microbatch (`step`, the default with it: gradient accumulation in
+  unsharded buffers, as torch.distributed.pipelining runs FSDP2 with
   `set_requires_gradient_sync(False)` on the earlier microbatches).
 - Every simulated rank (representative: one per pipeline rank, the tp = cp = dp = 0 member;
   all: every GPU) gets its own program; groups and pipeline peers are the rank's own.
@@ -672,6 +677,21 @@ class ProgramBuilder:
             self._fsdp.pop((stage, layer), None)
 
     # -- DP ------------------------------------------------------------------------------
+    def _reduce_grads(self, prog, r, s, unit, mb, specs, name, per_mb, handles):
+        """A layer's (or the embedding / head's) gradient reduction after its backward: launched
+        on the dp stream with overlap_grad_reduce (and waited for before the optimizer step),
+        else blocking (grad_reduce: microbatch without overlap). With grad_reduce: step it runs
+        once, after the stage's last backward; its handle is the one the end of the step waits
+        for."""
+        for j, spec in enumerate(specs):
+            if per_mb and not self.sc.training.overlap_grad_reduce:
+                prog.append(Comm(spec, f"{name} mb{mb}"))
+                continue
+            h = ("grad", s, unit, j, mb) if per_mb else ("grad", s, unit, j)
+            prog.append(Launch(h, spec, f"{name} mb{mb}" if per_mb else name, "dp"))
+            if per_mb:
+                handles.append(h)
+
     def _tied_embedding_peer(self, r):
         """With tied embeddings or MTP modules (whose stage holds a copy of the word embedding,
         Megatron-Core GPTModel), the pipeline rank holding the other copy of the word embedding
@@ -863,6 +883,8 @@ class ProgramBuilder:
                 prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp", int(n_dense * 2), "dp"),
                                    f"param all-gather chunk {s}", "dp"))
                 gather_handles[s] = h
+        per_mb = p.grad_reduce == "microbatch"    # every backward reduces its layers' gradients
+        grad_handles: list = []                   # their launches (overlap_grad_reduce), waited at the end
         last_backward = {}   # stage -> index in the rank's list of the last I/B of that stage
         items = [a for item in sched.ranks[r] for a in item.parts]
         for i, a in enumerate(items):
@@ -913,8 +935,11 @@ class ProgramBuilder:
                     if nxt is not None and sched.stage_rank(nxt) != r:
                         prog.append(Recv(("grad", s, mb, self.me), f"recv grad s{s} mb{mb}"))
                 first, last = self._is_first(s, mb), self._is_last(s, mb)
-                # the last backward of a stage launches each layer's gradient reduction
-                final = (i == last_backward.get(s)) and t.overlap_grad_reduce and (do_weight or not split[s])
+                # the last backward of a stage (every backward with grad_reduce: microbatch)
+                # launches each layer's gradient reduction, after the layer's weight gradient
+                reduce_here = ((per_mb or i == last_backward.get(s)) and (do_weight or not split[s])
+                               and (t.overlap_grad_reduce or per_mb))
+                final = reduce_here
                 if self.actions and not (self.zero3 or final):
                     self._layer(prog, ("B", s, a.kind, first, last),
                                 lambda out, m: self._backward_action(out, r, s, m, a.kind, first, last), mb)
@@ -930,13 +955,13 @@ class ProgramBuilder:
                             self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
                         if final:
                             n_dense, n_expert = self.params_per_stage[s][layer - self._layers(s).start]
-                            for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
-                                prog.append(Launch(("grad", s, layer, j), spec, f"grad reduce L{layer}", "dp"))
+                            self._reduce_grads(prog, r, s, layer, mb, self._grad_spec(r, n_dense, n_expert),
+                                               f"grad reduce L{layer}", per_mb, grad_handles)
 
                     def ends_reduction():
                         if final and self.end_params[s]:
-                            for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
-                                prog.append(Launch(("grad", s, "ends", j), spec, f"grad reduce emb/head s{s}", "dp"))
+                            self._reduce_grads(prog, r, s, "ends", mb, self._grad_spec(r, self.end_params[s], 0),
+                                               f"grad reduce emb/head s{s}", per_mb, grad_handles)
 
                     self._backward_action(prog, r, s, mb, a.kind, first, last, bwd_layer, ends_reduction)
                 if do_input:
@@ -955,8 +980,8 @@ class ProgramBuilder:
             lo, mid, hi = bounds[f], bounds[b], bounds[b + 1]
             prog[lo:hi] = self._pair(prog[lo:mid], prog[mid:hi], r, f)
         # gradient reduction (not overlapped), then wait for all of it
-        handles = []
-        for s in stages:
+        handles = list(grad_handles)
+        for s in stages if not per_mb else ():
             for k, layer in enumerate(self._layers(s)):
                 n_dense, n_expert = self.params_per_stage[s][k]
                 for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
