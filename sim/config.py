@@ -188,7 +188,7 @@ class ParallelIn(_Strict):
     tensor_model_parallel_size. The expert layers re-split each pipeline stage's tp x cp x dp
     GPUs into etp x ep x expert-data-parallel, so etp x ep must divide tp x cp x dp. E.g. tp 4,
     etp 1, ep 8: attention split 4 ways, each GPU holding num_experts / 8 whole experts. Only
-    for MoE models; etp != tp needs sequence_parallel when tp > 1 (as Megatron-Core). Default:
+    for MoE models (which need sequence_parallel when tp > 1, as Megatron-Core). Default:
     tensor_model_parallel_size."""
     data_parallel_size: Optional[int] = Field(None, ge=1)
     """DP replicas (alias dp); default gpus / (tp x pp x cp)."""
@@ -1109,11 +1109,11 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err(etp_key if etp_given is not None else "parallelism.tensor_model_parallel_size",
                   f"moe_ffn_hidden_size ({model.moe_ffn_hidden_size}) must be divisible by the expert "
                   f"tensor-parallel size ({etp}{'' if etp_given is not None else ' = tensor_model_parallel_size'})")
-    if etp != tp and tp > 1 and not p.sequence_parallel:
-        raise err(etp_key,
-                  f"expert_tensor_parallel_size ({etp}) != tensor_model_parallel_size ({tp}) needs "
-                  "sequence_parallel: true (Megatron-Core's MoE layer refuses tensor parallelism without "
-                  "sequence parallelism in training; each TP rank dispatches its own s/tp tokens)")
+    if model.is_moe and tp > 1 and not p.sequence_parallel:
+        raise err("parallelism.sequence_parallel",
+                  f"an MoE model with tensor_model_parallel_size {tp} needs sequence_parallel: true "
+                  "(Megatron-Core's MoE layer refuses tensor parallelism without sequence parallelism in "
+                  "training, moe_layer.py; each TP rank dispatches its own s/tp tokens)")
     # the dense MLP (every layer of a dense model, the first_k_dense / non-MoE layers of an MoE
     # one) and the shared experts' MLP are column-parallel over tp (Megatron's ColumnParallelLinear)
     if model.ffn_hidden_size % tp and any(not model.is_moe_layer(i) for i in range(model.num_layers)):

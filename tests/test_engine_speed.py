@@ -24,7 +24,9 @@ experts per rank (deepseek-v3, mixtral dualpipev) were written again when the al
 dispatcher's token re-sort was added (a model change: sim.workload.ops moe_sort_chunks), and
 the DeepSeek-V3 scenario once more when it became the model as the report trains it (61 layers
 split 3 / 4 x 14 / 2 over DualPipe's stages and the multi-token prediction module; a scenario
-change).
+change), and the Mixtral DualPipeV cases (tp 2) when the MoE block took Megatron-Core's alltoall
+dispatcher collectives with etp = tp too (the expert-TP all-gather of the received tokens instead
+of the dense block's all-gather around the dispatch; a model change).
 """
 
 from __future__ import annotations

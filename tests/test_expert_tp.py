@@ -221,7 +221,7 @@ def test_dispatcher_collectives_and_expert_gradients():
 @pytest.mark.parametrize("sets,words", [
     # 2 x 8 = 16 does not divide 4 x 1 x 2 = 8
     (["parallelism.etp=2"], ["expert_tensor_parallel_size", "2 x 8 = 16", "4 x 1 x 2 = 8"]),
-    (["parallelism.sequence_parallel=false"], ["expert_tensor_parallel_size", "sequence_parallel"]),
+    (["parallelism.sequence_parallel=false"], ["parallelism.sequence_parallel", "MoE", "Megatron-Core"]),
     (["model=llama3-8b", "parallelism.ep=1"], ["expert_tensor_parallel_size", "MoE"]),
     (["parallelism.etp=0"], ["expert_tensor_parallel_size"]),
 ])

@@ -254,7 +254,7 @@ def test_capacity_validation(write_yaml):
                                 "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2},
                          training={"seq_length": 256, "global_batch_size": 16,
                                    "moe_pad_expert_input_to_capacity": True})
-    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 2, "ep": 2}
+    data["parallelism"] = {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True}
     code, _, err = run_cli("memory", write_yaml(data))
     assert code == 2 and "moe_pad_expert_input_to_capacity" in err and "moe_expert_capacity_factor" in err
     dense = base_scenario(training={"seq_length": 256, "global_batch_size": 16,
@@ -264,3 +264,34 @@ def test_capacity_validation(write_yaml):
     data["training"] = {"seq_length": 256, "global_batch_size": 16, "moe_expert_capacity_factor": 0}
     code, _, err = run_cli("memory", write_yaml(data))
     assert code == 2 and "moe_expert_capacity_factor" in err
+
+
+def test_alltoall_dispatcher_with_expert_tp_equal_to_tp():
+    """Megatron-Core's MoE layer keeps its input sequence-sharded (MoE with tp > 1 needs SP,
+    moe_layer.py) and the alltoall dispatcher all-gathers the received tokens over the expert-TP
+    group (tp_group = pg_collection.expt_tp, token_dispatcher.py dispatch_postprocess) whether or
+    not etp equals tp: no dense-style all-gather / reduce-scatter around the MoE block, and the
+    expert-TP collectives carry etp x the all-to-all size (tokens x topk per TP rank)."""
+    from sim.engine.core import Comm
+    sc = _moe(tp=2, dp=2, ep=2, sp=True)
+    assert sc.parallelism.etp == sc.parallelism.tp == 2
+    sched = schedules.build("1f1b", 1, sc.derived.num_microbatches, 1)
+    progs = ProgramBuilder(sc, sched, UnitCosts(expert=EXPERT)).build()
+    comms = [i for prog in progs.values() for i in prog if isinstance(i, Comm)]
+    assert not any("mlp all-gather" in c.name or "mlp reduce-scatter" in c.name for c in comms)
+    expert = [c for c in comms if "expert" in c.name]
+    m, layers = sc.derived.num_microbatches, 2
+    # forward all-gather + reduce-scatter, backward the opposite two, per layer and microbatch
+    assert len(expert) == 4 * layers * m * len(progs)
+    a2a = 128 // 2 * 2 * 256 * 2          # tokens / tp x topk x hidden x bf16
+    assert {c.spec.size_bytes for c in expert} == {2 * a2a}
+    assert {len(c.spec.ranks) for c in expert} == {2}
+
+
+def test_moe_with_tensor_parallelism_needs_sequence_parallelism(write_yaml):
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "num_experts": 4, "moe_router_topk": 2},
+                         training={"seq_length": 256, "global_batch_size": 16})
+    data["parallelism"] = {"tp": 2, "pp": 1, "dp": 4, "ep": 2, "sequence_parallel": False}
+    code, _, err = run_cli("memory", write_yaml(data))
+    assert code == 2 and "parallelism.sequence_parallel" in err and "Megatron-Core" in err

@@ -23,11 +23,13 @@ the stage's layers, timed by a cost model, and the communication each parallel d
   and its all-to-all volume; the representative rank is that busiest rank, since every EP peer
   waits for it.
   Expert TP (`expert_tensor_parallel_size`, default tp; Megatron-Core): the routed experts are
-  split over etp x ep, re-splitting a stage's tp x cp x dp GPUs into etp x ep x expert-DP. With
-  etp != tp the MoE block follows the alltoall token dispatcher: the all-to-all over ep, then an
+  split over etp x ep, re-splitting a stage's tp x cp x dp GPUs into etp x ep x expert-DP. The
+  MoE block follows Megatron-Core's alltoall token dispatcher whatever etp is: its input stays
+  sequence-sharded (MoE with tp > 1 needs SP), the all-to-all over ep, then with etp > 1 an
   all-gather of the received tokens over the expert-TP group (etp x the all-to-all size) before
   the expert GEMMs and a reduce-scatter after them; no attention-TP collectives around the MoE
-  block (except for shared experts); expert gradients reduce over expert-DP (`_etp`, `_tp_mlp`).
+  block (except for shared experts, a sequence-parallel MLP); expert gradients reduce over
+  expert-DP (`_etp`, `_tp_mlp`).
 - CP (`parallelism.cp_comm_type`), per layer and microbatch:
   p2p, ring attention (Liu et al. 2023; Megatron-LM / Transformer Engine
   AttnFuncWithCPAndKVP2P): after the QKV projection the rank's K/V block, 2 x s/cp x b x
@@ -286,9 +288,7 @@ class ProgramBuilder:
         self.imbalance = sc.derived.moe_expert_load   # routing imbalance, capped / padded by capacity
         self.zero3 = p.zero_stage >= 3 and (p.dp * p.cp > 1 or p.edp > 1)
         # expert TP != tp (Megatron-Core expert_tensor_parallel_size): the MoE block follows the
-        # alltoall token dispatcher; with etp = tp the MoE block keeps the dense block's TP
-        # collectives around the dispatch (see _tp_mlp, _etp)
-        self.etp_split = p.etp != p.tp
+        # alltoall token dispatcher (see _tp_mlp, _etp)
         self.params_per_stage = self._params_per_stage()
         self.end_params = self._end_params()
         from sim.memory import stage_activation_bytes
@@ -429,13 +429,13 @@ class ProgramBuilder:
 
     def _tp_mlp(self, layer) -> bool:
         """Whether the MLP block of `layer` has TP collectives over the attention TP group: dense
-        layers, and MoE layers with etp = tp (the SP all-gather / reduce-scatter around the
-        dispatch, as before); with etp != tp only the shared experts (a TP-sharded MLP) need them."""
+        layers; in an MoE layer only the shared experts (a sequence-parallel MLP) need them, the
+        routed experts' TP collectives are the dispatcher's (`_etp`)."""
         m = self.sc.model
-        return not (self.etp_split and m.is_moe_layer(layer) and not m.moe_shared_experts)
+        return not (m.is_moe_layer(layer) and not m.moe_shared_experts)
 
     def _etp(self, prog, pp_rank, layer, name, op):
-        """Expert-TP collectives with etp != tp, Megatron-Core's MoEAlltoAllTokenDispatcher
+        """Expert-TP collectives (etp > 1), Megatron-Core's MoEAlltoAllTokenDispatcher
         (megatron/core/transformer/moe/token_dispatcher.py): after the dispatch all-to-all over
         the ep group the received tokens are all-gathered over the expert-TP group
         (dispatch_postprocess: gather_from_sequence_parallel_region(group=tp_group), tp_group =
@@ -443,7 +443,7 @@ class ProgramBuilder:
         reduce-scattered over it (combine_preprocess); the backward runs the opposite
         collectives. Size: the gathered buffer, etp x the all-to-all size."""
         p = self.sc.parallelism
-        if not (self.etp_split and p.etp > 1 and self.sc.model.is_moe_layer(layer)):
+        if not (p.etp > 1 and self.sc.model.is_moe_layer(layer)):
             return
         prog.append(Comm(self._spec(op, pp_rank, "etp", p.etp * self.a2a_bytes(), "ep"), name))
 
