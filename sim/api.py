@@ -127,13 +127,13 @@ class Result:
 
         return pd.DataFrame(self.summary["memory"]["per_stage"])
 
-    def write(self, out) -> Path:
-        """Write what `sim5d run --out OUT` writes (summary.json, timeline.csv, trace, resolved
-        YAML, charts) to the folder `out`; returns it."""
+    def write(self, out, trace_ranks: str | None = None) -> Path:
+        """Write what `sim5d run --out OUT [--trace-ranks R]` writes (summary.json, timeline.csv,
+        traces, resolved YAML, charts) to the folder `out`; returns it."""
         from sim.commands.run import write_outputs
 
         folder = Path(out)
-        write_outputs(self.run, folder)
+        write_outputs(self.run, folder, trace_ranks)
         return folder
 
     def __repr__(self) -> str:

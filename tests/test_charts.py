@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, base_scenario
 from sim import schedules
-from sim.config import build_scenario
+from sim.config import build_scenario, load_scenario
 from sim.engine import outputs
 from sim.engine.simulate import simulate
 
@@ -325,3 +325,60 @@ def test_trace_written_as_text_is_json_dumps_of_the_trace(name):
         i = next((i for i, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
         pytest.fail(f"differs at {i}: {text[i - 80:i + 80]!r} vs {want[i - 80:i + 80]!r}")
     assert len(json.loads(text)["traceEvents"]) > 1000
+
+
+def test_microsecond_text_is_the_floats_repr():
+    """outputs.us_text(n) writes n ns as json.dumps writes n / 1000.0 (the traces' timestamps)."""
+    import random
+    rng = random.Random(7)
+    values = [0, 1, 9, 10, 999, 1000, 1001, 123456789, 10**15 - 1, 10**15, 3 * 10**15 + 7]
+    values += [rng.randrange(10**15) for _ in range(20000)] + [rng.randrange(10**7) for _ in range(20000)]
+    for n in values:
+        assert outputs.us_text(n) == repr(n / 1000.0), n
+
+
+def test_timeline_csv_is_what_csv_writer_writes(tmp_path):
+    """write_timeline_csv formats each row as one string; the truth is the csv module (default
+    dialect) writing timeline_rows, also for names a CSV must quote."""
+    import csv
+    import io
+
+    from sim.engine.core import Record
+    res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe"))
+    recs = list(res.records) + [Record(0, "compute", 'a,b "c"\nd', "x,y", 5, 9),
+                                Record(0, "mark", "m", "activations", 3, 3, -12.6),
+                                Record(99, "compute", "no stage", "compute", 1, 2)]
+    outputs.write_timeline_csv(recs, tmp_path / "t.csv", res.pp_rank_of)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(outputs.TIMELINE_COLUMNS)
+    for row in outputs.timeline_rows(recs, res.pp_rank_of):
+        w.writerow(["" if v is None else v for v in row])
+    assert (tmp_path / "t.csv").read_bytes() == buf.getvalue().encode()
+
+
+def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypatch):
+    """run_writers forks the writers over the CPUs; every file is byte for byte what writing
+    them in turn gives (the gzip headers carry no time), and a writer that fails in a child
+    raises its error in the parent."""
+    import gzip
+
+    from sim.commands.run import write_outputs
+    res = simulate(load_scenario("mixtral-8x7b-h200x16-dualpipev"))
+    monkeypatch.setattr(outputs, "_cpus", lambda: 3)
+    monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 0)
+    write_outputs(res, tmp_path / "par")
+    monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 10**12)
+    write_outputs(res, tmp_path / "seq")
+    files = sorted(p.relative_to(tmp_path / "seq") for p in (tmp_path / "seq").rglob("*") if p.is_file())
+    assert len(files) >= 8 and any(str(f).startswith("traces/") for f in files)
+    for f in files:
+        assert (tmp_path / "par" / f).read_bytes() == (tmp_path / "seq" / f).read_bytes(), f
+    assert gzip.decompress((tmp_path / "par" / "trace.json.gz").read_bytes()).startswith(b'{"traceEvents"')
+
+    def boom():
+        raise ValueError("writer failed")
+
+    monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 0)
+    with pytest.raises(ValueError, match="writer failed"):
+        outputs.run_writers([(5.0, boom), (1.0, lambda: None), (1.0, lambda: None)], 10)

@@ -211,3 +211,36 @@ def test_pipeline_chart_spans_are_the_schedule_actions(tmp_path):
         assert spans == [(a.kind, str(a.microbatch)) for a in sched.ranks[pp]]
     plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_trace_ranks_keep_a_ranks_all_steps_outputs_to_the_simulated_ranks(tmp_path):
+    """With `ranks: all` and symmetric stages the engine simulates one representative per stage
+    and copies it; by default the timeline and the traces hold those representatives only,
+    `--trace-ranks all` every rank, a list those ranks; the records of a subset are exactly the
+    full records filtered; a rank the step lacks is exit 2 naming the option."""
+    import csv
+
+    from sim.config import load_scenario
+    sc = load_scenario("llama3-8b-h100x16-1f1b", ["simulation.ranks=all"])
+    res = simulate(sc)
+    reps = res.simulated_ranks
+    assert len(reps) == sc.parallelism.pp and len(res.pp_rank_of) == 16
+    some = [reps[0], 5, 13]
+    assert res.engine.records_of(some) == [r for r in res.records if r.rank in set(some)]
+
+    def written(*args):
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--set", "simulation.ranks=all",
+                               "--out", str(out), *args)
+        assert code == 0, err
+        with open(out / "timeline.csv", newline="") as f:
+            ranks = {int(row["rank"]) for row in csv.DictReader(f)}
+        traces = {int(p.name.split("-")[1].split(".")[0]) for p in (out / "traces").glob("rank-*.json.gz")}
+        return ranks, traces
+
+    assert written() == (set(reps), set(reps))
+    assert written("--trace-ranks", "all") == (set(range(16)), set(range(16)))
+    assert written("--trace-ranks", "5,13") == ({5, 13}, {5, 13})
+    code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "bad"),
+                           "--trace-ranks", "99")
+    assert code == 2 and "--trace-ranks" in err and "99" in err and "Traceback" not in err

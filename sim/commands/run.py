@@ -10,33 +10,70 @@ from typing import List, Optional
 import typer
 
 
-def write_outputs(result, out: Path) -> dict:
-    """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per simulated rank),
-    resolved.yaml and plots/ under `out`."""
+def trace_ranks_of(result, spec: str | None) -> list:
+    """The ranks whose timeline and traces `sim5d run` writes: `--trace-ranks` absent or
+    `simulated`: the ranks the engine simulated (a `ranks: all` step's stage representatives,
+    whose timelines its other ranks copy); `all`: every rank; else a comma-separated list of
+    ranks of the step."""
+    from sim.errors import ConfigError
+
+    if spec is None or spec == "simulated":
+        return result.simulated_ranks
+    have = set(result.pp_rank_of)
+    if spec == "all":
+        return sorted(have)
+    try:
+        ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--trace-ranks {spec!r} must be simulated, all or comma-separated ranks "
+                          "(e.g. 0,8,16)", key="--trace-ranks") from None
+    bad = [r for r in ranks if r not in have]
+    if not ranks or bad:
+        raise ConfigError(f"--trace-ranks {spec!r}: {bad or 'no rank'} not among the step's "
+                          f"{len(have):,} ranks (0..{max(have)}; a representative-ranks step has "
+                          f"{', '.join(map(str, sorted(have)[:8]))}{'...' if len(have) > 8 else ''})",
+                          key="--trace-ranks")
+    return ranks
+
+
+def write_outputs(result, out: Path, trace_ranks: str | None = None) -> dict:
+    """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
+    resolved.yaml and plots/ under `out`. `trace_ranks` (`trace_ranks_of`): whose records the
+    timeline, the traces and the pipeline and memory charts hold; summary.json and the
+    breakdown chart cover every rank."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
 
+    ranks = trace_ranks_of(result, trace_ranks)
     sc = result.scenario
     out.mkdir(parents=True, exist_ok=True)
     (out / "plots").mkdir(exist_ok=True)
     summary = result.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(sc, out / "resolved.yaml")
-    outputs.write_timeline_csv(result.records, out / "timeline.csv", result.pp_rank_of)
+    pp_of = {rank: result.pp_rank_of[rank] for rank in ranks}
+    recs = result.records_of(ranks)
     static = {rank: result.memory.per_stage[pp].total_bytes - result.memory.per_stage[pp].activations_bytes
-              for rank, pp in result.pp_rank_of.items()}
-    mem = outputs.memory_series(result.records, static)
+              for rank, pp in pp_of.items()}
+    mem = outputs.memory_series(recs, static)
     labels = {}
-    for rank in result.pp_rank_of:
+    for rank in pp_of:
         c = result.layout.coord(rank)
         labels[rank] = (f"rank {rank} (pp {c.pp}, tp {c.tp}, cp {c.cp}, dp {c.dp}, ep {c.ep}; "
                         f"node {result.layout.node_of(rank)} gpu {result.layout.local_gpu_of(rank)})")
-    outputs.write_trace(result.records, labels, mem, out / "trace.json.gz", result.p2p)
-    kineto.write_traces(result, out / "traces", labels)
     title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
-    outputs.plot_pipeline(result.records, result.pp_rank_of, out / "plots" / "pipeline.png", title)
-    outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, out / "plots" / "breakdown.png", title)
-    outputs.plot_memory(mem, result.pp_rank_of, result.memory.capacity_bytes, out / "plots" / "memory.png", title)
+    plots = out / "plots"
+    # (relative cost, writer): measured on Narayanan's 1T row (a million records), seconds
+    outputs.run_writers([
+        (3.1, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
+        (4.2, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p)),
+        (5.5, lambda: kineto.write_traces(result, out / "traces", labels, recs, ranks)),
+        (6.4, lambda: outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)),
+        (0.5, lambda: outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png",
+                                             title)),
+        (0.5, lambda: outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png",
+                                          title)),
+    ], len(recs))
     return summary
 
 
@@ -52,6 +89,10 @@ def register(app: typer.Typer) -> None:
         tokens: Optional[str] = typer.Option(None, "--tokens", help="Also print the time to train this many "
                                              "tokens (K/M/B/T), with failures, checkpoints and restarts "
                                              "(goodput; sim5d plan's model)."),
+        trace_ranks: Optional[str] = typer.Option(None, "--trace-ranks", help="Ranks whose timeline.csv, "
+                                                  "traces and charts are written: simulated (default: the "
+                                                  "ranks the engine simulated; under ranks: all the stage "
+                                                  "representatives), all, or a list such as 0,8,16."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
@@ -78,7 +119,7 @@ def register(app: typer.Typer) -> None:
                     result = simulate(sc)
             else:
                 result = simulate(sc)
-            summary = write_outputs(result, folder)
+            summary = write_outputs(result, folder, trace_ranks)
             memory = result.memory
             how = ranks_note(result)
             del result

@@ -827,26 +827,42 @@ class Engine:
     def records(self) -> list:
         """Every interval and instant of the step as Records (made from the log on first use)."""
         if self._records is None or self._made != len(self._log):
-            out = []
-            add = out.append
-            members = self.orbits.members if self.orbits is not None else {}
-            for x in self._log:
-                if type(x) is Record:
-                    for q in members.get(x.rank, (x.rank,)):
-                        add(x if q == x.rank else x._replace(rank=q))
-                    continue
-                rank, start, run = x
-                for q in members.get(rank, (rank,)):
-                    for stream, name, cat, a, b, value in run.parts:
-                        if stream is not None:
-                            add(Record(q, stream, name, cat, start + a, start + b, value))
-                            continue
-                        pre, at, mb = name, start + cat, a               # a Block's parts
-                        for stream, name, cat, a, b, value in pre.parts:
-                            add(Record(q, stream, name if type(name) is str else mb.join(name)
-                                       if type(mb) is str else _join_name(name, mb), cat, at + a, at + b, value))
-            self._records, self._made = out, len(self._log)
+            self._records, self._made = self._make_records(None), len(self._log)
         return self._records
+
+    def records_of(self, ranks) -> list:
+        """The Records of `ranks` only (a `ranks: all` step's outputs for a few of its 1,024
+        ranks without making the other ranks' millions), in the order `records` has them."""
+        if self._records is not None and self._made == len(self._log):
+            keep = set(ranks)
+            return [r for r in self._records if r.rank in keep]
+        return self._make_records(set(ranks))
+
+    def _make_records(self, keep) -> list:
+        """Records from the log: every rank's (`keep` None) or those of the ranks in `keep`;
+        under `ranks: all` symmetry each representative's entries for each member it stands for."""
+        out = []
+        add = out.append
+        members = self.orbits.members if self.orbits is not None else {}
+        for x in self._log:
+            if type(x) is Record:
+                for q in members.get(x.rank, (x.rank,)):
+                    if keep is None or q in keep:
+                        add(x if q == x.rank else x._replace(rank=q))
+                continue
+            rank, start, run = x
+            for q in members.get(rank, (rank,)):
+                if keep is not None and q not in keep:
+                    continue
+                for stream, name, cat, a, b, value in run.parts:
+                    if stream is not None:
+                        add(Record(q, stream, name, cat, start + a, start + b, value))
+                        continue
+                    pre, at, mb = name, start + cat, a               # a Block's parts
+                    for stream, name, cat, a, b, value in pre.parts:
+                        add(Record(q, stream, name if type(name) is str else mb.join(name)
+                                   if type(mb) is str else _join_name(name, mb), cat, at + a, at + b, value))
+        return out
 
     def busy_intervals(self) -> dict:
         """{rank: (kernel starts, kernel ends, communication starts, communication ends)} as

@@ -30,7 +30,7 @@ import json
 import re
 from pathlib import Path
 
-from sim.engine.outputs import write_gzip
+from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, write_gzip
 
 HOST_PID = HOST_TID = 1000
 """The host process and thread of every file (a device index is the pid of GPU events)."""
@@ -119,41 +119,55 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     instead of through a dict (a GPT-3 64-GPU step's 270,000 events: 2.3 of its 6 s of outputs,
     then 1.0). tests/test_kineto.py compares the two."""
     mine, streams = _kernels(records)
+    if mine and mine[-1].end_ns >= US_TEXT_LIMIT_NS or makespan_ns >= US_TEXT_LIMIT_NS:
+        return json.dumps(rank_trace(records, rank, world_size=world_size, device=device, label=label,
+                                     makespan_ns=makespan_ns, zero_stage=zero_stage,
+                                     device_props=device_props))
+    fr = US_FRACTION                                    # n ns as text: f"{n // 1000}{fr[n % 1000]}"
     enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
     launches, kernels, last_start = [], [], {}
+    nccl: dict = {}                                     # (name, stream) -> encoded NCCL kernel name
+    launch_head = f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {HOST_PID}, ' \
+                  f'"tid": {HOST_TID}, "ts": '
     for corr, r in enumerate(mine, 1):
         sid = streams[r.stream]
-        ts = last_start.get(sid, 0) / 1000
-        launches.append((ts, corr, f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", '
-                                   f'"pid": {HOST_PID}, "tid": {HOST_TID}, "ts": {ts!r}, "dur": 0, '
+        t0 = last_start.get(sid, 0)
+        launches.append((t0, corr, f'{launch_head}{t0 // 1000}{fr[t0 % 1000]}, "dur": 0, '
                                    f'"args": {{"cbid": 211, "correlation": {corr}}}}}'))
         last_start[sid] = r.start_ns
-        if _is_comm(r):
-            name, extra = nccl_kernel(r.name, r.stream, zero_stage), f', "sim5d_name": {enc(r.name)}'
+        if r.stream != "compute" or r.cat.startswith("comm:"):          # _is_comm
+            key = (r.name, r.stream)
+            name = nccl.get(key)
+            if name is None:
+                name = nccl[key] = enc(nccl_kernel(r.name, r.stream, zero_stage))
+            extra = f', "sim5d_name": {enc(r.name)}'
         else:
-            name, extra = r.name, ""
-        kernels.append(f'{{"ph": "X", "cat": "kernel", "name": {enc(name)}, "pid": {device}, "tid": {sid}, '
-                       f'"ts": {r.start_ns / 1000!r}, "dur": {(r.end_ns - r.start_ns) / 1000!r}, '
+            name, extra = enc(r.name), ""
+        kernels.append(f'{{"ph": "X", "cat": "kernel", "name": {name}, "pid": {device}, "tid": {sid}, '
+                       f'"ts": {r.start_ns // 1000}{fr[r.start_ns % 1000]}, '
+                       f'"dur": {(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}, '
                        f'"args": {{"device": {device}, "stream": {sid}, "correlation": {corr}{extra}}}}}')
     top, head = _frame(rank, world_size=world_size, device=device, label=label, makespan_ns=makespan_ns,
                        device_props=device_props, streams=streams, used=set(last_start))
-    launches.sort(key=lambda e: (e[0], e[1]))
+    launches.sort(key=lambda e: (e[0], e[1]))       # integer ns: the order of ts = ns / 1000
     events = [json.dumps(e) for e in head] + [e[2] for e in launches] + kernels
     return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ", ".join(events) + "]}"
 
 
-def write_traces(result, folder: Path, labels: dict) -> list:
+def write_traces(result, folder: Path, labels: dict, records=None, ranks=None) -> list:
     """`folder`/rank-N.json.gz for each simulated rank N of a RunResult (`labels[N]` names its
-    GPU process, as in trace.json.gz), replacing an earlier run's files; returns the paths."""
+    GPU process, as in trace.json.gz), replacing an earlier run's files; returns the paths.
+    `ranks` (with `records`, theirs): only those ranks (sim5d run --trace-ranks)."""
     sc, layout = result.scenario, result.layout
     gpu = sc.cluster.gpu
     props = {"name": gpu.name, "totalGlobalMem": int(gpu.memory_bytes)}
     sms = (gpu.extra.get("compute") or {}).get("sm_count")
     if sms:
         props["numSms"] = int(sms)
-    by_rank: dict = {rank: [] for rank in result.pp_rank_of}
-    for r in result.records:
-        by_rank.setdefault(r.rank, []).append(r)
+    by_rank: dict = {rank: [] for rank in (result.pp_rank_of if ranks is None else ranks)}
+    for r in (result.records if records is None else records):
+        if ranks is None or r.rank in by_rank:
+            by_rank.setdefault(r.rank, []).append(r)
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("rank-*.json.gz"):        # an earlier run's ranks would mislead HTA
         old.unlink()

@@ -48,6 +48,21 @@ class RunResult:
         them, a large step has millions)."""
         return self.engine.records
 
+    @property
+    def simulated_ranks(self) -> list:
+        """The ranks the engine simulated: the representatives of a `ranks: all` step whose
+        stages are symmetric (sim.engine.symmetry; the others copy them), else every rank of
+        `pp_rank_of`."""
+        orbits = self.engine.orbits
+        return sorted(orbits.members) if orbits is not None else sorted(self.pp_rank_of)
+
+    def records_of(self, ranks) -> list:
+        """The records of `ranks` only (made without the other ranks' when they are not made yet)."""
+        ranks = set(ranks)
+        if ranks >= set(self.pp_rank_of):
+            return self.records
+        return self.engine.records_of(ranks)
+
     def summary(self) -> dict:
         sc = self.scenario
         step_s = ns_to_s(self.makespan_ns)

@@ -1,0 +1,79 @@
+"""The whole command a user runs (issue #31): `sim5d run SCENARIO` with its default outputs, from
+process start to exit, next to the engine's own time for the same step (summary.json's
+`sim_wall_s`, measured inside that process) and the ratio of the two; the peak memory of the
+process (ru_maxrss of the child). These machines are shared and noisy: compare the ratio.
+
+Cases: Narayanan et al. 2021 Table 1's 1T row (goal <= 10 s), Llama 3 405B on 16,384 H100s
+(<= 4 s), Llama 3 70B on 1,024 H100s with `ranks: all` (<= 10 s), and every bundled scenario
+(<= 1.5 x its engine time + 1 s). The same scenario dicts as benchmarks/engine.py.
+
+    python benchmarks/run_command.py [--case NAME] [--bundled]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine import llama3_405b, llama3_70b_all, narayanan_1t  # noqa: E402
+
+CASES = {"narayanan-1t": ("Narayanan 1T row, 3,072 GPUs", narayanan_1t, 10.0),
+         "llama3-405b": ("Llama 3 405B, 16,384 GPUs", llama3_405b, 4.0),
+         "llama3-70b-all": ("Llama 3 70B, 1,024 GPUs, ranks: all", llama3_70b_all, 10.0)}
+
+
+def run_once(scenario: str, out: Path) -> dict:
+    """One `sim5d run` in a child process: wall seconds, the engine's seconds, peak MiB."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", scenario, "--out", str(out)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)       # this child's own peak (its forked writers too)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"sim5d run {scenario} failed ({proc.returncode}):\n{err[-2000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"wall": wall, "engine": summary["sim_wall_s"], "peak_mib": usage.ru_maxrss / 1024,
+            "step_s": summary["step_time_s"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", choices=sorted(CASES), action="append")
+    ap.add_argument("--bundled", action="store_true", help="Also every bundled scenario.")
+    a = ap.parse_args()
+    names = a.case or list(CASES)
+    print(f"{os.cpu_count()} CPUs; {'case':42s} {'whole s':>8s} {'engine s':>8s} {'ratio':>6s} "
+          f"{'goal s':>7s} {'peak MiB':>9s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        for name in names:
+            label, make, goal = CASES[name]
+            path = Path(tmp) / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(make()))
+            rows.append((label, run_once(str(path), Path(tmp) / name), goal))
+        if a.bundled:
+            for p in sorted((ROOT / "scenarios").glob("*.yaml")):
+                r = run_once(p.stem, Path(tmp) / p.stem)
+                rows.append((p.stem, r, 1.5 * r["engine"] + 1.0))
+        for label, r, goal in rows:
+            ok = "ok" if r["wall"] <= goal else "OVER"
+            print(f"{label:42s} {r['wall']:8.2f} {r['engine']:8.2f} {r['wall'] / max(r['engine'], 1e-9):6.2f} "
+                  f"{goal:7.2f} {r['peak_mib']:9.0f} {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
