@@ -63,12 +63,15 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None) -> dict:
                         f"node {result.layout.node_of(rank)} gpu {result.layout.local_gpu_of(rank)})")
     title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
     plots = out / "plots"
+    kineto.clear_traces(out / "traces")
+    halves = (ranks[: (len(ranks) + 1) // 2], ranks[(len(ranks) + 1) // 2:])    # two Kineto writers
     # (relative cost, writer): measured on Narayanan's 1T row (a million records), seconds
     outputs.run_writers([
         (3.1, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
         (4.2, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p)),
-        (5.5, lambda: kineto.write_traces(result, out / "traces", labels, recs, ranks)),
-        (6.4, lambda: outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)),
+        *[(5.5 * len(h) / len(ranks), lambda h=h: kineto.write_traces(result, out / "traces", labels, recs, h,
+                                                                       clear=False)) for h in halves if h],
+        (4.5, lambda: outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)),
         (0.5, lambda: outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png",
                                              title)),
         (0.5, lambda: outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png",

@@ -154,10 +154,19 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ", ".join(events) + "]}"
 
 
-def write_traces(result, folder: Path, labels: dict, records=None, ranks=None) -> list:
+def clear_traces(folder: Path) -> None:
+    """Remove an earlier run's rank-*.json.gz from `folder` (they would mislead HTA)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("rank-*.json.gz"):
+        old.unlink()
+
+
+def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, clear: bool = True) -> list:
     """`folder`/rank-N.json.gz for each simulated rank N of a RunResult (`labels[N]` names its
-    GPU process, as in trace.json.gz), replacing an earlier run's files; returns the paths.
-    `ranks` (with `records`, theirs): only those ranks (sim5d run --trace-ranks)."""
+    GPU process, as in trace.json.gz), replacing an earlier run's files (`clear`; false when
+    several writers share the folder and it was cleared before them); returns the paths.
+    `ranks` (with `records`, a list holding at least theirs): only those ranks (sim5d run
+    --trace-ranks)."""
     sc, layout = result.scenario, result.layout
     gpu = sc.cluster.gpu
     props = {"name": gpu.name, "totalGlobalMem": int(gpu.memory_bytes)}
@@ -168,9 +177,10 @@ def write_traces(result, folder: Path, labels: dict, records=None, ranks=None) -
     for r in (result.records if records is None else records):
         if ranks is None or r.rank in by_rank:
             by_rank.setdefault(r.rank, []).append(r)
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("rank-*.json.gz"):        # an earlier run's ranks would mislead HTA
-        old.unlink()
+    if clear:
+        clear_traces(folder)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank in sorted(by_rank):
         text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,

@@ -18,6 +18,7 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from sim.units import GiB
@@ -198,8 +199,10 @@ def write_gzip(path: Path, data: bytes) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-PARALLEL_MIN_RECORDS = 2_000
-"""Below this many records the output writers run in turn (a fork costs more than they save)."""
+PARALLEL_MIN_RECORDS = 0
+"""Below this many records the output writers run in turn. 0: in parallel whatever the size (a
+fork costs milliseconds; even a small step's three charts take 1 s in turn, 0.75 s of it the
+pipeline chart with matplotlib's import)."""
 
 
 def _cpus() -> int:
@@ -328,13 +331,40 @@ def _roles(rec) -> tuple:
     return {"I": ("B", "I"), "W": ("B", "W"), "B": ("B",)}.get(head, ("F",)), False
 
 
+_ROLE_SETS: dict = {}
+
+
+def _parse_kernel(name: str, cat: str) -> tuple:
+    """(`_roles`, its compat as a frozenset, `_mb`) of a compute kernel from one split of its
+    name (the chart's per-kernel work on a million-kernel step)."""
+    words = name.split()
+    head = words[0] if words else ""
+    if cat == "optimizer":
+        compat, fixes = ("optimizer",), True
+    elif head == "R":
+        compat, fixes = ("B", "I"), False
+    elif head in ("F", "B", "I", "W") and len(words) > 1 and words[1][:1] == "L" and words[1][1:].isdigit():
+        compat, fixes = (head,), True
+    else:
+        compat, fixes = {"I": ("B", "I"), "W": ("B", "W"), "B": ("B",)}.get(head, ("F",)), False
+    mb = next((w[2:] for w in words if w.startswith("mb") and w[2:].isdigit()), "")
+    cs = _ROLE_SETS.get(compat)
+    if cs is None:
+        cs = _ROLE_SETS[compat] = frozenset(compat)
+    return compat, fixes, cs, mb
+
+
 def chart_boxes(records, rank: int) -> list:
     """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
     an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
     are DualPipe's overlapped pair and form one box."""
-    mine = sorted((r for r in records if r.rank == rank and (
-        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))),
-        key=lambda r: (r.start_ns, r.stream != "mark", r.end_ns))
+    mine = [r for r in records if r.rank == rank and (
+        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]
+    # ordered by (start, marks first, end): three stable sorts, least significant key first (the
+    # only streams here are "mark" and "compute", so marks first is the stream descending)
+    mine.sort(key=attrgetter("end_ns"))
+    mine.sort(key=attrgetter("stream"), reverse=True)
+    mine.sort(key=attrgetter("start_ns"))
     runs: list = []
     for r in mine:
         if r.stream == "mark":
@@ -345,16 +375,16 @@ def chart_boxes(records, rank: int) -> list:
                     run["closed"] = True
                     break
             continue
-        compat, fixes = _roles(r)
-        mb = _mb(r)
+        compat, fixes, cs, mb = _parse_kernel(r.name, r.cat)      # _roles(r) and _mb(r)
         last = runs[-1] if runs else None
         if last and not last["closed"] and last["mb"] == mb and (
-                last["kind"] in compat or (last["kind"] == "?" and last["compat"] & set(compat))):
+                last["kind"] in compat or (last["kind"] == "?" and last["compat"] & cs)):
             if last["kind"] == "?":
-                last["compat"] &= set(compat)
+                last["compat"] &= cs
                 if fixes:
                     last["kind"] = compat[0]
-            last["end"] = max(last["end"], r.end_ns)
+            if r.end_ns > last["end"]:
+                last["end"] = r.end_ns
         else:
             last = {"kind": compat[0] if fixes or len(compat) == 1 else "?", "mb": mb, "compat": set(compat),
                     "start": r.start_ns, "end": r.end_ns, "kernels": [], "recompute": [], "closed": False}
