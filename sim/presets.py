@@ -133,7 +133,29 @@ def _build() -> dict:
                 "2048, 8 routed per token; deepseek-ai/DeepSeek-V3 config.json: intermediate_size "
                 "18432, vocab_size 129280, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim "
                 "128, tie_word_embeddings false, max_position_embeddings 163840. MLA modelled "
-                "exactly (no absorption); the MTP module is not included"))
+                "exactly (no absorption); the MTP module the model trains with (num_nextn_predict_"
+                "layers 1) is off in the preset: set model.mtp_num_layers: 1"))
+
+    # Qwen3 MoE: every layer MoE (decoder_sparse_step 1), no shared expert, GQA with 128-wide
+    # heads (wider than hidden / heads), QK RMSNorm per head (not modelled: 2 x 128 parameters and
+    # two small norm kernels a layer, under 1e-6 of the parameters).
+    for name, layers, hidden, heads, ffn, moe_ffn, total, active in (
+            ("qwen3-30b-a3b", 48, 2048, 32, 6144, 768, "30.5B", "3.3B"),
+            ("qwen3-235b-a22b", 94, 4096, 64, 12288, 1536, "235B", "22B")):
+        hf = "Qwen3-30B-A3B" if layers == 48 else "Qwen3-235B-A22B"
+        presets[name] = ModelSpec(
+            name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_query_groups=4, kv_channels=128, ffn_hidden_size=ffn, vocab_size=151936,
+            activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
+            position_embedding_type="rope", max_position_embeddings=40960, tie_embeddings=False,
+            num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=moe_ffn,
+            source=(f"Qwen/{hf} config.json: num_hidden_layers {layers}, hidden_size {hidden}, "
+                    f"num_attention_heads {heads}, num_key_value_heads 4, head_dim 128, "
+                    f"intermediate_size {ffn}, moe_intermediate_size {moe_ffn}, num_experts 128, "
+                    "num_experts_per_tok 8, decoder_sparse_step 1, vocab_size 151936, "
+                    "max_position_embeddings 40960, rms_norm, silu, no biases, tie_word_embeddings "
+                    f"false; Qwen3 Technical Report (arXiv 2505.09388): {total} total, {active} "
+                    "activated parameters; QK-norm not modelled"))
 
     # Squared ReLU is a non-gated 2-matrix MLP: the same shapes (params, FLOPs, activations) as
     # 'gelu' here; only the elementwise function differs.

@@ -20,6 +20,7 @@ from sim.workload import (
 )
 
 REQUIRED = ("gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b", "deepseek-v3",
+            "qwen3-30b-a3b", "qwen3-235b-a22b",
             "gpt-1.7b", "gpt-3.6b", "gpt-7.5b", "gpt-18b", "gpt-39b", "gpt-76b", "gpt-145b",
             "gpt-310b", "gpt-530b", "gpt-1t")
 
@@ -246,3 +247,23 @@ def test_overriding_a_preset_derives_again_what_the_preset_derived():
     moe = ModelSpec("m", 2, 1024, 16, 1000, num_experts=8)
     assert moe.with_(hidden_size=2048).moe_ffn_hidden_size == 8192
     assert base.with_(vocab_size=2000) == ModelSpec("x", 2, 1024, 16, 2000)
+
+
+@pytest.mark.parametrize("name,layers,hidden,moe_ffn,total_b,active_b", [
+    ("qwen3-30b-a3b", 48, 2048, 768, 30.5, 3.3),
+    ("qwen3-235b-a22b", 94, 4096, 1536, 235, 22)])
+def test_qwen3_moe_dimensions_and_params(name, layers, hidden, moe_ffn, total_b, active_b):
+    """Qwen3 Technical Report (arXiv 2505.09388): 30.5B total / 3.3B activated and 235B / 22B;
+    every layer MoE with 128 experts of moe_ffn, 8 per token, 128-wide GQA heads (4 KV)."""
+    m = PRESETS[name]
+    assert (m.num_layers, m.hidden_size, m.moe_ffn_hidden_size) == (layers, hidden, moe_ffn)
+    assert (m.num_experts, m.moe_router_topk, m.num_query_groups, m.kv_channels) == (128, 8, 4, 128)
+    assert all(m.is_moe_layer(i) for i in range(layers)) and not m.moe_shared_experts
+    # hand count: q and o 2 x h x 128 heads; k, v 2 x h x 4 x 128; 128 experts of 3 x h x f; the
+    # router 128 h; two norms; untied embedding and head, the final norm
+    h, a = hidden, m.num_attention_heads
+    attn = 2 * h * a * 128 + 2 * h * 4 * 128
+    layer = attn + 128 * 3 * h * moe_ffn + 128 * h + 2 * h
+    assert total_params(m) == layers * layer + 2 * 151936 * h + h
+    assert total_params(m) / 1e9 == pytest.approx(total_b, rel=0.005)
+    assert active_params(m) / 1e9 == pytest.approx(active_b, rel=0.03)
