@@ -282,7 +282,7 @@ def one_per_stage(pp_rank_of: dict) -> dict:
 
 
 def _mb(rec) -> str:
-    return next((w[2:] for w in rec.name.split() if w.startswith("mb") and w[2:].isdigit()), "")
+    return _parse_kernel(rec.name, rec.cat)[3]
 
 
 def action_spans(records, rank: int) -> list:
@@ -320,15 +320,7 @@ def _roles(rec) -> tuple:
     """(the action kinds a compute kernel can belong to, whether it fixes its action's kind): a
     layer's F/B/I/W kernel fixes it; head, embedding and recompute kernels join the action around
     them (a full backward's LM head runs as "I head" then "W head")."""
-    words = rec.name.split()
-    head = words[0] if words else ""
-    if rec.cat == "optimizer":
-        return ("optimizer",), True
-    if head == "R":
-        return ("B", "I"), False
-    if head in ("F", "B", "I", "W") and len(words) > 1 and words[1][:1] == "L" and words[1][1:].isdigit():
-        return (head,), True
-    return {"I": ("B", "I"), "W": ("B", "W"), "B": ("B",)}.get(head, ("F",)), False
+    return _parse_kernel(rec.name, rec.cat)[:2]
 
 
 _ROLE_SETS: dict = {}
