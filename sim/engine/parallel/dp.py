@@ -1,0 +1,149 @@
+"""Data parallelism: gradient reduction, the distributed optimizer, the step's end.
+
+Gradients of a model chunk are reduced (reduce-scatter with the distributed optimizer
+(ZeRO >= 1), all-reduce otherwise) after the chunk's last backward; with `overlap_grad_reduce`
+one collective per layer is launched as soon as that layer's weight gradient of the last
+microbatch exists, otherwise all after the whole backward (`grad_reduce: step`). With
+`grad_reduce: microbatch` (ZeRO-2/3 as Megatron-FSDP, DeepSpeed and torchtitan's accumulation
+loop run them) every microbatch's backward reduces each layer's gradients: launched per layer
+with `overlap_grad_reduce`, else blocking after it. Dense parameters reduce over dp x cp,
+routed experts over the expert-DP group. Then the tied-embedding all-reduce (Megatron-LM
+_allreduce_embedding_grads), the optimizer step on the local shard, then (ZeRO 1-2) the
+parameter all-gather; with `overlap_param_gather` the gather is overlapped with the next
+step's forward, which in a steady-state step means: it is launched at the start of the step
+and each chunk's first forward waits for it.
+"""
+
+from __future__ import annotations
+
+from sim.engine.core import Comm, CommSpec, Compute, Launch, Wait
+
+
+class DataParallel:
+    """DP collectives and the step's end (ProgramBuilder: `sc`, `me`, `params_per_stage`,
+    `end_params`, `costs`, `zero3`, `_dim_spec`, `_recipe`, `_peer`, `_layers`)."""
+
+    def _stage_dense_params(self, s) -> float:
+        return sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
+
+    def _zero12_gathers_at_start(self, prog, stages) -> dict:
+        """ZeRO 1/2 with `overlap_param_gather`: the parameter all-gather of each chunk launched
+        at the start of the step (the previous step's, overlapped with this forward); returns
+        {stage: handle} for the chunk's first forward to wait for."""
+        p, t = self.sc.parallelism, self.sc.training
+        handles = {}
+        if self.zero3 or not (p.zero_stage >= 1 and p.dp * p.cp > 1 and t.overlap_param_gather):
+            return handles
+        for s in stages:
+            h = ("param-gather", s)
+            prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp", int(self._stage_dense_params(s) * 2), "dp"),
+                               f"param all-gather chunk {s}", "dp"))
+            handles[s] = h
+        return handles
+
+    def _grad_spec(self, r, n_dense, n_expert):
+        p, z = self.sc.parallelism, self.sc.parallelism.zero_stage
+        gb = 4 if self.sc.training.precision == "fp32" else 2
+        op = "reduce_scatter" if z >= 1 else "all_reduce"
+        specs = []
+        if p.dp * p.cp > 1 and n_dense:
+            specs.append(self._dim_spec(op, "dp-cp", int(n_dense * gb), "dp"))
+        if p.edp > 1 and n_expert:
+            specs.append(self._dim_spec(op, "edp", int(n_expert * gb), "dp"))
+        return specs
+
+    def _reduce_grads(self, prog, r, s, unit, mb, specs, name, per_mb, handles):
+        """A layer's (or the embedding / head's) gradient reduction after its backward: launched
+        on the dp stream with overlap_grad_reduce (and waited for before the optimizer step),
+        else blocking (grad_reduce: microbatch without overlap). With grad_reduce: step it runs
+        once, after the stage's last backward; its handle is the one the end of the step waits
+        for."""
+        for j, spec in enumerate(specs):
+            if per_mb and not self.sc.training.overlap_grad_reduce:
+                prog.append(Comm(spec, f"{name} mb{mb}"))
+                continue
+            h = ("grad", s, unit, j, mb) if per_mb else ("grad", s, unit, j)
+            prog.append(Launch(h, spec, f"{name} mb{mb}" if per_mb else name, "dp"))
+            if per_mb:
+                handles.append(h)
+
+    def _reduce_layer_grads(self, prog, r, s, layer, mb, per_mb, handles):
+        n_dense, n_expert = self.params_per_stage[s][layer - self._layers(s).start]
+        self._reduce_grads(prog, r, s, layer, mb, self._grad_spec(r, n_dense, n_expert),
+                           f"grad reduce L{layer}", per_mb, handles)
+
+    def _reduce_end_grads(self, prog, r, s, mb, per_mb, handles):
+        if self.end_params[s]:
+            self._reduce_grads(prog, r, s, "ends", mb, self._grad_spec(r, self.end_params[s], 0),
+                               f"grad reduce emb/head s{s}", per_mb, handles)
+
+    def _step_grad_reduction(self, prog, r, stages, per_mb, grad_handles):
+        """After the last action: the gradient reductions not launched during the backward
+        (grad_reduce: step without overlap), then wait for all of them."""
+        t = self.sc.training
+        handles = list(grad_handles)
+        for s in stages if not per_mb else ():
+            for k, layer in enumerate(self._layers(s)):
+                n_dense, n_expert = self.params_per_stage[s][k]
+                for j, spec in enumerate(self._grad_spec(r, n_dense, n_expert)):
+                    h = ("grad", s, layer, j)
+                    if not t.overlap_grad_reduce:
+                        prog.append(Launch(h, spec, f"grad reduce L{layer}", "dp"))
+                    handles.append(h)
+            if self.end_params[s]:
+                for j, spec in enumerate(self._grad_spec(r, self.end_params[s], 0)):
+                    h = ("grad", s, "ends", j)
+                    if not t.overlap_grad_reduce:
+                        prog.append(Launch(h, spec, f"grad reduce emb/head s{s}", "dp"))
+                    handles.append(h)
+        for h in handles:
+            prog.append(Wait(h, "grad reduce"))
+
+    def _tied_embedding_peer(self, r):
+        """With tied embeddings or MTP modules (whose stage holds a copy of the word embedding,
+        Megatron-Core GPTModel), the pipeline rank holding the other copy of the word embedding
+        (the first stage's rank for the LM head's rank and vice versa), or None."""
+        if not (self.sc.model.tie_embeddings or self.sc.model.mtp_num_layers):
+            return None     # MTP: the loss stage looks up the next tokens in its own copy
+        d = self.sc.derived
+        emb = {d.stage_rank[s] for s in d.embedding_stages}
+        head = {d.stage_rank[s] for s in d.loss_stages}
+        if emb == head:
+            return None          # every rank that needs the embedding holds both ends
+        if r in emb and r not in head and len(head) == 1:
+            return next(iter(head))
+        if r in head and r not in emb and len(emb) == 1:
+            return next(iter(emb))
+        return None
+
+    def _tied_embedding_reduce(self, prog, r):
+        """Tied embeddings (or MTP's embedding copy) across pipeline stages: the first stage's
+        word embedding and the last stage's copy all-reduce their gradients every step
+        (Megatron-LM _allreduce_embedding_grads, over the group of the first and last pipeline
+        ranks)."""
+        emb_peer = self._tied_embedding_peer(r)
+        if emb_peer is None:
+            return
+        m, p, t = self.sc.model, self.sc.parallelism, self.sc.training
+        v_local = -(-m.vocab_size // p.tp)
+        gb = 4 if t.precision == "fp32" else 2
+        spec = CommSpec("all_reduce", tuple(sorted((self.me, self._peer(emb_peer)))),
+                        v_local * m.hidden_size * gb, "pp")
+        prog.append(Comm(self._recipe(spec, ("pair", emb_peer)), "embedding grad all-reduce"))
+
+    def _optimizer(self, prog, stages):
+        """The optimizer step on the local shard (dense parameters / dp x cp, routed experts /
+        expert-DP with ZeRO >= 1), then ZeRO 1-2's parameter all-gather unless overlapped with the
+        next step's forward."""
+        p, t = self.sc.parallelism, self.sc.training
+        n_local = 0.0
+        for s in stages:
+            n_local += self.end_params[s] / (p.dp * p.cp if p.zero_stage >= 1 else 1)
+            for n_dense, n_expert in self.params_per_stage[s]:
+                n_local += n_dense / (p.dp * p.cp if p.zero_stage >= 1 else 1)
+                n_local += n_expert / (p.edp if p.zero_stage >= 1 else 1)
+        prog.append(Compute(self.costs.optimizer_ns(n_local), "optimizer step", "optimizer"))
+        if 1 <= p.zero_stage <= 2 and p.dp * p.cp > 1 and not t.overlap_param_gather:
+            for s in stages:
+                prog.append(Comm(self._dim_spec("all_gather", "dp-cp", int(self._stage_dense_params(s) * 2), "dp"),
+                                 f"param all-gather chunk {s}"))
