@@ -133,6 +133,13 @@ class ModelIn(_Strict):
     """MLA: per-head rotary (decoupled RoPE) dimension of query and key (DeepSeek-V3 64)."""
     v_head_dim: Optional[int] = Field(None, ge=0)
     """MLA: per-head value dimension (DeepSeek-V3 128)."""
+    moe_router_num_groups: Optional[int] = Field(None, ge=0)
+    """Group-limited routing (Megatron-Core --moe-router-num-groups; DeepSeek-V3 n_group 8): the
+    routed experts in this many equal groups, each token's experts from moe_router_group_topk of
+    them. Changes only what the flex dispatcher sends (training.moe_token_dispatcher). Default none."""
+    moe_router_group_topk: Optional[int] = Field(None, ge=0)
+    """Groups each token's experts come from (Megatron-Core --moe-router-group-topk; DeepSeek-V3
+    topk_group 4: node-limited routing to at most 4 nodes). Needs moe_router_num_groups."""
     mtp_num_layers: Optional[int] = Field(None, ge=0)
     """Multi-token prediction depth (Megatron-Core --mtp-num-layers; DeepSeek-V3 trains with 1):
     each depth adds, on the stage with the loss, an RMSNorm of the hidden states and of the next
@@ -300,6 +307,16 @@ class TrainingIn(_Strict):
     """Megatron-Core --moe-pad-expert-input-to-capacity: every expert's input padded to its
     capacity, so every rank's expert GEMMs and all-to-alls carry exactly the capacity (load =
     capacity / mean, whatever the routing). Needs moe_expert_capacity_factor. Default false."""
+    moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    """MoE token dispatcher (Megatron-Core --moe-token-dispatcher-type). alltoall: NCCL all-to-all
+    of one copy of each token per routed expert (tokens x topk rows), with expert-TP gathers.
+    flex: DeepEP / HybridEP (moe_flex_dispatcher_backend): each token crosses the network once per
+    node holding one of its experts and fans out over NVLink there (sim.network.moe_dispatch);
+    needs expert parallelism and expert_tensor_parallel_size 1. Default alltoall."""
+    moe_flex_dispatcher_backend: Optional[Literal["deepep", "hybridep"]] = None
+    """The flex dispatcher's backend (Megatron-Core --moe-flex-dispatcher-backend): deepep forwards
+    over NVLink inside a server (8 GPUs), hybridep inside the whole NVLink domain (an NVL72 rack).
+    Default deepep (Megatron-Core's); only with moe_token_dispatcher: flex."""
     checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"
     """Training time between two checkpoints, seconds, or `optimal`: the interval that maximises
     the expected goodput under Poisson failures (Daly 2006's complete model, exact optimum;
@@ -406,6 +423,9 @@ class Training:
     moe_routing_imbalance: float = 1.0
     moe_expert_capacity_factor: Optional[float] = None
     moe_pad_expert_input_to_capacity: bool = False
+    moe_token_dispatcher: str = "alltoall"
+    moe_flex_dispatcher_backend: Optional[str] = None
+    """deepep or hybridep with the flex dispatcher (deepep when not given), else None."""
     tp_async_backward: bool = True
     checkpoint_interval_s: Union[str, float] = "optimal"
     """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
@@ -1164,6 +1184,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("training.moe_pad_expert_input_to_capacity",
                   "moe_pad_expert_input_to_capacity pads each expert's input to its capacity, which "
                   "needs training.moe_expert_capacity_factor (Megatron-Core raises the same)")
+    _check_moe_dispatch(model, t, ep, etp, err)
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1244,7 +1265,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                                 account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
                                 account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split),
         training=Training(**{**t.model_dump(), "fp8_recipe": (t.fp8_recipe or "delayed")
-                             if t.precision == "fp8" else None}),
+                             if t.precision == "fp8" else None,
+                             "moe_flex_dispatcher_backend": (t.moe_flex_dispatcher_backend or "deepep")
+                             if t.moe_token_dispatcher == "flex" else None}),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
                         num_microbatches=m, num_virtual_stages=len(layers_vs),
@@ -1255,6 +1278,47 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         moe_expert_load=moe_expert_load(model, t, tp, cp, bool(p.sequence_parallel))),
         source=file or "",
     )
+
+
+def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:
+    """The flex dispatcher and group-limited routing: only where they apply (Megatron-Core's
+    TransformerConfig rules, and what sim5d models of them)."""
+    g_n, g_k = model.moe_router_num_groups, model.moe_router_group_topk
+    if (g_n or g_k) and not model.is_moe:
+        raise err("model.moe_router_num_groups", f"group-limited routing applies only to MoE models; "
+                  f"{model.name} has num_experts = 0")
+    if g_k and not g_n:
+        raise err("model.moe_router_num_groups", f"moe_router_group_topk ({g_k}) needs "
+                  "moe_router_num_groups (Megatron-Core raises the same)")
+    if g_n and not g_k:
+        raise err("model.moe_router_group_topk", f"moe_router_num_groups ({g_n}) needs "
+                  "moe_router_group_topk, the groups each token's experts come from")
+    if g_n and model.num_experts % g_n:
+        raise err("model.moe_router_num_groups", f"num_experts ({model.num_experts}) must be divisible "
+                  f"by moe_router_num_groups ({g_n}) (Megatron-Core's rule: equal groups)")
+    if g_n and not 1 <= g_k <= min(g_n, model.moe_router_topk):
+        raise err("model.moe_router_group_topk", f"moe_router_group_topk ({g_k}) must be between 1 and "
+                  f"min(moe_router_num_groups, moe_router_topk) = {min(g_n, model.moe_router_topk)} "
+                  "(each chosen group scores its top topk / group_topk experts)")
+    if t.moe_flex_dispatcher_backend is not None and t.moe_token_dispatcher != "flex":
+        raise err("training.moe_flex_dispatcher_backend",
+                  f"moe_flex_dispatcher_backend ({t.moe_flex_dispatcher_backend}) applies only with "
+                  "moe_token_dispatcher: flex")
+    if t.moe_token_dispatcher != "flex":
+        return
+    if not model.is_moe:
+        raise err("training.moe_token_dispatcher", f"moe_token_dispatcher flex applies only to MoE "
+                  f"models; {model.name} has num_experts = 0")
+    if ep == 1:
+        raise err("training.moe_token_dispatcher", "the flex dispatcher needs expert parallelism "
+                  "(expert_model_parallel_size > 1; Megatron-Core asserts TP x EP > 1 of its group)")
+    if etp != 1:
+        raise err("training.moe_token_dispatcher", f"sim5d models the flex dispatcher with "
+                  f"expert_tensor_parallel_size 1 (it is {etp}): set parallelism."
+                  "expert_tensor_parallel_size: 1 or use moe_token_dispatcher: alltoall")
+    if t.moe_pad_expert_input_to_capacity and (t.moe_flex_dispatcher_backend or "deepep") == "deepep":
+        raise err("training.moe_pad_expert_input_to_capacity", "the deepep flex dispatcher does not "
+                  "support moe_pad_expert_input_to_capacity (Megatron-Core raises the same)")
 
 
 def moe_expert_load(model: ModelSpec, t, tp: int, cp: int, sequence_parallel: bool) -> float:

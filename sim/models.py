@@ -69,6 +69,10 @@ class ModelSpec:
     qk_pos_emb_head_dim: int = 0
     """Per-head dim of the rotary part of Q/K (DeepSeek-V3: 64)."""
     v_head_dim: int = 0
+    moe_router_num_groups: int = 0
+    """Group-limited routing: experts in this many equal groups (0 = no group limit)."""
+    moe_router_group_topk: int = 0
+    """Groups each token's experts are chosen from (DeepSeek-V3: 4 of 8, node-limited routing)."""
     # --- Multi-token prediction (DeepSeek-V3) ---
     mtp_num_layers: int = 0
     """Multi-token prediction depth D (DeepSeek-AI 2024 sec. 2.2; Megatron-Core --mtp-num-layers):

@@ -124,13 +124,14 @@ def _build() -> dict:
         activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
         position_embedding_type="rope", max_position_embeddings=163840, tie_embeddings=False,
         num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, moe_shared_experts=1,
-        first_k_dense_layers=3, moe_layer_freq=1,
+        first_k_dense_layers=3, moe_layer_freq=1, moe_router_num_groups=8, moe_router_group_topk=4,
         multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128,
         qk_pos_emb_head_dim=64, v_head_dim=128,
         source=("DeepSeek-AI, DeepSeek-V3 Technical Report (arXiv 2412.19437) sec. 4.2: 61 layers, "
                 "hidden 7168, 128 heads of 128, KV compression 512, query compression 1536, "
                 "decoupled RoPE dim 64, first 3 layers dense, then 1 shared + 256 routed experts of "
-                "2048, 8 routed per token; deepseek-ai/DeepSeek-V3 config.json: intermediate_size "
+                "2048, 8 routed per token, each token to at most 4 nodes (sec. 2.1.2); "
+                "deepseek-ai/DeepSeek-V3 config.json: n_group 8, topk_group 4, intermediate_size "
                 "18432, vocab_size 129280, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim "
                 "128, tie_word_embeddings false, max_position_embeddings 163840. MLA modelled "
                 "exactly (no absorption); the MTP module the model trains with (num_nextn_predict_"

@@ -26,7 +26,9 @@ the DeepSeek-V3 scenario once more when it became the model as the report trains
 split 3 / 4 x 14 / 2 over DualPipe's stages and the multi-token prediction module; a scenario
 change), and the Mixtral DualPipeV cases (tp 2) when the MoE block took Megatron-Core's alltoall
 dispatcher collectives with etp = tp too (the expert-TP all-gather of the received tokens instead
-of the dense block's all-gather around the dispatch; a model change).
+of the dense block's all-gather around the dispatch; a model change), and the DeepSeek-V3
+scenario when it took DeepSeek's dispatch (node-limited routing through Megatron-Core's flex
+dispatcher with DeepEP, sim.network.moe_dispatch; a scenario change).
 """
 
 from __future__ import annotations

@@ -48,13 +48,17 @@ time in that many is a livelock, reported, never a hang)."""
 @dataclass(frozen=True)
 class CommSpec:
     """A communication operation: `op` (all_reduce, all_gather, reduce_scatter, all_to_all,
-    send_recv, broadcast), the member ranks, and bytes per rank as nccl-tests counts them
+    send_recv, broadcast, moe_dispatch), the member ranks, and bytes per rank as nccl-tests counts them
     (the buffer size). `tag` labels the dimension (tp, dp, pp, cp, ep)."""
 
     op: str
     ranks: tuple
     size_bytes: int
     tag: str = ""
+    routing: tuple = ()
+    """Only for op `moe_dispatch` (the flex dispatcher's dispatch or combine, sim.network.
+    moe_dispatch): (backend, experts, topk, groups, group topk); ranks in expert-parallel order and
+    size_bytes one copy of each of a rank's tokens."""
 
 
 # Instructions are named tuples: a large step has millions of them, and a named tuple is made

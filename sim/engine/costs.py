@@ -63,7 +63,7 @@ class DeviceCostModel(CostModel):
                                  flash_attention=self.flash,
                                  fp8_recipe=self.sc.training.fp8_recipe or "delayed",
                                  fp8_transpose=compute.compute_params(self.device).fp8_transpose_copy,
-                                 **self.kw)
+                                 moe_dispatcher=self.sc.training.moe_token_dispatcher, **self.kw)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
         for block in (ops[:split], ops[split:]):

@@ -27,6 +27,7 @@ from sim.errors import InternalError
 from sim.layout import Layout
 from sim.network.collectives import collective_process, estimate_plan_ns, plan_collective
 from sim.network.flow import FlowNetwork
+from sim.network.moe_dispatch import plan_moe_dispatch
 from sim.topology.graph import build_graph, gpu_name
 from sim.units import MAX_NS
 
@@ -72,18 +73,22 @@ class ClusterNetwork:
         return gpu_name(self.layout.node_of(rank), self.layout.local_gpu_of(rank))
 
     def plan(self, spec):
-        key = (spec.op, spec.ranks, spec.size_bytes)
+        key = (spec.op, spec.ranks, spec.size_bytes, spec.routing)
         plan = self._plans.get(key)
         if plan is None:
             if not 0 <= spec.size_bytes < MAX_NS:              # NaN too: a bug in the program builder
                 raise InternalError(f"a {spec.op} over {len(spec.ranks)} ranks ({spec.tag or 'untagged'}) "
                                     f"has a size of {spec.size_bytes!r} bytes")
-            plan = self._plans[key] = plan_collective(self.graph, spec.op, [self.gpu(r) for r in spec.ranks],
-                                                      int(spec.size_bytes))
+            gpus = [self.gpu(r) for r in spec.ranks]
+            if spec.op == "moe_dispatch":
+                plan = plan_moe_dispatch(self.graph, gpus, int(spec.size_bytes), spec.routing)
+            else:
+                plan = plan_collective(self.graph, spec.op, gpus, int(spec.size_bytes))
+            self._plans[key] = plan
         return plan
 
     def time_ns(self, spec) -> int:
-        key = (spec.op, spec.ranks, spec.size_bytes)
+        key = (spec.op, spec.ranks, spec.size_bytes, spec.routing)
         t = self._ns.get(key)
         if t is None:
             t = self._ns[key] = estimate_plan_ns(self.graph, self.plan(spec))
@@ -232,12 +237,12 @@ class ClusterNetwork:
     def alone_ns(self, spec) -> int:
         """The flow model's time of one call with nothing else on the network (cached per graph:
         a sweep meets the same calls again)."""
-        key = (spec.op, spec.ranks, spec.size_bytes)
+        key = (spec.op, spec.ranks, spec.size_bytes, spec.routing)
         t = self._alone.get(key)
         if t is None:
             plan = self.plan(spec)
             cache = self.graph.graph.setdefault("alone_ns", {})
-            gkey = (plan.op, tuple(plan.ranks), plan.nbytes)
+            gkey = (plan.op, tuple(plan.ranks), plan.nbytes, plan.routing)
             t = cache.get(gkey)
             if t is None:
                 env = simpy.Environment()
@@ -298,7 +303,7 @@ class ClusterNetwork:
         exactly so)."""
         from sim.engine.symmetry import NotSymmetric
 
-        key = tuple(c.ranks for c in specs) + (specs[0].op, specs[0].size_bytes)
+        key = tuple(c.ranks for c in specs) + (specs[0].op, specs[0].size_bytes, specs[0].routing)
         hit = self._unions.get(key)
         if hit is None:
             each = [self._steps_of(c) for c in specs]

@@ -83,7 +83,7 @@ class Orbits:
             out.add(ranks)
         if len(out) != 1:          # one spec made two ways that differ for q: not one call
             raise NotSymmetric(f"{spec} maps to {len(out)} groups for rank {q}")
-        return CommSpec(spec.op, out.pop(), spec.size_bytes, spec.tag)
+        return CommSpec(spec.op, out.pop(), spec.size_bytes, spec.tag, spec.routing)
 
     def counterparts(self, spec: CommSpec, rep: int) -> list:
         """The distinct calls the ranks of `rep`'s stage make for `spec` (spec first)."""

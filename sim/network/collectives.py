@@ -118,6 +118,8 @@ class CollectivePlan:
     wire_factor: float
     """Bytes on the wire per payload byte (1 / protocol bandwidth efficiency)."""
     phases: list
+    routing: tuple = ()
+    """moe_dispatch only (sim.network.moe_dispatch): (backend, experts, topk, groups, group topk)."""
 
     @property
     def num_flows(self) -> int:

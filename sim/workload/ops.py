@@ -464,9 +464,12 @@ def _dense_mlp(c: _Ctx, model: ModelSpec, width: int, prefix: str = "") -> list[
             _gemm(c, f"{prefix}fc2", T, h, w, tp_sharded=True)]
 
 
-def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
+def _moe_block(c: _Ctx, model: ModelSpec, dispatcher: str = "alltoall") -> list[Op]:
     """Router (replicated weights, SP-sharded tokens), token permutation, routed experts as
-    grouped GEMMs, unpermutation (weighted sum of the top-k outputs), shared experts."""
+    grouped GEMMs, unpermutation (weighted sum of the top-k outputs), shared experts. The flex
+    dispatcher (DeepEP / HybridEP) has no chunk re-sort: Megatron-Core's MoEFlexTokenDispatcher
+    permutes the received tokens into local-expert order once (dispatch_postprocess), counted
+    here as the same permute and unpermute volumes."""
     h, E, topk = model.hidden_size, model.num_experts, model.moe_router_topk
     if not 1 <= topk <= E:
         raise ValueError(f"moe_router_topk ({topk}) must be between 1 and num_experts ({E})")
@@ -486,7 +489,7 @@ def _moe_block(c: _Ctx, model: ModelSpec) -> list[Op]:
     # ("Unpermutation 2"; MLM @d98e8a6 megatron/core/transformer/moe/token_dispatcher.py,
     # dispatch_postprocess / combine_preprocess). Each is a copy of the received tokens (read +
     # write) and of their fp32 probabilities (sort only); the backward copies the gradients back.
-    sorts = local_experts > 1
+    sorts = local_experts > 1 and dispatcher == "alltoall"
     recv = local_experts * m_e
     if sorts:
         ops.append(_elementwise("moe_sort_chunks", m_e, h, recv * (2 * h * ea + 2 * 4),
@@ -515,14 +518,15 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
               precision: str = "bf16", tp: int = 1, cp: int = 1, ep: int = 1,
               etp: int | None = None, sequence_parallel: bool = False, causal: bool = True,
               flash_attention: bool = True, fp8_recipe: str = "delayed",
-              fp8_transpose: bool = True) -> list[Op]:
+              fp8_transpose: bool = True, moe_dispatcher: str = "alltoall") -> list[Op]:
     """Ops of decoder layer `layer` (0-based) for one microbatch on one rank, in execution order.
 
     micro_batch_size, seq_length: sequences per microbatch and tokens per sequence.
     tp, cp, ep, etp (default tp), sequence_parallel: the rank's share (module docstring).
     causal, flash_attention: attention counting (module docstring).
     fp8_recipe: delayed | current scaling, for precision fp8; fp8_transpose: its casts also write
-    the FP8 transpose (TN-only FP8 GEMMs: Hopper, Ada; not Blackwell) (module docstring)."""
+    the FP8 transpose (TN-only FP8 GEMMs: Hopper, Ada; not Blackwell) (module docstring).
+    moe_dispatcher: alltoall | flex (training.moe_token_dispatcher; see _moe_block)."""
     if not 0 <= layer < model.num_layers + model.mtp_num_layers:
         raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers "
                          f"and {model.mtp_num_layers} MTP layers (0-based)")
@@ -536,7 +540,7 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
     ops.append(_bias_dropout_add(c, model, "attn_bias_dropout_add"))
     ops.append(_norm(c, "pre_mlp_norm", c.tokens_sp, h, residual_fork=True))
     if model.is_moe_layer(layer):
-        ops += _moe_block(c, model)
+        ops += _moe_block(c, model, moe_dispatcher)
     else:
         ops += _dense_mlp(c, model, model.ffn_hidden_size)
     ops.append(_bias_dropout_add(c, model, "mlp_bias_dropout_add"))

@@ -15,11 +15,15 @@ all-gather of the received tokens over the expert-TP group (etp x the all-to-all
 the expert GEMMs and a reduce-scatter after them; no attention-TP collectives around the MoE
 block (except for shared experts, a sequence-parallel MLP; see tp.TensorParallel._tp_mlp);
 expert gradients reduce over expert-DP (dp.DataParallel._grad_spec).
+
+`training.moe_token_dispatcher: flex` (DeepEP / HybridEP, expert TP 1) replaces the all-to-all by
+one `moe_dispatch` call per dispatch and combine: each token crosses the network once per node
+that holds one of its experts, then fans out over NVLink (sim.network.moe_dispatch).
 """
 
 from __future__ import annotations
 
-from sim.engine.core import Comm
+from sim.engine.core import Comm, CommSpec
 
 
 class ExpertParallel:
@@ -46,8 +50,27 @@ class ExpertParallel:
         m, p = self.sc.model, self.sc.parallelism
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
+        if self.sc.training.moe_token_dispatcher == "flex":
+            prog.append(Comm(self._dispatch_spec(), name))
+            return
         # every token's top-k copies of its hidden state leave for the experts' ranks
         prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.a2a_bytes(), "ep"), name))
+
+    def _dispatch_spec(self):
+        """The flex dispatcher's dispatch / combine (DeepEP, HybridEP; sim.network.moe_dispatch):
+        one copy of each token, b x s/cp (/ tp under SP) x hidden x bytes, times the routing
+        imbalance; the network routes it once per destination node and fans it out over NVLink.
+        One object per rank."""
+        key = (self.me, "moe_dispatch")
+        spec = self._specs.get(key)
+        if spec is None:
+            m, p, t = self.sc.model, self.sc.parallelism, self.sc.training
+            size = int(round(self.act_bytes // (p.tp if self.sp else 1) * self.imbalance))
+            routing = (t.moe_flex_dispatcher_backend, m.num_experts, m.moe_router_topk,
+                       m.moe_router_num_groups, m.moe_router_group_topk)
+            spec = self._specs[key] = self._recipe(
+                CommSpec("moe_dispatch", self._group(None, "ep"), size, "ep", routing), ("dim", "ep"))
+        return spec
 
     def _etp(self, prog, pp_rank, layer, name, op):
         """Expert-TP collectives (etp > 1), Megatron-Core's MoEAlltoAllTokenDispatcher
