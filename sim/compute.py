@@ -132,7 +132,7 @@ from typing import Annotated, Optional
 
 from pydantic import BeforeValidator
 
-from sim.devices import PRECISION_NEEDS, PRECISIONS, QUANTIZED, DeviceProfile
+from sim.device_profile import PRECISION_NEEDS, PRECISIONS, QUANTIZED, DeviceProfile
 from sim.errors import ConfigError
 from sim.fields import Strict, checked, finite, is_number, known_key, one_of, refuse
 from sim.workload.ops import (ACTIVATION_BYTES, FP8_CAST_OPS, GEMM_INPUT_BYTES, MAIN_GRAD_BYTES,
@@ -446,7 +446,7 @@ def compute_errors(c, peak_tflops: dict | None, *, lines: dict | None = None, fi
     under the key extra.compute. `reported`: errors already found (NaN / infinities)."""
     from pydantic import ValidationError
 
-    from sim.config import key_error, pydantic_errors
+    from sim.fields import key_error, pydantic_errors
 
     lines = lines or {}
     prefix = ("extra", "compute")
@@ -480,7 +480,7 @@ def _parse(device: DeviceProfile) -> ComputeParams:
     c = device.extra.get("compute")
     calibrated = c is not None
     if calibrated:
-        from sim.config import raise_all
+        from sim.fields import raise_all
 
         raise_all(compute_errors(c, device.peak_tflops, file=device.path or None))
     c = c or {}

@@ -124,10 +124,4 @@ class ModelSpec:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelSpec))
-
-# Bundled presets: name -> ModelSpec. Filled in sim/presets.py (each with its source).
-from sim.presets import PRESETS  # noqa: E402  (import after ModelSpec is defined)
-
-
-def get_preset(name: str) -> ModelSpec:
-    return PRESETS[name]
+# The bundled presets (name -> ModelSpec, each with its source) are sim.presets', above this module.

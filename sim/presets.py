@@ -26,11 +26,10 @@ Families:
 
 from __future__ import annotations
 
-# PRESETS is bound before sim.models is imported: sim.models imports this module at its end, so
-# whichever of the two is imported first, the other finds this (same) dict object.
-PRESETS: dict = {}
+from sim.models import ModelSpec
 
-from sim.models import ModelSpec  # noqa: E402
+PRESETS: dict = {}
+"""Bundled presets: name -> ModelSpec (filled below by _build)."""
 
 _NARAYANAN = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters "
               "Using Megatron-LM (SC21), Table 1: {heads} heads, hidden {hidden}, {layers} layers "
@@ -176,3 +175,7 @@ def _build() -> dict:
 
 
 PRESETS.update(_build())
+
+
+def get_preset(name: str) -> ModelSpec:
+    return PRESETS[name]

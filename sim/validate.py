@@ -31,6 +31,9 @@ SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-mult
         "h100-published", "gb200-calibration")
 CALIBRATION_SETS = {"h100-calibration": "h100_calibration.yaml", "gb200-calibration": "gb200_calibration.yaml"}
 """Sets of measured steps a device constant is fitted to (sim.calibrate.step_fit): in sample."""
+KORTHIKANTI_FIT_VARIANTS = ("baseline_no_recompute", "full_recompute", "selective_recompute")
+"""Korthikanti et al.'s rows the A100's sustained_matmul_fraction is fitted to
+(sim.calibrate.layer_fit); the sequence-parallel rows are held out."""
 
 
 @dataclass(frozen=True)
@@ -269,11 +272,9 @@ def fitted(case: Case) -> bool:
     to Korthikanti's non-sequence-parallel rows, sim.calibrate.layer_fit; the H100's to the
     h100-calibration steps and GB200's to the gb200-calibration steps, sim.calibrate.step_fit):
     in-sample."""
-    from sim.calibrate.layer_fit import FIT_VARIANTS
-
     if case.set in CALIBRATION_SETS:
         return True
-    return case.set == "korthikanti" and case.id.rsplit("-", 1)[0] in FIT_VARIANTS
+    return case.set == "korthikanti" and case.id.rsplit("-", 1)[0] in KORTHIKANTI_FIT_VARIANTS
 
 
 def _work(case: Case) -> float:
@@ -281,7 +282,7 @@ def _work(case: Case) -> float:
     scenario that does not spell them out counts as large)."""
     if case.what != "step_time_s":
         return 0.0
-    from sim.models import get_preset
+    from sim.presets import get_preset
 
     d = case.scenario
     try:

@@ -26,7 +26,8 @@ from sim.compute import (
 )
 from sim.devices import bundled_device_names, load_device
 from sim.errors import ConfigError
-from sim.models import ModelSpec, get_preset
+from sim.models import ModelSpec
+from sim.presets import get_preset
 from sim.workload import layer_ops, output_ops, recompute_ops
 from sim.workload.ops import Op
 

@@ -13,7 +13,7 @@ from sim import schedules, workload
 from sim.config import build_scenario
 from sim.engine.core import Engine
 from sim.engine.program import ProgramBuilder, Compute
-from sim.models import get_preset
+from sim.presets import get_preset
 
 
 def test_deepseek_v3_parameters_with_the_mtp_module():

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 
 from sim.calibrate.constants import FIT_KEYS, with_compute
-
-FIT_VARIANTS = ("baseline_no_recompute", "full_recompute", "selective_recompute")
+from sim.validate import KORTHIKANTI_FIT_VARIANTS as FIT_VARIANTS   # the rows fitted to
 
 
 def korthikanti_rows(*, fit_only: bool = True):

@@ -142,7 +142,7 @@ class GemmShape:
 
 def preset_gemm_shapes(spec: SizeSpec) -> list[GemmShape]:
     """The weight GEMMs of each preset's first decoder layer at each TP degree (three phases)."""
-    from sim.models import get_preset
+    from sim.presets import get_preset
     from sim.workload.ops import layer_ops
 
     out, seen = [], set()

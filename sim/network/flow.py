@@ -38,7 +38,7 @@ from sim.units import MAX_STEP_NS
 from sim.topology.routing import router_for
 
 try:                                    # built by hatch_build.py where a C compiler is present
-    from sim.network import _maxmin
+    import sim.network._maxmin as _maxmin   # the compiled module itself, not the package's names
 except ImportError:
     _maxmin = None
 KERNEL = "compiled" if _maxmin is not None else "numpy"

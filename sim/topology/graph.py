@@ -51,7 +51,7 @@ import math
 import networkx as nx
 
 from sim.errors import ConfigError
-from sim.topology.schema import FabricSpec, NodeSpec
+from sim.topology.schema import FabricSpec, NodeSpec, leaf_ports
 
 LAYERS = {"gpu": 0, "host": 1, "nvswitch": 1, "pcie_switch": 1, "memory": 2, "cpu": 2, "nic": 3,
           "leaf": 4, "spine": 5, "core": 6}
@@ -70,44 +70,6 @@ def nvswitch_of(G: nx.DiGraph, gpu: str) -> str | None:
     d = G.nodes[gpu]
     name = f"nvl{d['domain']}.nvsw" if G.graph.get("nvlink_domain") else f"n{d['server']}.nvsw"
     return name if name in G else None
-
-
-def leaf_ports(fabric: FabricSpec) -> tuple[int, int]:
-    """(down, up) ports of a leaf switch."""
-    if fabric.tiers == 1:
-        return fabric.switch_radix, 0
-    os_ = fabric.oversubscription
-    down = int(round(fabric.switch_radix * os_ / (os_ + 1.0)))
-    down = min(max(down, 1), fabric.switch_radix - 1)
-    return down, fabric.switch_radix - down
-
-
-def fabric_capacity_nodes(node: NodeSpec, fabric: FabricSpec | None, gpus_per_node: int,
-                          file: str | None = None) -> int:
-    """The most servers this fabric can hold (1 without a fabric)."""
-    if fabric is None or fabric.kind == "none":
-        return 1
-    nics = node.nic.count
-    radix = fabric.switch_radix
-    down, _up = leaf_ports(fabric)
-    if fabric.kind == "rail-optimized":
-        if fabric.tiers == 1 and nics > 1:
-            raise ConfigError(f"fabric.tiers = 1 with kind 'rail-optimized' and {nics} rails: the "
-                              "rails would never meet; use tiers >= 2", key="fabric.tiers", file=file)
-        max_leaves = 1 if fabric.tiers == 1 else radix if fabric.tiers == 2 else radix * (radix // 2)
-        leaves_per_pod = max_leaves if fabric.tiers < 3 else radix // 2
-        if nics > leaves_per_pod:
-            raise ConfigError(f"node.nic.count = {nics} rails do not fit: a rail group needs one leaf "
-                              f"per rail and a pod holds {leaves_per_pod} leaves (radix "
-                              f"{radix}, {fabric.tiers} tiers)", key="node.nic.count", file=file)
-        groups = (leaves_per_pod // nics) * (max_leaves // leaves_per_pod)
-        return groups * down
-    max_nics = {1: radix, 2: radix * down, 3: radix * (radix // 2) * down}[fabric.tiers]
-    cap = max_nics // nics
-    if cap < 1:
-        raise ConfigError(f"node.nic.count = {nics} exceeds the {max_nics} host ports of this fabric",
-                          key="node.nic.count", file=file)
-    return cap
 
 
 def build_graph(topology, num_nodes: int) -> nx.DiGraph:

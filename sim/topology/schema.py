@@ -669,7 +669,7 @@ def check_topology(data: Any, lines: dict | None = None, file: str | None = None
     of the sections that are valid, then what the fabric can hold. Raises one ConfigError with
     every error found (`file:line: key: ...`); `nonfinite`: the YAML reader's errors for NaN /
     infinite values (sim.yamlio), reported with the others."""
-    from sim.config import key_error, pydantic_errors, raise_all
+    from sim.fields import key_error, pydantic_errors, raise_all
 
     lines = lines or {}
     errors = list(nonfinite)
@@ -707,8 +707,6 @@ def check_topology(data: Any, lines: dict | None = None, file: str | None = None
     domain = _nvlink_domain(sec.get("nvlink_domain"), node, err) if "nvlink_domain" in sec else None
     max_nodes = data.get("max_nodes") if "max_nodes" not in failed else None
     if node is not None and fabric is not None and not errors:
-        from sim.topology.graph import fabric_capacity_nodes
-
         try:
             cap = fabric_capacity_nodes(node, fabric, gpn, file=file)
         except ConfigError as e:
@@ -728,7 +726,7 @@ def parse_storage(data: Any, file: str | None = None) -> StorageSpec | None:
     """The optional `storage` section (None when absent); every bandwidth a positive number."""
     if data is None:
         return None
-    from sim.config import pydantic_errors, raise_all
+    from sim.fields import pydantic_errors, raise_all
 
     try:
         return _storage(StorageIn.model_validate(data))
@@ -747,3 +745,42 @@ def parse_topology_body(data: dict, gpus_per_node: int, file: str | None = None
     body = {k: data[k] for k in BODY_KEYS if k in data}
     t = check_topology({"gpu": "-", "gpus_per_node": gpus_per_node, **body}, None, file)
     return t.node, t.fabric, t.collectives
+
+
+# --- what a fabric holds (used by the loader above and by sim.topology.graph) -----------------
+def leaf_ports(fabric: FabricSpec) -> tuple[int, int]:
+    """(down, up) ports of a leaf switch."""
+    if fabric.tiers == 1:
+        return fabric.switch_radix, 0
+    os_ = fabric.oversubscription
+    down = int(round(fabric.switch_radix * os_ / (os_ + 1.0)))
+    down = min(max(down, 1), fabric.switch_radix - 1)
+    return down, fabric.switch_radix - down
+
+
+def fabric_capacity_nodes(node: NodeSpec, fabric: FabricSpec | None, gpus_per_node: int,
+                          file: str | None = None) -> int:
+    """The most servers this fabric can hold (1 without a fabric)."""
+    if fabric is None or fabric.kind == "none":
+        return 1
+    nics = node.nic.count
+    radix = fabric.switch_radix
+    down, _up = leaf_ports(fabric)
+    if fabric.kind == "rail-optimized":
+        if fabric.tiers == 1 and nics > 1:
+            raise ConfigError(f"fabric.tiers = 1 with kind 'rail-optimized' and {nics} rails: the "
+                              "rails would never meet; use tiers >= 2", key="fabric.tiers", file=file)
+        max_leaves = 1 if fabric.tiers == 1 else radix if fabric.tiers == 2 else radix * (radix // 2)
+        leaves_per_pod = max_leaves if fabric.tiers < 3 else radix // 2
+        if nics > leaves_per_pod:
+            raise ConfigError(f"node.nic.count = {nics} rails do not fit: a rail group needs one leaf "
+                              f"per rail and a pod holds {leaves_per_pod} leaves (radix "
+                              f"{radix}, {fabric.tiers} tiers)", key="node.nic.count", file=file)
+        groups = (leaves_per_pod // nics) * (max_leaves // leaves_per_pod)
+        return groups * down
+    max_nics = {1: radix, 2: radix * down, 3: radix * (radix // 2) * down}[fabric.tiers]
+    cap = max_nics // nics
+    if cap < 1:
+        raise ConfigError(f"node.nic.count = {nics} exceeds the {max_nics} host ports of this fabric",
+                          key="node.nic.count", file=file)
+    return cap
