@@ -92,6 +92,14 @@ def cost_figures(summary: dict, tokens_per_step: float, price: float | None, tok
     return out
 
 
+def layout_text(sc) -> str:
+    """A scenario's layout in one line: 'tp2 pp2 vpp1 cp1 ep1 dp4 1f1b ZeRO-1 mbs1 none'."""
+    p = sc.parallelism
+    return (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep}{f' etp{p.etp}' if p.etp != p.tp else ''} "
+            f"dp{p.dp} {p.pipeline_schedule} ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} "
+            f"{sc.training.recompute}")
+
+
 def evaluate(path: str, overrides: list[str]) -> dict:
     """Load and simulate one scenario; the row of the comparison (without costs)."""
     from sim.config import load_scenario
@@ -99,12 +107,8 @@ def evaluate(path: str, overrides: list[str]) -> dict:
 
     sc = load_scenario(path, overrides)
     s = simulate(sc).summary()
-    p = sc.parallelism
     row = {"name": sc.name, "file": str(path), "model": sc.model.name, "topology": sc.cluster.topology.name,
-           "gpu": sc.cluster.gpu.name, "network": sc.simulation.network,
-           "layout": (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep}"
-                      f"{f' etp{p.etp}' if p.etp != p.tp else ''} dp{p.dp} {p.pipeline_schedule} "
-                      f"ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} {sc.training.recompute}"),
+           "gpu": sc.cluster.gpu.name, "network": sc.simulation.network, "layout": layout_text(sc),
            "tokens_per_step": sc.tokens_per_step, "profile_price_per_gpu_hour_usd": sc.cluster.gpu.price_per_gpu_hour_usd}
     row.update({k: v for k, v in s.items() if k != "name"})
     for part in ("compute", "exposed_comm", "bubble"):

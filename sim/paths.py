@@ -14,3 +14,17 @@ def bundled_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"bundled data folder {name!r} is missing from this installation")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Fail before the work, not after it: `path`'s folder must exist or be creatable and take a
+    file (a probe file written and removed); ConfigError naming `flag` otherwise."""
+    from sim.errors import ConfigError
+
+    probe = path.with_name(path.name + ".probe")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror})", key=flag) from None

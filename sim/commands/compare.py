@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
         strict: bool = typer.Option(False, "--strict", help="Exit with code 3 (after the table) "
                                     "when a scenario does not fit in memory."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
+                                            "table side by side, the step split, days against dollars)."),
     ) -> None:
         """Simulate scenarios and compare step time, MFU, memory, the time breakdown and cost:
         $ per step, $ per billion tokens, days and $ to train --tokens."""
@@ -69,10 +71,19 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
         n_tokens = C.parse_tokens(tokens if tokens is not None else C.DEFAULT_TOKENS)
+        if html is not None:
+            from sim.report import check_path
+
+            check_path(html)
         rows = C.compare(list(scenarios), list(set_ or []), tokens=n_tokens, price_items=list(price or []),
                          workers=workers)
         _goodput(rows, list(set_ or []), n_tokens if tokens is not None else None)
         chart = C.plot(rows, n_tokens, plot)
+        if html is not None:
+            from sim import report
+            from sim.report.tables import compare_report
+
+            report.write(html, compare_report(rows, n_tokens))
         if as_json:
             typer.echo(json.dumps({"tokens": n_tokens, "plot": str(chart), "scenarios": rows}))
         else:

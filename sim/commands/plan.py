@@ -57,6 +57,9 @@ def register(app: typer.Typer) -> None:
                                  "(reruns resume them)."),
         plot: Optional[Path] = typer.Option(None, "--plot", help="Chart file (default OUT/plan.png)."),
         as_json: bool = typer.Option(False, "--json", help="Print the rows as one JSON list on stdout."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
+                                            "candidates, sortable, and days against dollars with the Pareto "
+                                            "front and the winner)."),
     ) -> None:
         """Plan a cluster: for each candidate (topology x GPU count) the best layout (the sweep), its
         step time, goodput with failures, checkpoints and restarts (closed form, and a seeded Monte
@@ -119,6 +122,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--flow-within ({flow_within}%) must be between 0% and 100%", key="--flow-within")
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
+        if html is not None:
+            from sim.report import check_path
+
+            check_path(html)
         spec = P.PlanSpec(model=_model_arg(model), tokens=n_tokens, candidates=cands, deadline_days=deadline_days,
                           budget_usd=budget_usd, price_items=list(price or []), sweep_overrides=list(sweep_set or []),
                           reliability=rel, reliability_flags=flags, monte_carlo_runs=monte_carlo, seed=seed,
@@ -135,6 +142,11 @@ def register(app: typer.Typer) -> None:
         chart = P.chart(res, spec, plot or out / "plan.png", title)
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps(res.rows, indent=1) + "\n")
+        if html is not None:
+            from sim import report
+            from sim.report.tables import plan_report
+
+            report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd))
         if as_json:
             typer.echo(json.dumps(res.rows))
         else:

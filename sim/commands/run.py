@@ -36,11 +36,12 @@ def trace_ranks_of(result, spec: str | None) -> list:
     return ranks
 
 
-def write_outputs(result, out: Path, trace_ranks: str | None = None) -> dict:
+def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path | None = None) -> dict:
     """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
-    resolved.yaml and plots/ under `out`. `trace_ranks` (`trace_ranks_of`): whose records the
-    timeline, the traces and the pipeline and memory charts hold; summary.json and the
-    breakdown chart cover every rank."""
+    resolved.yaml and plots/ under `out`, and with `html` the HTML report (sim.report.run) there.
+    `trace_ranks` (`trace_ranks_of`): whose records the timeline, the traces, the pipeline and
+    memory charts and the report's timeline hold; summary.json and the breakdown charts cover
+    every rank."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
 
@@ -76,8 +77,16 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None) -> dict:
                                              title)),
         (0.5, lambda: outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png",
                                           title)),
+        *([(2.0, lambda: _write_report(result, summary, recs, pp_of, mem, html))] if html is not None else []),
     ], len(recs))
     return summary
+
+
+def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:
+    from sim import report
+    from sim.report.run import run_report
+
+    report.write(path, run_report(result, summary, recs, pp_of, mem))
 
 
 def register(app: typer.Typer) -> None:
@@ -96,6 +105,9 @@ def register(app: typer.Typer) -> None:
                                                   "traces and charts are written: simulated (default: the "
                                                   "ranks the engine simulated; under ranks: all the stage "
                                                   "representatives), all, or a list such as 0,8,16."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (one "
+                                            "self-contained page: the numbers, the pipeline timeline, the "
+                                            "breakdown and memory per stage)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
@@ -107,6 +119,10 @@ def register(app: typer.Typer) -> None:
 
             n_tokens = parse_tokens(tokens)
         sc = load_scenario(scenario, overrides=set_ or [])
+        if html is not None:
+            from sim.report import check_path
+
+            check_path(html)
         from rich.console import Console
 
         from sim.engine.simulate import cyclic_gc_paused, simulate
@@ -122,7 +138,7 @@ def register(app: typer.Typer) -> None:
                     result = simulate(sc)
             else:
                 result = simulate(sc)
-            summary = write_outputs(result, folder, trace_ranks)
+            summary = write_outputs(result, folder, trace_ranks, html)
             memory = result.memory
             how = ranks_note(result)
             del result
@@ -137,24 +153,34 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
         else:
-            con = Console()
-            con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
-            for k, v in summary.items():
-                if k in ("name", "memory"):
-                    continue
-                con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
-            if run is not None:
-                from sim.compare import format_tokens
-                from sim.plan.training_run import summary_line
-
-                con.print(f"time to train {format_tokens(n_tokens)} tokens: {summary_line(run)}")
-                for what, src in run.sources.items():
-                    con.print(f"  {what.replace('_', ' ')}: {src}")
-            if how:
-                con.print(how)
-            con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
-                      "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
+            print_summary(sc, summary, run, n_tokens, how, folder, html)
         check_fit(sc, memory, strict)
+
+
+def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html: Path | None) -> None:
+    """`sim5d run`'s text output: the summary's keys, the time to train (--tokens), how the ranks
+    were simulated, where the outputs are."""
+    from rich.console import Console
+
+    con = Console()
+    con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
+    for k, v in summary.items():
+        if k in ("name", "memory"):
+            continue
+        con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
+    if run is not None:
+        from sim.compare import format_tokens
+        from sim.plan.training_run import summary_line
+
+        con.print(f"time to train {format_tokens(n_tokens)} tokens: {summary_line(run)}")
+        for what, src in run.sources.items():
+            con.print(f"  {what.replace('_', ' ')}: {src}")
+    if how:
+        con.print(how)
+    con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
+              "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
+    if html is not None:
+        con.print(f"report: {html}")
 
 
 def ranks_note(result) -> str:

@@ -55,6 +55,8 @@ def register(app: typer.Typer) -> None:
                                                   "peak is at most this fraction of the GPU memory (headroom)."),
         no_plots: bool = typer.Option(False, "--no-plots", help="Do not write the charts."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+        html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
+                                            "ranked table, sortable, and the best step time per tp x pp)."),
     ) -> None:
         """Enumerate the layouts for a fixed global batch and GPU count, reject invalid and
         out-of-memory ones without simulating, skip dominated ones, simulate the rest (analytical
@@ -66,6 +68,10 @@ def register(app: typer.Typer) -> None:
 
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
+        if html is not None:
+            from sim.report import check_path
+
+            check_path(html)
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
                          executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
                          prune=not no_prune,
@@ -79,6 +85,11 @@ def register(app: typer.Typer) -> None:
                   "run the same command again to resume", file=sys.stderr)
             raise typer.Exit(130)
         c = res.counts
+        if html is not None:
+            from sim import report
+            from sim.report.tables import sweep_report
+
+            report.write(html, sweep_report(res.table, title=res.title))
         if as_json:
             typer.echo(json.dumps({
                 "evaluated": c["evaluated"], "feasible": c["feasible"], "wall_s": res.wall_s, "best": res.best,

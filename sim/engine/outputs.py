@@ -281,6 +281,17 @@ def one_per_stage(pp_rank_of: dict) -> dict:
     return {rank: pp for pp, rank in first.items()}
 
 
+def stage_lanes(records, pp_rank_of: dict) -> tuple:
+    """The charts' lanes: (one_per_stage, its ranks in pipeline order, each one's records)."""
+    stage_of = one_per_stage(pp_rank_of)
+    ranks = sorted(stage_of, key=stage_of.get)
+    by_rank: dict = {rank: [] for rank in ranks}
+    for r in records:
+        if r.rank in by_rank:
+            by_rank[r.rank].append(r)
+    return stage_of, ranks, by_rank
+
+
 def _mb(rec) -> str:
     return _parse_kernel(rec.name, rec.cat)[3]
 
@@ -526,12 +537,7 @@ def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    stage_of = one_per_stage(pp_rank_of)
-    ranks = sorted(stage_of, key=stage_of.get)
-    by_rank: dict = {rank: [] for rank in ranks}
-    for r in records:
-        if r.rank in by_rank:
-            by_rank[r.rank].append(r)
+    stage_of, ranks, by_rank = stage_lanes(records, pp_rank_of)
     makespan = max((r.end_ns for r in records), default=1) or 1
     boxes = {rank: chart_boxes(by_rank[rank], rank) for rank in ranks}
     comm = {rank: [(r.start_ns, r.end_ns) for r in by_rank[rank]

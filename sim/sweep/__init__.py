@@ -101,6 +101,8 @@ class SweepResult:
     resumed: int
     executor: str = "local"
     workers: int = 1
+    title: str = ""
+    """What was swept: the model, GPUs, topology, sequence and global batch."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,17 +374,17 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
     best_row = table[0] if table and table[0]["status"] == "ok" else None
     best = best_dict(prep, layouts[best_row["index"]], best_row) if best_row else None
     plots = []
+    title = (f"{prep.model_name} on {spec.gpus} GPUs ({prep.topology}): seq {prep.seq_length}, "
+             f"global batch {prep.global_batch_size}")
     if spec.plots and counts["ranked"]:
         from sim.sweep import charts
 
         stem = out.with_suffix("")
-        title = (f"{prep.model_name} on {spec.gpus} GPUs ({prep.topology}): seq {prep.seq_length}, "
-                 f"global batch {prep.global_batch_size}")
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
     return SweepResult(table=table, counts=counts, best=best, wall_s=time.perf_counter() - t0, out=out,
                        stream=spath, plots=plots, notes=_notes(table, counts, spec), resumed=resumed,
-                       executor=getattr(executor, "name", spec.executor), workers=workers)
+                       executor=getattr(executor, "name", spec.executor), workers=workers, title=title)
 
 
 # ----------------------------------------------------------------------------------------------

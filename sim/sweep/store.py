@@ -135,13 +135,9 @@ def check_writable(out: Path) -> None:
             raise ConfigError(f"--out {out}: writing parquet needs pyarrow (pip install "
                               "'sim5d[parquet]' or pip install pyarrow); or use a .csv file",
                               key="--out") from None
-    probe = out.with_name(out.name + ".probe")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot write there ({e.strerror})", key="--out") from None
+    from sim.paths import check_writable as writable
+
+    writable(out, "--out")
 
 
 def write_table(rows: list[dict], columns: list[str], out: Path) -> None:

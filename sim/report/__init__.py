@@ -1,0 +1,161 @@
+"""HTML reports (`--html FILE` on run, compare, sweep and plan): one self-contained page a
+person opens offline and shares.
+
+The charts are plotly figures (plotly.py writes a figure as a JSON spec that its own JavaScript
+library draws, zoomable, with hover text; the library is inlined once per page, so the file
+works without a network: about 4.8 MB of it). plotly was chosen over bokeh and altair because
+one library then serves every chart here (timelines as bars with a base, stacked breakdowns,
+step lines, heatmaps, scatter with a front) and its HTML needs no server or notebook; over
+matplotlib's SVG because a pipeline of hundreds of microbatches needs zooming.
+
+Every number the page prints from a summary sits in an element with `data-key` (the summary's
+key) and `data-value` (its JSON value), so a reader, or a test, can check the page against
+summary.json. The only hand-written JavaScript is a table sorter (a click on a column head).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto;
+       max-width: 1280px; color: #222; padding: 0 16px; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+p.sub { color: #555; margin-top: 0; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 8px 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+table.sortable th { cursor: pointer; } table.sortable th:hover { background: #e8e8e8; }
+tr.best td { font-weight: 600; } .note { color: #555; font-size: 0.9em; }
+.scroll { overflow-x: auto; }
+"""
+
+_SORT_JS = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, col) {
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var asc = th.dataset.dir !== "asc";
+      rows.sort(function (a, b) {
+        var x = a.cells[col].dataset.value, y = b.cells[col].dataset.value;
+        if (x === "null" || y === "null") { return (x === "null") - (y === "null"); }  // empty cells last
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+      table.querySelectorAll("th").forEach(function (h) { delete h.dataset.dir; });
+      th.dataset.dir = asc ? "asc" : "desc";
+    });
+  });
+});
+"""
+
+
+def _plotly():
+    try:
+        import plotly.graph_objects as go
+        import plotly.offline
+    except ImportError:      # pragma: no cover - plotly is a dependency
+        from sim.errors import ConfigError
+        raise ConfigError("--html needs plotly (pip install plotly)", key="--html") from None
+    return go, plotly.offline
+
+
+def esc(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def value_text(value, fmt: str | None = None) -> str:
+    """How a summary value is printed: floats with 4 significant digits (or `fmt`), booleans as
+    yes / no, None as a dash."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return format(value, fmt or ".4g")
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def cell(value, *, key: str | None = None, fmt: str | None = None, left: bool = False) -> str:
+    """A table cell showing `value`, carrying it exactly in data-value (and its summary key)."""
+    attrs = f' data-value="{esc(json.dumps(value))}"'
+    if key is not None:
+        attrs += f' data-key="{esc(key)}"'
+    cls = ' class="l"' if left or isinstance(value, str) else ""
+    return f"<td{cls}{attrs}>{esc(value_text(value, fmt))}</td>"
+
+
+def key_value_table(rows: list[tuple]) -> str:
+    """(label, summary key, value[, format]) rows as a two-column table."""
+    out = ["<table>"]
+    for row in rows:
+        label, key, value = row[:3]
+        fmt = row[3] if len(row) > 3 else None
+        out.append(f'<tr><th class="l">{esc(label)}</th>{cell(value, key=key, fmt=fmt)}</tr>')
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def data_table(columns: list[tuple], rows: list[dict], *, sortable: bool = True, best: int | None = None,
+               table_id: str = "", key_prefix: str | None = None) -> str:
+    """A table of `rows` (dicts), columns (heading, row key[, format]); sortable by a click on a
+    heading; row index `best` in bold. Each cell's data-key is its column's key, or with
+    `key_prefix` the path "prefix.row index.key" (e.g. memory.per_stage.0.total_gib)."""
+    cls = ' class="sortable"' if sortable else ""
+    ident = f' id="{esc(table_id)}"' if table_id else ""
+    head = "".join(f'<th class="l">{esc(c[0])}</th>' if rows and isinstance(rows[0].get(c[1]), str)
+                   else f"<th>{esc(c[0])}</th>" for c in columns)
+    out = [f'<div class="scroll"><table{cls}{ident}><thead><tr>{head}</tr></thead><tbody>']
+    for i, r in enumerate(rows):
+        tr = ' class="best"' if i == best else ""
+        out.append(f"<tr{tr}>" + "".join(
+            cell(r.get(c[1]), key=c[1] if key_prefix is None else f"{key_prefix}.{i}.{c[1]}",
+                 fmt=c[2] if len(c) > 2 else None) for c in columns) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def figure(fig, div_id: str) -> str:
+    """A plotly figure as a div (the library itself is inlined once by `page`)."""
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def page(title: str, subtitle: str, sections: list[tuple]) -> str:
+    """The whole document: (heading, html) sections under a title, plotly.js inlined once."""
+    _, offline = _plotly()
+    body = "\n".join(f"<h2>{esc(h)}</h2>\n{content}" if h else content for h, content in sections)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+            f"<title>{esc(title)}</title>\n<style>{_CSS}</style>\n"
+            f"<script type=\"text/javascript\">{offline.get_plotlyjs()}</script>\n</head><body>\n"
+            f"<h1>{esc(title)}</h1>\n<p class=\"sub\">{esc(subtitle)}</p>\n{body}\n"
+            f"<script>{_SORT_JS}</script>\n</body></html>\n")
+
+
+def check_path(path: Path, flag: str = "--html") -> Path:
+    """Fail before simulating, not after: the report's file must be a writable file path."""
+    from sim.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name such as {path / 'report.html'}",
+                          key=flag)
+    from sim.paths import check_writable
+
+    check_writable(path, flag)
+    return path
+
+
+def write(path: Path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
