@@ -393,7 +393,7 @@ def test_sim5d_format_keeps_the_algorithm_and_protocol(capsys):
     assert rows[1][-2:] == ["nvls", "Simple"] and rows[1][0:4] == [str(8 << 30), str(2 << 30), "float", "sum"]
     r = sim("dgx-h100-ndr", "all_reduce", 8, 8 * GiB)
     assert float(rows[1][6]) == pytest.approx(r.busbw_gbps, abs=0.006)
-    assert float(rows[1][6]) == pytest.approx(479.7, abs=0.1)      # README: 8x H100 NVLS 479.7
+    assert float(rows[1][6]) == pytest.approx(479.7, abs=0.1)      # docs/network.md: 8x H100 NVLS 479.7
 
 
 def test_nccl_float_follows_nccl_tests_widths():
