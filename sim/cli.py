@@ -38,6 +38,7 @@ from sim.commands import calibrate as _calibrate  # noqa: E402
 from sim.commands import sweep as _sweep  # noqa: E402
 from sim.commands import compare as _compare  # noqa: E402
 from sim.commands import plan as _plan  # noqa: E402
+from sim.commands import frameworks as _frameworks  # noqa: E402
 
 _memory.register(app)
 _run.register(app)
@@ -49,6 +50,7 @@ _calibrate.register(app)
 _sweep.register(app)
 _compare.register(app)
 _plan.register(app)
+_frameworks.register(app)
 # --- end of command registration ---
 
 

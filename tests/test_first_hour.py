@@ -255,8 +255,8 @@ def test_contract_ships_in_the_repo_and_says_which_commands_take_set():
     for name in cmds:
         assert f"sim5d {name}" in doc, name
     takes_set = {n for n, c in cmds.items() if any("--set" in getattr(p, "opts", []) for p in c.params)}
-    assert takes_set == {"run", "memory", "compare", "sweep"}
-    assert "(`run`, `memory`, `compare`,\n`sweep`; the others take no scenario)" in doc
+    assert takes_set == {"run", "memory", "compare", "sweep", "export"}
+    assert "(`run`, `memory`, `compare`,\n`sweep`, `export`; the others take no scenario)" in doc
 
 
 # ------------------------------------------------------------------ 17. names that say what ------

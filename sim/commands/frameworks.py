@@ -1,0 +1,113 @@
+"""`sim5d import LAUNCH` and `sim5d export SCENARIO`: framework launches as scenarios and back
+(sim.frameworks)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sim.errors import ConfigError
+
+
+def parse_cluster(text: str) -> tuple[str, int | None]:
+    """'dgx-h100-ndr:64' -> (topology, 64); 'dgx-h100-ndr' -> (topology, None)."""
+    topo, sep, n = text.rpartition(":")
+    if sep and n.isdigit():
+        if int(n) < 1:
+            raise ConfigError(f"--cluster {text!r}: the GPU count must be at least 1", key="--cluster")
+        return topo, int(n)
+    if sep and not n.isdigit() and not ("/" in n or n.endswith((".yaml", ".yml"))):
+        raise ConfigError(f"--cluster {text!r} must be TOPOLOGY or TOPOLOGY:GPUS (e.g. dgx-h100-ndr:64)",
+                          key="--cluster")
+    return text, None
+
+
+def _check_format(fmt: str) -> None:
+    from sim.frameworks import FORMATS
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r} must be one of {', '.join(FORMATS)}", key="--format")
+
+
+def import_launch(path: Path, *, cluster: str, name: str | None = None) -> tuple[dict, list]:
+    """(scenario mapping, notes) of a Megatron-LM launch file, validated as a scenario."""
+    from sim.config import build_scenario
+    from sim.frameworks import megatron
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file", key="FILE") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"{path}: cannot be read as a text file ({e})", key="FILE") from None
+    topo, gpus = parse_cluster(cluster)
+    data, notes = megatron.to_scenario(text, str(path), cluster=topo, gpus=gpus, name=name or path.stem)
+    try:
+        build_scenario(dict(data), file=None, default_name=data["name"])
+    except ConfigError as e:
+        raise ConfigError(f"the imported launch is not a valid scenario: {e.format()}", key=e.key,
+                          file=str(path)) from None
+    return data, notes
+
+
+def export_lines(sc) -> list[str]:
+    """The launch of a scenario: torchrun with its nodes and GPUs per node, then the flags."""
+    from sim.frameworks import megatron
+
+    flags = megatron.from_scenario(sc)
+    per_node = min(sc.cluster.topology.gpus_per_node, sc.derived.num_gpus)
+    nodes = sc.derived.num_gpus // per_node
+    head = f"torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py"
+    return [head] + flags
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("import")
+    def import_cmd(
+        file: Path = typer.Argument(..., help="A Megatron-LM launch: a shell script or a file of pretrain_gpt.py "
+                                    "arguments (a torchrun line before the script gives the GPU count)."),
+        format_: str = typer.Option("megatron", "--format", help="The launch's framework: megatron."),
+        cluster: str = typer.Option(..., "--cluster", help="TOPOLOGY or TOPOLOGY:GPUS (bundled name or YAML); "
+                                    "GPUS may come from the launch's torchrun --nnodes x --nproc-per-node."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Scenario YAML to write (default: stdout)."),
+        name: Optional[str] = typer.Option(None, "--name", help="The scenario's name (default: the file's stem)."),
+    ) -> None:
+        """Turn a framework launch into a sim5d scenario: every flag mapped to a scenario key, or
+        reported on stderr as not modelled with the reason; contradictions exit 2."""
+        import yaml
+
+        _check_format(format_)
+        data, notes = import_launch(file, cluster=cluster, name=name)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        text = yaml.safe_dump(data, sort_keys=False)
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+            print(f"scenario: {out} (sim5d run {out})", file=sys.stderr)
+
+    @app.command("export")
+    def export_cmd(
+        scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
+        format_: str = typer.Option("megatron", "--format", help="The framework: megatron."),
+        set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
+    ) -> None:
+        """Write a scenario's layout as the framework's launch (torchrun + pretrain_gpt.py flags);
+        a layout the framework cannot run is refused with the reason (exit 2)."""
+        from sim.config import load_scenario
+
+        _check_format(format_)
+        sc = load_scenario(scenario, overrides=set_ or [])
+        lines = export_lines(sc)
+        text = f"# sim5d export of {sc.name}: Megatron-LM pretrain_gpt.py\n" + " \\\n    ".join(lines) + "\n"
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)

@@ -1,0 +1,642 @@
+"""Megatron-LM launches as sim5d scenarios, and sim5d layouts as Megatron-LM flags.
+
+Import reads a launch as people write it: a shell script or a file of arguments (line
+continuations, comments and quotes as a shell reads them), optionally led by a launcher
+(`torchrun --nnodes N --nproc-per-node G ... pretrain_gpt.py`, whose GPU count it takes); the
+flags after the training script (or all of them, without one) are Megatron-LM's
+(megatron/training/arguments.py, megatron/core/transformer/transformer_config.py). Defaults are
+Megatron-LM's where a flag is absent: LayerNorm, learned absolute positions, tied embeddings,
+biases, dropout 0.1, fp32, `--ffn-hidden-size` 4h (SwiGLU: int(8h/3 / 64) x 64, arguments.py's
+rule), `--kv-channels` h / heads, `--max-position-embeddings` the sequence length, the vocabulary
+padded to a multiple of `--make-vocab-size-divisible-by` (128) x tp (Megatron-LM's
+_vocab_size_with_padding), `--moe-router-topk` 2.
+
+Export writes the flags of a layout Megatron-LM can run: every model dimension explicitly (it
+has no presets), `--make-vocab-size-divisible-by 1` so that the vocabulary stays the scenario's
+(padded only to a multiple of tp, as sim5d shards it), and refuses with the reason what it cannot
+run (schedules other than 1F1B and interleaved 1F1B, Ulysses-only CP types it lacks, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+
+from sim.errors import ConfigError
+
+# flags that do not change one step's time: reported as such, never silently dropped
+NOT_STEP_TIME = (
+    "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-warmup-iters", "--lr-warmup-fraction",
+    "--lr-decay-samples", "--lr-warmup-samples", "--lr-warmup-init", "--weight-decay", "--clip-grad",
+    "--adam-beta1", "--adam-beta2", "--adam-eps", "--init-method-std", "--train-iters", "--train-samples",
+    "--eval-iters", "--eval-interval", "--log-interval", "--save", "--load", "--save-interval",
+    "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file",
+    "--seed", "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--log-throughput",
+    "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--timing-log-level",
+    "--distributed-backend", "--distributed-timeout-minutes", "--mock-data", "--no-load-optim",
+    "--no-load-rng", "--use-checkpoint-args", "--ckpt-format", "--exit-duration-in-mins",
+    "--manual-gc", "--manual-gc-interval", "--no-create-attention-mask-in-dataloader",
+    "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--use-mcore-models",
+    "--transformer-impl", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+    "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--bias-swiglu-fusion",
+    "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
+    "--moe-router-dtype", "--moe-router-score-function", "--moe-router-enable-expert-bias",
+    "--moe-router-bias-update-rate", "--moe-router-pre-softmax", "--moe-grouped-gemm",
+    "--moe-permute-fusion", "--moe-router-fusion", "--rotary-base", "--rotary-percent",
+    "--rotary-scaling-factor", "--use-rotary-position-embeddings", "--norm-epsilon", "--layernorm-epsilon",
+    "--apply-layernorm-1p", "--qk-layernorm", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
+    "--fp8-margin", "--fp8-param-gather", "--ddp-bucket-size", "--ddp-average-in-collective",
+    "--check-for-nan-in-loss-and-grad", "--use-flash-attn", "--overlap-p2p-communication",
+    "--bf16-main-params", "--dataloader-type", "--num-workers", "--tokenizer-hf-include-special-tokens",
+)
+_WHY_NOT = "hyperparameters, data, logging, checkpointing or fused kernels sim5d already assumes"
+
+# flags that take a value (the others are switches); nargs+ flags take every value up to the next flag
+_SWITCHES = {
+    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--add-qkv-bias", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16", "--multi-latent-attention",
+    "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--use-megatron-fsdp", "--use-torch-fsdp2",
+    "--no-async-tensor-model-parallel-allreduce", "--use-mcore-models", "--log-throughput", "--mock-data",
+    "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--manual-gc",
+    "--no-create-attention-mask-in-dataloader", "--attention-softmax-in-fp32",
+    "--accumulate-allreduce-grads-in-fp32", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+    "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--bias-swiglu-fusion",
+    "--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-grouped-gemm", "--moe-permute-fusion",
+    "--moe-router-fusion", "--use-rotary-position-embeddings", "--apply-layernorm-1p", "--qk-layernorm",
+    "--fp8-param-gather", "--ddp-average-in-collective", "--check-for-nan-in-loss-and-grad", "--use-flash-attn",
+    "--overlap-p2p-communication", "--bf16-main-params", "--log-timers-to-tensorboard",
+    "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens",
+}
+_NARGS = {"--data-path", "--cp-comm-type", "--split"}
+
+_INT = {
+    "--num-layers": "model.num_layers", "--hidden-size": "model.hidden_size",
+    "--ffn-hidden-size": "model.ffn_hidden_size", "--num-attention-heads": "model.num_attention_heads",
+    "--kv-channels": "model.kv_channels", "--max-position-embeddings": "model.max_position_embeddings",
+    "--num-experts": "model.num_experts", "--moe-router-topk": "model.moe_router_topk",
+    "--moe-ffn-hidden-size": "model.moe_ffn_hidden_size", "--moe-router-num-groups": "model.moe_router_num_groups",
+    "--moe-router-group-topk": "model.moe_router_group_topk", "--mtp-num-layers": "model.mtp_num_layers",
+    "--q-lora-rank": "model.q_lora_rank", "--kv-lora-rank": "model.kv_lora_rank",
+    "--qk-head-dim": "model.qk_head_dim", "--qk-pos-emb-head-dim": "model.qk_pos_emb_head_dim",
+    "--v-head-dim": "model.v_head_dim",
+    "--tensor-model-parallel-size": "parallelism.tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "parallelism.pipeline_model_parallel_size",
+    "--context-parallel-size": "parallelism.context_parallel_size",
+    "--expert-model-parallel-size": "parallelism.expert_model_parallel_size",
+    "--expert-tensor-parallel-size": "parallelism.expert_tensor_parallel_size",
+    "--decoder-first-pipeline-num-layers": "parallelism.decoder_first_pipeline_num_layers",
+    "--decoder-last-pipeline-num-layers": "parallelism.decoder_last_pipeline_num_layers",
+    "--seq-length": "training.seq_length", "--micro-batch-size": "training.micro_batch_size",
+    "--global-batch-size": "training.global_batch_size",
+}
+_FLOAT = {"--hidden-dropout": "model.hidden_dropout", "--attention-dropout": "model.attention_dropout",
+          "--moe-expert-capacity-factor": "training.moe_expert_capacity_factor"}
+_BOOL = {  # switch -> (key, value when given)
+    "--untie-embeddings-and-output-weights": ("model.tie_embeddings", False),
+    "--disable-bias-linear": ("model.add_bias_linear", False), "--add-qkv-bias": ("model.add_qkv_bias", True),
+    "--multi-latent-attention": ("model.multi_latent_attention", True),
+    "--sequence-parallel": ("parallelism.sequence_parallel", True),
+    "--overlap-grad-reduce": ("training.overlap_grad_reduce", True),
+    "--overlap-param-gather": ("training.overlap_param_gather", True),
+    "--tp-comm-overlap": ("training.tp_comm_overlap", True),
+    "--moe-pad-expert-input-to-capacity": ("training.moe_pad_expert_input_to_capacity", True),
+    "--account-for-embedding-in-pipeline-split": ("parallelism.account_for_embedding_in_pipeline_split", True),
+    "--account-for-loss-in-pipeline-split": ("parallelism.account_for_loss_in_pipeline_split", True),
+    "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
+}
+_VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
+    "--normalization", "--position-embedding-type", "--num-query-groups", "--vocab-size",
+    "--make-vocab-size-divisible-by", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
+    "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--num-layers-per-virtual-pipeline-stage",
+    "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout", "--cp-comm-type", "--fp8-format", "--fp8-recipe", "--fp4-format",
+    "--fp4-recipe", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", *NOT_STEP_TIME}
+"""Flags that take a value; an unknown flag takes one when a non-flag follows it."""
+_LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
+_SHELL_VAR = re.compile(r"\$\{?\w+")
+
+
+class Flags:
+    """The flags of one launch: name -> (value or True, line in the file)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.values: dict = {}
+        self.used: set = set()
+
+    def error(self, flag: str, message: str) -> ConfigError:
+        line = self.values[flag][1] if flag in self.values else None
+        return ConfigError(message, key=flag, file=self.path, line=line)
+
+    def has(self, flag: str) -> bool:
+        return flag in self.values
+
+    def get(self, flag: str, default=None):
+        self.used.add(flag)
+        return self.values[flag][0] if flag in self.values else default
+
+    def integer(self, flag: str):
+        v = self.get(flag)
+        if v is None:
+            return None
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise self.error(flag, f"{flag} {v!r} must be an integer") from None
+        if n < 0:
+            raise self.error(flag, f"{flag} {n} must not be negative")
+        return n
+
+    def number(self, flag: str):
+        v = self.get(flag)
+        if v is None:
+            return None
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise self.error(flag, f"{flag} {v!r} must be a number") from None
+        if not math.isfinite(x):
+            raise self.error(flag, f"{flag} {v!r} must be a finite number")
+        return x
+
+
+def _tokens(text: str, path: str) -> list:
+    """(token, line) of a launch, read as a shell reads it (continuations, comments, quotes)."""
+    out = []
+    joined = re.sub(r"\\\r?\n", " \x00 ", text)        # a continuation keeps its line's count
+    line = 1
+    for raw in joined.split("\n"):
+        try:
+            lex = shlex.shlex(raw, posix=True, punctuation_chars=False)
+            lex.whitespace_split = True
+            lex.commenters = "#"
+            words = list(lex)
+        except ValueError as e:
+            raise ConfigError(f"line {line} cannot be read as a shell line: {e}", file=path, line=line) from None
+        for w in words:
+            if w == "\x00":
+                line += 1
+                continue
+            out.append((w, line))
+        line += 1
+    return out
+
+
+def parse(text: str, path: str) -> tuple[Flags, dict]:
+    """The Megatron-LM flags of a launch and what its launcher says (nodes, GPUs per node)."""
+    toks = _tokens(text, path)
+    script = next((i for i, (t, _) in enumerate(toks) if t.endswith(".py")), None)
+    launcher, args = (toks[:script], toks[script + 1:]) if script is not None else ([], toks)
+    launch = {}
+    for i, (t, line) in enumerate(launcher):
+        name, _, val = t.partition("=")
+        if name in _LAUNCHER_GPUS:
+            val = val or (launcher[i + 1][0] if i + 1 < len(launcher) else "")
+            try:
+                launch[_LAUNCHER_GPUS[name]] = int(val)
+            except ValueError:
+                raise ConfigError(f"{name} {val!r} must be an integer (substitute shell variables before "
+                                  "importing: sim5d does not run the script)", key=name, file=path, line=line) from None
+    flags = Flags(path)
+    i, prev = 0, None
+    while i < len(args):
+        t, line = args[i]
+        if _SHELL_VAR.match(t):
+            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; import the "
+                              "expanded command (e.g. the pretrain_gpt.py line `bash -x` prints)", file=path, line=line)
+        if not t.startswith("--"):
+            after = (f" (it follows {prev}, a switch that takes no value)" if prev in _SWITCHES else
+                     " (Megatron-LM's arguments are --name value)")
+            raise ConfigError(f"{t!r} is not a flag{after}", key=prev, file=path, line=line)
+        name, eq, val = t.partition("=")
+        if name in flags.values:
+            raise ConfigError(f"{name} is given twice (lines {flags.values[name][1]} and {line}); keep one",
+                              key=name, file=path, line=line)
+        values = [val] if eq else []
+        j = i + 1
+        if not eq and name not in _SWITCHES:
+            while j < len(args) and not args[j][0].startswith("--"):
+                values.append(args[j][0])
+                j += 1
+                if name not in _NARGS:
+                    break
+        switch = name in _SWITCHES or (name not in _VALUE_FLAGS and not values)
+        for v in values:
+            if _SHELL_VAR.search(v):
+                raise ConfigError(f"{name} {v!r} is a shell variable: sim5d reads the launch, it does not run "
+                                  "it; import the expanded command (e.g. the pretrain_gpt.py line `bash -x` prints)",
+                                  key=name, file=path, line=line)
+        if name in _SWITCHES and values:
+            raise ConfigError(f"{name} is a switch and takes no value ({values[0]!r})", key=name, file=path, line=line)
+        if not switch and not values:
+            raise ConfigError(f"{name} needs a value", key=name, file=path, line=line)
+        flags.values[name] = (True if switch else values if name in _NARGS else values[0], line)
+        i, prev = j, name
+    return flags, launch
+
+
+def _set(d: dict, key: str, value) -> None:
+    section, _, k = key.partition(".")
+    d.setdefault(section, {})[k] = value
+
+
+def _pipeline(f: Flags, d: dict, num_layers: int, pp: int) -> None:
+    """The schedule: interleaved 1F1B with virtual stages, else 1F1B (Megatron-LM's two)."""
+    per_stage = f.integer("--num-layers-per-virtual-pipeline-stage")
+    vpp = f.integer("--virtual-pipeline-model-parallel-size") or f.integer("--num-virtual-stages-per-pipeline-rank")
+    if per_stage and vpp:
+        raise f.error("--num-layers-per-virtual-pipeline-stage", "--num-layers-per-virtual-pipeline-stage and "
+                      "--virtual-pipeline-model-parallel-size both set the virtual stages; keep one")
+    if per_stage:
+        if num_layers % (pp * per_stage):
+            raise f.error("--num-layers-per-virtual-pipeline-stage",
+                          f"--num-layers {num_layers} is not a multiple of --pipeline-model-parallel-size {pp} x "
+                          f"--num-layers-per-virtual-pipeline-stage {per_stage}")
+        vpp = num_layers // (pp * per_stage)
+    layout = f.get("--pipeline-model-parallel-layout")
+    if layout is not None:
+        _set(d, "parallelism.pipeline_model_parallel_layout", layout)
+    if vpp and vpp > 1:
+        _set(d, "parallelism.virtual_pipeline_model_parallel_size", vpp)
+        _set(d, "parallelism.pipeline_schedule", "interleaved-1f1b")
+    elif layout is None:
+        _set(d, "parallelism.pipeline_schedule", "1f1b")
+
+
+def _precision(f: Flags, d: dict, notes: list) -> None:
+    if f.get("--bf16") and f.get("--fp16"):
+        raise f.error("--fp16", "--bf16 and --fp16 are both given; Megatron-LM trains in one of them")
+    base = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
+    fmt, recipe = f.get("--fp8-format"), f.get("--fp8-recipe")
+    fp4 = f.get("--fp4-format")
+    if fp4 is not None:
+        if fp4 != "e2m1":
+            raise f.error("--fp4-format", f"--fp4-format {fp4!r}: sim5d models NVFP4 (e2m1)")
+        _set(d, "training.precision", "nvfp4")
+        f.get("--fp4-recipe")
+        return
+    if fmt is None and recipe is None:
+        _set(d, "training.precision", base)
+        if base == "fp32":
+            notes.append("precision: neither --bf16 nor --fp16: fp32 (Megatron-LM's default)")
+        return
+    if fmt not in (None, "e4m3", "hybrid"):
+        raise f.error("--fp8-format", f"--fp8-format {fmt!r} must be e4m3 or hybrid")
+    recipe = recipe or "delayed"
+    if recipe == "mxfp8":
+        _set(d, "training.precision", "mxfp8")
+    elif recipe in ("delayed", "tensorwise"):
+        _set(d, "training.precision", "fp8")
+        _set(d, "training.fp8_recipe", "delayed" if recipe == "delayed" else "current")
+    else:
+        raise f.error("--fp8-recipe", f"--fp8-recipe {recipe!r} is not modelled: sim5d runs delayed, tensorwise "
+                      "(current scaling) and mxfp8 (no measured rate of block-scaled FP8 GEMMs on Hopper is held)")
+    if fmt is None:
+        raise f.error("--fp8-recipe", "--fp8-recipe without --fp8-format: Megatron-LM trains in FP8 only with "
+                      "--fp8-format e4m3 or hybrid")
+
+
+def _moe(f: Flags, d: dict, notes: list) -> None:
+    experts = f.integer("--num-experts")
+    shared = f.integer("--moe-shared-expert-intermediate-size")
+    freq = f.get("--moe-layer-freq")
+    if not experts:
+        for flag in ("--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--moe-token-dispatcher-type",
+                     "--moe-router-topk", "--moe-ffn-hidden-size"):
+            if f.has(flag):
+                raise f.error(flag, f"{flag} applies to MoE models; give --num-experts")
+        return
+    ffn = f.integer("--moe-ffn-hidden-size") or d["model"].get("ffn_hidden_size")
+    if shared:
+        if shared % ffn:
+            raise f.error("--moe-shared-expert-intermediate-size", f"--moe-shared-expert-intermediate-size "
+                          f"{shared} is not a multiple of the expert width {ffn}: sim5d counts shared experts")
+        _set(d, "model.moe_shared_experts", shared // ffn)
+    if freq is not None:
+        m = re.fullmatch(r"\(?\[0\]\*(\d+)\s*\+\s*\[1\]\*(\d+)\)?", str(freq).replace(" ", ""))
+        if m:
+            _set(d, "model.first_k_dense_layers", int(m.group(1)))
+        elif str(freq).isdigit():
+            _set(d, "model.moe_layer_freq", int(freq))
+        else:
+            raise f.error("--moe-layer-freq", f"--moe-layer-freq {freq!r}: sim5d reads an integer or "
+                          "([0]*K+[1]*M) (K dense layers first)")
+    if not f.has("--moe-router-topk"):
+        _set(d, "model.moe_router_topk", 2)
+    dispatcher = f.get("--moe-token-dispatcher-type")
+    if dispatcher in (None, "allgather"):
+        if dispatcher == "allgather":
+            raise f.error("--moe-token-dispatcher-type", "--moe-token-dispatcher-type allgather is not modelled "
+                          "(sim5d runs alltoall and flex)")
+        notes.append("--moe-token-dispatcher-type not given: Megatron-Core's default is allgather, which sim5d "
+                     "does not model; imported as alltoall")
+    elif dispatcher in ("alltoall", "flex"):
+        _set(d, "training.moe_token_dispatcher", dispatcher)
+    else:
+        raise f.error("--moe-token-dispatcher-type", f"--moe-token-dispatcher-type {dispatcher!r} must be "
+                      "alltoall, flex or allgather")
+    backend = f.get("--moe-flex-dispatcher-backend")
+    if backend is not None:
+        _set(d, "training.moe_flex_dispatcher_backend", backend)
+
+
+def _recompute(f: Flags, d: dict) -> None:
+    g = f.get("--recompute-granularity")
+    if g is None:
+        _set(d, "training.recompute", "none")
+        return
+    if g not in ("full", "selective"):
+        raise f.error("--recompute-granularity", f"--recompute-granularity {g!r} must be full or selective")
+    if g == "full":
+        method, n = f.get("--recompute-method"), f.integer("--recompute-num-layers")
+        layers = d["parallelism"].get("pipeline_model_parallel_size", 1)
+        per_stage = d["model"]["num_layers"] // layers
+        if method not in (None, "uniform", "block") or (n is not None and not (
+                (method == "uniform" and n == 1) or (method == "block" and n >= per_stage))):
+            raise f.error("--recompute-num-layers", f"--recompute-method {method} --recompute-num-layers {n}: sim5d "
+                          "models full recompute of every layer (uniform 1, or block over a stage's layers)")
+    elif f.has("--recompute-modules"):
+        mods = f.get("--recompute-modules")
+        if mods != "core_attn":
+            raise f.error("--recompute-modules", f"--recompute-modules {mods!r}: sim5d's selective recompute is "
+                          "core_attn (the core attention)")
+    _set(d, "training.recompute", g)
+
+
+def _vocab(f: Flags, d: dict, notes: list, tp: int) -> None:
+    v = f.integer("--vocab-size")
+    if v is None:
+        raise ConfigError("--vocab-size is needed: sim5d does not load tokenizers (give the tokenizer's "
+                          "vocabulary size, e.g. --vocab-size 128256 for Llama 3)", key="--vocab-size", file=f.path)
+    div = f.integer("--make-vocab-size-divisible-by")
+    div = 128 if div is None else div
+    multiple = max(div, 1) * tp
+    padded = -(-v // multiple) * multiple
+    if padded != v:
+        notes.append(f"vocabulary {v:,} padded to {padded:,} (a multiple of --make-vocab-size-divisible-by "
+                     f"{div} x tp {tp}, Megatron-LM's _vocab_size_with_padding)")
+    _set(d, "model.vocab_size", padded)
+
+
+def _fsdp(f: Flags, d: dict) -> None:
+    strategy = f.get("--data-parallel-sharding-strategy")
+    if f.has("--use-torch-fsdp2") or f.has("--use-megatron-fsdp"):
+        f.get("--use-torch-fsdp2")
+        f.get("--use-megatron-fsdp")
+        stage = {None: 3, "optim_grads_params": 3, "optim_grads": 2, "optim": 1, "no_shard": 0}.get(strategy)
+        if stage is None:
+            raise f.error("--data-parallel-sharding-strategy", f"--data-parallel-sharding-strategy {strategy!r} "
+                          "must be no_shard, optim, optim_grads or optim_grads_params")
+        _set(d, "parallelism.zero_stage", stage)
+    elif strategy is not None:
+        raise f.error("--data-parallel-sharding-strategy", "--data-parallel-sharding-strategy applies with "
+                      "--use-megatron-fsdp or --use-torch-fsdp2")
+    elif f.has("--use-distributed-optimizer"):
+        f.get("--use-distributed-optimizer")
+        _set(d, "parallelism.zero_stage", 1)
+    else:
+        _set(d, "parallelism.zero_stage", 0)
+
+
+def _direct(f: Flags, d: dict) -> None:
+    """The flags that are one scenario key each."""
+    for flag, key in _INT.items():
+        v = f.integer(flag)
+        if v is not None:
+            _set(d, key, v)
+    for flag, key in _FLOAT.items():
+        v = f.number(flag)
+        if v is not None:
+            _set(d, key, v)
+    for flag, (key, value) in _BOOL.items():
+        if f.get(flag):
+            _set(d, key, value)
+
+
+def _model(f: Flags, d: dict) -> None:
+    """The model's shape with Megatron-LM's defaults where a flag is absent."""
+    m = d["model"]
+    swiglu = bool(f.get("--swiglu"))
+    m["activation"] = "swiglu" if swiglu else "gelu"
+    if "ffn_hidden_size" not in m:      # arguments.py: SwiGLU keeps the parameter count of 4h
+        m["ffn_hidden_size"] = int((4 * m["hidden_size"] * 2 / 3) / 64) * 64 if swiglu else 4 * m["hidden_size"]
+    norm = f.get("--normalization", "LayerNorm")
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise f.error("--normalization", f"--normalization {norm!r} must be LayerNorm or RMSNorm")
+    m["normalization"] = norm.lower()
+    pos = f.get("--position-embedding-type", "learned_absolute")
+    if pos not in ("learned_absolute", "rope"):
+        raise f.error("--position-embedding-type", f"--position-embedding-type {pos!r}: sim5d models "
+                      "learned_absolute and rope")
+    m["position_embedding_type"] = pos
+    m.setdefault("max_position_embeddings", d["training"]["seq_length"])
+    for key, default in (("tie_embeddings", True), ("add_bias_linear", True), ("hidden_dropout", 0.1),
+                         ("attention_dropout", 0.1)):
+        m.setdefault(key, default)
+    groups = f.integer("--num-query-groups")
+    if f.get("--group-query-attention"):
+        if groups is None:
+            raise f.error("--group-query-attention", "--group-query-attention needs --num-query-groups")
+        m["num_query_groups"] = groups
+    elif groups is not None:
+        raise f.error("--num-query-groups", "--num-query-groups without --group-query-attention: Megatron-LM "
+                      "ignores it (every head has its own K and V); add --group-query-attention or remove it")
+    backend = f.get("--attention-backend")
+    if backend is not None:
+        if backend not in ("flash", "fused", "auto", "unfused", "local"):
+            raise f.error("--attention-backend", f"--attention-backend {backend!r} must be flash, fused, unfused, "
+                          "local or auto")
+        # flash and cuDNN's fused attention keep no s x s scores; unfused and local do
+        _set(d, "training.attention_backend", "unfused" if backend in ("unfused", "local") else "flash")
+
+
+def _cp_type(f: Flags, d: dict, cp: int) -> None:
+    cp_type = f.get("--cp-comm-type")
+    if cp_type is None:
+        return
+    kinds = set(cp_type)
+    if len(kinds) != 1 or not kinds <= {"p2p", "a2a"}:
+        raise f.error("--cp-comm-type", f"--cp-comm-type {' '.join(cp_type)}: sim5d models p2p and a2a, one "
+                      "for every layer")
+    if cp > 1:
+        _set(d, "parallelism.cp_comm_type", kinds.pop())
+
+
+def _data_parallel(launch: dict, gpus: int | None, tp: int, pp: int, cp: int) -> int:
+    """dp from the GPU count (--cluster's or the launcher's; both must agree)."""
+    total = launch["nodes"] * launch["per_node"] if {"nodes", "per_node"} <= set(launch) else None
+    if gpus is not None and total is not None and gpus != total:
+        raise ConfigError(f"--cluster asks for {gpus} GPUs, the launcher's --nnodes x --nproc-per-node for "
+                          f"{total}; keep one", key="--cluster")
+    n = gpus or total
+    if n is None:
+        raise ConfigError("the GPU count is unknown: give --cluster TOPOLOGY:GPUS (the launch has no torchrun "
+                          "--nnodes / --nproc-per-node)", key="--cluster")
+    if n % (tp * pp * cp):
+        raise ConfigError(f"{n} GPUs do not divide into tp x pp x cp = {tp} x {pp} x {cp}", key="--cluster")
+    return n // (tp * pp * cp)
+
+
+def _unread(f: Flags, notes: list) -> None:
+    """Every flag not read: named on stderr with the reason."""
+    left = sorted(set(f.values) - f.used)
+    same = [x for x in left if x in NOT_STEP_TIME]
+    unknown = [x for x in left if x not in NOT_STEP_TIME]
+    if same:
+        notes.append(f"not modelled, as they do not change one step's time ({_WHY_NOT}): {', '.join(same)}")
+    if unknown:
+        notes.append(f"not modelled, unknown to sim5d's Megatron-LM import (check they do not change the step): "
+                     f"{', '.join(unknown)}")
+
+
+def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
+    """(the scenario mapping, notes for stderr) of a Megatron-LM launch."""
+    f, launch = parse(text, path)
+    notes: list = []
+    d: dict = {"name": name, "model": {"name": name}, "cluster": {"topology": cluster}, "parallelism": {},
+               "training": {}}
+    for req in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+                "--global-batch-size"):
+        if not f.has(req):
+            raise ConfigError(f"{req} is required (Megatron-LM has no default for it)", key=req, file=path)
+    _direct(f, d)
+    _model(f, d)
+    _moe(f, d, notes)
+    p = d["parallelism"]
+    tp, pp, cp = (p.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                       "context_parallel_size"))
+    _vocab(f, d, notes, tp)
+    _pipeline(f, d, d["model"]["num_layers"], pp)
+    _cp_type(f, d, cp)
+    _precision(f, d, notes)
+    _recompute(f, d)
+    _fsdp(f, d)
+    p["data_parallel_size"] = _data_parallel(launch, gpus, tp, pp, cp)
+    _unread(f, notes)
+    return d, notes
+
+
+# --- export -----------------------------------------------------------------------------------
+def _refuse(sc) -> None:
+    """What Megatron-LM cannot run, or sim5d cannot write as its flags: ConfigError naming the key."""
+    m, p, t = sc.model, sc.parallelism, sc.training
+    if p.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
+        raise ConfigError(f"pipeline_schedule {p.pipeline_schedule}: Megatron-LM runs 1F1B and interleaved 1F1B "
+                          "(no GPipe, Zero Bubble or DualPipe schedule in pretrain_gpt.py)",
+                          key="parallelism.pipeline_schedule")
+    if p.zero_stage == 3 and not p.reshard_after_forward:
+        raise ConfigError("reshard_after_forward false: sim5d's export knows no Megatron-LM flag that keeps the "
+                          "gathered parameters from the forward to the backward; set it true",
+                          key="parallelism.reshard_after_forward")
+    if t.attention_backend != "flash":
+        raise ConfigError("attention_backend unfused: export keeps Megatron-LM's default flash attention; "
+                          "set training.attention_backend: flash", key="training.attention_backend")
+    if m.first_k_dense_layers and m.moe_layer_freq != 1:
+        raise ConfigError("first_k_dense_layers with moe_layer_freq != 1 has no --moe-layer-freq pattern here",
+                          key="model.moe_layer_freq")
+    if t.moe_routing_imbalance != 1.0:
+        raise ConfigError("moe_routing_imbalance is a measured input of sim5d, not a Megatron-LM flag; export "
+                          "a scenario with the default 1.0", key="training.moe_routing_imbalance")
+
+
+def _model_flags(m, seq_length: int) -> list[str]:
+    out = [f"--num-layers {m.num_layers}", f"--hidden-size {m.hidden_size}",
+           f"--ffn-hidden-size {m.ffn_hidden_size}", f"--num-attention-heads {m.num_attention_heads}",
+           f"--kv-channels {m.kv_channels}", f"--seq-length {seq_length}",
+           f"--max-position-embeddings {m.max_position_embeddings}", f"--vocab-size {m.vocab_size}",
+           "--make-vocab-size-divisible-by 1",
+           f"--normalization {'RMSNorm' if m.normalization == 'rmsnorm' else 'LayerNorm'}",
+           f"--position-embedding-type {m.position_embedding_type}",
+           f"--hidden-dropout {m.hidden_dropout!r}", f"--attention-dropout {m.attention_dropout!r}"]
+    if m.num_query_groups != m.num_attention_heads:
+        out += ["--group-query-attention", f"--num-query-groups {m.num_query_groups}"]
+    for flag, on in (("--swiglu", m.activation == "swiglu"), ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
+                     ("--disable-bias-linear", not m.add_bias_linear), ("--add-qkv-bias", m.add_qkv_bias)):
+        if on:
+            out.append(flag)
+    if m.multi_latent_attention:
+        out += ["--multi-latent-attention", f"--q-lora-rank {m.q_lora_rank}", f"--kv-lora-rank {m.kv_lora_rank}",
+                f"--qk-head-dim {m.qk_head_dim}", f"--qk-pos-emb-head-dim {m.qk_pos_emb_head_dim}",
+                f"--v-head-dim {m.v_head_dim}"]
+    if m.mtp_num_layers:
+        out.append(f"--mtp-num-layers {m.mtp_num_layers}")
+    return out
+
+
+def _moe_flags(m, t) -> list[str]:
+    if not m.is_moe:
+        return []
+    out = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.moe_router_topk}",
+           f"--moe-ffn-hidden-size {m.moe_ffn_hidden_size}", f"--moe-token-dispatcher-type {t.moe_token_dispatcher}"]
+    if m.moe_shared_experts:
+        out.append(f"--moe-shared-expert-intermediate-size {m.moe_shared_experts * m.moe_ffn_hidden_size}")
+    if m.first_k_dense_layers:
+        dense, sparse = m.first_k_dense_layers, m.num_layers - m.first_k_dense_layers
+        out.append("--moe-layer-freq " + shlex.quote(f"([0]*{dense}+[1]*{sparse})"))
+    elif m.moe_layer_freq != 1:
+        out.append(f"--moe-layer-freq {m.moe_layer_freq}")
+    if m.moe_router_num_groups:
+        out += [f"--moe-router-num-groups {m.moe_router_num_groups}", f"--moe-router-group-topk {m.moe_router_group_topk}"]
+    if t.moe_flex_dispatcher_backend:
+        out.append(f"--moe-flex-dispatcher-backend {t.moe_flex_dispatcher_backend}")
+    if t.moe_expert_capacity_factor is not None:
+        out.append(f"--moe-expert-capacity-factor {t.moe_expert_capacity_factor!r}")
+    if t.moe_pad_expert_input_to_capacity:
+        out.append("--moe-pad-expert-input-to-capacity")
+    return out
+
+
+def _parallel_flags(p, t) -> list[str]:
+    out = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
+           f"--context-parallel-size {p.cp}", f"--expert-model-parallel-size {p.ep}",
+           f"--expert-tensor-parallel-size {p.etp}"]
+    if p.pipeline_model_parallel_layout is not None:
+        out.append(f"--pipeline-model-parallel-layout {shlex.quote(p.pipeline_model_parallel_layout)}")
+    elif p.vpp > 1:
+        out.append(f"--virtual-pipeline-model-parallel-size {p.vpp}")
+    for flag, value in (("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers),
+                        ("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers)):
+        if value is not None:
+            out.append(f"{flag} {value}")
+    for flag, on in (("--account-for-embedding-in-pipeline-split", p.account_for_embedding_in_pipeline_split),
+                     ("--account-for-loss-in-pipeline-split", p.account_for_loss_in_pipeline_split),
+                     ("--sequence-parallel", p.sequence_parallel and p.tp > 1),
+                     ("--overlap-grad-reduce", t.overlap_grad_reduce),
+                     ("--overlap-param-gather", t.overlap_param_gather), ("--tp-comm-overlap", t.tp_comm_overlap),
+                     ("--no-async-tensor-model-parallel-allreduce", not t.tp_async_backward)):
+        if on:
+            out.append(flag)
+    if p.cp > 1:
+        out.append(f"--cp-comm-type {p.cp_comm_type}")
+    if p.zero_stage == 1:
+        out.append("--use-distributed-optimizer")
+    elif p.zero_stage >= 2:
+        out += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy "
+                + ("optim_grads" if p.zero_stage == 2 else "optim_grads_params")]
+    return out
+
+
+def _training_flags(t) -> list[str]:
+    out = [f"--micro-batch-size {t.micro_batch_size}", f"--global-batch-size {t.global_batch_size}"]
+    if t.recompute == "full":
+        out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif t.recompute == "selective":
+        out.append("--recompute-granularity selective")
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
+            "fp8": ["--bf16", "--fp8-format hybrid",
+                    f"--fp8-recipe {'delayed' if t.fp8_recipe == 'delayed' else 'tensorwise'}"],
+            "mxfp8": ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"],
+            "nvfp4": ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]}[t.precision]
+    return out
+
+
+def from_scenario(sc) -> list[str]:
+    """The Megatron-LM flags (one string each, 'name value') of a scenario's layout; ConfigError
+    naming the key of what Megatron-LM cannot run."""
+    _refuse(sc)
+    m, p, t = sc.model, sc.parallelism, sc.training
+    return _model_flags(m, t.seq_length) + _moe_flags(m, t) + _parallel_flags(p, t) + _training_flags(t)

@@ -1,0 +1,202 @@
+"""`sim5d import` and `sim5d export` for Megatron-LM launches (sim.frameworks.megatron): a real
+launch's flags read with Megatron-LM's defaults and rules, import(export(x)) == x for the bundled
+scenarios Megatron-LM can run and for layouts across every mapped key, and every bad launch
+refused with exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+from sim.config import build_scenario, load_scenario, resolved_dict
+
+LAUNCH = Path(__file__).resolve().parent / "data" / "launches" / "megatron_llama3_8b_fp8.sh"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def _import(path, *args):
+    code, out, err = run_cli("import", str(path), *args)
+    assert code == 0, err
+    return yaml.safe_load(out), err
+
+
+def test_a_megatron_launch_is_read_with_its_defaults_and_notes():
+    data, err = _import(LAUNCH, "--cluster", "dgx-h100-ndr")
+    sc = build_scenario(data)
+    m, p, t = sc.model, sc.parallelism, sc.training
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, m.num_query_groups) == \
+        (32, 4096, 14336, 32, 8)
+    assert (m.activation, m.normalization, m.position_embedding_type, m.tie_embeddings, m.add_bias_linear) == \
+        ("swiglu", "rmsnorm", "rope", False, False)
+    # torchrun --nproc_per_node 8 --nnodes 2: 16 GPUs, tp 2 -> dp 8
+    assert (sc.derived.num_gpus, p.tp, p.pp, p.dp, p.sequence_parallel, p.zero_stage) == (16, 2, 1, 8, True, 1)
+    assert (t.precision, t.fp8_recipe, t.attention_backend, t.overlap_grad_reduce, t.overlap_param_gather) == \
+        ("fp8", "delayed", "flash", True, True)
+    assert (t.seq_length, t.micro_batch_size, t.global_batch_size, t.recompute) == (8192, 1, 128, "none")
+    # nothing dropped silently: the flags that do not change the step, and those unknown
+    assert "--lr," in err and "--rotary-base" in err and "do not change one step's time" in err
+    assert "unknown to sim5d's Megatron-LM import" in err and "--grad-reduce-in-bf16" in err
+
+
+def _launch(tmp_path, body: str, name="l.sh") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+BASE = """\
+    pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \\
+      --micro-batch-size 1 --global-batch-size 16 --vocab-size 50257 {extra}
+    """
+
+
+def test_megatron_defaults_when_the_flags_are_absent(tmp_path):
+    data, err = _import(_launch(tmp_path, BASE.format(extra="--swiglu --tensor-model-parallel-size 2")),
+                        "--cluster", "dgx-h100-ndr:8")
+    sc = build_scenario(data)
+    m = sc.model
+    # arguments.py: SwiGLU's ffn = int(4h x 2/3 / 64) x 64; kv_channels h / heads
+    assert m.ffn_hidden_size == int(4 * 1024 * 2 / 3 / 64) * 64 == 2688 and m.kv_channels == 64
+    # LayerNorm, learned positions up to the sequence, tied embeddings, biases, dropout 0.1, fp32
+    assert (m.normalization, m.position_embedding_type, m.max_position_embeddings, m.tie_embeddings,
+            m.add_bias_linear, m.hidden_dropout, m.attention_dropout) == \
+        ("layernorm", "learned_absolute", 2048, True, True, 0.1, 0.1)
+    assert sc.training.precision == "fp32" and "fp32 (Megatron-LM's default)" in err
+    # the vocabulary padded to a multiple of 128 x tp (Megatron-LM _vocab_size_with_padding)
+    assert m.vocab_size == 50432 == -(-50257 // 256) * 256 and "50,257 padded to 50,432" in err
+    assert (sc.parallelism.tp, sc.parallelism.dp, sc.parallelism.zero_stage) == (2, 4, 0)
+
+
+def _roundtrip(sc_path, tmp_path, sets=()):
+    args = [a for s in sets for a in ("--set", s)]
+    out = tmp_path / "launch.sh"
+    code, _, err = run_cli("export", str(sc_path), *args, "--out", str(out))
+    assert code == 0, err
+    original = load_scenario(str(sc_path), list(sets))
+    data, _ = _import(out, "--cluster", original.cluster.topology.name)
+    data["simulation"] = resolved_dict(original)["simulation"]
+    back = build_scenario(data)
+    a, b = resolved_dict(original), resolved_dict(back)
+    for r in (a, b):
+        r["model"].pop("name")
+        r.pop("name")
+    return a, b
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_import_of_export_is_the_bundled_scenario(tmp_path, path):
+    """Every bundled scenario Megatron-LM can run comes back as it was; the others are refused
+    with the key that Megatron-LM lacks."""
+    p = load_scenario(str(path)).parallelism
+    code, _, err = run_cli("export", str(path))
+    if p.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
+        assert code == 2 and "parallelism.pipeline_schedule" in err
+        return
+    if p.zero_stage == 3 and not p.reshard_after_forward:
+        assert code == 2 and "parallelism.reshard_after_forward" in err
+        return
+    a, b = _roundtrip(path, tmp_path)
+    assert b == a
+
+
+@pytest.mark.parametrize("sets", [
+    ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2"],
+    ["parallelism.cp=2", "parallelism.cp_comm_type=a2a", "parallelism.dp=2"],
+    ["parallelism.zero_stage=3", "training.recompute=full"],
+    ["parallelism.zero_stage=2", "training.recompute=selective"],
+    ["training.precision=fp8", "training.fp8_recipe=current", "training.tp_comm_overlap=true"],
+    ["parallelism.account_for_embedding_in_pipeline_split=true",
+     "parallelism.account_for_loss_in_pipeline_split=true", "model.num_layers=30"],
+    ["parallelism.decoder_first_pipeline_num_layers=15", "parallelism.decoder_last_pipeline_num_layers=17"],
+    ["training.tp_async_backward=false", "training.overlap_param_gather=true"],
+])
+def test_import_of_export_across_the_mapped_keys(tmp_path, sets):
+    a, b = _roundtrip(SCENARIOS / "llama3-8b-h100x16-1f1b.yaml", tmp_path, sets)
+    assert b == a
+
+
+@pytest.mark.parametrize("sets", [
+    ["parallelism.pipeline_schedule=1f1b"],
+    ["parallelism.pipeline_schedule=1f1b", "training.moe_token_dispatcher=flex",
+     "training.moe_expert_capacity_factor=1.25"],
+])
+def test_import_of_export_of_moe_layouts(tmp_path, sets):
+    a, b = _roundtrip(SCENARIOS / "mixtral-8x7b-h100x64-dualpipe.yaml", tmp_path, sets)
+    assert b == a
+
+
+def test_import_of_export_of_deepseek_v3(tmp_path):
+    # MLA, 3 dense layers first, a shared expert, node-limited routing, MTP, uneven stages, flex
+    a, b = _roundtrip(SCENARIOS / "deepseek-v3-h800x2048-dualpipe.yaml", tmp_path,
+                      ["parallelism.pipeline_schedule=1f1b"])
+    assert b == a
+
+
+@pytest.mark.parametrize("scenario,key", [
+    ("mixtral-8x7b-h100x64-dualpipe", "parallelism.pipeline_schedule"),
+    ("llama3-8b-h100x8-zbv", "parallelism.pipeline_schedule"),
+])
+def test_export_refuses_what_megatron_cannot_run(scenario, key):
+    code, out, err = run_cli("export", scenario)
+    assert code == 2 and key in err and "Megatron-LM runs 1F1B" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("extra,cluster,words", [
+    ("--num-layers-per-virtual-pipeline-stage $VPP", "dgx-h100-ndr:8", ["shell variable", "bash -x"]),
+    ("${MODEL_ARGS[@]}", "dgx-h100-ndr:8", ["shell variable"]),
+    ("--bf16 --fp16", "dgx-h100-ndr:8", ["--fp16", "--bf16 and --fp16"]),
+    ("--num-query-groups 4", "dgx-h100-ndr:8", ["--num-query-groups", "--group-query-attention"]),
+    ("--fp8-format e4m3 --fp8-recipe blockwise", "dgx-h100-ndr:8", ["--fp8-recipe", "blockwise", "not modelled"]),
+    ("--fp8-recipe delayed", "dgx-h100-ndr:8", ["--fp8-format"]),
+    ("--num-experts 8 --moe-token-dispatcher-type allgather", "dgx-h100-ndr:8", ["allgather", "not modelled"]),
+    ("--tensor-model-parallel-size 3", "dgx-h100-ndr:8", ["8 GPUs do not divide", "tp x pp x cp"]),
+    ("--hidden-size 2048", "dgx-h100-ndr:8", ["--hidden-size", "twice"]),
+    ("--sequence-parallel yes", "dgx-h100-ndr:8", ["--sequence-parallel", "switch"]),
+    ("--cp-comm-type allgather --context-parallel-size 2", "dgx-h100-ndr:8", ["--cp-comm-type", "p2p and a2a"]),
+    ("--moe-layer-freq 2", "dgx-h100-ndr:8", ["--moe-layer-freq", "--num-experts"]),
+    ("--micro-batch-size x", "dgx-h100-ndr:8", ["--micro-batch-size", "twice"]),
+    ("--num-experts 8 --moe-router-topk two", "dgx-h100-ndr:8", ["--moe-router-topk", "must be an integer"]),
+    ("--hidden-dropout nan", "dgx-h100-ndr:8", ["--hidden-dropout", "finite"]),
+    ("", "dgx-h100-ndr", ["GPU count is unknown", "--cluster"]),
+    ("", "dgx-h100-ndr:abc", ["--cluster", "TOPOLOGY:GPUS"]),
+    ("--tensor-model-parallel-size 2", "no-such-topology:8", ["no-such-topology"]),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 1", "dgx-h100-ndr:8",
+     ["--recompute-num-layers", "every layer"]),
+])
+def test_bad_launches_exit_2_naming_the_flag(tmp_path, extra, cluster, words):
+    code, out, err = run_cli("import", str(_launch(tmp_path, BASE.format(extra=extra))), "--cluster", cluster)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_the_launcher_and_the_cluster_must_agree(tmp_path):
+    path = _launch(tmp_path, "torchrun --nnodes 2 --nproc-per-node 8 " + BASE.format(extra=""))
+    code, _, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and "16" in err and "keep one" in err
+    data, _ = _import(path, "--cluster", "dgx-h100-ndr:16")
+    assert data["parallelism"]["data_parallel_size"] == 16
+
+
+def test_missing_vocabulary_and_files_that_are_not_launches(tmp_path):
+    path = _launch(tmp_path, BASE.format(extra="").replace("--vocab-size 50257", ""))
+    code, _, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and "--vocab-size is needed" in err
+    binary = tmp_path / "b.sh"
+    binary.write_bytes(b"\xff\xfe\x00\x01")
+    for f, words in ((binary, "cannot be read as a text file"), (tmp_path / "none.sh", "no such file")):
+        code, _, err = run_cli("import", str(f), "--cluster", "dgx-h100-ndr:8")
+        assert code == 2 and words in err and "Traceback" not in err
+    code, _, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8", "--format", "nemo")
+    assert code == 2 and "--format" in err
+
+
+def test_an_imported_launch_that_breaks_a_scenario_rule_names_it(tmp_path):
+    # MoE with tp > 1 without sequence parallelism: Megatron-Core refuses it, and so does sim5d
+    extra = "--num-experts 8 --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2"
+    code, _, err = run_cli("import", str(_launch(tmp_path, BASE.format(extra=extra))), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and "parallelism.sequence_parallel" in err and "not a valid scenario" in err
