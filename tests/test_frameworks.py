@@ -200,3 +200,90 @@ def test_an_imported_launch_that_breaks_a_scenario_rule_names_it(tmp_path):
     extra = "--num-experts 8 --moe-token-dispatcher-type alltoall --tensor-model-parallel-size 2"
     code, _, err = run_cli("import", str(_launch(tmp_path, BASE.format(extra=extra))), "--cluster", "dgx-h100-ndr:8")
     assert code == 2 and "parallelism.sequence_parallel" in err and "not a valid scenario" in err
+
+
+# --- torchtitan ---------------------------------------------------------------------------------
+TOML = Path(__file__).resolve().parent / "data" / "launches" / "torchtitan_llama3_70b.toml"
+
+
+def test_a_torchtitan_toml_is_read_with_its_defaults():
+    data, err = _import(TOML, "--cluster", "dgx-h100-ndr:64")
+    sc = build_scenario(data)
+    p, t = sc.parallelism, sc.training
+    # data_parallel_shard_degree -1: the 64 GPUs over tp 8 -> FSDP over 8, resharded after the
+    # forward (torchtitan's default without PP), gradients every microbatch (FSDP2 in its loop)
+    assert (sc.model.name, p.tp, p.pp, p.dp, p.zero_stage, p.reshard_after_forward, p.grad_reduce) == \
+        ("llama3-70b", 8, 1, 8, 3, True, "microbatch")
+    assert (p.sequence_parallel, t.micro_batch_size, t.global_batch_size, t.seq_length) == (True, 8, 64, 8192)
+    assert (t.precision, t.recompute, t.overlap_grad_reduce, t.overlap_param_gather) == ("bf16", "full", True, True)
+    assert "[optimizer]" in err and "training.max_norm" in err and "do not change one step's time" in err
+
+
+def _tt_roundtrip(tmp_path, sets):
+    args = [a for s in sets for a in ("--set", s)]
+    out = tmp_path / "job.toml"
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan", *args, "--out", str(out))
+    assert code == 0, err
+    original = load_scenario("llama3-8b-h100x16-1f1b", list(sets))
+    data, _ = _import(out, "--cluster", f"dgx-h100-ndr:{original.derived.num_gpus}")
+    data["simulation"] = resolved_dict(original)["simulation"]
+    a, b = resolved_dict(original), resolved_dict(build_scenario(data))
+    for r in (a, b):
+        r.pop("name")
+    return a, b
+
+
+TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.recompute=none"]
+
+
+@pytest.mark.parametrize("sets", [
+    TT,                                                                  # FSDP + TP + PP 1F1B
+    TT + ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2"],     # first/last_stage_less 0
+    TT + ["parallelism.account_for_embedding_in_pipeline_split=true",      # first and last stage one short
+          "parallelism.account_for_loss_in_pipeline_split=true", "training.global_batch_size=128"],
+    TT + ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full"],
+    TT + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4", "training.precision=fp8",
+          "training.fp8_recipe=current"],
+    ["parallelism.zero_stage=0", "training.recompute=full", "parallelism.pp=1", "parallelism.dp=8"],      # DDP
+])
+def test_torchtitan_import_of_export(tmp_path, sets):
+    a, b = _tt_roundtrip(tmp_path, sets)
+    assert b == a
+
+
+def test_torchtitan_export_refuses_what_it_cannot_run():
+    for sets, key in ((["parallelism.zero_stage=1"], "parallelism.zero_stage"),
+                      (["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.recompute=selective"],
+                       "training.recompute"),
+                      (["model.num_layers=30"], "model"),
+                      (["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.recompute=none",
+                        "parallelism.pipeline_schedule=zb-h1"], "parallelism.pipeline_schedule")):
+        code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan",
+                               *[a for s in sets for a in ("--set", s)])
+        assert code == 2 and key in err and "Traceback" not in err, (sets, err)
+
+
+@pytest.mark.parametrize("body,words", [
+    ('[model]\nname = "llama4"\nflavor = "17bx16e"\n', ["model.flavor", "llama4", "presets"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 2\n'
+     'data_parallel_shard_degree = 4\n', ["HSDP", "not modelled"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "selective"\n'
+     'selective_ac_option = "op"\n', ["activation_checkpoint.mode", "op-level"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n', ["activation_checkpoint.mode", "'2'"]),   # torchtitan's default
+    ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[float8]\nrecipe_name = "rowwise"\n'
+     '[activation_checkpoint]\nmode = "none"\n', ["row-wise FP8"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ncontext_parallel_degree = 2\n'
+     '[activation_checkpoint]\nmode = "none"\n', ["context_parallel_rotate_method", "all-gather"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ntensor_parallel_degree = 3\n', ["do not divide"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = "8"\n', ["local_batch_size", "integer"]),
+    ("[model\nname = 1\n", ["not a TOML file"]),
+])
+def test_bad_torchtitan_tomls_exit_2_naming_the_key(tmp_path, body, words):
+    path = tmp_path / "job.toml"
+    path.write_text(body)
+    code, out, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    code, _, err = run_cli("import", str(TOML), "--cluster", "dgx-h100-ndr")
+    assert code == 2 and "GPU count is unknown" in err

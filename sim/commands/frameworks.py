@@ -32,10 +32,14 @@ def _check_format(fmt: str) -> None:
         raise ConfigError(f"--format {fmt!r} must be one of {', '.join(FORMATS)}", key="--format")
 
 
-def import_launch(path: Path, *, cluster: str, name: str | None = None) -> tuple[dict, list]:
-    """(scenario mapping, notes) of a Megatron-LM launch file, validated as a scenario."""
+def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str = "megatron") -> tuple[dict, list]:
+    """(scenario mapping, notes) of a launch file (Megatron-LM flags or a torchtitan TOML),
+    validated as a scenario."""
+    import importlib
+
     from sim.config import build_scenario
-    from sim.frameworks import megatron
+
+    module = importlib.import_module(f"sim.frameworks.{fmt}")
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -44,7 +48,7 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None) -> tuple
     except (UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"{path}: cannot be read as a text file ({e})", key="FILE") from None
     topo, gpus = parse_cluster(cluster)
-    data, notes = megatron.to_scenario(text, str(path), cluster=topo, gpus=gpus, name=name or path.stem)
+    data, notes = module.to_scenario(text, str(path), cluster=topo, gpus=gpus, name=name or path.stem)
     try:
         build_scenario(dict(data), file=None, default_name=data["name"])
     except ConfigError as e:
@@ -53,23 +57,30 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None) -> tuple
     return data, notes
 
 
-def export_lines(sc) -> list[str]:
-    """The launch of a scenario: torchrun with its nodes and GPUs per node, then the flags."""
+def export_text(sc, fmt: str = "megatron") -> str:
+    """The launch of a scenario: Megatron-LM's torchrun line with the GPUs and the flags, or a
+    torchtitan job TOML."""
+    if fmt == "torchtitan":
+        from sim.frameworks import torchtitan
+
+        return torchtitan.from_scenario(sc)
     from sim.frameworks import megatron
 
     flags = megatron.from_scenario(sc)
     per_node = min(sc.cluster.topology.gpus_per_node, sc.derived.num_gpus)
     nodes = sc.derived.num_gpus // per_node
     head = f"torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py"
-    return [head] + flags
+    return f"# sim5d export of {sc.name}: Megatron-LM pretrain_gpt.py\n" + " \\\n    ".join([head] + flags) + "\n"
 
 
 def register(app: typer.Typer) -> None:
     @app.command("import")
     def import_cmd(
-        file: Path = typer.Argument(..., help="A Megatron-LM launch: a shell script or a file of pretrain_gpt.py "
-                                    "arguments (a torchrun line before the script gives the GPU count)."),
-        format_: str = typer.Option("megatron", "--format", help="The launch's framework: megatron."),
+        file: Path = typer.Argument(..., help="A Megatron-LM launch (a shell script or a file of pretrain_gpt.py "
+                                    "arguments; a torchrun line before the script gives the GPU count) or a "
+                                    "torchtitan job TOML."),
+        format_: Optional[str] = typer.Option(None, "--format", help="megatron or torchtitan (default: torchtitan "
+                                              "for a .toml file, else megatron)."),
         cluster: str = typer.Option(..., "--cluster", help="TOPOLOGY or TOPOLOGY:GPUS (bundled name or YAML); "
                                     "GPUS may come from the launch's torchrun --nnodes x --nproc-per-node."),
         out: Optional[Path] = typer.Option(None, "--out", help="Scenario YAML to write (default: stdout)."),
@@ -79,8 +90,9 @@ def register(app: typer.Typer) -> None:
         reported on stderr as not modelled with the reason; contradictions exit 2."""
         import yaml
 
-        _check_format(format_)
-        data, notes = import_launch(file, cluster=cluster, name=name)
+        fmt = format_ or ("torchtitan" if file.suffix == ".toml" else "megatron")
+        _check_format(fmt)
+        data, notes = import_launch(file, cluster=cluster, name=name, fmt=fmt)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         text = yaml.safe_dump(data, sort_keys=False)
@@ -94,18 +106,18 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_cmd(
         scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
-        format_: str = typer.Option("megatron", "--format", help="The framework: megatron."),
+        format_: str = typer.Option("megatron", "--format", help="The framework: megatron or torchtitan."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
     ) -> None:
-        """Write a scenario's layout as the framework's launch (torchrun + pretrain_gpt.py flags);
-        a layout the framework cannot run is refused with the reason (exit 2)."""
+        """Write a scenario's layout as the framework's launch (Megatron-LM: torchrun + pretrain_gpt.py
+        flags; torchtitan: a job TOML); a layout the framework cannot run is refused with the reason
+        (exit 2)."""
         from sim.config import load_scenario
 
         _check_format(format_)
         sc = load_scenario(scenario, overrides=set_ or [])
-        lines = export_lines(sc)
-        text = f"# sim5d export of {sc.name}: Megatron-LM pretrain_gpt.py\n" + " \\\n    ".join(lines) + "\n"
+        text = export_text(sc, format_)
         if out is None:
             typer.echo(text, nl=False)
         else:

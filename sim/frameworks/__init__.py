@@ -3,6 +3,7 @@
 - `megatron`: Megatron-LM's `pretrain_gpt.py` arguments as a launch script passes them
   (sim.frameworks.megatron): `sim5d import launch.sh --format megatron --cluster T:GPUS` writes
   the scenario, `sim5d export SCENARIO --format megatron` the flags of a layout.
+- `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways.
 
 Each importer maps every flag it reads to a scenario key, or reports it on stderr as not
 modelled with the reason; a value sim5d cannot represent, or two flags that contradict each
@@ -11,4 +12,4 @@ other, is an error naming them (exit 2). The scenario is then validated as any s
 
 from __future__ import annotations
 
-FORMATS = ("megatron",)
+FORMATS = ("megatron", "torchtitan")

@@ -1,0 +1,300 @@
+"""torchtitan job TOMLs as sim5d scenarios, and sim5d layouts as torchtitan TOMLs.
+
+The format is torchtitan's TOML job config (torchtitan/config/job_config.py up to the refactor
+to Python configs, pytorch/torchtitan 9810191, and its train_configs/*.toml): `[model]` name and
+flavor, `[training]` local_batch_size / global_batch_size / seq_len / mixed_precision_param,
+`[parallelism]` degrees and pipeline keys, `[activation_checkpoint]`, `[model] converters` with
+`[quantize.linear.*]`. Defaults are torchtitan's where a key is absent: data_parallel_shard_degree
+-1 (every GPU the other degrees leave), first and last pipeline stages one layer short each
+(pipeline_parallel_first/last_stage_less_layers 1: the embedding and the output count as a
+layer, sim5d's account_for_* keys), 1F1B, pipeline microbatches of 1, bfloat16 parameters,
+FSDP2's reshard_after_forward "default" (resharded unless pipeline parallel, torchtitan's
+parallelize), activation checkpointing "selective" with option "2".
+
+A flavor is one of the bundled presets it equals (Llama 3 8B, 70B, 405B; DeepSeek-V3 671B). What
+sim5d models differently is refused with the reason rather than approximated: HSDP, op-level or
+every-n-th-layer selective checkpointing, row-wise FP8, CP by all-gather.
+"""
+
+from __future__ import annotations
+
+from sim.errors import ConfigError
+
+FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
+           ("deepseek_v3", "671B"): "deepseek-v3"}
+SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "GPipe": "gpipe", "ZBVZeroBubble": "zbv",
+             "DualPipeV": "dualpipev", "InterleavedZeroBubble": "zb-h1"}
+"""torch.distributed.pipelining's schedule names -> sim5d's (InterleavedZeroBubble is ZB-H1's
+split backward on interleaved stages; sim5d runs it as zb-h1 with one chunk per rank only)."""
+# what a TOML may hold that does not change one step's time
+NOT_STEP_TIME = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
+                 "comm", "fault_tolerance", "experimental", "memory_estimation", "float8", "mx"}
+
+
+NOT_STEP_TIME_KEYS = {"model.hf_assets_path", "model.tokenizer_path", "training.max_norm", "training.steps",
+                      "training.dataset", "training.dataset_path", "training.gc_freq", "training.gc_debug",
+                      "training.seed", "training.deterministic", "training.warmup_steps", "compile.components",
+                      "training.enable_cpu_offload", "training.mixed_precision_reduce", "training.dtype"}
+"""Keys of the step-time sections that do not change one step's time."""
+
+
+def _load(text: str, path: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:                  # Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"not a TOML file: {e}", file=path) from None
+
+
+class _Toml:
+    """A job config's sections, with the keys read marked (the rest are reported)."""
+
+    def __init__(self, data: dict, path: str):
+        self.data, self.path, self.used = data, path, set()
+
+    def get(self, section: str, key: str, default=None, kind=None):
+        self.used.add((section, key))
+        sec = self.data.get(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"[{section}] must be a table", key=section, file=self.path)
+        v = sec.get(key, default)
+        if kind is not None and v is not None and (not isinstance(v, kind) or isinstance(v, bool) and kind is int):
+            raise ConfigError(f"{section}.{key} = {v!r} must be {'an integer' if kind is int else kind.__name__}",
+                              key=f"{section}.{key}", file=self.path)
+        return v
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(message, key=key, file=self.path)
+
+    def unread(self) -> list:
+        out = []
+        for section, body in self.data.items():
+            if section in NOT_STEP_TIME or section == "quantize":
+                continue
+            for key in (body if isinstance(body, dict) else {}):
+                if (section, key) not in self.used:
+                    out.append(f"{section}.{key}")
+        return out
+
+
+def _model(t: _Toml) -> str:
+    name, flavor = t.get("model", "name"), t.get("model", "flavor")
+    preset = FLAVORS.get((name, str(flavor)))
+    if preset is None:
+        known = ", ".join(f"{n} {f}" for n, f in FLAVORS)
+        raise t.error("model.flavor", f"model {name!r} flavor {flavor!r} is not one of sim5d's presets ({known}); "
+                      "write the scenario's model mapping by hand")
+    return preset
+
+
+def _parallel(t: _Toml, gpus: int, d: dict, pp_layers: int) -> None:
+    g = lambda k, dflt: t.get("parallelism", k, dflt, int)      # noqa: E731
+    tp, pp, cp = g("tensor_parallel_degree", 1), g("pipeline_parallel_degree", 1), g("context_parallel_degree", 1)
+    ep, etp = g("expert_parallel_degree", 1), g("expert_tensor_parallel_degree", 1)
+    rep, shard = g("data_parallel_replicate_degree", 1), g("data_parallel_shard_degree", -1)
+    for name, v in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
+                    ("context_parallel_degree", cp), ("data_parallel_replicate_degree", rep)):
+        if v < 1:
+            raise t.error(f"parallelism.{name}", f"parallelism.{name} = {v} must be at least 1")
+    if shard == -1:
+        if gpus % (rep * tp * pp * cp):
+            raise t.error("parallelism.data_parallel_shard_degree", f"{gpus} GPUs do not divide into replicate x "
+                          f"tp x pp x cp = {rep} x {tp} x {pp} x {cp} (data_parallel_shard_degree -1 takes the rest)")
+        shard = gpus // (rep * tp * pp * cp)
+    elif shard < 1 or rep * shard * tp * pp * cp != gpus:
+        raise t.error("parallelism.data_parallel_shard_degree", f"replicate x shard x tp x pp x cp = {rep} x {shard} "
+                      f"x {tp} x {pp} x {cp} must be the {gpus} GPUs of --cluster")
+    if rep > 1 and shard > 1:
+        raise t.error("parallelism.data_parallel_replicate_degree", "HSDP (replicate and shard degrees both > 1) "
+                      "is not modelled: sim5d shards over the whole data-parallel group (FSDP) or not at all (DDP)")
+    p = d["parallelism"]
+    p.update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
+             expert_model_parallel_size=ep, data_parallel_size=rep * shard, sequence_parallel=tp > 1,
+             zero_stage=3 if shard > 1 else 0)
+    if ep > 1:
+        p["expert_tensor_parallel_size"] = etp
+    reshard = t.get("parallelism", "fsdp_reshard_after_forward", "default")
+    if shard > 1:
+        if reshard not in ("default", "always", "never"):
+            raise t.error("parallelism.fsdp_reshard_after_forward", f"{reshard!r} must be default, always or never")
+        p["reshard_after_forward"] = reshard == "always" or (reshard == "default" and pp == 1)
+    schedule = t.get("parallelism", "pipeline_parallel_schedule", "1F1B")
+    if schedule not in SCHEDULES:
+        raise t.error("parallelism.pipeline_parallel_schedule", f"{schedule!r} must be one of {', '.join(SCHEDULES)}")
+    p["pipeline_schedule"] = SCHEDULES[schedule] if pp > 1 else "1f1b"
+    first, last = g("pipeline_parallel_first_stage_less_layers", 1), g("pipeline_parallel_last_stage_less_layers", 1)
+    if pp > 1:
+        for key, v in (("first", first), ("last", last)):
+            if v not in (0, 1):
+                raise t.error(f"parallelism.pipeline_parallel_{key}_stage_less_layers", f"{v}: sim5d counts the "
+                              "embedding / output as one layer of the split (1) or none (0)")
+        p["account_for_embedding_in_pipeline_split"] = first == 1
+        p["account_for_loss_in_pipeline_split"] = last == 1
+        per_stage = g("pipeline_parallel_layers_per_stage", None)
+        if per_stage:
+            stages = (pp_layers + first + last) // per_stage
+            if stages * per_stage != pp_layers + first + last or stages % pp:
+                raise t.error("parallelism.pipeline_parallel_layers_per_stage", f"{per_stage} layers per stage do "
+                              f"not split {pp_layers} layers (+ {first} + {last}) into a multiple of {pp} stages")
+            if stages > pp:
+                p["virtual_pipeline_model_parallel_size"] = stages // pp
+    if cp > 1:
+        rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
+        if rotate != "alltoall":
+            raise t.error("parallelism.context_parallel_rotate_method", f"{rotate!r}: CP by all-gather of the K/V "
+                          "shards is not modelled (sim5d runs the ring, which alltoall rotation is)")
+        p["cp_comm_type"] = "p2p"
+    if t.get("parallelism", "expert_parallel_comm_backend", "standard") == "deepep":
+        d["training"].update(moe_token_dispatcher="flex", moe_flex_dispatcher_backend="deepep")
+    if t.get("parallelism", "enable_async_tensor_parallel", False):
+        d["training"]["tp_comm_overlap"] = True
+
+
+def _training(t: _Toml, d: dict) -> None:
+    g = lambda k, dflt: t.get("training", k, dflt, int)      # noqa: E731
+    local, total, seq = g("local_batch_size", 8), g("global_batch_size", -1), g("seq_len", 2048)
+    p = d["parallelism"]
+    pp_mb = t.get("parallelism", "pipeline_parallel_microbatch_size", 1, int)
+    micro = pp_mb if p["pipeline_model_parallel_size"] > 1 else local
+    if local < 1 or micro < 1 or seq < 1:
+        raise t.error("training.local_batch_size", "local_batch_size, pipeline_parallel_microbatch_size and seq_len "
+                      "must be at least 1")
+    tr = d["training"]
+    tr.update(seq_length=seq, micro_batch_size=micro,
+              global_batch_size=total if total > 0 else local * p["data_parallel_size"])
+    param = t.get("training", "mixed_precision_param", "bfloat16")
+    if param not in ("bfloat16", "float32"):
+        raise t.error("training.mixed_precision_param", f"{param!r} must be bfloat16 or float32")
+    tr["precision"] = "bf16" if param == "bfloat16" else "fp32"
+    converters = t.get("model", "converters", [])
+    for c in converters:
+        if c in ("float8", "quantize.linear.float8"):
+            recipe = (t.data.get("quantize", {}).get("linear", {}).get("float8", {}).get("recipe_name")
+                      or t.data.get("float8", {}).get("recipe_name") or "tensorwise")
+            if recipe != "tensorwise":
+                raise t.error("quantize.linear.float8.recipe_name", f"{recipe!r}: row-wise FP8 is not modelled "
+                              "(sim5d runs tensor-wise current scaling)")
+            tr.update(precision="fp8", fp8_recipe="current")
+        elif c in ("mx", "quantize.linear.mx"):
+            tr["precision"] = "mxfp8"
+        elif c not in ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx"):
+            raise t.error("model.converters", f"converter {c!r} is not modelled")
+    mode = t.get("activation_checkpoint", "mode", "selective")
+    option = str(t.get("activation_checkpoint", "selective_ac_option", "2"))
+    if mode == "selective" and option == "1":
+        mode = "full"                                  # every layer checkpointed: full recompute
+    if mode not in ("none", "full"):
+        raise t.error("activation_checkpoint.mode", f"mode {mode!r} (selective_ac_option {option!r}) is not "
+                      "modelled: torchtitan's op-level or every-n-th-layer checkpointing is not sim5d's selective "
+                      "recompute (the core attention); use none or full")
+    tr["recompute"] = mode
+    tr["overlap_grad_reduce"] = True             # DDP buckets and FSDP2's reduce-scatters run under the backward
+    tr["overlap_param_gather"] = p["zero_stage"] == 3     # FSDP2 prefetches the next layer's all-gather
+
+
+def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
+    """(the scenario mapping, notes for stderr) of a torchtitan job TOML."""
+    t = _Toml(_load(text, path), path)
+    if gpus is None:
+        raise ConfigError("the GPU count is unknown: give --cluster TOPOLOGY:GPUS (a torchtitan TOML has no world "
+                          "size: NGPU on the launch line)", key="--cluster")
+    preset = _model(t)
+    from sim.presets import PRESETS
+
+    d: dict = {"name": name, "model": preset, "cluster": {"topology": cluster}, "parallelism": {}, "training": {}}
+    _parallel(t, gpus, d, PRESETS[preset].num_layers)
+    _training(t, d)
+    notes = []
+    if t.get("compile", "enable", False):
+        notes.append("compile.enable: torch.compile's fusions are not modelled (sim5d's kernels are eager "
+                     "Transformer-Engine-like ones)")
+    skipped = [f"[{s}]" for s in sorted(t.data) if s in NOT_STEP_TIME]
+    unread = t.unread()
+    skipped += [k for k in unread if k in NOT_STEP_TIME_KEYS]
+    unread = [k for k in unread if k not in NOT_STEP_TIME_KEYS]
+    if skipped:
+        notes.append(f"not modelled, as they do not change one step's time: {', '.join(skipped)}")
+    if unread:
+        notes.append(f"not modelled, unknown to sim5d's torchtitan import (check they do not change the step): "
+                     f"{', '.join(unread)}")
+    return d, notes
+
+
+# --- export -----------------------------------------------------------------------------------
+def from_scenario(sc) -> str:
+    """A torchtitan job TOML of a scenario's layout; ConfigError naming the key of what
+    torchtitan cannot run or sim5d cannot write."""
+    from dataclasses import asdict
+
+    from sim.presets import PRESETS
+
+    m, p, t = sc.model, sc.parallelism, sc.training
+    flavor = next(((n, f) for (n, f), preset in FLAVORS.items()
+                   if {k: v for k, v in asdict(PRESETS[preset]).items() if k not in ("name", "source")}
+                   == {k: v for k, v in asdict(m).items() if k not in ("name", "source")}), None)
+    if flavor is None:
+        raise ConfigError(f"model {m.name}: torchtitan's flavors are {', '.join(f'{n} {f}' for n, f in FLAVORS)} "
+                          "as bundled", key="model")
+    if p.zero_stage in (1, 2):
+        raise ConfigError(f"zero_stage {p.zero_stage}: torchtitan runs DDP (0) or FSDP2 (3)", key="parallelism.zero_stage")
+    back = {v: k for k, v in SCHEDULES.items()}
+    if p.pp > 1 and (p.pipeline_schedule not in back or p.pipeline_schedule == "zb-h1"):
+        raise ConfigError(f"pipeline_schedule {p.pipeline_schedule} has no torchtitan schedule here",
+                          key="parallelism.pipeline_schedule")
+    if p.pp > 1 and (p.decoder_first_pipeline_num_layers is not None or p.pipeline_model_parallel_layout is not None):
+        raise ConfigError("uneven first / last stages by count or layout: torchtitan's split is layers per stage",
+                          key="parallelism.decoder_first_pipeline_num_layers")
+    if p.cp > 1 and p.cp_comm_type != "p2p":
+        raise ConfigError("cp_comm_type a2a (Ulysses) is not a torchtitan context-parallel method",
+                          key="parallelism.cp_comm_type")
+    if t.recompute == "selective":
+        raise ConfigError("recompute selective (the core attention) is not one of torchtitan's checkpointing modes",
+                          key="training.recompute")
+    if t.precision not in ("bf16", "fp32", "fp8", "mxfp8") or (t.precision == "fp8" and t.fp8_recipe != "current"):
+        raise ConfigError(f"precision {t.precision} {t.fp8_recipe or ''}: torchtitan trains bf16, fp32, tensor-wise "
+                          "FP8 (current scaling) or MXFP8", key="training.precision")
+    if (t.moe_token_dispatcher == "flex" and t.moe_flex_dispatcher_backend != "deepep") or t.moe_expert_capacity_factor:
+        raise ConfigError("MoE: torchtitan runs dropless all-to-all or DeepEP", key="training.moe_token_dispatcher")
+    if (t.moe_routing_imbalance != 1.0 or not t.overlap_grad_reduce
+            or t.overlap_param_gather != (p.zero_stage == 3)):
+        raise ConfigError("torchtitan always overlaps the gradient reduction and FSDP's gathers (DDP has none), "
+                          "and the routing imbalance is a measured input: set overlap_grad_reduce true, "
+                          "overlap_param_gather true with FSDP (false with DDP), moe_routing_imbalance 1.0",
+                          key="training.overlap_grad_reduce")
+    first, last = int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split)
+    pp_lines = []
+    if p.pp > 1:
+        pp_lines = [f'pipeline_parallel_schedule = "{back[p.pipeline_schedule]}"',
+                    f"pipeline_parallel_microbatch_size = {t.micro_batch_size}",
+                    f"pipeline_parallel_first_stage_less_layers = {first}",
+                    f"pipeline_parallel_last_stage_less_layers = {last}",
+                    f"pipeline_parallel_layers_per_stage = {(m.num_layers + first + last) // (p.pp * p.vpp)}"]
+        if p.zero_stage == 3:
+            pp_lines.append(f'fsdp_reshard_after_forward = "{"always" if p.reshard_after_forward else "never"}"')
+    elif p.zero_stage == 3:
+        pp_lines.append(f'fsdp_reshard_after_forward = "{"default" if p.reshard_after_forward else "never"}"')
+    local = t.micro_batch_size if p.pp == 1 else t.global_batch_size // p.dp
+    if p.pp == 1 and t.global_batch_size % (local * p.dp):
+        raise ConfigError("global_batch_size is not a multiple of micro_batch_size x dp", key="training.global_batch_size")
+    converters = {"fp8": '["quantize.linear.float8"]', "mxfp8": '["quantize.linear.mx"]'}.get(t.precision)
+    lines = [f"# sim5d export of {sc.name}: a torchtitan job config (NGPU={sc.derived.num_gpus})", "",
+             "[model]", f'name = "{flavor[0]}"', f'flavor = "{flavor[1]}"'] + (
+        [f"converters = {converters}"] if converters else []) + [
+        "", "[training]", f"local_batch_size = {local}", f"global_batch_size = {t.global_batch_size}",
+        f"seq_len = {t.seq_length}", f'mixed_precision_param = "{"float32" if t.precision == "fp32" else "bfloat16"}"',
+        "", "[parallelism]",
+        f"data_parallel_replicate_degree = {p.dp if p.zero_stage == 0 else 1}",
+        f"data_parallel_shard_degree = {p.dp if p.zero_stage == 3 else 1}",
+        f"tensor_parallel_degree = {p.tp}", f"pipeline_parallel_degree = {p.pp}",
+        f"context_parallel_degree = {p.cp}", f"expert_parallel_degree = {p.ep}"] + (
+        [f"expert_tensor_parallel_degree = {p.etp}"] if p.ep > 1 else []) + (
+        ['context_parallel_rotate_method = "alltoall"'] if p.cp > 1 else []) + (
+        ['expert_parallel_comm_backend = "deepep"'] if t.moe_token_dispatcher == "flex" else []) + (
+        ["enable_async_tensor_parallel = true"] if t.tp_comm_overlap else []) + pp_lines + [
+        "", "[activation_checkpoint]", f'mode = "{t.recompute}"']
+    if t.precision == "fp8":
+        lines += ["", "[quantize.linear.float8]", 'recipe_name = "tensorwise"']
+    return "\n".join(lines) + "\n"
