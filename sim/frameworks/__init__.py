@@ -13,3 +13,16 @@ other, is an error naming them (exit 2). The scenario is then validated as any s
 from __future__ import annotations
 
 FORMATS = ("megatron", "torchtitan")
+
+
+def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> list[str]:
+    """The stderr notes for what an import did not map: the keys that do not change one step's
+    time (`why`: which kinds they are), and the keys the importer does not know."""
+    notes = []
+    if same:
+        notes.append(f"not modelled, as they do not change one step's time{f' ({why})' if why else ''}: "
+                     f"{', '.join(same)}")
+    if unknown:
+        notes.append(f"not modelled, unknown to sim5d's {importer} import (check they do not change the step): "
+                     f"{', '.join(unknown)}")
+    return notes

@@ -24,6 +24,7 @@ import re
 import shlex
 
 from sim.errors import ConfigError
+from sim.frameworks import unread_notes
 
 # flags that do not change one step's time: reported as such, never silently dropped
 NOT_STEP_TIME = (
@@ -484,13 +485,8 @@ def _data_parallel(launch: dict, gpus: int | None, tp: int, pp: int, cp: int) ->
 def _unread(f: Flags, notes: list) -> None:
     """Every flag not read: named on stderr with the reason."""
     left = sorted(set(f.values) - f.used)
-    same = [x for x in left if x in NOT_STEP_TIME]
-    unknown = [x for x in left if x not in NOT_STEP_TIME]
-    if same:
-        notes.append(f"not modelled, as they do not change one step's time ({_WHY_NOT}): {', '.join(same)}")
-    if unknown:
-        notes.append(f"not modelled, unknown to sim5d's Megatron-LM import (check they do not change the step): "
-                     f"{', '.join(unknown)}")
+    notes += unread_notes([x for x in left if x in NOT_STEP_TIME], [x for x in left if x not in NOT_STEP_TIME],
+                          "Megatron-LM", _WHY_NOT)
 
 
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:

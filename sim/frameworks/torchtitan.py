@@ -19,6 +19,7 @@ every-n-th-layer selective checkpointing, row-wise FP8, CP by all-gather.
 from __future__ import annotations
 
 from sim.errors import ConfigError
+from sim.frameworks import unread_notes
 
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
            ("deepseek_v3", "671B"): "deepseek-v3"}
@@ -215,12 +216,7 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
     unread = t.unread()
     skipped += [k for k in unread if k in NOT_STEP_TIME_KEYS]
     unread = [k for k in unread if k not in NOT_STEP_TIME_KEYS]
-    if skipped:
-        notes.append(f"not modelled, as they do not change one step's time: {', '.join(skipped)}")
-    if unread:
-        notes.append(f"not modelled, unknown to sim5d's torchtitan import (check they do not change the step): "
-                     f"{', '.join(unread)}")
-    return d, notes
+    return d, notes + unread_notes(skipped, unread, "torchtitan")
 
 
 # --- export -----------------------------------------------------------------------------------
