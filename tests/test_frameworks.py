@@ -287,3 +287,42 @@ def test_bad_torchtitan_tomls_exit_2_naming_the_key(tmp_path, body, words):
         assert w in err, (w, err)
     code, _, err = run_cli("import", str(TOML), "--cluster", "dgx-h100-ndr")
     assert code == 2 and "GPU count is unknown" in err
+
+
+# --- the winner of a sweep or plan, exported --------------------------------------------------
+SWEEP = ["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr", "--set",
+         "parallelism.pipeline_schedule=1f1b", "--set", "training.recompute=none", "--set", "parallelism.zero_stage=1",
+         "--top", "1", "--no-plots"]
+
+
+def test_sweep_exports_its_winner_as_a_launch(tmp_path):
+    import json
+
+    launch = tmp_path / "best.sh"
+    code, out, err = run_cli(*SWEEP, "--out", str(tmp_path / "s.csv"), "--json", "--export", str(launch))
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    data, _ = _import(launch, "--cluster", "dgx-h100-ndr:8")
+    p = build_scenario(data).parallelism
+    assert (p.tp, p.pp, p.cp, p.dp, p.zero_stage) == (best["tensor_model_parallel_size"],
+                                                      best["pipeline_model_parallel_size"],
+                                                      best["context_parallel_size"], best["data_parallel_size"],
+                                                      best["zero_stage"])
+    # torchtitan runs no ZeRO-1: the winner is refused with the reason, naming --export
+    code, _, err = run_cli(*SWEEP, "--out", str(tmp_path / "s2.csv"), "--export", str(tmp_path / "best.toml"))
+    assert code == 2 and "--export" in err and "parallelism.zero_stage" in err
+
+
+def test_plan_exports_its_winner(tmp_path):
+    launch = tmp_path / "winner.sh"
+    code, _, err = run_cli("plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:8",
+                           "--sweep-set", "parallelism.pipeline_schedule=1f1b", "--sweep-set", "training.recompute=none",
+                           "--sweep-set", "parallelism.zero_stage=1", "--monte-carlo", "0", "--top", "0",
+                           "--out", str(tmp_path / "plan"), "--export", str(launch))
+    assert code == 0, err
+    rows = yaml.safe_load((tmp_path / "plan" / "plan.json").read_text())
+    data, _ = _import(launch, "--cluster", "dgx-h100-ndr:8")
+    p = build_scenario(data).parallelism
+    want = rows[0]["parallelism"]
+    assert (p.tp, p.pp, p.cp, p.dp, p.zero_stage) == (want["tp"], want["pp"], want["cp"], want["dp"],
+                                                      want["zero_stage"])

@@ -73,6 +73,21 @@ def export_text(sc, fmt: str = "megatron") -> str:
     return f"# sim5d export of {sc.name}: Megatron-LM pretrain_gpt.py\n" + " \\\n    ".join([head] + flags) + "\n"
 
 
+def write_export(path: Path, sc, flag: str = "--export") -> None:
+    """The winner of a sweep or plan as a launch file: a torchtitan TOML for a .toml path, else
+    Megatron-LM's flags; what the framework cannot run exits 2 naming `flag` and the key."""
+    fmt = "torchtitan" if path.suffix == ".toml" else "megatron"
+    if sc is None:
+        raise ConfigError(f"{flag} {path}: no layout ranked, nothing to export", key=flag)
+    try:
+        text = export_text(sc, fmt)
+    except ConfigError as e:
+        raise ConfigError(f"{flag} {path}: the winner cannot be written for {fmt}: {e.key}: {e.message}",
+                          key=flag) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("import")
     def import_cmd(

@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
         html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
                                             "candidates, sortable, and days against dollars with the Pareto "
                                             "front and the winner)."),
+        export: Optional[Path] = typer.Option(None, "--export", help="Also write the winner's launch to this "
+                                              "file: a torchtitan TOML for .toml, else Megatron-LM flags."),
     ) -> None:
         """Plan a cluster: for each candidate (topology x GPU count) the best layout (the sweep), its
         step time, goodput with failures, checkpoints and restarts (closed form, and a seeded Monte
@@ -147,6 +149,10 @@ def register(app: typer.Typer) -> None:
             from sim.report.tables import plan_report
 
             report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd))
+        if export is not None and res.winner is not None:
+            from sim.commands.frameworks import write_export
+
+            write_export(export, res.scenarios.get(res.winner["cluster"]))
         if as_json:
             typer.echo(json.dumps(res.rows))
         else:

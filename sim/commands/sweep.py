@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
         html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
                                             "ranked table, sortable, and the best step time per tp x pp)."),
+        export: Optional[Path] = typer.Option(None, "--export", help="Also write the winning layout's launch to "
+                                              "this file: a torchtitan TOML for .toml, else Megatron-LM flags."),
     ) -> None:
         """Enumerate the layouts for a fixed global batch and GPU count, reject invalid and
         out-of-memory ones without simulating, skip dominated ones, simulate the rest (analytical
@@ -90,6 +92,10 @@ def register(app: typer.Typer) -> None:
             from sim.report.tables import sweep_report
 
             report.write(html, sweep_report(res.table, title=res.title))
+        if export is not None:
+            from sim.commands.frameworks import write_export
+
+            write_export(export, res.best_scenario)
         if as_json:
             typer.echo(json.dumps({
                 "evaluated": c["evaluated"], "feasible": c["feasible"], "wall_s": res.wall_s, "best": res.best,

@@ -159,6 +159,8 @@ class PlanResult:
     winner: dict | None
     reason: str
     notes: list
+    scenarios: dict = field(default_factory=dict)
+    """Each candidate's best layout as a Scenario, by its `cluster` label (`plan --export`)."""
 
 
 def _price_for(items: list, topo_name: str, gpu_name: str) -> tuple[float | None, str]:
@@ -195,7 +197,7 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
                               f"({', '.join(sorted(known))})", key="--price")
 
 
-def evaluate(spec: PlanSpec, cand: Candidate) -> dict:
+def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> dict:
     """One candidate's row (see the module docstring)."""
     from sim.plan.montecarlo import monte_carlo
     from sim.plan.training_run import fmt_duration, training_run, with_reliability
@@ -227,6 +229,8 @@ def evaluate(spec: PlanSpec, cand: Candidate) -> dict:
         return row
     prep = prepare(sspec)
     sc = build(prep.base, prep.layouts[best["index"]], best["network"])
+    if scenarios is not None:
+        scenarios[cand.label] = sc
     try:
         sc = with_reliability(sc, **spec.reliability)
         run = training_run(sc, best["step_time_s"], best["tokens_per_s"], spec.tokens)
@@ -353,11 +357,11 @@ def plan(spec: PlanSpec) -> PlanResult:
     if len(spec.candidates) > MAX_CANDIDATES:
         raise ConfigError(f"{len(spec.candidates)} candidates: at most {MAX_CANDIDATES} per plan", key="--cluster")
     _check_candidates(spec.price_items, spec)
-    rows = []
+    rows, scenarios = [], {}
     for i, cand in enumerate(spec.candidates):
         if spec.progress:
             print(f"[{i + 1}/{len(spec.candidates)}] {cand.label}: sweeping layouts ...", file=sys.stderr)
-        rows.append(evaluate(spec, cand))
+        rows.append(evaluate(spec, cand, scenarios))
     winner, why = choose(rows, spec.deadline_days, spec.budget_usd)
     front = pareto(rows)
     for r in rows:
@@ -376,7 +380,7 @@ def plan(spec: PlanSpec) -> PlanResult:
     if any(r.get("status") == "ok" and r.get("energy_mwh") is None for r in rows):
         notes.append("energy needs the device profile's extra.power_w (watts per GPU); the bundled profiles "
                      "have none")
-    return PlanResult(rows=rows, winner=winner, reason=why, notes=notes)
+    return PlanResult(rows=rows, winner=winner, reason=why, notes=notes, scenarios=scenarios)
 
 
 # ----------------------------------------------------------------------------------------------

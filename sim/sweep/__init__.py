@@ -103,6 +103,8 @@ class SweepResult:
     workers: int = 1
     title: str = ""
     """What was swept: the model, GPUs, topology, sequence and global batch."""
+    best_scenario: object = None
+    """The winner as a Scenario (`sweep --export`), None when none ranked."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,6 +375,9 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
     counts = _counts(table)
     best_row = table[0] if table and table[0]["status"] == "ok" else None
     best = best_dict(prep, layouts[best_row["index"]], best_row) if best_row else None
+    from sim.sweep.evaluate import build
+
+    best_sc = build(prep.base, layouts[best_row["index"]], best_row["network"]) if best_row else None
     plots = []
     title = (f"{prep.model_name} on {spec.gpus} GPUs ({prep.topology}): seq {prep.seq_length}, "
              f"global batch {prep.global_batch_size}")
@@ -384,7 +389,8 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
     return SweepResult(table=table, counts=counts, best=best, wall_s=time.perf_counter() - t0, out=out,
                        stream=spath, plots=plots, notes=_notes(table, counts, spec), resumed=resumed,
-                       executor=getattr(executor, "name", spec.executor), workers=workers, title=title)
+                       executor=getattr(executor, "name", spec.executor), workers=workers, title=title,
+                       best_scenario=best_sc)
 
 
 # ----------------------------------------------------------------------------------------------
