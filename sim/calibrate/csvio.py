@@ -118,6 +118,15 @@ def read_csv(path) -> tuple[dict, list[dict]]:
         raise ConfigError("empty calibration CSV: no header row and no measurements (make one with "
                           "`sim5d calibrate run`)", file=f)
     reader = csv.reader(lines[body_start:])
+    try:
+        return meta, _rows(reader, f, body_start)
+    except csv.Error as e:
+        raise ConfigError(f"line {body_start + reader.line_num} is not a CSV row sim5d reads: {e}",
+                          file=f, line=body_start + reader.line_num) from None
+
+
+def _rows(reader, f: str, body_start: int) -> list[dict]:
+    """The measurement rows of a calibration CSV after its comment lines (read_csv)."""
     header = [h.strip() for h in next(reader)]
     missing = [c for c in COLUMNS if c not in header]
     if missing:
@@ -165,4 +174,4 @@ def read_csv(path) -> tuple[dict, list[dict]]:
     if not rows:
         raise ConfigError("no measurements: the CSV has a header row but no data rows (was the "
                           "run interrupted before its first measurement?)", file=f)
-    return meta, rows
+    return rows

@@ -67,6 +67,9 @@ DEFAULT_KEYS = ("sustained_matmul_fraction",)
 """The constant fitted unless --fit says otherwise."""
 
 TOP_KEYS = ("common", "runs")
+STEP_TIME_RANGE_S = (1e-4, 1e6)
+"""A measured step: above 100 us (a kernel launch) and below 11.6 days; outside it a least-squares
+fit of the step's terms would be ill-conditioned (numpy's SVD does not converge at 1e-300 s)."""
 RUN_KEYS = ("name", "model", "gpus", "cluster", "parallelism", "training", "step_time_s")
 SECTIONS = ("cluster", "parallelism", "training")
 """The sections `common:` may hold (merged into each run's own)."""
@@ -174,6 +177,9 @@ def load_runs(path, *, topology: str | None = None, gpu: str | None = None) -> l
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise err(f"{t!r} must be a positive number of seconds (the measured step time)",
                       f"{label}.step_time_s", where + ("step_time_s",))
+        if not STEP_TIME_RANGE_S[0] <= t <= STEP_TIME_RANGE_S[1]:
+            raise err(f"{t!r} s is outside the physical range of a training step ({STEP_TIME_RANGE_S[0]:g} to "
+                      f"{STEP_TIME_RANGE_S[1]:g} s)", f"{label}.step_time_s", where + ("step_time_s",))
         gpus = run["gpus"]
         if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
             raise err(f"{gpus!r} must be a positive whole number of GPUs", f"{label}.gpus", where + ("gpus",))
@@ -289,7 +295,14 @@ def least_squares(sim: Simulated, idx, keys, start: dict, *, sensitivities: bool
         damping = np.diag(np.diag(A) + 1e-12 * (np.max(np.diag(A)) + 1e-300))
         lam, accepted = 0.0, False
         while lam < 1e8:    # Gauss-Newton first; damped towards gradient descent when it overshoots
-            dz = np.linalg.lstsq(A + lam * damping, -g, rcond=None)[0]
+            if not (np.all(np.isfinite(A)) and np.all(np.isfinite(g))):
+                raise ConfigError("the measured steps give an ill-conditioned fit (non-finite errors or slopes): "
+                                  "check their step times and layouts", key="runs")
+            try:
+                dz = np.linalg.lstsq(A + lam * damping, -g, rcond=None)[0]
+            except np.linalg.LinAlgError as exc:
+                raise ConfigError(f"the measured steps give an ill-conditioned fit ({exc}): check their step times "
+                                  "and layouts", key="runs") from None
             zn = np.clip(z + dz, zb[:, 0], zb[:, 1])
             en = sim.errors(idx, values(zn))
             if en @ en <= e @ e:

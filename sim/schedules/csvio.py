@@ -43,6 +43,16 @@ def read_csv(path: str | Path) -> list[list[Item]]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read schedule CSV {str(p)!r}: {e.strerror}", key="--from-csv") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"is not a text (UTF-8) CSV: byte {e.start} cannot be decoded; a schedule CSV has one "
+                          "row per rank such as 0F0,0F1,...", key="--from-csv", file=str(p)) from None
+    try:
+        return _ranks(text, p)
+    except csv.Error as e:
+        raise ConfigError(f"is not a CSV sim5d reads: {e}", key="--from-csv", file=str(p)) from None
+
+
+def _ranks(text: str, p: Path) -> list[list[Item]]:
     ranks: list[list[Item]] = []
     for row_no, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         items: list[Item] = []
