@@ -46,3 +46,72 @@ def test_measured_step_times_outside_a_physical_range_are_refused(tmp_path):
     path.write_text(text)
     _refused(*run_cli("calibrate", "steps", str(path), "--gpu", "h100-sxm-80gb", "--out", str(tmp_path / "f.yaml")),
              f"{path}:31", "step_time_s", "outside the physical range")
+
+
+# --- calibrate trace: the ten malformed traces of issue #34 --------------------------------------
+def _gemms(**change):
+    """A CPU trace of three GEMMs (as tests/test_calibrate_trace.py builds), the first event changed."""
+    events = []
+    ts = 0.0
+    for m, n, k in ((256, 256, 256), (512, 1024, 256), (1024, 2048, 512)):
+        us = 2 * m * n * k / 2e11 * 1e6          # 200 GFLOP/s
+        for name in ("aten::matmul", "aten::mm"):
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": us,
+                           "args": {"Input Dims": [[m, k], [k, n]], "Input type": ["float", "float"]}})
+        ts += us + 10
+    for key, value in change.items():
+        if key.startswith("args."):
+            events[0]["args"][key[5:]] = value
+        elif value is _DROP:
+            del events[0][key]
+        else:
+            events[0][key] = value
+    return {"traceEvents": events}
+
+
+_DROP = object()
+
+
+def _trace(tmp_path, data=None, text=None):
+    import json
+
+    p = tmp_path / "t.json"
+    p.write_text(text if text is not None else json.dumps(data))
+    return run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"), "--memory-gib", "4")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"args": [1, 2]}, ["traceEvents[0].args", "mapping"]),
+    ({"args.External id": [1]}, ["traceEvents[0].args.External id", "integer"]),
+    ({"args.correlation": {"a": 1}}, ["traceEvents[0].args.correlation", "integer"]),
+    ({"args.In msg nelems": "12"}, ["traceEvents[0].args.In msg nelems", "integer"]),
+    ({"name": 7}, ["traceEvents[0].name", "string"]),
+    ({"name": _DROP}, ["traceEvents[0].name", "string"]),
+    ({"ts": "12"}, ["traceEvents[0].ts", "finite number"]),
+    ({"ts": float("nan")}, ["traceEvents[0].ts", "finite number"]),
+    ({"dur": -5}, ["traceEvents[0].dur", ">= 0"]),
+    ({"tid": None, "pid": [1]}, ["traceEvents[0].pid", "integer or a string"]),
+    ({"args.Input Dims": [[-4, 4], [4, 4]]}, ["Input Dims", "non-negative"]),
+    ({"args.Input Dims": [["4"], [4, 4]]}, ["Input Dims", "non-negative"]),
+])
+def test_malformed_trace_events_name_their_index_and_key(tmp_path, change, words):
+    _refused(*_trace(tmp_path, _gemms(**change)), *words)
+
+
+def test_a_trace_nested_past_pythons_recursion_limit_is_refused(tmp_path):
+    _refused(*_trace(tmp_path, text="[" * 100_000 + "]" * 100_000), "nests deeper")
+
+
+def test_an_empty_input_shape_on_linear_is_not_a_gemm(tmp_path):
+    import json
+
+    data = _gemms()
+    data["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1, "ts": 1e6,
+                                "dur": 5.0, "args": {"Input Dims": [[], [4, 4]], "Input type": ["float", "float"]}})
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(data))
+    code, out, err = run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"), "--memory-gib", "4")
+    assert code == 0 and "Traceback" not in err, err       # the three GEMMs fit; the shapeless linear is left out

@@ -123,10 +123,60 @@ def load_events(path) -> tuple[dict, list]:
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
         raise ConfigError(f"not a JSON trace ({e}): a PyTorch profiler trace is the JSON that "
                           "prof.export_chrome_trace(PATH) writes", file=f) from None
+    except RecursionError:
+        raise ConfigError("not a profiler trace: its JSON nests deeper than Python reads (a Kineto trace "
+                          "nests a few levels)", file=f) from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ConfigError("no `traceEvents` list: not a PyTorch profiler (Kineto / Chrome) trace", file=f)
-    return (data if isinstance(data, dict) else {}), [e for e in events if isinstance(e, dict)]
+    events = [e for e in events if isinstance(e, dict)]
+    for i, e in enumerate(events):
+        check_event(e, i, f)
+    return (data if isinstance(data, dict) else {}), events
+
+
+_INT_ARGS = ("External id", "correlation", "In msg nelems", "Out msg nelems", "Group size")
+
+
+def check_event(e: dict, i: int, f: str) -> None:
+    """The fields sim5d reads of a complete (`ph` X) event, as the PyTorch profiler writes them:
+    a string name, finite non-negative ts and dur, args a mapping, integer or string pid / tid,
+    integer ids and message sizes, `Input Dims` a list of shapes of non-negative integers.
+    ConfigError naming the event's index and key otherwise."""
+    if e.get("ph") != "X":
+        return
+
+    def bad(key: str, rule: str):
+        return ConfigError(f"event {i} ({str(e.get('name'))[:60]!r}): {key} = {str(e.get(key, e.get('args')))[:80]} "
+                           f"{rule}", key=f"traceEvents[{i}].{key}", file=f)
+
+    if not isinstance(e.get("name"), str):
+        raise bad("name", "must be a string (the op or kernel name)")
+    for key in ("ts", "dur"):
+        v = e.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or (key == "dur" and v < 0)):
+            raise bad(key, "must be a finite number of microseconds" + (" >= 0" if key == "dur" else ""))
+    for key in ("pid", "tid"):
+        v = e.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+            raise bad(key, "must be an integer or a string")
+    args = e.get("args")
+    if args is None:
+        return
+    if not isinstance(args, dict):
+        raise bad("args", "must be a mapping of the event's fields")
+    for key in _INT_ARGS:
+        v = args.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.{key} = {str(v)[:80]} must be an integer",
+                              key=f"traceEvents[{i}].args.{key}", file=f)
+    dims = args.get("Input Dims")
+    if dims is not None and not (isinstance(dims, list) and all(
+            isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d)
+            for d in dims)):
+        raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.Input Dims = {str(dims)[:80]} must be a list of "
+                          "shapes (lists of non-negative integers)", key=f"traceEvents[{i}].args.Input Dims", file=f)
 
 
 def _dims(op) -> list:
@@ -155,8 +205,8 @@ def _gemm(op) -> dict | None:
     if len(d) < first + 2:
         return None
     a, b = d[first], d[first + 1]
-    if not (isinstance(a, list) and isinstance(b, list)) or not (_numel(a) and _numel(b)):
-        return None
+    if not (isinstance(a, list) and isinstance(b, list) and a and b) or not (_numel(a) and _numel(b)):
+        return None                               # a matrix operand has at least one dimension
     if name == "aten::linear":                    # x[..., k] W[n, k]^T
         if len(b) != 2 or a[-1] != b[1]:
             return None
