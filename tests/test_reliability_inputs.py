@@ -115,3 +115,10 @@ def test_an_empty_input_shape_on_linear_is_not_a_gemm(tmp_path):
     p.write_text(json.dumps(data))
     code, out, err = run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"), "--memory-gib", "4")
     assert code == 0 and "Traceback" not in err, err       # the three GEMMs fit; the shapeless linear is left out
+
+
+def test_thread_ids_mixing_none_and_strings_are_read(tmp_path):
+    data = _gemms(tid=None)
+    data["traceEvents"][1]["tid"] = "a"
+    code, out, err = _trace(tmp_path, data)
+    assert code == 0 and "Traceback" not in err, err

@@ -289,9 +289,14 @@ def classify(op) -> dict | None:
 
 
 # ----------------------------------------------------------------------------------------------
+def _id_key(v) -> tuple:
+    """A pid or tid as a sort key: integers, then strings, then none (check_event allows these)."""
+    return (0, v, "") if isinstance(v, int) else (1, 0, v) if isinstance(v, str) else (2, 0, "")
+
+
 def _tree(ops: list) -> None:
     """Parent links (`_parent`, `_top`) per thread from time containment; ops sorted in place."""
-    ops.sort(key=lambda e: (e.get("pid"), e.get("tid"), e["ts"], -e["dur"]))
+    ops.sort(key=lambda e: (_id_key(e.get("pid")), _id_key(e.get("tid")), e["ts"], -e["dur"]))
     stack: list = []
     for e in ops:
         while stack and (stack[-1]["_end"] <= e["ts"] or stack[-1].get("tid") != e.get("tid")
