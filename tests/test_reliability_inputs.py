@@ -122,3 +122,24 @@ def test_thread_ids_mixing_none_and_strings_are_read(tmp_path):
     data["traceEvents"][1]["tid"] = "a"
     code, out, err = _trace(tmp_path, data)
     assert code == 0 and "Traceback" not in err, err
+
+
+# --- calibrate fit: values a measurement cannot have --------------------------------------------
+GEMM_ROW = {"kind": "gemm", "op": "mm", "phase": "fwd", "dtype": "bf16", "batch": "1", "m": "64", "n": "64",
+            "k": "64", "causal": "0", "flops": "524288", "bytes": "24576", "ranks": "0", "size_bytes": "0",
+            "reps": "3", "median_s": "1e-5", "min_s": "1e-5", "algbw_gbps": "0", "busbw_gbps": "0", "source": "t"}
+
+
+@pytest.mark.parametrize("change,key,words", [
+    ({"batch": "1e300"}, "batch", "beyond any measurement"),
+    ({"flops": "1e300"}, "flops", "beyond any measurement"),
+    ({"reps": "0"}, "reps", "at least 1"),
+    ({"min_s": "2e-5"}, "min_s", "above median_s"),
+])
+def test_calibration_rows_a_measurement_cannot_have_are_refused(tmp_path, change, key, words):
+    row = {**GEMM_ROW, **change}
+    path = tmp_path / "c.csv"
+    path.write_text("# format: 1\n" + ",".join(COLUMNS) + "\n" + ",".join(row[c] for c in COLUMNS) + "\n")
+    _refused(*run_cli("calibrate", "fit", str(path), "--out", str(tmp_path / "p.yaml"), "--json"),
+             f"{path}:3", key, words)
+    assert not (tmp_path / "p.yaml").exists()

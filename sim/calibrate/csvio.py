@@ -49,6 +49,10 @@ KINDS = ("gemm", "attention", "elementwise", "copy", "optimizer", "host", "colle
 COLUMNS = ("kind", "op", "phase", "dtype", "batch", "m", "n", "k", "causal", "flops", "bytes",
            "ranks", "size_bytes", "reps", "median_s", "min_s", "algbw_gbps", "busbw_gbps", "source")
 _INT = ("batch", "causal", "ranks", "size_bytes", "reps")
+_MAX = {"batch": 2.0 ** 40, "m": 2.0 ** 40, "n": 2.0 ** 40, "k": 2.0 ** 40, "ranks": 2.0 ** 20,
+        "size_bytes": 2.0 ** 50, "reps": 1e9, "flops": 1e24, "bytes": 1e21, "median_s": 1e6, "min_s": 1e6}
+"""Largest value of a column: a shape dimension of 2^40, 2^20 ranks, a PiB, a yottaFLOP, 11.6
+days; beyond them the fit's products overflow to infinity (issue #34: batch 1e300)."""
 _FLOAT = ("m", "n", "k", "flops", "bytes", "median_s", "min_s", "algbw_gbps", "busbw_gbps")
 _STR = ("kind", "op", "phase", "dtype", "source")
 
@@ -162,6 +166,9 @@ def _rows(reader, f: str, body_start: int) -> list[dict]:
                 raise ConfigError(f"{c} = {raw!r} must be a finite number", key=c, file=f, line=lineno)
             if v < 0:
                 raise ConfigError(f"{c} = {raw!r} must be >= 0", key=c, file=f, line=lineno)
+            if v > _MAX.get(c, math.inf):
+                raise ConfigError(f"{c} = {raw!r} is beyond any measurement (at most {_MAX[c]:g}): a fit of it "
+                                  "would overflow", key=c, file=f, line=lineno)
             r[c] = v
         if r["kind"] not in KINDS:
             raise ConfigError(f"kind = {r['kind']!r} must be one of {', '.join(KINDS)}", key="kind",
@@ -169,6 +176,12 @@ def _rows(reader, f: str, body_start: int) -> list[dict]:
         if r["median_s"] <= 0:
             raise ConfigError(f"median_s = {r['median_s']!r} must be a positive time in seconds",
                               key="median_s", file=f, line=lineno)
+        if r["reps"] < 1:
+            raise ConfigError(f"reps = {r['reps']} must be at least 1 (the timed repetitions behind the median)",
+                              key="reps", file=f, line=lineno)
+        if r["min_s"] > r["median_s"]:
+            raise ConfigError(f"min_s = {r['min_s']!r} is above median_s = {r['median_s']!r}: the fastest "
+                              "repetition cannot be slower than the median", key="min_s", file=f, line=lineno)
         r["line"] = lineno
         rows.append(r)
     if not rows:
