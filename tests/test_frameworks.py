@@ -326,3 +326,14 @@ def test_plan_exports_its_winner(tmp_path):
     want = rows[0]["parallelism"]
     assert (p.tp, p.pp, p.cp, p.dp, p.zero_stage) == (want["tp"], want["pp"], want["cp"], want["dp"],
                                                       want["zero_stage"])
+
+
+def test_an_out_path_that_cannot_be_written_exits_2(tmp_path):
+    for args in (["import", str(LAUNCH), "--cluster", "dgx-h100-ndr"], ["export", "llama3-8b-h100x16-1f1b"]):
+        code, _, err = run_cli(*args, "--out", str(tmp_path))
+        assert code == 2 and "--out" in err and "is a folder" in err and "Traceback" not in err, err
+
+
+def test_an_export_path_that_cannot_be_written_exits_2_before_the_sweep(tmp_path):
+    code, _, err = run_cli(*SWEEP, "--out", str(tmp_path / "s.csv"), "--export", str(tmp_path))
+    assert code == 2 and "--export" in err and "is a folder" in err and not (tmp_path / "s.csv").exists()

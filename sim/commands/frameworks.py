@@ -107,6 +107,10 @@ def register(app: typer.Typer) -> None:
 
         fmt = format_ or ("torchtitan" if file.suffix == ".toml" else "megatron")
         _check_format(fmt)
+        if out is not None:
+            from sim.report import check_path
+
+            check_path(out, "--out")
         data, notes = import_launch(file, cluster=cluster, name=name, fmt=fmt)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -131,6 +135,10 @@ def register(app: typer.Typer) -> None:
         from sim.config import load_scenario
 
         _check_format(format_)
+        if out is not None:
+            from sim.report import check_path
+
+            check_path(out, "--out")
         sc = load_scenario(scenario, overrides=set_ or [])
         text = export_text(sc, format_)
         if out is None:

@@ -128,6 +128,10 @@ def register(app: typer.Typer) -> None:
             from sim.report import check_path
 
             check_path(html)
+        if export is not None:
+            from sim.report import check_path
+
+            check_path(export, "--export")
         spec = P.PlanSpec(model=_model_arg(model), tokens=n_tokens, candidates=cands, deadline_days=deadline_days,
                           budget_usd=budget_usd, price_items=list(price or []), sweep_overrides=list(sweep_set or []),
                           reliability=rel, reliability_flags=flags, monte_carlo_runs=monte_carlo, seed=seed,

@@ -70,10 +70,7 @@ def register(app: typer.Typer) -> None:
 
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
-        if html is not None:
-            from sim.report import check_path
-
-            check_path(html)
+        _check_paths(html, export)
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
                          executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
                          prune=not no_prune,
@@ -87,15 +84,7 @@ def register(app: typer.Typer) -> None:
                   "run the same command again to resume", file=sys.stderr)
             raise typer.Exit(130)
         c = res.counts
-        if html is not None:
-            from sim import report
-            from sim.report.tables import sweep_report
-
-            report.write(html, sweep_report(res.table, title=res.title))
-        if export is not None:
-            from sim.commands.frameworks import write_export
-
-            write_export(export, res.best_scenario)
+        _write_extras(res, html, export)
         if as_json:
             typer.echo(json.dumps({
                 "evaluated": c["evaluated"], "feasible": c["feasible"], "wall_s": res.wall_s, "best": res.best,
@@ -107,6 +96,29 @@ def register(app: typer.Typer) -> None:
                 "notes": res.notes}))
             return
         _print(res)
+
+
+def _check_paths(html, export) -> None:
+    """--html and --export must be writable files: checked before the sweep, not after it."""
+    from sim.report import check_path
+
+    if html is not None:
+        check_path(html)
+    if export is not None:
+        check_path(export, "--export")
+
+
+def _write_extras(res, html, export) -> None:
+    """The HTML report and the winner's launch, when asked for."""
+    if html is not None:
+        from sim import report
+        from sim.report.tables import sweep_report
+
+        report.write(html, sweep_report(res.table, title=res.title))
+    if export is not None:
+        from sim.commands.frameworks import write_export
+
+        write_export(export, res.best_scenario)
 
 
 def _print(res) -> None:
