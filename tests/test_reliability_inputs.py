@@ -143,3 +143,26 @@ def test_calibration_rows_a_measurement_cannot_have_are_refused(tmp_path, change
     _refused(*run_cli("calibrate", "fit", str(path), "--out", str(tmp_path / "p.yaml"), "--json"),
              f"{path}:3", key, words)
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("meta,change,key,words", [
+    ("# sim5d calibration: 99", {}, "sim5d calibration", "not a format this sim5d reads"),
+    ("# device: tpu", {}, "device", "cpu or cuda"),
+    ("# ranks: -3", {}, "ranks", "at least 1"),
+    ("# memory_gib: -5", {}, "memory_gib", "positive"),
+    ("# memory_gib: nan", {}, "memory_gib", "finite"),
+    ("# memory_gib: abc", {}, "memory_gib", "number of GiB"),
+    ("", {"kind": "collective", "op": "bogus_coll", "ranks": "2", "size_bytes": "1024"}, "op", "for a collective"),
+    ("", {"kind": "elementwise", "op": "softmax", "phase": "sideways"}, "phase", "fwd or bwd"),
+])
+def test_calibration_metadata_and_kinds_sim5d_does_not_read_are_refused(tmp_path, meta, change, key, words):
+    row = {**GEMM_ROW, **change}
+    path = tmp_path / "c.csv"
+    path.write_text("# format: 1\n" + (meta + "\n" if meta else "") + ",".join(COLUMNS) + "\n"
+                    + ",".join(row[c] for c in COLUMNS) + "\n")
+    _refused(*run_cli("calibrate", "fit", str(path), "--out", str(tmp_path / "p.yaml")), str(path), key, words)
+
+
+def test_a_schedule_whose_actions_all_take_zero_is_refused():
+    _refused(*run_cli("schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--forward", "0",
+                      "--backward-input", "0", "--backward-weight", "0", "--json"), "--forward", "0 / 0")

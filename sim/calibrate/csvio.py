@@ -46,6 +46,8 @@ from sim.errors import ConfigError
 
 FORMAT_VERSION = 1
 KINDS = ("gemm", "attention", "elementwise", "copy", "optimizer", "host", "collective")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+"""The collectives `sim5d calibrate run` measures and `calibrate fit` reads."""
 COLUMNS = ("kind", "op", "phase", "dtype", "batch", "m", "n", "k", "causal", "flops", "bytes",
            "ranks", "size_bytes", "reps", "median_s", "min_s", "algbw_gbps", "busbw_gbps", "source")
 _INT = ("batch", "causal", "ranks", "size_bytes", "reps")
@@ -92,6 +94,26 @@ def write_csv(path, meta: dict, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+def _check_meta(key: str, value: str, f: str, line: int) -> None:
+    """The metadata lines sim5d reads: the format version, the device, the ranks, the memory."""
+    def bad(rule: str):
+        return ConfigError(f"# {key}: {value!r} {rule}", key=key, file=f, line=line)
+
+    if key == "sim5d calibration" and value != str(FORMAT_VERSION):
+        raise bad(f"is not a format this sim5d reads (version {FORMAT_VERSION})")
+    if key == "device" and value not in ("cpu", "cuda"):
+        raise bad("must be cpu or cuda (the device `sim5d calibrate run --device` measured)")
+    if key == "ranks" and not (value.isdigit() and int(value) >= 1):
+        raise bad("must be a whole number of ranks, at least 1")
+    if key == "memory_gib":
+        try:
+            x = float(value)
+        except ValueError:
+            raise bad("must be a number of GiB") from None
+        if not (math.isfinite(x) and x > 0):
+            raise bad("must be a positive, finite number of GiB")
+
+
 def read_csv(path) -> tuple[dict, list[dict]]:
     """(metadata, rows) of a calibration CSV; every malformed line is a ConfigError naming the
     file, line, column, value and rule."""
@@ -115,6 +137,7 @@ def read_csv(path) -> tuple[dict, list[dict]]:
             k, sep, v = s[1:].partition(":")
             if sep:
                 meta[k.strip()] = v.strip()
+                _check_meta(k.strip(), v.strip(), f, i + 1)
             continue
         body_start = i
         break
@@ -172,6 +195,12 @@ def _rows(reader, f: str, body_start: int) -> list[dict]:
             r[c] = v
         if r["kind"] not in KINDS:
             raise ConfigError(f"kind = {r['kind']!r} must be one of {', '.join(KINDS)}", key="kind",
+                              file=f, line=lineno)
+        if r["kind"] == "collective" and r["op"] not in COLLECTIVE_OPS:
+            raise ConfigError(f"op = {r['op']!r} must be one of {', '.join(COLLECTIVE_OPS)} for a collective",
+                              key="op", file=f, line=lineno)
+        if r["kind"] in ("attention", "elementwise") and r["phase"] not in ("fwd", "bwd"):
+            raise ConfigError(f"phase = {r['phase']!r} must be fwd or bwd for {r['kind']}", key="phase",
                               file=f, line=lineno)
         if r["median_s"] <= 0:
             raise ConfigError(f"median_s = {r['median_s']!r} must be a positive time in seconds",

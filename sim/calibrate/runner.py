@@ -42,7 +42,7 @@ from sim.calibrate.shapes import (SIZES, SizeSpec, attention_counts, elementwise
 from sim.errors import ConfigError
 
 DEVICES = ("cpu", "cuda")
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+COLLECTIVE_OPS = csvio.COLLECTIVE_OPS
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 

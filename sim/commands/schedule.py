@@ -43,6 +43,9 @@ def run_schedule(name: str, pp: Optional[int], microbatches: Optional[int], chun
         overlap_fb=None if overlap_fb is None else _cost(overlap_fb, "--overlap-fb"),
         p2p_latency=_cost(p2p_latency, "--p2p-latency"),
     )
+    if not (costs.forward or costs.backward_input or costs.backward_weight or costs.overlap_fb):
+        raise ConfigError("every action takes 0: the bubble fraction is 0 / 0, undefined; give a positive "
+                          "--forward (and backward) time", key="--forward")
     keys = {"name": "NAME"}
     if from_csv:
         if name not in S.SCHEDULE_NAMES:
