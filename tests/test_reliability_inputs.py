@@ -166,3 +166,13 @@ def test_calibration_metadata_and_kinds_sim5d_does_not_read_are_refused(tmp_path
 def test_a_schedule_whose_actions_all_take_zero_is_refused():
     _refused(*run_cli("schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--forward", "0",
                       "--backward-input", "0", "--backward-weight", "0", "--json"), "--forward", "0 / 0")
+
+
+def test_a_tensor_lists_shapes_are_read_as_the_profiler_writes_them(tmp_path):
+    # aten::stack's Input Dims in a real torch 2.13 trace: [[shape, shape, shape], []]
+    data = _gemms()
+    data["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::stack", "pid": 1, "tid": 1, "ts": 1e6,
+                                "dur": 5.0, "args": {"Input Dims": [[[4, 4, 256, 64], [4, 4, 256, 64]], []],
+                                                     "Input type": ["TensorList", "Scalar"]}})
+    code, out, err = _trace(tmp_path, data)
+    assert code == 0 and "Traceback" not in err, err

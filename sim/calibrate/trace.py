@@ -172,11 +172,20 @@ def check_event(e: dict, i: int, f: str) -> None:
             raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.{key} = {str(v)[:80]} must be an integer",
                               key=f"traceEvents[{i}].args.{key}", file=f)
     dims = args.get("Input Dims")
-    if dims is not None and not (isinstance(dims, list) and all(
-            isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d)
-            for d in dims)):
+    if dims is not None and not (isinstance(dims, list) and all(_shape_arg(d) for d in dims)):
         raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.Input Dims = {str(dims)[:80]} must be a list of "
-                          "shapes (lists of non-negative integers)", key=f"traceEvents[{i}].args.Input Dims", file=f)
+                          "shapes (lists of non-negative integers, or of such lists for a tensor list)",
+                          key=f"traceEvents[{i}].args.Input Dims", file=f)
+
+
+def _dim(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _shape_arg(d) -> bool:
+    """One argument's entry of `Input Dims`: a tensor's shape (a list of non-negative integers;
+    [] for a scalar or a non-tensor) or a tensor list's shapes (aten::stack, aten::cat)."""
+    return isinstance(d, list) and all(_dim(x) or (isinstance(x, list) and all(map(_dim, x))) for x in d)
 
 
 def _dims(op) -> list:
