@@ -47,7 +47,6 @@ LONG_FUNCTIONS = {
     ("sim/calibrate/step_fit.py", "load_runs"), ("sim/sweep/__init__.py", "prepare"),
     ("sim/presets.py", "_build"), ("sim/config.py", "_stage_layers"),
     ("sim/memory.py", "layer_activation_bytes"), ("sim/topology/graph.py", "_build_fabric"),
-    ("sim/commands/calibrate.py", "fit_cmd"), ("sim/plan/planner.py", "evaluate"),
 }
 
 

@@ -133,18 +133,24 @@ def fit_cmd(
         return
     typer.echo(f"# sim5d calibrate fit {csv_file} -> {out}" + (f", {topology_out}" if topology_out else ""))
     _print_classes(res)
-    if res.collectives:
-        typer.echo(f"# {'collective':<17} {'ranks':>5} {'alpha':>10} {'algbw':>9} {'busbw':>9} "
-                   f"{'ab |err|':>9} {'sim |err|':>9}")
-        for c in res.collectives:
-            sim = f"{100 * c['sim_mape']:>8.1f}%" if "sim_mape" in c else f"{'-':>9}"
-            alg = f"{c['algbw_gbps']:>9.3g}" if c["algbw_gbps"] else f"{'-':>9}"
-            bus = f"{c['busbw_gbps']:>9.3g}" if c["busbw_gbps"] else f"{'-':>9}"
-            typer.echo(f"  {c['op']:<17} {c['ranks']:>5} {c['alpha_us']:>8.1f}us {alg} {bus} "
-                       f"{100 * c['mape']:>8.1f}% {sim}")
+    _print_collectives(res.collectives)
     for n in res.notes:
         typer.echo(f"# note: {n}")
     _warn(res.warnings)
+
+
+def _print_collectives(collectives: list) -> None:
+    """`calibrate fit`'s table of the fitted collectives (alpha-beta and the simulator's error)."""
+    if not collectives:
+        return
+    typer.echo(f"# {'collective':<17} {'ranks':>5} {'alpha':>10} {'algbw':>9} {'busbw':>9} "
+               f"{'ab |err|':>9} {'sim |err|':>9}")
+    for c in collectives:
+        sim = f"{100 * c['sim_mape']:>8.1f}%" if "sim_mape" in c else f"{'-':>9}"
+        alg = f"{c['algbw_gbps']:>9.3g}" if c["algbw_gbps"] else f"{'-':>9}"
+        bus = f"{c['busbw_gbps']:>9.3g}" if c["busbw_gbps"] else f"{'-':>9}"
+        typer.echo(f"  {c['op']:<17} {c['ranks']:>5} {c['alpha_us']:>8.1f}us {alg} {bus} "
+                   f"{100 * c['mape']:>8.1f}% {sim}")
 
 
 def _print_classes(res) -> None:

@@ -200,7 +200,7 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
 def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> dict:
     """One candidate's row (see the module docstring)."""
     from sim.plan.montecarlo import monte_carlo
-    from sim.plan.training_run import fmt_duration, training_run, with_reliability
+    from sim.plan.training_run import training_run, with_reliability
     from sim.sweep import SweepSpec, prepare, run_sweep
     from sim.sweep.evaluate import build
 
@@ -272,15 +272,21 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
         else:
             row["monte_carlo"] = mc.to_json()
             row["monte_carlo"]["closed_form_in_ci"] = mc.contains(wall_s)
-    who = f"{cand.gpus} x {sc.cluster.gpu.name} ({sc.cluster.topology.name})"
-    if j["expected_days"] is None:
-        row["summary"] = f"{who}: never finishes (a failure every {fmt_duration(run.model.mtbf_s)})"
-    else:
-        cost = f", {fmt_usd(row['cost_usd'])}" if row["cost_usd"] else ""
-        every = (f"checkpoint every {fmt_duration(run.model.interval_s)}" if j["checkpoint_interval_s"]
-                 else "no checkpoint")
-        row["summary"] = f"{who}: {j['expected_days']:,.1f} days{cost}; goodput {j['goodput']:.1%}, {every}"
+    row["summary"] = _summary(row, run, f"{cand.gpus} x {sc.cluster.gpu.name} ({sc.cluster.topology.name})")
     return row
+
+
+def _summary(row: dict, run, who: str) -> str:
+    """A candidate's one-line result: days, cost, goodput and checkpoint interval (or never)."""
+    from sim.plan.training_run import fmt_duration
+
+    j = row["run"]
+    if j["expected_days"] is None:
+        return f"{who}: never finishes (a failure every {fmt_duration(run.model.mtbf_s)})"
+    cost = f", {fmt_usd(row['cost_usd'])}" if row["cost_usd"] else ""
+    every = (f"checkpoint every {fmt_duration(run.model.interval_s)}" if j["checkpoint_interval_s"]
+             else "no checkpoint")
+    return f"{who}: {j['expected_days']:,.1f} days{cost}; goodput {j['goodput']:.1%}, {every}"
 
 
 def _slug(model) -> str:
