@@ -60,8 +60,10 @@ Host issue (`host_overhead_us`, default 0): a GPU runs what its host's framework
 eager PyTorch spends host time on every op (Python, dispatcher, autograd, the launch). A run of
 ops on one stream (a block of a layer in one phase) takes max(GPU time, host_units x
 host_overhead_us), `issue_bound_time_s`: large kernels hide the host, small ones wait for it.
-A host unit is one op's work in one phase. The value is measured by `sim5d calibrate run` (a
-stack of tiny GPT layers, forward and backward: host time per unit). A CPU device leaves it 0:
+A host unit is one op's work in one phase. An op that reads a GPU value on the host (the MoE
+dispatcher's token counts, `host_syncs`) ends that overlap: the host waits for the GPU, and the
+ops after it run at the pace of whichever of the two is behind. The value is measured by
+`sim5d calibrate run` (a stack of tiny GPT layers, forward and backward: host time per unit). A CPU device leaves it 0:
 its host and its kernels share the core, and the per-class overheads already hold the cost.
 
 Precision: bf16 and fp16 run at their MAMF (equal on every bundled device); fp8, mxfp8 and
@@ -617,7 +619,22 @@ def gemm_time_s(m: float, n: int, k: float, device: DeviceProfile, precision: st
     return t + p.overhead_s("gemm")
 
 
+TE_COMPUTE_STREAMS = 4
+"""Streams Transformer Engine spreads a grouped GEMM's per-expert cuBLAS calls over
+(TE @e7c550c5 common/util/multi_stream.cpp get_num_compute_streams; cublaslt_gemm.cu
+multi_stream_cublas_gemm issues GEMM i on stream i % 4)."""
+
+
 def _gemm_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
+    t = _gemm_op_kernels_s(op, phase, device, precision)
+    if t > 0 and op.kernel_per_problem and op.batch > 1:
+        # One kernel per problem (sim.workload.ops Op.kernel_per_problem), 4 streams side by side:
+        # ceil(batch / 4) launch overheads in a row where gemm_time_s charged one.
+        t += (-(-op.batch // TE_COMPUTE_STREAMS) - 1) * compute_params(device).overhead_s("gemm")
+    return t
+
+
+def _gemm_op_kernels_s(op: Op, phase: str, device: DeviceProfile, precision: str) -> float:
     m, n, k, b = op.m, op.n, op.k, op.batch
     if precision in QUANTIZED and op.high_precision:
         precision = "bf16"      # outside Transformer Engine's low-precision recipe (sim.workload.ops)
@@ -755,11 +772,33 @@ def host_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16")
 
 
 def issue_bound_time_s(ops, phase: str, device: DeviceProfile, precision: str = "bf16") -> float:
-    """Time of a run of ops on one stream when a host issues them: max(GPU time, host time).
+    """Time of a run of ops on one stream when a host issues them.
+
     The host issues kernels ahead of the GPU (CUDA launches are asynchronous), so whichever is
-    slower sets the pace; within the run the two overlap fully (the host starts issuing when
-    the run starts, and a slow host leaves the GPU idle between kernels)."""
-    return max(ops_time_s(ops, phase, device, precision), host_time_s(ops, phase, device, precision))
+    slower sets the pace: max(GPU time, host time), the two overlapping fully (the host starts
+    issuing when the run starts, and a slow host leaves the GPU idle between kernels). An op
+    with `host_syncs` (forward only) makes the host wait for the GPU: up to and including it
+    the run takes max(its kernels, its host issues), each sync then costs one host issue
+    (`host_overhead_us`: the device-to-host read and the code around it) with the GPU idle,
+    and after it the host is no longer ahead: each later op starts when both the GPU is free
+    and the host has issued it (host += h; gpu = max(gpu, host) + kernel)."""
+    h = compute_params(device).host_overhead_s
+    ks = [kernel_time_s(op, phase, device, precision) for op in ops]
+    if not h:
+        return sum(ks)
+    syncs = [op.host_syncs if phase == "fwd" else 0 for op in ops]
+    first = next((i for i, s in enumerate(syncs) if s), None)
+    if first is None:
+        return max(sum(ks), h * sum(1 for k in ks if k > 0))
+    gpu = max(sum(ks[:first + 1]), h * sum(1 for k in ks[:first + 1] if k > 0)) + h * syncs[first]
+    host = gpu
+    for k, s in zip(ks[first + 1:], syncs[first + 1:]):
+        if k > 0:
+            host += h
+            gpu = max(gpu, host) + k
+        if s:
+            gpu = host = max(gpu, host) + h * s
+    return gpu
 
 
 def phase_times_s(ops, device: DeviceProfile, precision: str = "bf16") -> dict:

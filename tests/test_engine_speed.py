@@ -28,7 +28,10 @@ change), and the Mixtral DualPipeV cases (tp 2) when the MoE block took Megatron
 dispatcher collectives with etp = tp too (the expert-TP all-gather of the received tokens instead
 of the dense block's all-gather around the dispatch; a model change), and the DeepSeek-V3
 scenario when it took DeepSeek's dispatch (node-limited routing through Megatron-Core's flex
-dispatcher with DeepEP, sim.network.moe_dispatch; a scenario change).
+dispatcher with DeepEP, sim.network.moe_dispatch; a scenario change), and all the MoE cases
+(deepseek-v3, both mixtral) when the MoE block took the router's top-k and the dispatcher's
+preprocess kernels, its host syncs and one GEMM launch per four local experts (a model change:
+sim.workload.ops moe_host_syncs, sim.compute issue_bound_time_s).
 """
 
 from __future__ import annotations

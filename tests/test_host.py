@@ -85,3 +85,53 @@ def test_fit_writes_host_overhead_for_a_gpu_only():
     cpu = fit_rows({"device": "cpu", "memory_gib": "8"}, rows, name="c")
     assert "host_overhead_us" not in cpu.profile["extra"]["compute"]
     assert any(n.startswith("host: 20 us") for n in cpu.notes)
+
+
+def _synced(name, nbytes, syncs):
+    return Op(name, "elementwise", 1, 1, 1, 1, 0.0, 0.0, 0.0, float(nbytes), float(nbytes), False,
+              host_syncs=syncs)
+
+
+@pytest.mark.parametrize("syncs, expect_us", [(1, 531.0), (3, 551.0)])
+def test_a_host_sync_ends_the_hosts_lead(tmp_path, syncs, expect_us):
+    """By hand, host 10 us per op, 2,000 GB/s: a 0.5 ms op A, then B (0.5 us) which reads a GPU
+    value on the host, then C, D (0.5 us each). Up to B: max(500.5, 2 x 10) = 500.5 us, each
+    sync +10 us; then the host issues C at +10 (GPU idle), C runs 0.5, D likewise:
+    500.5 + 10 s + 10.5 + 10.5 -> 531 us with 1 sync, 551 with 3. Without the sync the host's
+    issues hide under A: 501.5 us. Backward has no sync."""
+    dev = device_profile(tmp_path, {"hbm_efficiency": 1.0, "host_overhead_us": 10.0})
+    ops = [_ew("A", 1e9), _synced("B", 1e6, syncs), _ew("C", 1e6), _ew("D", 1e6)]
+    assert compute.issue_bound_time_s(ops, "fwd", dev) == pytest.approx(expect_us * 1e-6)
+    assert compute.issue_bound_time_s(ops, "dgrad", dev) == pytest.approx(501.5e-6)
+    unsynced = [_ew("A", 1e9), _ew("B", 1e6), _ew("C", 1e6), _ew("D", 1e6)]
+    assert compute.issue_bound_time_s(unsynced, "fwd", dev) == pytest.approx(501.5e-6)
+    # host-bound before the sync: max(2 x 0.5, 2 x 10) = 20, + 10; C issued at 40, ends 40.5;
+    # D issued at 50, ends 50.5
+    small = [_ew("A", 1e6), _synced("B", 1e6, 1), _ew("C", 1e6), _ew("D", 1e6)]
+    assert compute.issue_bound_time_s(small, "fwd", dev) == pytest.approx(50.5e-6)
+    # a second sync later in the run: after D, +10 (nothing follows)
+    twice = [_ew("A", 1e9), _synced("B", 1e6, 1), _ew("C", 1e6), _synced("D", 1e6, 1)]
+    assert compute.issue_bound_time_s(twice, "fwd", dev) == pytest.approx(541e-6)
+
+
+def test_a_sync_costs_nothing_without_a_host_model(tmp_path):
+    dev = device_profile(tmp_path, {"hbm_efficiency": 1.0})
+    ops = [_ew("A", 1e9), _synced("B", 1e6, 2), _ew("C", 1e6)]
+    assert compute.issue_bound_time_s(ops, "fwd", dev) == pytest.approx(501e-6)
+
+
+@pytest.mark.parametrize("batch, launches", [(1, 1), (4, 1), (5, 2), (8, 2), (9, 3), (32, 8)])
+def test_grouped_expert_gemm_pays_a_launch_per_four_experts(tmp_path, batch, launches):
+    """Transformer Engine's GroupedLinear: one cuBLAS GEMM per local expert on 4 streams in turn
+    (multi_stream_cublas_gemm): ceil(experts / 4) launch overheads in a row, against one for a
+    batched kernel. kernel_overhead_us 7: the two differ by (launches - 1) x 7 us."""
+    import dataclasses
+
+    dev = device_profile(tmp_path, {"kernel_overhead_us": 7.0})
+    op = Op("expert_fc1", "gemm", batch, 512, 512, 512, 1.0, 1.0, 1.0, 0.0, 0.0, False, expert=True)
+    op = dataclasses.replace(op, flops_fwd=2.0 * batch * 512 ** 3, flops_dgrad=2.0 * batch * 512 ** 3,
+                             flops_wgrad=2.0 * batch * 512 ** 3)
+    grouped = dataclasses.replace(op, kernel_per_problem=True)
+    for ph in compute.PHASES:
+        diff = compute.kernel_time_s(grouped, ph, dev) - compute.kernel_time_s(op, ph, dev)
+        assert diff == pytest.approx((launches - 1) * 7e-6)

@@ -295,3 +295,64 @@ def test_moe_with_tensor_parallelism_needs_sequence_parallelism(write_yaml):
     data["parallelism"] = {"tp": 2, "pp": 1, "dp": 4, "ep": 2, "sequence_parallel": False}
     code, _, err = run_cli("memory", write_yaml(data))
     assert code == 2 and "parallelism.sequence_parallel" in err and "Megatron-Core" in err
+
+
+def test_router_scores_and_dispatch_preprocess_bytes_by_hand():
+    """Megatron-Core's fused router top-k (moe_utils.py topk_softmax_with_capacity, softmax in
+    fp32) reads the rows x E logits (bf16, 2 B) and writes fp32 probabilities and a 1-byte
+    routing map: 128 x 4 x (2 + 4 + 1); backward reads the probabilities' gradient and the saved
+    scores (fp32) and writes the logits' gradient: 128 x 4 x (4 + 4 + 2). The dispatcher's
+    preprocess reads the routing map twice (counts, row-id map): 2 x 128 x 4 x 1. The host
+    syncs sit on the permutation, the last op before the dispatch all-to-all."""
+    from sim.workload.ops import layer_ops
+
+    m = _moe().model
+    ops = layer_ops(m, 0, micro_batch_size=1, seq_length=128, ep=2, moe_syncs=1)
+    by = {op.name: op for op in ops}
+    assert by["router_topk"].bytes_fwd == 128 * 4 * 7 and by["router_topk"].bytes_bwd == 128 * 4 * 10
+    assert by["moe_preprocess"].bytes_fwd == 2 * 128 * 4 and by["moe_preprocess"].bytes_bwd == 0
+    names = [op.name for op in ops]
+    assert names.index("router") < names.index("router_topk") < names.index("moe_preprocess") \
+        < names.index("moe_permute")
+    assert [op.name for op in ops if op.host_syncs] == ["moe_permute"] and by["moe_permute"].host_syncs == 1
+    assert all(op.kernel_per_problem == op.expert for op in ops if op.kind == "gemm")
+
+
+@pytest.mark.parametrize("dispatcher, backend, precision, pad, syncs", [
+    ("alltoall", None, "bf16", False, 1),    # before_ep_alltoall d2h_event.synchronize
+    ("alltoall", None, "fp8", False, 1),     # counts already on the host for TE's padding
+    ("alltoall", None, "bf16", True, 0),     # drop-and-pad: splits known on the host
+    ("flex", "hybridep", "bf16", False, 1),  # HybridEP dispatch cudaStreamSynchronize
+    ("flex", "hybridep", "mxfp8", False, 1),
+    ("flex", "deepep", "bf16", False, 4),    # receive-counter busy-wait + 3 size reads
+    ("flex", None, "fp8", False, 6),         # + torch.equal and .item() of TE's padded permute
+])
+def test_host_syncs_per_dispatcher_follow_megatron_core(dispatcher, backend, precision, pad, syncs):
+    from sim.workload.ops import moe_host_syncs
+
+    assert moe_host_syncs(dispatcher, backend, precision, pad) == syncs
+
+
+def test_the_engine_charges_the_dispatchers_host_sync(write_yaml):
+    """On an H100 (host_overhead_us calibrated) the MoE layer's MLP forward is the issue-bound
+    time of its ops with the alltoall dispatcher's one sync, longer than without it; the
+    attention block and the backward do not change."""
+    from sim import compute
+    from sim.engine.costs import DeviceCostModel
+    from sim.workload.ops import layer_ops
+
+    data = base_scenario(model={"num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+                                "vocab_size": 1024, "num_experts": 8, "moe_router_topk": 2},
+                         cluster={"topology": "dgx-h100-ndr"},
+                         training={"global_batch_size": 8, "seq_length": 1024})
+    data["parallelism"] = {"tp": 1, "pp": 1, "dp": 8, "ep": 8}
+    sc = build_scenario(data)
+    cost = DeviceCostModel(sc).layer(0)
+    dev = sc.cluster.gpu
+    kw = dict(micro_batch_size=1, seq_length=1024, ep=8, precision="bf16")
+    with_sync, without = (layer_ops(sc.model, 0, moe_syncs=n, **kw) for n in (1, 0))
+    split = [op.name for op in with_sync].index("pre_mlp_norm")
+    t1 = compute.issue_bound_time_s(with_sync[split:], "fwd", dev, "bf16")
+    t0 = compute.issue_bound_time_s(without[split:], "fwd", dev, "bf16")
+    assert cost.mlp["fwd"] == round(t1 * 1e9) and t1 > t0
+    assert cost.mlp["dgrad"] == round(compute.issue_bound_time_s(without[split:], "dgrad", dev, "bf16") * 1e9)

@@ -58,12 +58,16 @@ class DeviceCostModel(CostModel):
                         f"one microbatch's {ops[0].name}..{ops[-1].name} {phase}" if ops else phase)
 
     def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
-        p = self.sc.parallelism
+        p, t = self.sc.parallelism, self.sc.training
         ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.etp, causal=True,
                                  flash_attention=self.flash,
                                  fp8_recipe=self.sc.training.fp8_recipe or "delayed",
                                  fp8_transpose=compute.compute_params(self.device).fp8_transpose_copy,
-                                 moe_dispatcher=self.sc.training.moe_token_dispatcher, **self.kw)
+                                 moe_dispatcher=t.moe_token_dispatcher,
+                                 moe_syncs=workload.moe_host_syncs(
+                                     t.moe_token_dispatcher, t.moe_flex_dispatcher_backend,
+                                     t.precision, t.moe_pad_expert_input_to_capacity),
+                                 **self.kw)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
         for block in (ops[:split], ops[split:]):

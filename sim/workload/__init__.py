@@ -26,6 +26,7 @@ from sim.workload.ops import (
     Op,
     embedding_ops,
     layer_ops,
+    moe_host_syncs,
     mtp_ops,
     output_ops,
     recompute_flops,
@@ -48,7 +49,7 @@ from sim.workload.params import (
 __all__ = [
     "ACTIVATION_BYTES", "GEMM_INPUT_BYTES", "KINDS", "RECOMPUTE", "EmbeddingParams", "LayerParams",
     "Op", "active_params", "attention_dims", "embedding_ops", "embedding_params",
-    "hardware_flops_per_step", "layer_ops", "layer_params", "model_flops_per_step",
+    "hardware_flops_per_step", "layer_ops", "layer_params", "model_flops_per_step", "moe_host_syncs",
     "mtp_ops", "mtp_params", "narayanan_eq3_flops", "norm_params", "output_ops", "output_params", "recompute_flops",
     "recompute_ops", "six_n_flops_per_step", "sum_flops", "total_params",
 ]

@@ -80,9 +80,9 @@ Op names (stable; engines may key on them):
   layer: input_norm, qkv_proj | (MLA) q_down_proj, q_norm, q_up_proj (or q_proj), kv_down_proj,
          kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
          when not flash], attn_values, out_proj, attn_bias_dropout_add, pre_mlp_norm,
-         dense: fc1, act, fc2 | MoE: router, moe_permute, [moe_sort_chunks when a rank holds
-         several experts], expert_fc1, expert_act, expert_fc2, [moe_unsort_chunks],
-         moe_unpermute, [shared_fc1, shared_act, shared_fc2], then mlp_bias_dropout_add
+         dense: fc1, act, fc2 | MoE: router, router_topk, moe_preprocess, moe_permute,
+         [moe_sort_chunks when a rank holds several experts], expert_fc1, expert_act, expert_fc2,
+         [moe_unsort_chunks], moe_unpermute, [shared_fc1, shared_act, shared_fc2], then mlp_bias_dropout_add
   embedding (first stage): embedding_lookup, [position_embedding_add], [embedding_dropout]
   output (last stage): final_norm, lm_head, cross_entropy
 
@@ -184,6 +184,14 @@ class Op:
     """A GEMM that stays BF16 under the low-precision recipes (LM head, router, unfused
     attention's batched GEMMs): timed at the BF16 rate with 2-byte operands when the training
     precision is fp8, mxfp8 or nvfp4."""
+    kernel_per_problem: bool = False
+    """A batched GEMM launched as one kernel per problem (the routed experts: Transformer
+    Engine's GroupedLinear runs one cuBLAS GEMM per local expert, multi_stream_cublas_gemm in
+    TE @e7c550c5 transformer_engine/common/gemm/cublaslt_gemm.cu): each pays the launch overhead."""
+    host_syncs: int = 0
+    """Times the host blocks on the GPU after issuing this op's forward (a device-to-host read
+    the next ops need: the MoE dispatcher's token counts, `moe_host_syncs`); the host issues
+    nothing more until the GPU has caught up (sim.compute.issue_bound_time_s)."""
 
     @property
     def flops_bwd(self) -> float:
@@ -215,6 +223,8 @@ class _Ctx:
     """The quantisation recipe of the decoder GEMMs (cast_bytes), None in 16/32 bit."""
     fp8_transpose: bool = True
     """Per-tensor FP8 casts also write the FP8 transpose (FP8_TRANSPOSE_BYTES)."""
+    moe_syncs: int = 0
+    """Host syncs per MoE layer's forward (moe_host_syncs)."""
 
     @property
     def s_local(self) -> int:
@@ -241,7 +251,7 @@ def _div(a: int, b: int, what: str) -> int:
 def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, precision: str, tp: int,
               cp: int, ep: int, etp: int | None, sequence_parallel: bool, causal: bool,
               flash_attention: bool, fp8_recipe: str = "delayed",
-              fp8_transpose: bool = True) -> _Ctx:
+              fp8_transpose: bool = True, moe_syncs: int = 0) -> _Ctx:
     for name, v in (("micro_batch_size", micro_batch_size), ("seq_length", seq_length), ("tp", tp),
                     ("cp", cp), ("ep", ep)):
         if not isinstance(v, int) or v < 1:
@@ -260,7 +270,8 @@ def _make_ctx(model: ModelSpec, *, micro_batch_size: int, seq_length: int, preci
         _div(seq_length // cp, tp, "seq_length / cp (sequence parallel)")
     return _Ctx(b=micro_batch_size, s=seq_length, tp=tp, cp=cp, ep=ep, etp=etp, sp=sp,
                 ea=ACTIVATION_BYTES[precision], eg=GEMM_INPUT_BYTES[precision], causal=causal,
-                flash=flash_attention, quant=quant, fp8_transpose=fp8_transpose)
+                flash=flash_attention, quant=quant, fp8_transpose=fp8_transpose,
+                moe_syncs=moe_syncs)
 
 
 def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sharded: bool,
@@ -273,7 +284,8 @@ def _gemm(c: _Ctx, name: str, m: float, n: int, k: int, *, batch: int = 1, tp_sh
     dgrad = batch * (m * n * eg + k * n * eg + m * k * c.ea)
     wgrad = batch * (m * k * eg + m * n * eg + 2 * k * n * MAIN_GRAD_BYTES)
     return Op(name, "gemm", batch, m, n, k, f, f, f, fwd, dgrad + wgrad, tp_sharded,
-              seq_sharded=seq_sharded, expert=expert, high_precision=high_precision)
+              seq_sharded=seq_sharded, expert=expert, high_precision=high_precision,
+              kernel_per_problem=expert)
 
 
 FP8_GEMMS = ("qkv_proj", "q_proj", "q_down_proj", "q_up_proj", "kv_down_proj", "kv_up_proj",
@@ -311,10 +323,10 @@ def _with_fp8_casts(c: _Ctx, ops: list[Op]) -> list[Op]:
 
 def _elementwise(name: str, rows: float, width: int, bytes_fwd: float, bytes_bwd: float, *,
                  batch: int = 1, tp_sharded: bool = False, seq_sharded: bool = False,
-                 expert: bool = False, selective: bool = False) -> Op:
+                 expert: bool = False, selective: bool = False, host_syncs: int = 0) -> Op:
     return Op(name, "elementwise", batch, rows, width, 1, 0.0, 0.0, 0.0, float(bytes_fwd),
               float(bytes_bwd), tp_sharded, seq_sharded=seq_sharded, expert=expert,
-              selective_recompute=selective)
+              selective_recompute=selective, host_syncs=host_syncs)
 
 
 def _norm(c: _Ctx, name: str, rows: int, width: int, *, residual_fork: bool, seq_sharded=True) -> Op:
@@ -464,6 +476,33 @@ def _dense_mlp(c: _Ctx, model: ModelSpec, width: int, prefix: str = "") -> list[
             _gemm(c, f"{prefix}fc2", T, h, w, tp_sharded=True)]
 
 
+def moe_host_syncs(dispatcher: str, backend: str | None = None, precision: str = "bf16",
+                   pad_to_capacity: bool = False) -> int:
+    """Times the host waits for the GPU in one MoE layer's forward under Megatron-Core's token
+    dispatchers (@d98e8a6, megatron/core/transformer/moe/token_dispatcher.py); backward has none
+    (autograd replays the sizes recorded in forward).
+
+    alltoall: 1, the device-to-host copy of the token counts the all-to-all's splits need
+    (`before_ep_alltoall`, _maybe_dtoh_and_synchronize's d2h_event.synchronize); 0 with
+    moe_pad_expert_input_to_capacity (drop-and-pad: the splits are the capacity, known on the
+    host). flex + hybridep: 1 (HybridEP's dispatch blocks on its stream for the received counts,
+    DeepEP hybrid-ep csrc/hybrid_ep/executor/executor.cu cudaStreamSynchronize). flex + deepep:
+    4, DeepEP's normal-mode dispatch busy-waits on the host-mapped receive counters (deep_ep.cpp,
+    intranode/internode dispatch) and _indices_to_multihot's two boolean-mask indexings and
+    repeat_interleave each read a size (token_dispatcher.py:1359-1364); under fp8, mxfp8 and
+    nvfp4 2 more, Transformer Engine's permute with quantization padding (TE @e7c550c5
+    pytorch/permutation.py: torch.equal of the aligned counts, .sum().item())."""
+    if dispatcher == "alltoall":
+        return 0 if pad_to_capacity else 1
+    if dispatcher != "flex":
+        raise ValueError(f"moe dispatcher must be alltoall or flex, got {dispatcher!r}")
+    if (backend or "deepep") == "hybridep":
+        return 1
+    if backend not in (None, "deepep"):
+        raise ValueError(f"moe flex backend must be deepep or hybridep, got {backend!r}")
+    return 4 + (2 if precision in ("fp8", "mxfp8", "nvfp4") else 0)
+
+
 def _moe_block(c: _Ctx, model: ModelSpec, dispatcher: str = "alltoall") -> list[Op]:
     """Router (replicated weights, SP-sharded tokens), token permutation, routed experts as
     grouped GEMMs, unpermutation (weighted sum of the top-k outputs), shared experts. The flex
@@ -479,9 +518,20 @@ def _moe_block(c: _Ctx, model: ModelSpec, dispatcher: str = "alltoall") -> list[
     m_e = c.tokens * topk * c.ep * c.etp / (E * c.tp)  # average tokens per local expert
     ea = c.ea
     ops = [_gemm(c, "router", rows, E, h, tp_sharded=False, seq_sharded=True, high_precision=True)]
+    # The router's scores and top-k (Megatron-Core's fused topk_softmax_with_capacity /
+    # fused_topk_with_score_function, moe_utils.py @d98e8a6): read the logits, write the fp32
+    # probabilities (softmax in float32, moe_utils.py:902) and the boolean routing map, rows x E;
+    # backward reads the probabilities' gradient and the saved scores, writes the logits'.
+    ops.append(_elementwise("router_topk", rows, E, rows * E * (ea + 4 + MASK_BYTES),
+                            rows * E * (4 + 4 + ea), seq_sharded=True))
+    # The dispatcher's preprocess (token_dispatcher.py preprocess / dispatch_preprocess): the
+    # tokens per expert (routing_map.sum over tokens) and the permutation's row-id map, reading
+    # the routing map; the host then reads the counts (`host_syncs`, moe_host_syncs).
+    ops.append(_elementwise("moe_preprocess", rows, E, 2 * rows * E * MASK_BYTES, 0.0,
+                            seq_sharded=True))
     # permute: read the tokens, write topk copies in expert order; backward sums them back.
     ops.append(_elementwise("moe_permute", rows, h, (1 + topk) * rows * h * ea,
-                            (1 + topk) * rows * h * ea, seq_sharded=True))
+                            (1 + topk) * rows * h * ea, seq_sharded=True, host_syncs=c.moe_syncs))
     # Megatron-Core's alltoall dispatcher with several local experts: after the dispatch
     # all-to-all the received tokens arrive grouped by source rank and are re-sorted by local
     # expert ("Permutation 2", sort_chunks_by_idxs, or a transpose().contiguous() when dropping
@@ -518,7 +568,8 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
               precision: str = "bf16", tp: int = 1, cp: int = 1, ep: int = 1,
               etp: int | None = None, sequence_parallel: bool = False, causal: bool = True,
               flash_attention: bool = True, fp8_recipe: str = "delayed",
-              fp8_transpose: bool = True, moe_dispatcher: str = "alltoall") -> list[Op]:
+              fp8_transpose: bool = True, moe_dispatcher: str = "alltoall",
+              moe_syncs: int = 0) -> list[Op]:
     """Ops of decoder layer `layer` (0-based) for one microbatch on one rank, in execution order.
 
     micro_batch_size, seq_length: sequences per microbatch and tokens per sequence.
@@ -526,14 +577,15 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
     causal, flash_attention: attention counting (module docstring).
     fp8_recipe: delayed | current scaling, for precision fp8; fp8_transpose: its casts also write
     the FP8 transpose (TN-only FP8 GEMMs: Hopper, Ada; not Blackwell) (module docstring).
-    moe_dispatcher: alltoall | flex (training.moe_token_dispatcher; see _moe_block)."""
+    moe_dispatcher: alltoall | flex (training.moe_token_dispatcher; see _moe_block).
+    moe_syncs: times the host waits on the GPU in each MoE layer's forward (moe_host_syncs)."""
     if not 0 <= layer < model.num_layers + model.mtp_num_layers:
         raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers "
                          f"and {model.mtp_num_layers} MTP layers (0-based)")
     c = _make_ctx(model, micro_batch_size=micro_batch_size, seq_length=seq_length,
                   precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
                   sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention,
-                  fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose)
+                  fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose, moe_syncs=moe_syncs)
     h = model.hidden_size
     ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
     ops += _attention_block(c, model)
