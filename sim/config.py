@@ -317,6 +317,14 @@ class TrainingIn(_Strict):
     """The flex dispatcher's backend (Megatron-Core --moe-flex-dispatcher-backend): deepep forwards
     over NVLink inside a server (8 GPUs), hybridep inside the whole NVLink domain (an NVL72 rack).
     Default deepep (Megatron-Core's); only with moe_token_dispatcher: flex."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron-Core --overlap-moe-expert-parallel-comm, the EP all-to-all overlap: the step runs
+    combined 1F1B (sim.schedules.combined; megatron/core/pipeline_parallel/combined_1f1b.py), one
+    more warm-up forward and then every steady forward and backward as one overlapped pair whose
+    dispatch and combine all-to-alls run under the other half's compute. Needs a MoE model,
+    expert parallelism, pipeline_schedule 1f1b with one pipeline rank or interleaved-1f1b, no
+    full recompute and at most one MTP layer (Megatron-Core's TransformerConfig rules). The
+    schedule named stays the scenario's pipeline_schedule. Default false."""
     checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"
     """Training time between two checkpoints, seconds, or `optimal`: the interval that maximises
     the expected goodput under Poisson failures (Daly 2006's complete model, exact optimum;
@@ -426,6 +434,7 @@ class Training:
     moe_token_dispatcher: str = "alltoall"
     moe_flex_dispatcher_backend: Optional[str] = None
     """deepep or hybridep with the flex dispatcher (deepep when not given), else None."""
+    overlap_moe_expert_parallel_comm: bool = False
     tp_async_backward: bool = True
     checkpoint_interval_s: Union[str, float] = "optimal"
     """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
@@ -507,6 +516,13 @@ class Scenario:
     @property
     def tokens_per_step(self) -> int:
         return self.training.global_batch_size * self.training.seq_length
+
+    @property
+    def run_schedule(self) -> str:
+        """The schedule family the step runs: combined-1f1b under the EP all-to-all overlap
+        (training.overlap_moe_expert_parallel_comm), else parallelism.pipeline_schedule."""
+        return ("combined-1f1b" if self.training.overlap_moe_expert_parallel_comm
+                else self.parallelism.pipeline_schedule)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1085,6 +1101,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   "moe_pad_expert_input_to_capacity pads each expert's input to its capacity, which "
                   "needs training.moe_expert_capacity_factor (Megatron-Core raises the same)")
     _check_moe_dispatch(model, t, ep, etp, err)
+    _check_ep_overlap(model, t, ep, pp, schedule, err)
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1219,6 +1236,31 @@ def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:
     if t.moe_pad_expert_input_to_capacity and (t.moe_flex_dispatcher_backend or "deepep") == "deepep":
         raise err("training.moe_pad_expert_input_to_capacity", "the deepep flex dispatcher does not "
                   "support moe_pad_expert_input_to_capacity (Megatron-Core raises the same)")
+
+
+def _check_ep_overlap(model: ModelSpec, t, ep: int, pp: int, schedule: str, err) -> None:
+    """Megatron-Core's rules for overlap_moe_expert_parallel_comm (transformer_config.py
+    __post_init__ @d98e8a6) that a scenario can break."""
+    if not t.overlap_moe_expert_parallel_comm:
+        return
+    key = "training.overlap_moe_expert_parallel_comm"
+    if not model.is_moe:
+        raise err(key, f"the EP all-to-all overlap applies only to MoE models; {model.name} has "
+                  "num_experts = 0")
+    if ep == 1:
+        raise err(key, "the EP all-to-all overlap needs expert parallelism (expert_model_parallel_size "
+                  "> 1; Megatron-Core asserts the same)")
+    if not ((schedule == "1f1b" and pp == 1) or schedule == "interleaved-1f1b"):
+        raise err(key, f"the EP all-to-all overlap runs combined 1F1B: pipeline_schedule must be 1f1b "
+                  f"with pipeline_model_parallel_size 1 or interleaved-1f1b (it is {schedule} with "
+                  f"pipeline_model_parallel_size {pp}; Megatron-Core asserts "
+                  "virtual_pipeline_model_parallel_size is set when pp > 1)")
+    if t.recompute == "full":
+        raise err(key, "the EP all-to-all overlap needs recompute none or selective (Megatron-Core: "
+                  "disable full recomputation when enabling overlap_moe_expert_parallel_comm)")
+    if model.mtp_num_layers > 1:
+        raise err(key, f"the EP all-to-all overlap supports at most one MTP layer (model has "
+                  f"{model.mtp_num_layers}; Megatron-Core asserts the same)")
 
 
 def moe_expert_load(model: ModelSpec, t, tp: int, cp: int, sequence_parallel: bool) -> float:

@@ -123,6 +123,8 @@ def test_import_of_export_across_the_mapped_keys(tmp_path, sets):
     ["parallelism.pipeline_schedule=1f1b"],
     ["parallelism.pipeline_schedule=1f1b", "training.moe_token_dispatcher=flex",
      "training.moe_expert_capacity_factor=1.25"],
+    ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2",
+     "training.overlap_moe_expert_parallel_comm=true"],
 ])
 def test_import_of_export_of_moe_layouts(tmp_path, sets):
     a, b = _roundtrip(SCENARIOS / "mixtral-8x7b-h100x64-dualpipe.yaml", tmp_path, sets)

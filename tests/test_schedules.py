@@ -62,12 +62,12 @@ def test_action_strings_follow_pytorch_form():
 
 def test_registry_and_defaults():
     assert SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv",
-                              "dualpipe", "dualpipev")
+                              "dualpipe", "dualpipev", "combined-1f1b")
     assert set(SCHEDULES) == set(SCHEDULE_NAMES)
     # interleaved-1f1b defaults to its least, 2 chunks (issue #13: it used to default to an error)
-    assert [default_chunks(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 1, 1, 2, 2, 2]
+    assert [default_chunks(n) for n in SCHEDULE_NAMES] == [1, 1, 2, 1, 1, 2, 2, 2, 2]
     assert [splits_backward(n) for n in SCHEDULE_NAMES] == [False, False, False, True, True,
-                                                            True, True, True]
+                                                            True, True, True, False]
     s = build("1f1b", 4, 8)
     assert isinstance(s, Schedule) and (s.name, s.pp, s.microbatches, s.chunks) == ("1f1b", 4, 8, 1)
     assert SCHEDULES["1f1b"](4, 8, 1) == [list(r) for r in s.ranks]
@@ -188,7 +188,8 @@ def _grid():
         for p in (1, 2, 3, 4, 5, 6):
             for m in sorted({1, 2, 3, p, p + 1, 2 * p, 2 * p + 1, 3 * p}):
                 for v in ((1, 2) if name in ("gpipe", "1f1b", "zb-h1", "zb-h2") else
-                          (2, 3) if name == "interleaved-1f1b" else (2,)):
+                          (2, 3) if name == "interleaved-1f1b" else
+                          (1, 2, 3) if name == "combined-1f1b" else (2,)):
                     try:
                         check(name, p, m, v)
                     except ConfigError:

@@ -117,7 +117,7 @@ def test_csv_round_trip_api(tmp_path, name):
     # PyTorch's form: a row per rank, pairs as torch's (0F7;7B3)OVERLAP_F_B, never 0F7&7B3
     assert rows == [",".join(torch_str(i) for i in r) for r in s.ranks]
     assert "&" not in path.read_text()
-    assert ("OVERLAP_F_B" in path.read_text()) == (name in ("dualpipe", "dualpipev"))
+    assert ("OVERLAP_F_B" in path.read_text()) == (name in ("dualpipe", "dualpipev", "combined-1f1b"))
     back = from_csv(path, name, LAYOUT[name])
     assert back == s
 

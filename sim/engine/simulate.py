@@ -142,7 +142,7 @@ def simulate(sc, *, costs=None, network=None, by_symmetry: bool = True) -> RunRe
 def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
     t0 = time.perf_counter()
     p = sc.parallelism
-    sched = schedules.build(p.pipeline_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
     if costs is None:
         from sim.engine.costs import DeviceCostModel
         costs = DeviceCostModel(sc)

@@ -107,6 +107,7 @@ _BOOL = {  # switch -> (key, value when given)
     "--account-for-embedding-in-pipeline-split": ("parallelism.account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("parallelism.account_for_loss_in_pipeline_split", True),
     "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
+    "--overlap-moe-expert-parallel-comm": ("training.overlap_moe_expert_parallel_comm", True),
 }
 _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--normalization", "--position-embedding-type", "--num-query-groups", "--vocab-size",
@@ -583,6 +584,8 @@ def _moe_flags(m, t) -> list[str]:
         out.append(f"--moe-expert-capacity-factor {t.moe_expert_capacity_factor!r}")
     if t.moe_pad_expert_input_to_capacity:
         out.append("--moe-pad-expert-input-to-capacity")
+    if t.overlap_moe_expert_parallel_comm:
+        out.append("--overlap-moe-expert-parallel-comm")
     return out
 
 

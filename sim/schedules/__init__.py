@@ -14,6 +14,8 @@ Families (name: paper; module):
 - ``zbv``: Qi et al., the V-shape ZB-V (zbv.py)
 - ``dualpipe``: DeepSeek-V3 report / deepseek-ai/DualPipe (dualpipe.py)
 - ``dualpipev``: deepseek-ai/DualPipe's V-shape DualPipeV (dualpipev.py)
+- ``combined-1f1b``: Megatron-Core's EP all-to-all overlap, (interleaved) 1F1B with overlapped
+  F&B steady steps (combined.py)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Callable
 
 from sim.schedules import checks as _checks
 from sim.schedules.actions import KINDS, Action, Item, Overlap, parse_action
+from sim.schedules.combined import combined_1f1b
 from sim.schedules.csvio import from_csv, read_csv, to_csv, write_csv
 from sim.schedules.dualpipe import dualpipe
 from sim.schedules.dualpipev import dualpipev
@@ -44,6 +47,7 @@ SCHEDULES: dict[str, Callable[[int, int, int], list[list[Item]]]] = {
     "zbv": zbv,
     "dualpipe": dualpipe,
     "dualpipev": dualpipev,
+    "combined-1f1b": combined_1f1b,
 }
 """Schedule name -> family function (pp, microbatches, chunks) -> per-rank action lists."""
 
@@ -51,7 +55,7 @@ SCHEDULE_NAMES: tuple[str, ...] = tuple(SCHEDULES)
 
 LAYOUT = {"gpipe": "contiguous", "1f1b": "contiguous", "interleaved-1f1b": "interleaved",
           "zb-h1": "contiguous", "zb-h2": "contiguous", "zbv": "v", "dualpipe": "dualpipe",
-          "dualpipev": "v"}
+          "dualpipev": "v", "combined-1f1b": "interleaved"}
 """Schedule name -> stage placement (see model.py)."""
 
 _TWO_CHUNKS = ("zbv", "dualpipe", "dualpipev")
@@ -59,9 +63,9 @@ _SPLIT_BACKWARD = ("zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 
 
 def default_chunks(name: str) -> int:
-    """Model chunks per rank when none is given: 2 for interleaved-1f1b (its least), zbv,
-    dualpipe, dualpipev; else 1."""
-    return 2 if name in _TWO_CHUNKS or name == "interleaved-1f1b" else 1
+    """Model chunks per rank when none is given: 2 for interleaved-1f1b and combined-1f1b (their
+    least with more than one rank), zbv, dualpipe, dualpipev; else 1."""
+    return 2 if name in _TWO_CHUNKS or name in ("interleaved-1f1b", "combined-1f1b") else 1
 
 
 def splits_backward(name: str) -> bool:

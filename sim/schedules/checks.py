@@ -58,15 +58,16 @@ def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default
                           f"{pp * m * v:,} forward passes per step: beyond what sim5d schedules (at most "
                           f"{MAX_ACTIONS_PER_STEP:,})", key=k["microbatches"] if m >= pp else k["pp"])
 
-    if name == "interleaved-1f1b":
+    if name == "interleaved-1f1b" or (name == "combined-1f1b" and pp > 1):
         if v < 2:
-            raise ConfigError(
-                f"{k['chunks']} ({v}) must be at least 2 for interleaved-1f1b (model chunks per "
-                f"pipeline rank; with 1 chunk use 1f1b)", key=k["chunks"])
+            why = ("model chunks per pipeline rank; with 1 chunk use 1f1b" if name == "interleaved-1f1b"
+                   else f"with {k['pp']} {pp} > 1: Megatron-Core runs the EP all-to-all overlap across "
+                        f"pipeline ranks only interleaved, virtual_pipeline_model_parallel_size must be set")
+            raise ConfigError(f"{k['chunks']} ({v}) must be at least 2 for {name} ({why})", key=k["chunks"])
         if m % pp:
             raise ConfigError(
                 f"{k['microbatches']} ({m}) must be a multiple of {k['pp']} ({pp}) for "
-                f"interleaved-1f1b (Megatron-LM groups microbatches by pp){_use(name, pp, m, suggest)}",
+                f"{name} (Megatron-LM groups microbatches by pp){_use(name, pp, m, suggest)}",
                 key=k["microbatches"])
     if name in ("zbv", "dualpipe", "dualpipev") and v != 2:
         raise ConfigError(f"{k['chunks']} ({v}) must be 2 for {name} (it always holds 2 model "
@@ -93,7 +94,7 @@ def microbatches_ok(name: str, pp: int, m: int) -> bool:
     """Whether `m` microbatches satisfy the schedule's microbatch rules (those of `check`)."""
     if m < 1:
         return False
-    if name == "interleaved-1f1b" and m % pp:
+    if name in ("interleaved-1f1b", "combined-1f1b") and m % pp:
         return False
     if name == "dualpipe" and m % 2:
         return False

@@ -35,6 +35,20 @@ def _virtual(pp: int, chunks: int, k: int, forward: bool) -> tuple[int, int]:
     return chunk, group * pp + pos % pp
 
 
+def virtual_actions(pp: int, chunks: int, rank: int):
+    """(forward of virtual microbatch k, backward of virtual microbatch k) on `rank`: two
+    functions of k giving the Action, stage chunk * pp + rank."""
+    def fwd(k: int) -> Action:
+        chunk, mb = _virtual(pp, chunks, k, forward=True)
+        return Action("F", chunk * pp + rank, mb)
+
+    def bwd(k: int) -> Action:
+        chunk, mb = _virtual(pp, chunks, k, forward=False)
+        return Action("B", chunk * pp + rank, mb)
+
+    return fwd, bwd
+
+
 def interleaved_1f1b(pp: int, microbatches: int, chunks: int) -> list[list[Action]]:
     """Per rank: Megatron's warm-up forwards, steady 1F1B, cool-down backwards."""
     total = microbatches * chunks
@@ -42,14 +56,7 @@ def interleaved_1f1b(pp: int, microbatches: int, chunks: int) -> list[list[Actio
     for rank in range(pp):
         warmup = warmup_microbatches(pp, rank, microbatches, chunks)
 
-        def fwd(k: int) -> Action:
-            chunk, mb = _virtual(pp, chunks, k, forward=True)
-            return Action("F", chunk * pp + rank, mb)
-
-        def bwd(k: int) -> Action:
-            chunk, mb = _virtual(pp, chunks, k, forward=False)
-            return Action("B", chunk * pp + rank, mb)
-
+        fwd, bwd = virtual_actions(pp, chunks, rank)
         actions = [fwd(k) for k in range(warmup)]                      # warm-up
         for i in range(total - warmup):                                # steady 1F1B
             actions += [fwd(warmup + i), bwd(i)]

@@ -53,8 +53,15 @@ class Schedule:
     def live_events(self) -> tuple:
         """Per rank, (stage, True) for each F and (stage, False) for each I or B, in its order:
         what `replay.peak_live` walks (made once per schedule; the memory calculator asks twice
-        per layout, a sweep for many layouts of one schedule)."""
-        return tuple(tuple((a.stage, a.kind == "F") for item in items for a in item.parts
+        per layout, a sweep for many layouts of one schedule). An overlapped pair allocates its
+        forward before freeing its backward (DualPipe's "+1"), except in combined-1f1b, whose
+        pair runs layer by layer, the backward releasing each layer's activations as the forward
+        makes the next (Megatron-Core combined_1f1b.py, _release_tensor_storage): its peak is
+        max(before, before - B + F), the backward's free first."""
+        free_first = self.name == "combined-1f1b"
+        return tuple(tuple((a.stage, a.kind == "F")
+                           for item in items
+                           for a in (item.parts[::-1] if free_first and len(item.parts) == 2 else item.parts)
                            if a.kind in ("F", "I", "B")) for items in self.ranks)
 
     @property
