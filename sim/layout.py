@@ -150,8 +150,8 @@ class Layout:
 
     def group(self, rank: int, dim: str) -> tuple:
         """The ranks of `rank`'s process group along `dim` (tp, cp, dp, pp, ep, edp, etp (expert
-        tensor parallel), or 'dp-cp' for the gradient / distributed-optimizer group), sorted by
-        their index in the group."""
+        tensor parallel), 'dp-cp' for the gradient / distributed-optimizer group, or 'etp-ep' for
+        Megatron-Core's tp_ep group, expert TP x EP), sorted by their index in the group."""
         me = self.coord(rank)
         if dim in DENSE_DIMS:
             base = {d: getattr(me, d) for d in DENSE_DIMS}
@@ -169,6 +169,9 @@ class Layout:
             return tuple(self._expert_rank(me.etp, me.ep, i, me.pp) for i in range(self.edp))
         if dim == "etp":
             return tuple(self._expert_rank(i, me.ep, me.edp, me.pp) for i in range(self.etp))
+        if dim == "etp-ep":
+            return tuple(self._expert_rank(t, e, me.edp, me.pp)
+                         for e in range(self.ep) for t in range(self.etp))
         raise ValueError(f"unknown dimension {dim!r}")
 
     def nodes_spanned(self, ranks) -> int:

@@ -31,7 +31,9 @@ scenario when it took DeepSeek's dispatch (node-limited routing through Megatron
 dispatcher with DeepEP, sim.network.moe_dispatch; a scenario change), and all the MoE cases
 (deepseek-v3, both mixtral) when the MoE block took the router's top-k and the dispatcher's
 preprocess kernels, its host syncs and one GEMM launch per four local experts (a model change:
-sim.workload.ops moe_host_syncs, sim.compute issue_bound_time_s).
+sim.workload.ops moe_host_syncs, sim.compute issue_bound_time_s), and the Mixtral cases (alltoall
+dispatcher) when it took that dispatcher's token-count all-gather over tp_ep and its
+probabilities' all-to-all (a model change: sim.engine.parallel.ep ExpertParallel._a2a).
 """
 
 from __future__ import annotations

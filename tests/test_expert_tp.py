@@ -196,8 +196,14 @@ def test_dispatcher_collectives_and_expert_gradients():
     m, layers = sc.derived.num_microbatches, 2
     a2a_bytes = 128 // 4 * 2 * 256 * 2      # s/tp tokens x top-2 x h x bf16 per rank
     a2a = [s for s in rec.seen if s.op == "all_to_all"]
-    assert len(a2a) == 4 * m * layers and {s.ranks for s in a2a} == {(0, 2)}
-    assert {s.size_bytes for s in a2a} == {a2a_bytes}
+    assert {s.ranks for s in a2a} == {(0, 2)}
+    # tokens: dispatch + combine and their gradients; fp32 probabilities: dispatch and its gradient
+    assert sorted(s.size_bytes for s in a2a) == ([128 // 4 * 2 * 4] * (2 * m * layers)
+                                                 + [a2a_bytes] * (4 * m * layers))
+    # the token counts before each forward dispatch: num_experts int64 from each of the tp_ep
+    # group's etp x ep = 4 ranks (rank 0's etp group (0, 1), its ep group (0, 2))
+    counts = [s for s in rec.seen if s.op == "all_gather" and s.tag == "ep" and s.ranks != (0, 1)]
+    assert len(counts) == m * layers and {(s.ranks, s.size_bytes) for s in counts} == {((0, 1, 2, 3), 4 * 4 * 8)}
     # the expert-TP all-gather after the dispatch / reduce-scatter before the combine, and their
     # backward twins: the gathered buffer is etp x the all-to-all size, over the etp group
     etp = [s for s in rec.seen if s.ranks == (0, 1)]

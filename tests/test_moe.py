@@ -52,10 +52,36 @@ def test_all_to_all_volume_per_token(tp, sp):
     _run(sc, net)
     a2a = [s for s in net.seen if s.op == "all_to_all"]
     m = sc.derived.num_microbatches
-    # per layer per microbatch: dispatch + combine forward and their gradients backward
-    assert len(a2a) == 2 * m * 4 and all(len(s.ranks) == 2 and s.tag == "ep" for s in a2a)
+    assert all(len(s.ranks) == 2 and s.tag == "ep" for s in a2a)
     tokens = 128 // tp          # tokens of the rank entering the dispatcher (SP splits by tp)
-    assert {s.size_bytes for s in a2a} == {tokens * 2 * 256 * 2}   # topk x hidden x bf16 per token
+    hidden = [s for s in a2a if s.size_bytes == tokens * 2 * 256 * 2]  # topk x hidden x bf16
+    probs = [s for s in a2a if s.size_bytes == tokens * 2 * 4]          # topk x fp32 probability
+    # per layer (2) per microbatch: dispatch + combine forward and their gradients backward move
+    # the tokens; the dispatch and its gradient also move the probabilities (token_dispatch)
+    assert len(hidden) == 2 * m * 4 and len(probs) == 2 * m * 2 and len(a2a) == 2 * m * 6
+
+
+def test_alltoall_dispatcher_gathers_the_token_counts_over_tp_ep():
+    """Before each forward dispatch Megatron-Core's alltoall dispatcher all-gathers every rank's
+    tokens per expert (num_experts int64) over the tp_ep group, expert TP x EP ranks
+    (token_dispatcher.py preprocess, gather_from_sequence_parallel_region(group=tp_ep_group));
+    nothing in the backward. tp 2 (etp 2) x ep 2 over 4 GPUs: a group of 4, 4 x 4 x 8 bytes."""
+    from sim.engine.core import Comm
+    sc = _moe(tp=2, dp=2, ep=2, sp=True)
+    sched = schedules.build("1f1b", 1, sc.derived.num_microbatches, 1)
+    builder = ProgramBuilder(sc, sched, UnitCosts(expert=EXPERT))
+    progs, layout = builder.build(), builder.layout
+    for rank, prog in progs.items():
+        counts = [i for i in prog if isinstance(i, Comm) and i.name.endswith("token counts")]
+        assert len(counts) == 2 * sc.derived.num_microbatches         # 2 layers, forward only
+        assert all(c.name.startswith("F ") for c in counts)
+        assert {c.spec.op for c in counts} == {"all_gather"}
+        assert {c.spec.size_bytes for c in counts} == {4 * 4 * 8}
+        assert {len(c.spec.ranks) for c in counts} == {4} and rank in counts[0].spec.ranks
+        # the group is the rank's expert-TP x EP ranks: its etp and ep groups, not its expert-DP
+        members = set(counts[0].spec.ranks)
+        assert set(layout.group(rank, "etp")) | set(layout.group(rank, "ep")) <= members
+        assert set(layout.group(rank, "edp")) & members == {rank}
 
 
 def test_routing_imbalance_sets_the_pace():

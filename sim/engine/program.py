@@ -194,7 +194,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         tp_mlp = self._tp_mlp(layer)
         if ag and tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp all-gather", ag)
-        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch")
+        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch", "dispatch")
         self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather", "all_gather")
         prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}",
                             "recompute" if tag == "R" else "compute"))
@@ -262,7 +262,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             self._a2a(prog, r, layer, f"B L{layer} combine-grad")
         self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight, c)
         if do_input:
-            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad")
+            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad", "dispatch-grad")
         self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight, c)
 
     # -- pipeline actions ----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Expert parallelism: the MoE token dispatch and combine, forward and backward.
 
 Each rank sends its tokens' top-k copies: tokens x topk x hidden x bytes per rank (nccl-tests'
-all-to-all size; tokens = b x s/cp, / tp under SP), exposed on the compute stream.
+all-to-all size; tokens = b x s/cp, / tp under SP), exposed on the compute stream; with the
+alltoall dispatcher also the token counts' all-gather before each forward dispatch and the
+routing probabilities' all-to-all beside the dispatch's tokens (`_a2a`).
 `training.moe_routing_imbalance` (max / mean tokens per EP rank), capped or padded by the
 capacity factor (Derived.moe_expert_load), scales the busiest rank's routed-expert ops (GEMMs,
 token re-sort) and its all-to-all volume; the representative rank is that busiest rank, since
@@ -46,15 +48,41 @@ class ExpertParallel:
         size = self.act_bytes * m.moe_router_topk // (p.tp if self.sp else 1)
         return int(round(size * self.imbalance))
 
-    def _a2a(self, prog, pp_rank, layer, name):
+    def probs_bytes(self) -> int:
+        """Routing probabilities the alltoall dispatcher sends beside the tokens: tokens x topk
+        fp32 values (the router's softmax in float32), times the routing imbalance."""
+        m, p, t = self.sc.model, self.sc.parallelism, self.sc.training
+        tokens = t.seq_length // p.cp * t.micro_batch_size // (p.tp if self.sp else 1)
+        size = tokens * m.moe_router_topk * 4
+        return int(round(size * self.imbalance))
+
+    def _a2a(self, prog, pp_rank, layer, name, leg="combine"):
+        """One dispatch or combine (leg "dispatch" / "combine", forward) or its gradient
+        ("dispatch-grad" / "combine-grad"). Megatron-Core's alltoall dispatcher
+        (token_dispatcher.py MoEAlltoAllTokenDispatcher @d98e8a6): before the forward dispatch
+        every rank all-gathers the token counts per expert over the tp_ep group (preprocess:
+        gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=tp_ep_group),
+        num_experts int64 each) for the all-to-all splits; the dispatch moves the tokens, then the
+        routing probabilities in a second all-to-all (token_dispatch: global_probs), and its
+        backward runs both again (probs first). The combine moves only the tokens."""
         m, p = self.sc.model, self.sc.parallelism
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
         if self.sc.training.moe_token_dispatcher == "flex":
             prog.append(Comm(self._dispatch_spec(), name))
             return
+        if leg == "dispatch":
+            counts = p.etp * p.ep * m.num_experts * 8
+            prog.append(Comm(self._spec("all_gather", pp_rank, "etp-ep", counts, "ep"),
+                             f"{name} token counts"))
+        if leg == "dispatch-grad":
+            prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.probs_bytes(), "ep"),
+                             f"{name} probs"))
         # every token's top-k copies of its hidden state leave for the experts' ranks
         prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.a2a_bytes(), "ep"), name))
+        if leg == "dispatch":
+            prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.probs_bytes(), "ep"),
+                             f"{name} probs"))
 
     def _dispatch_spec(self):
         """The flex dispatcher's dispatch / combine (DeepEP, HybridEP; sim.network.moe_dispatch):
