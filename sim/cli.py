@@ -72,12 +72,38 @@ def command():
     return cmd
 
 
+def _click_refusal(e: Exception) -> None:
+    """What click (or typer's copy of it) raised before a command ran: a flag or argument it
+    refuses (missing, unknown, of the wrong type) as one `error:` line naming the command and
+    where its help is, exit 2, instead of typer's multi-line box (issue #34); `sim5d CMD` alone
+    shows its help; Ctrl-C outside a command's own handling is "Aborted!", exit 1. Anything else
+    is re-raised. Matched by class name: typer >= 0.22 raises its vendored click's classes."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if "Abort" in names:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    if "ClickException" not in names:
+        raise e
+    if "NoArgsIsHelpError" in names:
+        e.show()
+        sys.exit(e.exit_code)
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "sim5d"
+    hint = f" (see `{path} --help`)" if "UsageError" in names else ""
+    print(f"error: {path}: {e.format_message()}{hint}", file=sys.stderr)
+    sys.exit(2 if "UsageError" in names else e.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
-        command().main(args=argv, standalone_mode=True, prog_name="sim5d")
+        code = command().main(args=argv, standalone_mode=False, prog_name="sim5d")
     except Sim5dError as e:
         # several errors at once (sim.errors.ConfigError.all): one `error:` line each
         lines = [str(x) for x in getattr(e, "errors", ())] or [str(e)]
         print("\n".join(f"error: {m}" for m in lines) if e.exit_code != 1 else str(e), file=sys.stderr)
         sys.exit(e.exit_code)
+    except Exception as e:   # noqa: BLE001 - click's refusals; everything else is re-raised
+        _click_refusal(e)
+    # as click's standalone mode ends: typer.Exit(code) / ctx.exit(code) inside a command, else 0
+    sys.exit(code if isinstance(code, int) else 0)

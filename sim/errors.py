@@ -84,6 +84,13 @@ class ConfigError(Sim5dError):
             return f"{where}{self.key}: {self.message}"
         return f"{where}{self.message}"
 
+    def moved(self, file: str | None) -> "ConfigError":
+        """The same error(s) about `file` instead of where they were found (a temporary file
+        sim5d wrote for the user's data must not be named: issue #34); no line."""
+        if self.errors:
+            return ConfigError.all([e.moved(file) for e in self.errors])
+        return ConfigError(self.message, key=self.key, file=file)
+
     def located(self, file: str | None, line: int | None) -> "ConfigError":
         """The same error with a file/line attached (keeps an existing location)."""
         if self.errors:

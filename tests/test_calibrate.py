@@ -430,8 +430,9 @@ def test_tiny_collectives_that_do_not_grow_with_size_are_refused_not_a_1_pb_s_li
                                     lambda s: 1.28e-3 if s < 4096 else 1.09e-3)
     code, out, err, prof, topo = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"))
     assert code == 2 and out == "" and "Traceback" not in err
-    assert err.startswith("error: collectives.all_reduce: the fitted all_reduce (2 ranks) bus "
-                          "bandwidth = inf GB/s")
+    # the error names the CSV the fit came from (issue #34), then the constant and the rule
+    assert err.startswith(f"error: {tmp_path / 'm.csv'}: ") and (": collectives.all_reduce: the fitted all_reduce "
+                                                     "(2 ranks) bus bandwidth = inf GB/s") in err
     assert "physical range (0, 21) GB/s" in err and "hbm_gbps" in err
     assert "1024 B: 1.28 ms, 65536 B: 1.09 ms" in err
     assert not prof.exists() and not topo.exists()

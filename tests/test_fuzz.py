@@ -125,6 +125,8 @@ class Case:
     args: list
     """The sim5d arguments; {FILE} is the mutated file, {OUT} an output folder, {ROOT} the
     repository root."""
+    suffix: str = ".yaml"
+    """The mutated file's suffix (the readers of traces and CSVs go by it)."""
 
 
 def _paths(node, prefix=()):
@@ -463,12 +465,20 @@ def _address_space() -> int:
         return 0
 
 
-def run_case(case: Case, workdir: Path) -> Outcome:
+def run_case(case: Case, workdir: Path, figures=None, error=None) -> Outcome:
     """Write the mutated file under `workdir` (a fresh name: the loaders cache per path and
-    modification time) and run its command in-process."""
+    modification time) and run its command in-process. `figures(case, stdout, stderr, out)` and
+    `error(stderr, file)` check an exit 0 (`out`: the {OUT} folder, still there) and an exit 2
+    (default: `_check_figures` on the command's --json, `_check_error`)."""
     digest = hashlib.sha1(case.data).hexdigest()[:12]
     folder = Path(tempfile.mkdtemp(prefix=f"{case.kind}-{digest}-", dir=workdir))
-    file = folder / f"{case.kind}-{digest}.yaml"
+    try:
+        return _run_in(case, folder, folder / f"{case.kind}-{digest}{case.suffix}", figures, error)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_in(case: Case, folder: Path, file: Path, figures, error) -> Outcome:
     file.write_bytes(case.data)
     old = signal.signal(signal.SIGALRM, _alarm)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -493,33 +503,33 @@ def run_case(case: Case, workdir: Path) -> Outcome:
         return Outcome("traceback", "".join(tb[-6:]), time.monotonic() - t0)
     finally:
         signal.signal(signal.SIGALRM, old)
-        shutil.rmtree(folder, ignore_errors=True)
     seconds = time.monotonic() - t0
     if "Traceback (most recent call last)" in out + err:
         return Outcome("traceback", err[-2000:], seconds)
     if code == 0:
-        bad = _check_figures(case.command, out)
+        bad = figures(case, out, err, folder / "out") if figures else _check_figures(case.command, out)
         return Outcome("bad_figures", bad, seconds) if bad else Outcome("exit0", "", seconds)
     if code == 2:
-        bad = _check_error(err, file)
+        bad = (error or _check_error)(err, file)
         if bad:
             return Outcome("bad_error", bad, seconds)
-        error = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
-        return Outcome("exit2", error[:500], seconds)
+        line = [ln for ln in err.splitlines() if ln.startswith("error: ")][-1]
+        return Outcome("exit2", line[:500], seconds)
     return Outcome("other_exit", f"exit {code}: {err.strip()[-500:]}", seconds)
 
 
-def save_to_corpus(case: Case, outcome: Outcome) -> Path:
-    """Keep a failing input: tests/fuzz_corpus/<kind>-<command>-<digest>.yaml (the file) and
-    .json (kind, command, source, mutations, the failure)."""
-    CORPUS.mkdir(exist_ok=True)
+def save_to_corpus(case: Case, outcome: Outcome, corpus: Path = CORPUS, sidecar: str = ".json") -> Path:
+    """Keep a failing input: <corpus>/<kind>-<command>-<digest><suffix> (the file) and
+    <sidecar> beside it (kind, command, source, mutations, the failure)."""
+    corpus.mkdir(exist_ok=True)
     stem = f"{case.kind}-{case.command}-{hashlib.sha1(case.data).hexdigest()[:12]}"
-    (CORPUS / f"{stem}.yaml").write_bytes(case.data)
+    (corpus / f"{stem}{case.suffix}").write_bytes(case.data)
     detail = re.sub(r'File "[^"]*/(sim/[^"]*)"', r'File "\1"', outcome.detail[-1500:])   # no machine paths
     side = {"kind": case.kind, "command": case.command, "args": case.args, "source": case.source,
-            "mutations": case.mutations, "failure": {"status": outcome.status, "detail": detail}}
-    (CORPUS / f"{stem}.json").write_text(json.dumps(side, indent=1, ensure_ascii=True) + "\n")
-    return CORPUS / f"{stem}.yaml"
+            "mutations": case.mutations, "failure": {"status": outcome.status, "detail": detail},
+            **({"suffix": case.suffix} if case.suffix != ".yaml" else {})}
+    (corpus / f"{stem}{sidecar}").write_text(json.dumps(side, indent=1, ensure_ascii=True) + "\n")
+    return corpus / f"{stem}{case.suffix}"
 
 
 def _describe(case: Case, outcome: Outcome) -> str:
@@ -555,16 +565,15 @@ def test_bundled_files_pass_the_checks(kind, command, source, tmp_path):
     assert outcome.status == "exit0", _describe(case, outcome)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_fuzz(kind, command, tmp_path):
-    """The default budget; a failure is shrunk and the smallest failing input saved to the corpus."""
+def fuzz_default(strategy, n: int, run, save) -> None:
+    """`n` inputs of `strategy`, each through `run(case) -> Outcome`; a failure is shrunk and the
+    smallest failing input kept with `save(case, outcome)`."""
     last = {}
 
-    @_settings(DEFAULT_EXAMPLES[command], shrink=True)
-    @given(cases(kind, command))
+    @_settings(n, shrink=True)
+    @given(strategy)
     def fuzz(case):
-        outcome = run_case(case, tmp_path)
+        outcome = run(case)
         if not outcome.ok:
             last["failure"] = (case, outcome)
         assert outcome.ok, _describe(case, outcome)
@@ -573,41 +582,39 @@ def test_fuzz(kind, command, tmp_path):
         fuzz()
     except BaseException:
         if "failure" in last:    # hypothesis replays the shrunk input last
-            print(f"saved to {save_to_corpus(*last['failure'])}")
+            print(f"saved to {save(*last['failure'])}")
         raise
 
 
-@pytest.mark.fuzz_long
-def test_fuzz_long(tmp_path):
-    """--fuzz-long: LONG_EXAMPLES inputs per kind and command, every outcome counted."""
-    counts = {(k, c): Counter() for k in KINDS for c in COMMANDS}
-    failures = []
-    seconds = Counter()
-    seen = set()
-    for kind in KINDS:
-        for command in COMMANDS:
-            @_settings(LONG_EXAMPLES[kind, command], shrink=False)
-            @given(cases(kind, command))
-            def fuzz(case):
-                key = (case.data, tuple(case.args))
-                if key in seen:
-                    return
-                seen.add(key)
-                outcome = run_case(case, tmp_path)
-                counts[kind, command][outcome.status] += 1
-                seconds[kind, command] += outcome.seconds
-                if not outcome.ok:
-                    failures.append((case, outcome, save_to_corpus(case, outcome)))
+def fuzz_long(groups: dict, run, save, corpus: Path) -> None:
+    """--fuzz-long: for each group label -> (strategy, n), n inputs (a repeat counted once), every
+    outcome counted; the table printed (and written as JSON to $SIM5D_FUZZ_REPORT), each failing
+    input kept with `save`; fails unless >= 2,000 distinct inputs ran and none failed."""
+    counts = {g: Counter() for g in groups}
+    failures, seconds, seen = [], Counter(), set()
+    for group, (strategy, n) in groups.items():
+        @_settings(n, shrink=False)
+        @given(strategy)
+        def fuzz(case):
+            key = (case.data, tuple(case.args))
+            if key in seen:
+                return
+            seen.add(key)
+            outcome = run(case)
+            counts[group][outcome.status] += 1
+            seconds[group] += outcome.seconds
+            if not outcome.ok:
+                failures.append((case, outcome, save(case, outcome)))
 
-            fuzz()
+        fuzz()
     statuses = ("exit0", "exit2", "other_exit", "traceback", "hang", "bad_figures", "bad_error")
-    rows = [f"{'kind':9s} {'command':7s} {'inputs':>6s} " + " ".join(f"{s:>11s}" for s in statuses)
-            + f" {'seconds':>8s}"]
-    for (kind, command), c in counts.items():
-        rows.append(f"{kind:9s} {command:7s} {sum(c.values()):6d} "
-                    + " ".join(f"{c[s]:11d}" for s in statuses) + f" {seconds[kind, command]:8.1f}")
-    total = sum((c for c in counts.values()), Counter())
-    rows.append(f"{'all':17s} {sum(total.values()):6d} " + " ".join(f"{total[s]:11d}" for s in statuses)
+    w = max(len(g) for g in groups)
+    rows = [f"{'inputs':>{w + 7}s} " + " ".join(f"{s:>11s}" for s in statuses) + f" {'seconds':>8s}"]
+    for group, c in counts.items():
+        rows.append(f"{group:{w}s} {sum(c.values()):6d} " + " ".join(f"{c[s]:11d}" for s in statuses)
+                    + f" {seconds[group]:8.1f}")
+    total = sum(counts.values(), Counter())
+    rows.append(f"{'all':{w}s} {sum(total.values()):6d} " + " ".join(f"{total[s]:11d}" for s in statuses)
                 + f" {sum(seconds.values()):8.1f}")
     print("\n" + "\n".join(rows))
     for case, outcome, saved in failures:
@@ -615,12 +622,25 @@ def test_fuzz_long(tmp_path):
     report = os.environ.get("SIM5D_FUZZ_REPORT")
     if report:
         Path(report).write_text(json.dumps({
-            "counts": {f"{k} {c}": dict(v) for (k, c), v in counts.items()},
-            "seconds": {f"{k} {c}": s for (k, c), s in seconds.items()},
+            "counts": {g: dict(v) for g, v in counts.items()}, "seconds": dict(seconds),
             "failures": [{"corpus": saved.name, "status": o.status, "detail": o.detail,
                           "mutations": c.mutations} for c, o, saved in failures]}, indent=1))
     assert sum(total.values()) >= 2000
-    assert not failures, f"{len(failures)} failing inputs, saved under {CORPUS}"
+    assert not failures, f"{len(failures)} failing inputs, saved under {corpus}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fuzz(kind, command, tmp_path):
+    """The default budget; a failure is shrunk and the smallest failing input saved to the corpus."""
+    fuzz_default(cases(kind, command), DEFAULT_EXAMPLES[command], lambda c: run_case(c, tmp_path), save_to_corpus)
+
+
+@pytest.mark.fuzz_long
+def test_fuzz_long(tmp_path):
+    """--fuzz-long: LONG_EXAMPLES inputs per kind and command, every outcome counted."""
+    fuzz_long({f"{k} {c}": (cases(k, c), LONG_EXAMPLES[k, c]) for k in KINDS for c in COMMANDS},
+              lambda case: run_case(case, tmp_path), save_to_corpus, CORPUS)
 
 
 def _corpus():

@@ -88,11 +88,12 @@ import pytest  # noqa: E402
     ({"args.External id": [1]}, ["traceEvents[0].args.External id", "integer"]),
     ({"args.correlation": {"a": 1}}, ["traceEvents[0].args.correlation", "integer"]),
     ({"args.In msg nelems": "12"}, ["traceEvents[0].args.In msg nelems", "integer"]),
+    ({"args.Input type": [[], "float"]}, ["traceEvents[0].args.Input type", "type names"]),
     ({"name": 7}, ["traceEvents[0].name", "string"]),
     ({"name": _DROP}, ["traceEvents[0].name", "string"]),
     ({"ts": "12"}, ["traceEvents[0].ts", "finite number"]),
     ({"ts": float("nan")}, ["traceEvents[0].ts", "finite number"]),
-    ({"dur": -5}, ["traceEvents[0].dur", ">= 0"]),
+    ({"dur": -5}, ["traceEvents[0].dur", "within [0"]),
     ({"tid": None, "pid": [1]}, ["traceEvents[0].pid", "integer or a string"]),
     ({"args.Input Dims": [[-4, 4], [4, 4]]}, ["Input Dims", "non-negative"]),
     ({"args.Input Dims": [["4"], [4, 4]]}, ["Input Dims", "non-negative"]),
@@ -135,6 +136,8 @@ GEMM_ROW = {"kind": "gemm", "op": "mm", "phase": "fwd", "dtype": "bf16", "batch"
     ({"flops": "1e300"}, "flops", "beyond any measurement"),
     ({"reps": "0"}, "reps", "at least 1"),
     ({"min_s": "2e-5"}, "min_s", "above median_s"),
+    ({"n": "0"}, "n", "whole number >= 1"),          # the file fuzzer: a lstsq LinAlgError before
+    ({"m": "0.5"}, "m", "whole number >= 1"),
 ])
 def test_calibration_rows_a_measurement_cannot_have_are_refused(tmp_path, change, key, words):
     row = {**GEMM_ROW, **change}
@@ -176,3 +179,125 @@ def test_a_tensor_lists_shapes_are_read_as_the_profiler_writes_them(tmp_path):
                                                      "Input type": ["TensorList", "Scalar"]}})
     code, out, err = _trace(tmp_path, data)
     assert code == 0 and "Traceback" not in err, err
+
+
+# --- found by the file fuzzer (tests/test_fuzz_files.py) and issue #34's misleading messages -----
+@pytest.mark.parametrize("value", [-1, 5e-324, float("inf"), [1, 2], "x" * 4097, 2**80, True])
+def test_a_traces_device_memory_outside_any_device_is_refused(tmp_path, value):
+    """deviceProperties[0].totalGlobalMem of -1 had read as "no memory_gib line in the CSV", a
+    list or a string had raised TypeError, inf had been refused naming a temporary file."""
+    import json
+
+    data = {**_gemms(), "deviceProperties": [{"name": "NVIDIA H100", "totalGlobalMem": value}]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(data))
+    _refused(*run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml")), str(p),
+             "deviceProperties[0].totalGlobalMem", "memory in bytes")
+    assert "/tmp/tmp" not in run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"))[2]
+
+
+def test_a_cpu_trace_without_memory_names_the_trace_not_a_csv(tmp_path):
+    import json
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(_gemms()))
+    code, out, err = run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"))
+    _refused(code, out, err, str(p), "--memory-gib", "no deviceProperties")
+    assert "CSV" not in err
+
+
+def test_an_event_longer_than_a_day_is_refused(tmp_path):
+    _refused(*_trace(tmp_path, _gemms(dur=1.79e18)), "traceEvents[0].dur", "a day")
+
+
+def test_ops_that_do_not_nest_are_refused_naming_both(tmp_path):
+    """An inner op ending 1e6 us after the op it starts in had made the later ops its children:
+    an identified fraction of 4.2 (more than the step) was printed."""
+    data = _gemms()
+    data["traceEvents"][1]["ts"] += 1.0           # aten::mm inside aten::matmul, ending after it
+    data["traceEvents"][1]["dur"] += 1e6
+    _refused(*_trace(tmp_path, data), "event 1 ('aten::mm'", "starts inside event 0 ('aten::matmul')",
+             "must nest", "traceEvents[1].dur")
+
+
+def test_shaped_gemms_without_kernels_in_a_gpu_trace_say_so(tmp_path):
+    """Three shaped GEMMs (each aten::matmul around its aten::mm) and one kernel linked to nothing
+    had read "no GEMMs with shapes"."""
+    data = _gemms()
+    data["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7,
+                                "ts": 1e6, "dur": 50.0, "args": {}})
+    _refused(*_trace(tmp_path, data), "has GPU kernels", "none of its 6 GEMM ops with shapes",
+             "External id")
+
+
+def test_a_schedule_csv_stage_beyond_the_ranks_is_named(tmp_path):
+    """Stage 7 on --pp 2 had read "forward 1F0 is missing"."""
+    p = tmp_path / "s.csv"
+    p.write_text("0F0,7F0,0B0\n1F0,1B0\n")
+    _refused(*run_cli("schedule", "1f1b", "--from-csv", str(p), "--pp", "2"), f"{p}:1", "7F0 names stage 7",
+             "no action runs on stage 2, 3, 4, 5, 6")
+
+
+def test_a_schedule_csvs_missing_action_names_the_file(tmp_path):
+    p = tmp_path / "s.csv"
+    p.write_text(",0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    _refused(*run_cli("schedule", "1f1b", "--from-csv", str(p), "--json"), str(p), "0F0 is missing")
+
+
+def test_a_fitted_profile_out_of_range_names_the_csv_not_a_temporary_file(tmp_path):
+    csv_path = ROOT / "topologies" / "devices" / "calibrated" / "cpu-local-torch.csv"
+    p = tmp_path / "c.csv"
+    p.write_text(csv_path.read_text().replace("# memory_gib: 11.77", "# memory_gib: 1e300"))
+    code, out, err = run_cli("calibrate", "fit", str(p), "--out", str(tmp_path / "p.yaml"))
+    _refused(code, out, err, str(p), "memory_gib", "outside any device's range")
+    assert "/tmp/tmp" not in err and err.count("\n") == 1
+    _refused(*run_cli("calibrate", "fit", str(csv_path), "--out", str(tmp_path / "p.yaml"), "--memory-gib",
+                      "1e300"), "--memory-gib = 1e+300", "device's range")
+
+
+def test_a_step_fit_at_the_edge_of_its_range_names_the_runs_file(tmp_path):
+    import yaml
+
+    from test_fuzz_files import STEPS
+
+    doc = STEPS["small runs (3 x DGX H100)"]
+    doc = {**doc, "runs": [dict(r) for r in doc["runs"]]}
+    doc["runs"][0]["model"] = {"preset": "gpt-1.7b"}        # 24 layers measured in 0.05 s: too fast
+    p = tmp_path / "runs.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    _refused(*run_cli("calibrate", "steps", str(p), "--gpu", "h100-sxm-80gb", "--out", str(tmp_path / "f.yaml")),
+             str(p), "sustained_matmul_fraction", "upper end of its physical range")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["compare"], ["sim5d compare: Missing argument 'scenarios'", "sim5d compare --help"]),
+    (["run", "llama3-8b-h100x8-zbv", "--bogus"], ["sim5d run: No such option: --bogus"]),
+    (["schedule", "1f1b", "--pp", "x"], ["sim5d schedule: Invalid value for '--pp'"]),
+    (["nosuchcommand"], ["No such command 'nosuchcommand'"]),
+])
+def test_flags_click_refuses_are_one_error_line(args, words):
+    """`compare` with no scenario had printed typer's multi-line box."""
+    code, out, err = run_cli(*args)
+    _refused(code, out, err, *words)
+    assert err.count("\n") == 1 and err.startswith("error: ") and "╭" not in err
+
+
+@pytest.mark.parametrize("props,key", [(-1, "deviceProperties"), ({"name": "H100"}, "deviceProperties"),
+                                       ([1], "deviceProperties"), ([{"name": 7}], "deviceProperties[0].name")])
+def test_a_traces_device_properties_not_a_list_of_mappings_are_refused(tmp_path, props, key):
+    """deviceProperties -1 had raised TypeError (found by the file fuzzer)."""
+    import json
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({**_gemms(), "deviceProperties": props}))
+    _refused(*run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"), "--memory-gib", "4"),
+             str(p), key)
+
+
+def test_a_calibration_csv_without_memory_names_the_csv(tmp_path):
+    """Found by the file fuzzer: the error named only --memory-gib."""
+    csv_path = ROOT / "topologies" / "devices" / "calibrated" / "cpu-local-torch.csv"
+    p = tmp_path / "c.csv"
+    p.write_text("".join(ln for ln in csv_path.read_text().splitlines(keepends=True) if "memory_gib" not in ln))
+    _refused(*run_cli("calibrate", "fit", str(p), "--out", str(tmp_path / "p.yaml")), str(p), "--memory-gib",
+             "no `# memory_gib:` line")

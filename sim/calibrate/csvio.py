@@ -202,6 +202,11 @@ def _rows(reader, f: str, body_start: int) -> list[dict]:
         if r["kind"] in ("attention", "elementwise") and r["phase"] not in ("fwd", "bwd"):
             raise ConfigError(f"phase = {r['phase']!r} must be fwd or bwd for {r['kind']}", key="phase",
                               file=f, line=lineno)
+        if r["kind"] in ("gemm", "attention"):
+            for c in ("batch", "m", "n", "k"):
+                if not (r[c] >= 1 and float(r[c]).is_integer()):
+                    raise ConfigError(f"{c} = {r[c]!r} must be a whole number >= 1 for a {r['kind']} row "
+                                      "(a dimension of the measured shape)", key=c, file=f, line=lineno)
         if r["median_s"] <= 0:
             raise ConfigError(f"median_s = {r['median_s']!r} must be a positive time in seconds",
                               key="median_s", file=f, line=lineno)

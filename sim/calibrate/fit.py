@@ -172,10 +172,18 @@ class FitResult:
 def nnls2(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with non-negative coefficients for a few columns (exhaustive active set)."""
     n = A.shape[1]
+    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(y))):   # a size or time out of any range
+        raise ConfigError("the measurements give a least-squares problem with infinite or undefined "
+                          "terms (a shape or time at 0 or beyond any device's): nothing can be fitted "
+                          "to them; check the rows' sizes and times")
     best, best_cost = np.zeros(n), float(np.sum(y ** 2))
     for mask in range(1, 1 << n):
         cols = [j for j in range(n) if mask >> j & 1]
-        x, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        try:
+            x, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        except np.linalg.LinAlgError:
+            raise ConfigError("the measurements give an ill-conditioned least-squares problem (the "
+                              "solver did not converge): check the rows' sizes and times") from None
         if np.any(x < 0):
             continue
         full = np.zeros(n)
@@ -308,7 +316,10 @@ def load_profile_dict(profile: dict):
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / f"{profile.get('name', 'fitted')}.yaml"
         p.write_text(yaml.safe_dump(profile, sort_keys=False))
-        dev = load_device(str(p))
+        try:
+            dev = load_device(str(p))
+        except ConfigError as e:   # the fitted profile, not the temporary file it was checked in
+            raise e.moved(None) from None
     from sim.compute import compute_params
     compute_params(dev)   # validates extra.compute
     return dev
@@ -841,7 +852,10 @@ def _sim_times_ns(raw: dict, rows) -> np.ndarray:
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "probe.yaml"
         p.write_text(yaml.safe_dump(raw, sort_keys=False))
-        topo = load_topology(str(p))
+        try:
+            topo = load_topology(str(p))
+        except ConfigError as e:   # the fitted topology, not the temporary file it was checked in
+            raise e.moved(None) from None
     graphs = {}
     out = []
     for r in rows:

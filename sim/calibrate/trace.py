@@ -129,11 +129,20 @@ def load_events(path) -> tuple[dict, list]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ConfigError("no `traceEvents` list: not a PyTorch profiler (Kineto / Chrome) trace", file=f)
+    for i, e in enumerate(events):          # i: the index in the file's traceEvents
+        if isinstance(e, dict):
+            check_event(e, i, f)
+            e["_index"] = i
     events = [e for e in events if isinstance(e, dict)]
-    for i, e in enumerate(events):
-        check_event(e, i, f)
     return (data if isinstance(data, dict) else {}), events
 
+
+MAX_EVENT_US = 86_400e6
+"""Longest event sim5d reads, microseconds: one day (a profiled training step is seconds)."""
+
+NEST_TOLERANCE_US = 1.0
+"""How far an op may end after the op it starts in (the profiler's microsecond rounding) before
+the trace is refused as not nested."""
 
 _INT_ARGS = ("External id", "correlation", "In msg nelems", "Out msg nelems", "Group size")
 
@@ -155,8 +164,9 @@ def check_event(e: dict, i: int, f: str) -> None:
     for key in ("ts", "dur"):
         v = e.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or (key == "dur" and v < 0)):
-            raise bad(key, "must be a finite number of microseconds" + (" >= 0" if key == "dur" else ""))
+                              or (key == "dur" and not 0 <= v <= MAX_EVENT_US)):
+            raise bad(key, "must be a finite number of microseconds"
+                      + (f" within [0, {MAX_EVENT_US:g}] (a day)" if key == "dur" else ""))
     for key in ("pid", "tid"):
         v = e.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
@@ -171,6 +181,11 @@ def check_event(e: dict, i: int, f: str) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.{key} = {str(v)[:80]} must be an integer",
                               key=f"traceEvents[{i}].args.{key}", file=f)
+    types = args.get("Input type")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.Input type = {str(types)[:80]} must be a list of "
+                          "type names (strings such as \"float\" or \"c10::BFloat16\")",
+                          key=f"traceEvents[{i}].args.Input type", file=f)
     dims = args.get("Input Dims")
     if dims is not None and not (isinstance(dims, list) and all(_shape_arg(d) for d in dims)):
         raise ConfigError(f"event {i} ({e['name'][:60]!r}): args.Input Dims = {str(dims)[:80]} must be a list of "
@@ -313,6 +328,12 @@ def _tree(ops: list) -> None:
             stack.pop()
         e["_parent"] = stack[-1] if stack else None
         e["_top"] = stack[0] if stack else e
+        if stack and e["_end"] > stack[-1]["_end"] + NEST_TOLERANCE_US:
+            raise ConfigError(
+                f"event {e.get('_index', '?')} ({e['name'][:60]!r}, ts {e['ts']:g} us, dur {e['dur']:g} us) "
+                f"starts inside event {stack[-1].get('_index', '?')} ({stack[-1]['name'][:60]!r}) but ends "
+                f"{e['_end'] - stack[-1]['_end']:g} us after it: the ops of one thread must nest, as "
+                f"the profiler records them", key=f"traceEvents[{e.get('_index', '?')}].dur")
         e["_bwd"] = e["name"].startswith("autograd::engine::evaluate_function") or bool(
             stack and stack[-1]["_bwd"])
         stack.append(e)
@@ -439,7 +460,10 @@ def trace_samples(events: list, where: str) -> tuple[str, list, dict, float, lis
     for e in ops:
         e["args"] = e.get("args") or {}
         e["_end"] = e["ts"] + e["dur"]
-    _link(ops)
+    try:
+        _link(ops)
+    except ConfigError as e:
+        raise e.located(where, None) from None
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS
                and isinstance(e.get("dur"), (int, float))]
     notes, samples = [], []
@@ -563,6 +587,20 @@ def merge(base_raw: dict, fitted: dict, *, name: str, source: str, copies: bool,
     return out
 
 
+def _device_memory_gib(v, where: str) -> float:
+    """deviceProperties[0].totalGlobalMem (bytes, as the profiler writes the CUDA device's) in
+    GiB, within any device's range (sim.devices.DEVICE_RANGES)."""
+    from sim.devices import DEVICE_RANGES
+
+    lo, hi, _ = DEVICE_RANGES["memory_gib"]
+    gib = v / 2**30 if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+    if not (math.isfinite(gib) and lo <= gib <= hi):
+        raise ConfigError(f"deviceProperties[0].totalGlobalMem = {str(v)[:60]} must be the device's "
+                          f"memory in bytes, {lo:g} to {hi:g} GiB", key="deviceProperties[0].totalGlobalMem",
+                          file=where)
+    return gib
+
+
 def fit_trace(path, *, name: str, base=None, memory_gib: float | None = None) -> TraceFit:
     """Fit a device profile to a profiler trace; `base` (a DeviceProfile): what the trace does not
     identify is kept from it, and its class overheads are the ones pinned."""
@@ -580,20 +618,39 @@ def fit_trace(path, *, name: str, base=None, memory_gib: float | None = None) ->
                          "cannot be separated; not fitted")
             rows = [r for r in rows if r not in rs]
     if not [r for r in rows if r["kind"] == "gemm"]:
+        shaped = sum(1 for e in events if e.get("ph") == "X" and e.get("name") in GEMM_OPS
+                     and isinstance(e.get("args"), dict) and e["args"].get("Input Dims"))
+        if device == "cuda" and shaped:
+            # the trace has kernels, so GEMMs are timed by theirs: say why the shaped ones count for nothing
+            raise ConfigError(f"the trace has GPU kernels, so its ops are timed by their kernels, but none "
+                              f"of its {shaped} GEMM ops with shapes has a kernel linked to it (by the op's "
+                              "`External id` or its launch's `correlation`): a device profile needs the "
+                              "matmul rate; export the trace with CUDA activity, or a CPU trace without "
+                              "kernel events", file=where)
         raise ConfigError("no GEMMs with shapes in the trace (aten::linear / mm / addmm / bmm / "
                           "matmul" + (" with GPU kernels" if device == "cuda" else "") + "): a device "
                           "profile needs the matmul rate; profile a training step", file=where)
-    props = top.get("deviceProperties") or []
+    props = top.get("deviceProperties")
+    if props is None:
+        props = []
+    if not (isinstance(props, list) and all(isinstance(d, dict) for d in props)):
+        raise ConfigError(f"deviceProperties = {str(props)[:60]} must be a list of the devices' "
+                          "properties (mappings), as the profiler writes them", key="deviceProperties",
+                          file=where)
+    if props and not isinstance(props[0].get("name", ""), str):
+        raise ConfigError(f"deviceProperties[0].name = {str(props[0]['name'])[:60]} must be a string "
+                          "(the device's name)", key="deviceProperties[0].name", file=where)
     mem = memory_gib
-    if mem is None and props and isinstance(props[0], dict) and props[0].get("totalGlobalMem"):
-        mem = props[0]["totalGlobalMem"] / 2**30
+    if mem is None and props and props[0].get("totalGlobalMem") is not None:
+        mem = _device_memory_gib(props[0]["totalGlobalMem"], where)
     if mem is None and base is not None:
         mem = base.memory_gib
     if mem is None:
         raise ConfigError("the device memory is unknown: the trace has no deviceProperties (a CPU "
-                          "trace); give --memory-gib GIB or a base profile --gpu", key="--memory-gib")
-    meta = {"device": device, "device_name": (props[0].get("name") if props and isinstance(props[0], dict)
-                                              else "the traced host"), "memory_gib": mem}
+                          "trace); give --memory-gib GIB or a base profile --gpu", key="--memory-gib",
+                          file=where)
+    meta = {"device": device, "device_name": props[0].get("name") if props else "the traced host",
+            "memory_gib": mem}
     source = (f"sim5d calibrate trace of {Path(path).name} ({device} trace: {len(samples)} ops of "
               f"{len(rows)} shapes)")
     res = fit_rows(meta, rows, name=name, memory_gib=mem, source=source,

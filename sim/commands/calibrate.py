@@ -10,11 +10,37 @@ sim.calibrate.formats).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+@contextlib.contextmanager
+def _about(path: Path):
+    """Errors in reading or fitting the user's `path` name it (issue #34: one line naming the
+    file, the place and the rule), unless they already name a file (the flags are checked
+    before: what fails in here is the file's, e.g. a CSV without `# memory_gib:` and no
+    --memory-gib)."""
+    from sim.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as e:
+        raise e.located(str(path), None) from None
+
+
+def _check_memory_gib(memory_gib: Optional[float]) -> None:
+    """--memory-gib: a positive number within any device's range (sim.devices.DEVICE_RANGES)."""
+    from sim.devices import DEVICE_RANGES
+    from sim.errors import ConfigError
+
+    lo, hi, _ = DEVICE_RANGES["memory_gib"]
+    if memory_gib is not None and not lo <= memory_gib <= hi:
+        raise ConfigError(f"--memory-gib = {memory_gib:g} must be a number of GiB within any "
+                          f"device's range [{lo:g}, {hi:g}]", key="--memory-gib")
+
 
 calibrate_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                             help="Measure kernels and collectives with PyTorch; fit a device profile "
@@ -90,8 +116,7 @@ def fit_cmd(
     if topology_out is not None and topology_out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--topology-out = {str(topology_out)!r} must name a .yaml file",
                           key="--topology-out")
-    if memory_gib is not None and not memory_gib > 0:
-        raise ConfigError(f"--memory-gib = {memory_gib} must be a positive number", key="--memory-gib")
+    _check_memory_gib(memory_gib)
     name = name or out.stem
     base = None
     match_host = False
@@ -110,8 +135,9 @@ def fit_cmd(
     except OSError:   # pragma: no cover
         bundled = False
     gpu_ref = topology_gpu or (out.stem if bundled else str(out.resolve()))
-    res = fit_file(csv_file, name=name, memory_gib=memory_gib, topology_base=base, gpu_ref=gpu_ref,
-                   topology_name=topology_out.stem if topology_out else None, match_host=match_host)
+    with _about(csv_file):
+        res = fit_file(csv_file, name=name, memory_gib=memory_gib, topology_base=base, gpu_ref=gpu_ref,
+                       topology_name=topology_out.stem if topology_out else None, match_host=match_host)
     header = (f"# Device profile fitted by `sim5d calibrate fit {csv_file.name}` (sim/calibrate/fit.py).\n"
               "# extra.compute keys are defined in sim/compute.py; fit errors per op class below.\n")
     for c in res.report:
@@ -204,8 +230,9 @@ def steps_cmd(
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
     device = load_device(gpu, key="--gpu")
-    runs = step_fit.load_runs(runs_file, topology=topology, gpu=device.path)
-    res = step_fit.fit_steps(runs, tuple(fit or ()))
+    with _about(runs_file):
+        runs = step_fit.load_runs(runs_file, topology=topology, gpu=device.path)
+        res = step_fit.fit_steps(runs, tuple(fit or ()))
     names = ", ".join(r.name for r in runs)
     command = f"sim5d calibrate steps {runs_file.name} --gpu {gpu}"
     fitted = ", ".join(f"{k} = {v:g}" for k, v in res.written.items())
@@ -278,10 +305,10 @@ def trace_cmd(
 
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
-    if memory_gib is not None and not memory_gib > 0:
-        raise ConfigError(f"--memory-gib = {memory_gib} must be a positive number", key="--memory-gib")
+    _check_memory_gib(memory_gib)
     base = load_device(gpu, key="--gpu") if gpu else None
-    tf = fit_trace(trace_file, name=name or out.stem, base=base, memory_gib=memory_gib)
+    with _about(trace_file):
+        tf = fit_trace(trace_file, name=name or out.stem, base=base, memory_gib=memory_gib)
     res = tf.fit
     share = {k: v / tf.total_s for k, v in sorted(tf.identified_s.items(), key=lambda kv: -kv[1])}
     ident = sum(tf.identified_s.values()) / tf.total_s if tf.total_s else 0.0

@@ -58,7 +58,10 @@ def run_schedule(name: str, pp: Optional[int], microbatches: Optional[int], chun
                               "--microbatches M (or --from-csv FILE)", key=missing[0])
         S.check(name, pp, microbatches, chunks, keys)
         sched = S.build(name, pp, microbatches, chunks)
-    S.validate(sched)
+    try:
+        S.validate(sched)
+    except ConfigError as e:   # a schedule read from a file: the file is where to look
+        raise (e.located(from_csv, None) if from_csv else e) from None
     return S.replay(sched, costs)
 
 
@@ -106,12 +109,13 @@ def register(app: typer.Typer) -> None:
     @app.command("schedule")
     def schedule_cmd(
         name: str = typer.Argument(..., help="Schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, "
-                                             "zb-h2, zbv, dualpipe or dualpipev."),
+                                             "zb-h2, zbv, dualpipe, dualpipev or combined-1f1b."),
         pp: Optional[int] = typer.Option(None, "--pp", help="P, pipeline ranks."),
         microbatches: Optional[int] = typer.Option(None, "--microbatches", help="M, microbatches per step."),
         chunks: Optional[int] = typer.Option(
             None, "--chunks", help="V, model chunks per rank (interleaved-1f1b: >= 2, default 2; "
-                                   "zbv, dualpipe, dualpipev: 2, the default for them; others: 1)."),
+                                   "combined-1f1b: default 2, >= 2 when pp > 1; zbv, dualpipe, "
+                                   "dualpipev: 2, the default for them; others: 1)."),
         forward: str = typer.Option("1", "--forward", help="F, time of one forward (per stage)."),
         backward_input: str = typer.Option("1", "--backward-input", help="I, time of one input-backward."),
         backward_weight: str = typer.Option("1", "--backward-weight", help="W, time of one weight-backward."),

@@ -88,6 +88,15 @@ def from_csv(path: str | Path, name: str, layout: str, pp: int | None = None,
     m_file = max(a.microbatch for a in acts) + 1
     m = m_file if microbatches is None else microbatches
     stages = max(a.stage for a in acts) + 1
+    gaps = sorted(set(range(stages)) - {a.stage for a in acts})
+    if gaps:
+        # a stage beyond the others (7F0 among stages 0..1): name it, not a missing action
+        row = next(i for i, r in enumerate(ranks) for item in r for a in item.parts if a.stage == stages - 1)
+        first = next(a for item in ranks[row] for a in item.parts if a.stage == stages - 1)
+        shown = ", ".join(map(str, gaps[:5])) + (", ..." if len(gaps) > 5 else "")
+        raise ConfigError(f"row {row + 1} (rank {row}): {first} names stage {stages - 1}, but no action "
+                          f"runs on stage {shown} (a schedule runs every stage from 0 up): is stage "
+                          f"{stages - 1} outside this {rows}-rank schedule?", file=str(p), line=row + 1)
     if chunks is None:
         if stages % rows:
             raise ConfigError(f"the file uses stages 0..{stages - 1}, which is not a whole number "
