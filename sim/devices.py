@@ -8,6 +8,7 @@ rule`; unknown keys are errors with a 'did you mean'.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Optional
@@ -29,6 +30,13 @@ MAX_PRICE_PER_GPU_HOUR_USD = 1e6
 # ~10 GB/s, ~0.1 TFLOP/s measured by `sim5d calibrate run --device cpu`).
 DEVICE_RANGES = {"memory_gib": (1 / 1024, 1 << 16, ""), "hbm_gbps": (0.1, 1e6, ""),
                  "peak_tflops": (1e-4, 1e6, " TFLOP/s")}
+
+
+def in_device_range(kind: str, v) -> bool:
+    """Whether `v` is a finite number within any device's range for `kind` (DEVICE_RANGES):
+    for values sim5d reads outside a device profile (a flag, a trace's device properties)."""
+    lo, hi, _ = DEVICE_RANGES[kind]
+    return is_number(v) and math.isfinite(v) and lo <= v <= hi
 
 
 def _device_number(kind: str):

@@ -337,8 +337,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
     expert_group = p.edp
 
     stage_act = stage_activation_bytes(sc)
-    if p.pp > 1 or sc.run_schedule == "combined-1f1b":
-        # (combined 1F1B on one stage holds two microbatches: F i+1 runs beside B i)
+    if p.pp > 1:
         sched = schedules.build(sc.run_schedule, p.pp, d.num_microbatches, p.vpp)
         live = schedules.peak_live(sched, lambda s: stage_act[s])
         live_counts = schedules.peak_live(sched)

@@ -590,11 +590,11 @@ def merge(base_raw: dict, fitted: dict, *, name: str, source: str, copies: bool,
 def _device_memory_gib(v, where: str) -> float:
     """deviceProperties[0].totalGlobalMem (bytes, as the profiler writes the CUDA device's) in
     GiB, within any device's range (sim.devices.DEVICE_RANGES)."""
-    from sim.devices import DEVICE_RANGES
+    from sim.devices import DEVICE_RANGES, in_device_range
 
     lo, hi, _ = DEVICE_RANGES["memory_gib"]
-    gib = v / 2**30 if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
-    if not (math.isfinite(gib) and lo <= gib <= hi):
+    gib = v / 2**30 if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if not in_device_range("memory_gib", gib):
         raise ConfigError(f"deviceProperties[0].totalGlobalMem = {str(v)[:60]} must be the device's "
                           f"memory in bytes, {lo:g} to {hi:g} GiB", key="deviceProperties[0].totalGlobalMem",
                           file=where)

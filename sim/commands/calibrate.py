@@ -33,11 +33,11 @@ def _about(path: Path):
 
 def _check_memory_gib(memory_gib: Optional[float]) -> None:
     """--memory-gib: a positive number within any device's range (sim.devices.DEVICE_RANGES)."""
-    from sim.devices import DEVICE_RANGES
+    from sim.devices import DEVICE_RANGES, in_device_range
     from sim.errors import ConfigError
 
     lo, hi, _ = DEVICE_RANGES["memory_gib"]
-    if memory_gib is not None and not lo <= memory_gib <= hi:
+    if memory_gib is not None and not in_device_range("memory_gib", memory_gib):
         raise ConfigError(f"--memory-gib = {memory_gib:g} must be a number of GiB within any "
                           f"device's range [{lo:g}, {hi:g}]", key="--memory-gib")
 
