@@ -9,9 +9,35 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _missing_dependencies() -> list[str]:
+    """pyproject.toml's runtime and test dependencies this Python cannot import (by the module
+    each installs: pyyaml's is yaml); [] where pyproject cannot be read (Python 3.10 without
+    tomli)."""
+    import re
+    from importlib.util import find_spec
+
+    try:
+        import tomllib
+    except ImportError:      # Python 3.10: tomli is itself one of the dependencies
+        return []
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", d).group() for d in wanted if ";" not in d]
+    module = {"pyyaml": "yaml"}
+    return [n for n in names if find_spec(module.get(n.lower(), n.lower())) is None]
+
+
+_MISSING = _missing_dependencies()
+if _MISSING:   # one clear line instead of a ModuleNotFoundError per test file
+    pytest.exit(f"sim5d's dependencies are not installed for {sys.executable} (missing: "
+                f"{', '.join(_MISSING)}): install them first with pip install -e \".[test]\" "
+                "(the README's test command)", returncode=4)
+
+import yaml  # noqa: E402
 
 
 def pytest_addoption(parser):
