@@ -798,18 +798,20 @@ def _uneven_layout_hint(L: int, pp: int, vpp: int, first, last) -> str:
             f"{pipeline_layout.to_string(stages)!r}")
 
 
-def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, err, layout=None):
-    """Decoder layers per pipeline stage and per virtual stage, as Megatron-LM splits them (or
-    as a Megatron-Core layout places them: virtual stage s on rank s % pp)."""
-    L = model.num_layers
-    if layout is not None:
-        layers_vs = tuple(st.count("t") for st in layout)
-        rank_vs = tuple(s % pp for s in range(len(layout)))
-        per_rank = [0] * pp
-        for s, n in enumerate(layers_vs):
-            per_rank[rank_vs[s]] += n
-        return layers_vs, tuple(sum(layers_vs[:s]) for s in range(len(layout))), rank_vs, tuple(per_rank)
-    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+def _layout_stage_layers(layout, pp: int):
+    """Where a Megatron-Core layout puts the layers: virtual stage s on rank s % pp, with the
+    layers its 't' entries name."""
+    layers_vs = tuple(st.count("t") for st in layout)
+    rank_vs = tuple(s % pp for s in range(len(layout)))
+    per_rank = [0] * pp
+    for s, n in enumerate(layers_vs):
+        per_rank[rank_vs[s]] += n
+    return layers_vs, tuple(sum(layers_vs[:s]) for s in range(len(layout))), rank_vs, tuple(per_rank)
+
+
+def _middle_chunk_layers(L: int, first, last, pp: int, vpp: int, schedule: str, err) -> tuple[int, int]:
+    """Chunks per pipeline stage and layers per middle chunk, once uneven first/last stages are
+    allowed here and the layers divide over the stages."""
     key = "parallelism.pipeline_model_parallel_size"
     if (first or last) and pp == 1:
         raise err("parallelism.decoder_first_pipeline_num_layers" if first else
@@ -823,7 +825,6 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
                   f"decoder_first/last_pipeline_num_layers are not supported with {schedule} "
                   "(its V-shaped placement splits the model into 2 x pp equal stages)")
     # dualpipe keeps the model split in pp stages and mirrors them; the others split pp x vpp.
-    model_stages = pp if schedule == "dualpipe" else pp * vpp
     chunks_per_pp_stage = 1 if schedule == "dualpipe" else vpp
     middle_stages = pp - (1 if first else 0) - (1 if last else 0)
     middle = L - (first or 0) - (last or 0)
@@ -845,17 +846,12 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
                   f"virtual_pipeline_model_parallel_size = {pp} x {chunks_per_pp_stage} = "
                   f"{pp * chunks_per_pp_stage}" + (" (zbv/dualpipev split the model into 2 x pp stages)"
                                                    if schedule in ("zbv", "dualpipev") else ""))
-    # layers of each pipeline rank's position in the model, as a list of model-stage sizes in model order
-    per_chunk_middle = middle // (middle_stages * chunks_per_pp_stage) if middle_stages else 0
-    pp_stage_chunk = []  # [pp stage][chunk] -> layers (model order: Megatron's pp stage i, chunk c)
-    for s in range(pp):
-        if s == 0 and first:
-            pp_stage_chunk.append([first // chunks_per_pp_stage] * chunks_per_pp_stage)
-        elif s == pp - 1 and last:
-            pp_stage_chunk.append([last // chunks_per_pp_stage] * chunks_per_pp_stage)
-        else:
-            pp_stage_chunk.append([per_chunk_middle] * chunks_per_pp_stage)
-    # Model order of virtual stages and their placement, per schedule (interfaces.md):
+    return chunks_per_pp_stage, (middle // (middle_stages * chunks_per_pp_stage) if middle_stages else 0)
+
+
+def _place_virtual_stages(pp_stage_chunk: list, per_chunk_middle: int, pp: int, vpp: int, schedule: str):
+    """The model order of the virtual stages and the rank each runs on, per schedule
+    (interfaces.md)."""
     nvs = pp * vpp
     layers_vs, rank_vs = [0] * nvs, [0] * nvs
     if schedule == "dualpipe":
@@ -891,52 +887,71 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
     return tuple(layers_vs), first_layer, tuple(rank_vs), tuple(per_rank)
 
 
-def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = None,
-                   default_name: str = "scenario") -> Scenario:
-    """Validate a scenario mapping and derive everything that follows from it."""
-    lines = lines if lines is not None else {}
+def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, err, layout=None):
+    """Decoder layers per pipeline stage and per virtual stage, as Megatron-LM splits them (or
+    as a Megatron-Core layout places them: virtual stage s on rank s % pp)."""
+    L = model.num_layers
+    if layout is not None:
+        return _layout_stage_layers(layout, pp)
+    first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
+    chunks_per_pp_stage, per_chunk_middle = _middle_chunk_layers(L, first, last, pp, vpp, schedule, err)
+    # layers of each pipeline rank's position in the model, as a list of model-stage sizes in model order
+    pp_stage_chunk = []  # [pp stage][chunk] -> layers (model order: Megatron's pp stage i, chunk c)
+    for s in range(pp):
+        if s == 0 and first:
+            pp_stage_chunk.append([first // chunks_per_pp_stage] * chunks_per_pp_stage)
+        elif s == pp - 1 and last:
+            pp_stage_chunk.append([last // chunks_per_pp_stage] * chunks_per_pp_stage)
+        else:
+            pp_stage_chunk.append([per_chunk_middle] * chunks_per_pp_stage)
+    return _place_virtual_stages(pp_stage_chunk, per_chunk_middle, pp, vpp, schedule)
+
+
+def _validated(data: dict, lines: dict, file: str | None) -> ScenarioIn:
+    """The scenario mapping with its aliases canonical, checked by pydantic for types and ranges."""
     try:
         data = _canonicalize(data, lines)
     except ConfigError as e:
         raise e.located(file, None) from None
     try:
-        raw = ScenarioIn.model_validate(data)
+        return ScenarioIn.model_validate(data)
     except ValidationError as ve:
         raise _pydantic_error(ve, lines, file) from None
 
-    def err(key: str, msg: str) -> ConfigError:
-        where, line = _where(lines, key.split("."), file)
-        return ConfigError(msg, key=key, file=where, line=line)
 
-    model = _build_model(raw.model, lines, file)
-    _check_model_shape(model, err)
-    for key, value in (("training.seq_length", raw.training.seq_length),
-                       ("training.global_batch_size", raw.training.global_batch_size),
-                       ("training.micro_batch_size", raw.training.micro_batch_size)):
+def _check_training_limits(t: TrainingIn, err) -> None:
+    """Whether the sequence and batch sizes are within what sim5d simulates."""
+    for key, value in (("training.seq_length", t.seq_length),
+                       ("training.global_batch_size", t.global_batch_size),
+                       ("training.micro_batch_size", t.micro_batch_size)):
         if value > LIMITS[key]:
             raise err(key, f"{value:,} is beyond what sim5d simulates (at most {LIMITS[key]:,})")
+
+
+def _load_hardware(cluster: ClusterIn, lines: dict, file: str | None) -> tuple[TopologySpec, DeviceProfile]:
+    """The topology and the GPU profile the cluster names, errors located where each is named."""
     try:
-        topo = load_topology(raw.cluster.topology)
+        topo = load_topology(cluster.topology)
     except ConfigError as e:
         raise (e.located(file, _line(lines, ("cluster", "topology"))) if e.key == "cluster.topology" else e) from None
     try:
-        topo = with_domain_nodes(topo, raw.cluster.nodes_per_nvlink_domain)
+        topo = with_domain_nodes(topo, cluster.nodes_per_nvlink_domain)
     except ConfigError as e:
         raise e.located(file, _line(lines, ("cluster", "nodes_per_nvlink_domain"))) from None
     # (with neither the scenario's nor the topology's share, the rule for the job's nodes applies,
     # fixed below once the nodes are known)
     try:
-        gpu = load_device(raw.cluster.gpu or topo.gpu,
-                          key="cluster.gpu" if raw.cluster.gpu else f"gpu (in topology {topo.name})")
+        gpu = load_device(cluster.gpu or topo.gpu,
+                          key="cluster.gpu" if cluster.gpu else f"gpu (in topology {topo.name})")
     except ConfigError as e:
         # the topology's own `gpu:` is located in the topology file
         raise (e.located(file, _line(lines, ("cluster", "gpu"))) if e.key == "cluster.gpu"
                else e.located(topo.path or None, None)) from None
-    p, t = raw.parallelism, raw.training
-    tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                      p.context_parallel_size, p.expert_model_parallel_size)
+    return topo, gpu
 
-    # precision must have a peak on the device
+
+def _check_precision(t: TrainingIn, gpu: DeviceProfile, err) -> None:
+    """Whether the precision has a peak on the device and the fp8 recipe goes with fp8."""
     if t.precision not in gpu.peak_tflops:
         need = f" ({PRECISION_NEEDS[t.precision]})" if t.precision in PRECISION_NEEDS else ""
         raise err("training.precision", f"{gpu.name} has no {t.precision} peak in its profile "
@@ -945,13 +960,19 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("training.fp8_recipe", f"{t.fp8_recipe!r} is a scaling recipe of precision fp8; "
                   f"training.precision is {t.precision} (remove fp8_recipe or set precision: fp8)")
 
-    # rank order: a permutation of the five dimensions
+
+def _rank_order(p: ParallelIn, err) -> tuple:
+    """The rank order: a permutation of the five dimensions, innermost first."""
     order = tuple(p.rank_order.split("-"))
     if sorted(order) != sorted(("tp", "cp", "ep", "dp", "pp")):
         raise err("parallelism.rank_order", f"{p.rank_order!r} must name tp, cp, ep, dp and pp once each, "
                   "joined by '-', innermost first (e.g. tp-cp-ep-dp-pp)")
+    return order
 
-    # schedule and chunks
+
+def _schedule_and_chunks(model: ModelSpec, p: ParallelIn, pp: int, err):
+    """The pipeline schedule, the model chunks per rank (vpp) and the layout, if any: given,
+    implied by each other, or defaulted, and refused where they contradict."""
     schedule = p.pipeline_schedule or ("interleaved-1f1b" if (p.virtual_pipeline_model_parallel_size or 1) > 1
                                        else "1f1b")
     if schedule not in SCHEDULE_NAMES:
@@ -970,24 +991,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         vpp_given = vpp_layout
         if p.pipeline_schedule is None and vpp_layout > 1:
             schedule = "interleaved-1f1b"
-    if schedule in TWO_CHUNK_SCHEDULES:
-        if vpp_given not in (None, 2):
-            raise err("parallelism.virtual_pipeline_model_parallel_size",
-                      f"{schedule} always holds 2 model chunks per rank; virtual_pipeline_model_parallel_size "
-                      f"is {vpp_given} (omit it or set 2)")
-        vpp = 2
-    elif schedule == "interleaved-1f1b":
-        vpp = vpp_given or 1
-        if vpp < 2:
-            raise err("parallelism.virtual_pipeline_model_parallel_size",
-                      f"interleaved-1f1b needs virtual_pipeline_model_parallel_size >= 2 (got {vpp}); "
-                      "with one chunk per rank use 1f1b")
-    else:
-        vpp = vpp_given or 1
-        if vpp != 1:
-            raise err("parallelism.virtual_pipeline_model_parallel_size",
-                      f"{schedule} holds one model chunk per rank but virtual_pipeline_model_parallel_size "
-                      f"is {vpp}; use pipeline_schedule: interleaved-1f1b for interleaving")
+    vpp = _chunks_per_rank(schedule, vpp_given, err)
     if schedule in ("interleaved-1f1b",) + TWO_CHUNK_SCHEDULES and pp < 2:
         raise err("parallelism.pipeline_schedule",
                   f"{schedule} needs pipeline_model_parallel_size >= 2 (got {pp}); with one pipeline "
@@ -996,9 +1000,32 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("parallelism.pipeline_model_parallel_size",
                   f"dualpipe needs an even pipeline_model_parallel_size (got {pp}): its two directions "
                   "pair rank i with rank pp-1-i")
+    return schedule, vpp, layout
 
-    # GPUs, nodes, dp
-    num_gpus, num_nodes, dp = _nodes_and_dp(p, raw.cluster, topo, err)
+
+def _chunks_per_rank(schedule: str, vpp_given, err) -> int:
+    """The model chunks per rank the schedule holds: 2, at least 2 (interleaved) or 1."""
+    if schedule in TWO_CHUNK_SCHEDULES:
+        if vpp_given not in (None, 2):
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"{schedule} always holds 2 model chunks per rank; virtual_pipeline_model_parallel_size "
+                      f"is {vpp_given} (omit it or set 2)")
+        return 2
+    vpp = vpp_given or 1
+    if schedule == "interleaved-1f1b":
+        if vpp < 2:
+            raise err("parallelism.virtual_pipeline_model_parallel_size",
+                      f"interleaved-1f1b needs virtual_pipeline_model_parallel_size >= 2 (got {vpp}); "
+                      "with one chunk per rank use 1f1b")
+    elif vpp != 1:
+        raise err("parallelism.virtual_pipeline_model_parallel_size",
+                  f"{schedule} holds one model chunk per rank but virtual_pipeline_model_parallel_size "
+                  f"is {vpp}; use pipeline_schedule: interleaved-1f1b for interleaving")
+    return vpp
+
+
+def _check_job_size(num_gpus: int, num_nodes: int, topo: TopologySpec, err) -> None:
+    """Whether the job's GPUs are within what sim5d simulates and its nodes within the topology."""
     if num_gpus > LIMITS["num_gpus"]:
         raise err("parallelism.data_parallel_size", f"{num_gpus:,} GPUs is beyond what sim5d simulates "
                   f"(at most {LIMITS['num_gpus']:,})")
@@ -1006,7 +1033,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("cluster.num_nodes", f"{num_nodes} nodes exceed the {topo.max_nodes} that topology "
                   f"{topo.name} describes")
 
-    # heads and KV groups vs tp (Megatron-LM: both must divide by tp)
+
+def _check_heads(model: ModelSpec, tp: int, err) -> None:
+    """Heads and KV groups vs tp (Megatron-LM: both must divide by tp)."""
     if model.num_attention_heads % tp:
         raise err("parallelism.tensor_model_parallel_size",
                   f"num_attention_heads ({model.num_attention_heads}) must be divisible by "
@@ -1016,7 +1045,10 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   f"num_query_groups ({model.num_query_groups}) must be divisible by "
                   f"tensor_model_parallel_size ({tp}): each TP rank holds whole KV heads")
 
-    # experts vs ep, and ep within dp x cp (Megatron-Core MoE parallel folding)
+
+def _expert_tp(model: ModelSpec, p: ParallelIn, tp: int, cp: int, dp: int, ep: int, err) -> int:
+    """The expert tensor-parallel size, once the experts divide over ep and ep (x etp) fits in
+    the ranks it is carved from (Megatron-Core MoE parallel folding)."""
     if ep > 1 and not model.is_moe:
         raise err("parallelism.expert_model_parallel_size",
                   f"expert_model_parallel_size ({ep}) > 1 needs an MoE model; {model.name} has num_experts = 0")
@@ -1050,6 +1082,11 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   f"an MoE model with tensor_model_parallel_size {tp} needs sequence_parallel: true "
                   "(Megatron-Core's MoE layer refuses tensor parallelism without sequence parallelism in "
                   "training, moe_layer.py; each TP rank dispatches its own s/tp tokens)")
+    return etp
+
+
+def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
+    """Whether the dense and shared-expert MLPs split over tp and the router's top-k fits the experts."""
     # the dense MLP (every layer of a dense model, the first_k_dense / non-MoE layers of an MoE
     # one) and the shared experts' MLP are column-parallel over tp (Megatron's ColumnParallelLinear)
     if model.ffn_hidden_size % tp and any(not model.is_moe_layer(i) for i in range(model.num_layers)):
@@ -1066,7 +1103,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("model.moe_router_topk", f"moe_router_topk ({model.moe_router_topk}) must be between 1 and "
                   f"num_experts ({model.num_experts})")
 
-    # seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP
+
+def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err) -> None:
+    """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP."""
     if cp > 1 and t.seq_length % (2 * cp):
         raise err("training.seq_length", f"seq_length ({t.seq_length}) must be divisible by 2 x "
                   f"context_parallel_size = 2 x {cp} = {2 * cp} (zig-zag load balancing splits each "
@@ -1075,7 +1114,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("training.seq_length", f"with sequence_parallel, seq_length / cp ({t.seq_length // cp}) "
                   f"must be divisible by tensor_model_parallel_size ({tp})")
 
-    # context-parallel exchange type; ZeRO-3 resharding; routing imbalance: only where they apply
+
+def _cp_comm_type(model: ModelSpec, p: ParallelIn, tp: int, cp: int, err) -> str:
+    """The context-parallel exchange type: only with cp > 1; a2a only where the heads split over cp."""
     if p.cp_comm_type is not None and cp == 1:
         raise err("parallelism.cp_comm_type", f"cp_comm_type ({p.cp_comm_type}) applies only with "
                   "context_parallel_size > 1 (it is 1); remove it or raise context_parallel_size")
@@ -1088,6 +1129,12 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                       f"cp_comm_type a2a splits the heads of each TP rank over the cp group: "
                       f"num_attention_heads / tp ({heads_local}) and KV groups / tp ({kv_local}) must "
                       f"be divisible by context_parallel_size ({cp}); use cp_comm_type p2p")
+    return cp_comm_type
+
+
+def _check_where_they_apply(model: ModelSpec, p: ParallelIn, t: TrainingIn, ep: int, etp: int, pp: int,
+                            schedule: str, err) -> None:
+    """ZeRO-3 resharding, MoE capacity, dispatch, overlap and routing imbalance: only where they apply."""
     if p.reshard_after_forward is not None and p.zero_stage != 3:
         raise err("parallelism.reshard_after_forward",
                   f"reshard_after_forward ({p.reshard_after_forward}) applies only with zero_stage 3 "
@@ -1107,7 +1154,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
                   f"{model.name} has num_experts = 0")
 
-    # batch
+
+def _microbatches(t: TrainingIn, dp: int, err) -> int:
+    """The microbatches per step: the global batch over micro-batch x dp, whole and within limits."""
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise err("training.global_batch_size",
                   f"global_batch_size ({t.global_batch_size}) must be divisible by micro_batch_size x "
@@ -1117,8 +1166,12 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         raise err("training.global_batch_size",
                   f"num_microbatches = global_batch_size / (micro_batch_size x data_parallel_size) = "
                   f"{m:,}: beyond what sim5d simulates (at most {LIMITS['num_microbatches']:,})")
+    return m
 
-    # layers vs pp x vpp
+
+def _virtual_stages(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: str, layout, err):
+    """Layers vs pp x vpp: each virtual stage's layers, first layer and rank, the layers per rank,
+    and the stages holding the embedding and the loss."""
     if layout is not None and p.pipeline_model_parallel_layout is None:
         # account_for_*_in_pipeline_split: Megatron-Core's even split counting E / L as layers
         try:
@@ -1135,28 +1188,88 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     else:
         emb_stages = tuple(s for s in range(len(layers_vs)) if first_layer[s] == 0)
         loss_stages = tuple(s for s in range(len(layers_vs)) if first_layer[s] + layers_vs[s] == model.num_layers)
+    return layers_vs, first_layer, stage_rank, per_rank, emb_stages, loss_stages
 
-    # the schedule's own preconditions (microbatches vs pp, etc.)
+
+def _check_schedule_preconditions(schedule: str, pp: int, m: int, vpp: int, t: TrainingIn, dp: int,
+                                  err) -> None:
+    """The schedule's own preconditions (microbatches vs pp, etc.), the microbatch rule put as a
+    global batch to use."""
+    from sim import schedules
+    try:
+        schedules.check(schedule, pp, m, vpp, keys={
+            "name": "parallelism.pipeline_schedule",
+            "pp": "parallelism.pipeline_model_parallel_size",
+            "microbatches": "num_microbatches",
+            "chunks": "parallelism.virtual_pipeline_model_parallel_size"}, suggest=False)
+    except ConfigError as e:
+        if e.key != "num_microbatches":
+            raise err(e.key or "parallelism.pipeline_schedule", e.message) from None
+        # the rule is on the microbatch count; the user sets it through the global batch
+        per = t.micro_batch_size * dp
+        fix = " or ".join(f"{x * per} ({x} microbatches)"
+                          for x in schedules.nearest_microbatches(schedule, pp, m))
+        raise err("training.global_batch_size",
+                  f"{t.global_batch_size} gives num_microbatches = global_batch_size / "
+                  f"(micro_batch_size x data_parallel_size) = {t.global_batch_size} / "
+                  f"({t.micro_batch_size} x {dp}) = {m}, and {e.message}; use "
+                  f"training.global_batch_size = {fix}") from None
+
+
+def _parallelism(p: ParallelIn, sizes: tuple, schedule: str, order: tuple, cp_comm_type: str, etp: int,
+                 layout) -> Parallelism:
+    """The resolved parallelism: the sizes (tp, pp, cp, ep, dp, vpp) and each key's default."""
+    tp, pp, cp, ep, dp, vpp = sizes
+    return Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vpp=vpp,
+                       decoder_first_pipeline_num_layers=p.decoder_first_pipeline_num_layers,
+                       decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
+                       sequence_parallel=p.sequence_parallel, pipeline_schedule=schedule,
+                       zero_stage=p.zero_stage, rank_order=order,
+                       cp_comm_type=cp_comm_type, etp=etp,
+                       reshard_after_forward=(True if p.reshard_after_forward is None
+                                              else p.reshard_after_forward),
+                       grad_reduce=p.grad_reduce or (
+                           "microbatch" if p.zero_stage >= 2 and pp == 1 else "step"),
+                       pipeline_model_parallel_layout=(
+                           pipeline_layout.to_string(layout)
+                           if p.pipeline_model_parallel_layout is not None else None),
+                       account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+                       account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split)
+
+
+def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = None,
+                   default_name: str = "scenario") -> Scenario:
+    """Validate a scenario mapping and derive everything that follows from it."""
+    lines = lines if lines is not None else {}
+    raw = _validated(data, lines, file)
+
+    def err(key: str, msg: str) -> ConfigError:
+        where, line = _where(lines, key.split("."), file)
+        return ConfigError(msg, key=key, file=where, line=line)
+
+    model = _build_model(raw.model, lines, file)
+    _check_model_shape(model, err)
+    _check_training_limits(raw.training, err)
+    topo, gpu = _load_hardware(raw.cluster, lines, file)
+    p, t = raw.parallelism, raw.training
+    tp, pp, cp, ep = (p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                      p.context_parallel_size, p.expert_model_parallel_size)
+    _check_precision(t, gpu, err)
+    order = _rank_order(p, err)
+    schedule, vpp, layout = _schedule_and_chunks(model, p, pp, err)
+    num_gpus, num_nodes, dp = _nodes_and_dp(p, raw.cluster, topo, err)
+    _check_job_size(num_gpus, num_nodes, topo, err)
+    _check_heads(model, tp, err)
+    etp = _expert_tp(model, p, tp, cp, dp, ep, err)
+    _check_mlp_split(model, tp, err)
+    _check_sequence_split(t, p, tp, cp, err)
+    cp_comm_type = _cp_comm_type(model, p, tp, cp, err)
+    _check_where_they_apply(model, p, t, ep, etp, pp, schedule, err)
+    m = _microbatches(t, dp, err)
+    layers_vs, first_layer, stage_rank, per_rank, emb_stages, loss_stages = _virtual_stages(
+        model, p, pp, vpp, schedule, layout, err)
     if pp > 1:
-        from sim import schedules
-        try:
-            schedules.check(schedule, pp, m, vpp, keys={
-                "name": "parallelism.pipeline_schedule",
-                "pp": "parallelism.pipeline_model_parallel_size",
-                "microbatches": "num_microbatches",
-                "chunks": "parallelism.virtual_pipeline_model_parallel_size"}, suggest=False)
-        except ConfigError as e:
-            if e.key != "num_microbatches":
-                raise err(e.key or "parallelism.pipeline_schedule", e.message) from None
-            # the rule is on the microbatch count; the user sets it through the global batch
-            per = t.micro_batch_size * dp
-            fix = " or ".join(f"{x * per} ({x} microbatches)"
-                              for x in schedules.nearest_microbatches(schedule, pp, m))
-            raise err("training.global_batch_size",
-                      f"{t.global_batch_size} gives num_microbatches = global_batch_size / "
-                      f"(micro_batch_size x data_parallel_size) = {t.global_batch_size} / "
-                      f"({t.micro_batch_size} x {dp}) = {m}, and {e.message}; use "
-                      f"training.global_batch_size = {fix}") from None
+        _check_schedule_preconditions(schedule, pp, m, vpp, t, dp, err)
 
     name = raw.name or default_name
     _check_name(name, err)
@@ -1166,21 +1279,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         failure_rate_per_gpu_hour=raw.cluster.failure_rate_per_gpu_hour,
                         failure_rate_per_node_hour=raw.cluster.failure_rate_per_node_hour,
                         restart_time_s=raw.cluster.restart_time_s),
-        parallelism=Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vpp=vpp,
-                                decoder_first_pipeline_num_layers=p.decoder_first_pipeline_num_layers,
-                                decoder_last_pipeline_num_layers=p.decoder_last_pipeline_num_layers,
-                                sequence_parallel=p.sequence_parallel, pipeline_schedule=schedule,
-                                zero_stage=p.zero_stage, rank_order=order,
-                                cp_comm_type=cp_comm_type, etp=etp,
-                                reshard_after_forward=(True if p.reshard_after_forward is None
-                                                       else p.reshard_after_forward),
-                                grad_reduce=p.grad_reduce or (
-                                    "microbatch" if p.zero_stage >= 2 and pp == 1 else "step"),
-                                pipeline_model_parallel_layout=(
-                                    pipeline_layout.to_string(layout)
-                                    if p.pipeline_model_parallel_layout is not None else None),
-                                account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
-                                account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split),
+        parallelism=_parallelism(p, (tp, pp, cp, ep, dp, vpp), schedule, order, cp_comm_type, etp, layout),
         training=Training(**{**t.model_dump(), "fp8_recipe": (t.fp8_recipe or "delayed")
                              if t.precision == "fp8" else None,
                              "moe_flex_dispatcher_backend": (t.moe_flex_dispatcher_backend or "deepep")
