@@ -150,6 +150,13 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     sbh = s * b * h
     if recompute == "full":
         return p * sbh * rep
+    act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend)
+    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp)
+
+
+def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: float, sbh: int,
+                                recompute: str, attention_backend: str) -> float:
+    """The norm and attention terms of `layer_activation_bytes` (MLA or grouped-query widths)."""
     a = model.num_attention_heads
     hidden_drop = model.hidden_dropout > 0
     attn_drop = model.attention_dropout > 0
@@ -180,7 +187,12 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
         act += p * scores                                      # softmax output
         if attn_drop:
             act += scores + p * scores                         # mask + dropout output
-    # MLP or MoE
+    return act
+
+
+def _mlp_activation_bytes(model, layer: int, act: float, p: int, s: int, b: int, t: int, rep: float,
+                          sbh: int, routing_imbalance: float, etp: int | None) -> float:
+    """The MLP or MoE terms of `layer_activation_bytes`, added in order to the attention's `act`."""
     act += p * sbh * rep                                       # fc1 / router input
     gated = 2 if model.activation == "swiglu" else 1
     if model.is_moe_layer(layer):

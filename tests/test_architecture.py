@@ -46,7 +46,7 @@ LONG_FUNCTIONS = {
     ("sim/commands/plan.py", "plan_cmd"), ("sim/sweep/__init__.py", "run_sweep"),
     ("sim/calibrate/step_fit.py", "load_runs"), ("sim/sweep/__init__.py", "prepare"),
     ("sim/presets.py", "_build"),
-    ("sim/memory.py", "layer_activation_bytes"), ("sim/topology/graph.py", "_build_fabric"),
+    ("sim/topology/graph.py", "_build_fabric"),
 }
 
 
