@@ -74,7 +74,8 @@ def _megatron_gpt(name: str, *, layers: int, hidden: int, heads: int, source: st
     )
 
 
-def _build() -> dict:
+def _megatron_gpt_presets() -> dict:
+    """The Megatron-LM GPT sizes: Narayanan et al. 2021 Table 1 and GPT-3 175B."""
     presets: dict = {}
     for name, params_b, heads, hidden, layers in _NARAYANAN_TABLE1:
         presets[name] = _megatron_gpt(
@@ -87,7 +88,12 @@ def _build() -> dict:
                 "n_layers 96, d_model 12288, n_heads 96, d_head 128, n_ctx 2048; trained as "
                 "Megatron GPT with the GPT-2 BPE vocabulary (50257) padded to 51200 as in "
                 "Narayanan et al. 2021 (multiple of 128 x tensor-parallel 8)"))
+    return presets
 
+
+def _llama3_presets() -> dict:
+    """Llama 3.1 8B, 70B and 405B."""
+    presets: dict = {}
     llama_common = dict(
         vocab_size=128256, activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
         position_embedding_type="rope", max_position_embeddings=131072, tie_embeddings=False,
@@ -105,8 +111,12 @@ def _build() -> dict:
             name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
             num_query_groups=8, ffn_hidden_size=ffn, **llama_common,
             source=llama_src.format(layers=layers, hidden=hidden, ffn=ffn, heads=heads, size=size))
+    return presets
 
-    presets["mixtral-8x7b"] = ModelSpec(
+
+def _mixtral() -> ModelSpec:
+    """Mixtral 8x7B: 8 experts, top-2, every layer MoE."""
+    return ModelSpec(
         name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32,
         num_query_groups=8, ffn_hidden_size=14336, vocab_size=32000, activation="swiglu",
         normalization="rmsnorm", add_bias_linear=False, position_embedding_type="rope",
@@ -117,7 +127,10 @@ def _build() -> dict:
                 "32000, num_experts 8, top_k_experts 2; mistralai/Mixtral-8x7B-v0.1 config.json: "
                 "rms_norm, silu (SwiGLU) experts, no biases, tie_word_embeddings false"))
 
-    presets["deepseek-v3"] = ModelSpec(
+
+def _deepseek_v3() -> ModelSpec:
+    """DeepSeek-V3: MLA, 3 dense layers then 1 shared + 256 routed experts."""
+    return ModelSpec(
         name="deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128,
         num_query_groups=128, kv_channels=128, ffn_hidden_size=18432, vocab_size=129280,
         activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
@@ -136,6 +149,10 @@ def _build() -> dict:
                 "exactly (no absorption); the MTP module the model trains with (num_nextn_predict_"
                 "layers 1) is off in the preset: set model.mtp_num_layers: 1"))
 
+
+def _qwen3_moe_presets() -> dict:
+    """Qwen3-30B-A3B and Qwen3-235B-A22B."""
+    presets: dict = {}
     # Qwen3 MoE: every layer MoE (decoder_sparse_step 1), no shared expert, GQA with 128-wide
     # heads (wider than hidden / heads), QK RMSNorm per head (not modelled: 2 x 128 parameters and
     # two small norm kernels a layer, under 1e-6 of the parameters).
@@ -156,10 +173,14 @@ def _build() -> dict:
                     "max_position_embeddings 40960, rms_norm, silu, no biases, tie_word_embeddings "
                     f"false; Qwen3 Technical Report (arXiv 2505.09388): {total} total, {active} "
                     "activated parameters; QK-norm not modelled"))
+    return presets
 
+
+def _nemotron4_340b() -> ModelSpec:
+    """Nemotron-4 340B: GQA, squared-ReLU MLP."""
     # Squared ReLU is a non-gated 2-matrix MLP: the same shapes (params, FLOPs, activations) as
     # 'gelu' here; only the elementwise function differs.
-    presets["nemotron4-340b"] = ModelSpec(
+    return ModelSpec(
         name="nemotron4-340b", num_layers=96, hidden_size=18432, num_attention_heads=96,
         num_query_groups=8, ffn_hidden_size=73728, vocab_size=256000, activation="gelu",
         normalization="layernorm", add_bias_linear=False, position_embedding_type="rope",
@@ -171,7 +192,12 @@ def _build() -> dict:
                 "conf/training/nemotron/nemotron_340b.yaml (layernorm1p, bias false, "
                 "squared-relu, share_embeddings_and_output_weights false). Squared ReLU modelled "
                 "as the non-gated 'gelu' shape"))
-    return presets
+
+
+def _build() -> dict:
+    """Every bundled preset, in the order they are listed."""
+    return {**_megatron_gpt_presets(), **_llama3_presets(), "mixtral-8x7b": _mixtral(),
+            "deepseek-v3": _deepseek_v3(), **_qwen3_moe_presets(), "nemotron4-340b": _nemotron4_340b()}
 
 
 PRESETS.update(_build())
