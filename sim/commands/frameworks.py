@@ -58,12 +58,12 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
 
 
 def export_text(sc, fmt: str = "megatron") -> str:
-    """The launch of a scenario: Megatron-LM's torchrun line with the GPUs and the flags, or a
-    torchtitan job TOML."""
-    if fmt == "torchtitan":
-        from sim.frameworks import torchtitan
+    """The launch of a scenario: Megatron-LM's torchrun line with the GPUs and the flags, a
+    Megatron-Bridge ConfigContainer YAML or a torchtitan job TOML."""
+    if fmt in ("torchtitan", "bridge"):
+        import importlib
 
-        return torchtitan.from_scenario(sc)
+        return importlib.import_module(f"sim.frameworks.{fmt}").from_scenario(sc)
     from sim.frameworks import megatron
 
     flags = megatron.from_scenario(sc)
@@ -74,9 +74,12 @@ def export_text(sc, fmt: str = "megatron") -> str:
 
 
 def write_export(path: Path, sc, flag: str = "--export") -> None:
-    """The winner of a sweep or plan as a launch file: a torchtitan TOML for a .toml path, else
-    Megatron-LM's flags; what the framework cannot run exits 2 naming `flag` and the key."""
-    fmt = "torchtitan" if path.suffix == ".toml" else "megatron"
+    """The winner of a sweep or plan as a launch file: a torchtitan TOML for a .toml path, a
+    Megatron-Bridge YAML for .yaml / .yml, else Megatron-LM's flags; what the framework cannot run
+    exits 2 naming `flag` and the key."""
+    from sim.frameworks import format_of
+
+    fmt = format_of(path)
     if sc is None:
         raise ConfigError(f"{flag} {path}: no layout ranked, nothing to export", key=flag)
     try:
@@ -92,10 +95,10 @@ def register(app: typer.Typer) -> None:
     @app.command("import")
     def import_cmd(
         file: Path = typer.Argument(..., help="A Megatron-LM launch (a shell script or a file of pretrain_gpt.py "
-                                    "arguments; a torchrun line before the script gives the GPU count) or a "
-                                    "torchtitan job TOML."),
-        format_: Optional[str] = typer.Option(None, "--format", help="megatron or torchtitan (default: torchtitan "
-                                              "for a .toml file, else megatron)."),
+                                    "arguments; a torchrun line before the script gives the GPU count), a "
+                                    "Megatron-Bridge ConfigContainer YAML or a torchtitan job TOML."),
+        format_: Optional[str] = typer.Option(None, "--format", help="megatron, bridge or torchtitan (default: "
+                                              "torchtitan for .toml, bridge for .yaml / .yml, else megatron)."),
         cluster: str = typer.Option(..., "--cluster", help="TOPOLOGY or TOPOLOGY:GPUS (bundled name or YAML); "
                                     "GPUS may come from the launch's torchrun --nnodes x --nproc-per-node."),
         out: Optional[Path] = typer.Option(None, "--out", help="Scenario YAML to write (default: stdout)."),
@@ -105,7 +108,9 @@ def register(app: typer.Typer) -> None:
         reported on stderr as not modelled with the reason; contradictions exit 2."""
         import yaml
 
-        fmt = format_ or ("torchtitan" if file.suffix == ".toml" else "megatron")
+        from sim.frameworks import format_of
+
+        fmt = format_ or format_of(file)
         _check_format(fmt)
         if out is not None:
             from sim.report import check_path
@@ -125,12 +130,12 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_cmd(
         scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
-        format_: str = typer.Option("megatron", "--format", help="The framework: megatron or torchtitan."),
+        format_: str = typer.Option("megatron", "--format", help="The framework: megatron, bridge or torchtitan."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
     ) -> None:
         """Write a scenario's layout as the framework's launch (Megatron-LM: torchrun + pretrain_gpt.py
-        flags; torchtitan: a job TOML); a layout the framework cannot run is refused with the reason
+        flags; Megatron-Bridge: a ConfigContainer YAML; torchtitan: a job TOML); a layout the framework cannot run is refused with the reason
         (exit 2)."""
         from sim.config import load_scenario
 

@@ -3,6 +3,9 @@
 - `megatron`: Megatron-LM's `pretrain_gpt.py` arguments as a launch script passes them
   (sim.frameworks.megatron): `sim5d import launch.sh --format megatron --cluster T:GPUS` writes
   the scenario, `sim5d export SCENARIO --format megatron` the flags of a layout.
+- `bridge`: Megatron-Bridge's ConfigContainer YAML (NeMo 2.0's successor for Megatron models): a
+  run's `run_config.yaml` or a recipe's overrides (sim.frameworks.bridge), both ways, read through
+  the Megatron-LM mapping.
 - `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways.
 
 Each importer maps every flag it reads to a scenario key, or reports it on stderr as not
@@ -12,7 +15,14 @@ other, is an error naming them (exit 2). The scenario is then validated as any s
 
 from __future__ import annotations
 
-FORMATS = ("megatron", "torchtitan")
+FORMATS = ("megatron", "bridge", "torchtitan")
+
+
+def format_of(path) -> str:
+    """The format a launch file's name implies: a TOML is torchtitan's, a YAML Megatron-Bridge's,
+    anything else (a shell script, an argument file) Megatron-LM's flags."""
+    suffix = str(path).lower().rsplit(".", 1)[-1] if "." in str(path) else ""
+    return {"toml": "torchtitan", "yaml": "bridge", "yml": "bridge"}.get(suffix, "megatron")
 
 
 def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> list[str]:

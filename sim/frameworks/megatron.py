@@ -58,7 +58,8 @@ _SWITCHES = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--add-qkv-bias", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16", "--multi-latent-attention",
-    "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split",
+    "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split", "--squared-relu",
+    "--recompute-activations",
     "--account-for-loss-in-pipeline-split", "--use-megatron-fsdp", "--use-torch-fsdp2",
     "--no-async-tensor-model-parallel-allreduce", "--use-mcore-models", "--log-throughput", "--mock-data",
     "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--manual-gc",
@@ -270,7 +271,8 @@ def _pipeline(f: Flags, d: dict, num_layers: int, pp: int) -> None:
 
 
 def _precision(f: Flags, d: dict, notes: list) -> None:
-    if f.get("--bf16") and f.get("--fp16"):
+    bf16, fp16 = f.get("--bf16"), f.get("--fp16")          # both read: neither is left unreported
+    if bf16 and fp16:
         raise f.error("--fp16", "--bf16 and --fp16 are both given; Megatron-LM trains in one of them")
     base = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     fmt, recipe = f.get("--fp8-format"), f.get("--fp8-recipe")
@@ -348,6 +350,11 @@ def _moe(f: Flags, d: dict, notes: list) -> None:
 
 def _recompute(f: Flags, d: dict) -> None:
     g = f.get("--recompute-granularity")
+    if f.get("--recompute-activations"):     # arguments.py validate_args: the same as granularity selective
+        if g not in (None, "selective"):
+            raise f.error("--recompute-activations", f"--recompute-activations (selective) and "
+                          f"--recompute-granularity {g} disagree; keep one")
+        g = "selective"
     if g is None:
         _set(d, "training.recompute", "none")
         return
@@ -419,10 +426,16 @@ def _direct(f: Flags, d: dict) -> None:
             _set(d, key, value)
 
 
-def _model(f: Flags, d: dict) -> None:
+def _model(f: Flags, d: dict, notes: list) -> None:
     """The model's shape with Megatron-LM's defaults where a flag is absent."""
     m = d["model"]
     swiglu = bool(f.get("--swiglu"))
+    if f.get("--squared-relu"):          # arguments.py: activation_func squared_relu, not gated
+        if swiglu:
+            raise f.error("--squared-relu", "--squared-relu and --swiglu are both given: Megatron-LM's MLP has "
+                          "one activation; keep one")
+        notes.append("--squared-relu (squared ReLU): the non-gated MLP's shapes, modelled as sim5d's 'gelu' MLP (the same "
+                     "GEMMs and activations; only the elementwise function differs)")
     m["activation"] = "swiglu" if swiglu else "gelu"
     if "ffn_hidden_size" not in m:      # arguments.py: SwiGLU keeps the parameter count of 4h
         m["ffn_hidden_size"] = int((4 * m["hidden_size"] * 2 / 3) / 64) * 64 if swiglu else 4 * m["hidden_size"]
@@ -493,15 +506,23 @@ def _unread(f: Flags, notes: list) -> None:
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
     """(the scenario mapping, notes for stderr) of a Megatron-LM launch."""
     f, launch = parse(text, path)
+    return scenario_of(f, launch, cluster=cluster, gpus=gpus, name=name)
+
+
+def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name: str,
+                defaults: str = "Megatron-LM") -> tuple[dict, list]:
+    """(the scenario mapping, notes) of parsed flags and a launcher's GPU count; `defaults` names
+    whose defaults fill what the flags leave out (sim.frameworks.bridge reuses this mapping)."""
+    path = f.path
     notes: list = []
     d: dict = {"name": name, "model": {"name": name}, "cluster": {"topology": cluster}, "parallelism": {},
                "training": {}}
     for req in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
                 "--global-batch-size"):
         if not f.has(req):
-            raise ConfigError(f"{req} is required (Megatron-LM has no default for it)", key=req, file=path)
+            raise ConfigError(f"{req} is required ({defaults} has no default for it)", key=req, file=path)
     _direct(f, d)
-    _model(f, d)
+    _model(f, d, notes)
     _moe(f, d, notes)
     p = d["parallelism"]
     tp, pp, cp = (p.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",

@@ -209,6 +209,14 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
     _parallel(t, gpus, d, PRESETS[preset].num_layers)
     _training(t, d)
     notes = []
+    p = d["parallelism"]
+    if p["context_parallel_size"] > 1:
+        # ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1, FSDP over the dp_shard x cp mesh
+        notes.append(f"context_parallel_degree {p['context_parallel_size']}: torchtitan shards the parameters over "
+                     "data_parallel_shard x context_parallel ranks (FSDP even with shard degree 1); sim5d "
+                     + ("shards over the data-parallel ranks only (the same gathered bytes a GPU, more parameter "
+                        "memory)" if p["zero_stage"] == 3 else "keeps them whole (zero_stage 0: no sharding, "
+                                                               "parameter memory pessimistic)"))
     if t.get("compile", "enable", False):
         notes.append("compile.enable: torch.compile's fusions are not modelled (sim5d's kernels are eager "
                      "Transformer-Engine-like ones)")
@@ -236,6 +244,10 @@ def from_scenario(sc) -> str:
                           "as bundled", key="model")
     if p.zero_stage in (1, 2):
         raise ConfigError(f"zero_stage {p.zero_stage}: torchtitan runs DDP (0) or FSDP2 (3)", key="parallelism.zero_stage")
+    if p.zero_stage == 3 and p.dp == 1:
+        raise ConfigError("zero_stage 3 over one data-parallel rank: torchtitan applies FSDP only with "
+                          "data_parallel_shard_degree > 1 (ParallelDims.fsdp_enabled); set zero_stage 0",
+                          key="parallelism.zero_stage")
     back = {v: k for k, v in SCHEDULES.items()}
     if p.pp > 1 and (p.pipeline_schedule not in back or p.pipeline_schedule == "zb-h1"):
         raise ConfigError(f"pipeline_schedule {p.pipeline_schedule} has no torchtitan schedule here",
