@@ -327,3 +327,24 @@ def test_import_of_export_on_random_layouts(tmp_path, data, fmt):
     assume(both is not None)
     a, b = both
     assert b == a, sets
+
+
+def test_the_readme_workflow_runs_and_its_figures_hold(tmp_path, monkeypatch):
+    """README's import -> sweep -> export -> compare, command by command as written, and the step
+    times it quotes."""
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("From the launch you have to a better one:")[1].split("```bash")[1].split("```")[0]
+    commands = [c.strip() for line in block.replace("\\\n", " ").splitlines() for c in line.split("&&") if c.strip()]
+    assert [c.split()[1] for c in commands] == ["import", "sweep", "import", "compare"]
+    (tmp_path / "scenarios").symlink_to(ROOT / "scenarios")
+    monkeypatch.chdir(tmp_path)
+    for c in commands:
+        code, _, err = run_cli(*shlex.split(c)[1:])
+        assert code == 0, (c, err)
+    code, out, err = run_cli("compare", "mine.yaml", "best.yaml", "--json")
+    steps = [round(s["step_time_s"], 2) for s in yaml.safe_load(out)["scenarios"]]
+    quoted = [float(x) for x in re.findall(r"\((\d+\.\d+) s", text.split("The launch's")[1][:200])]
+    assert steps == quoted and steps[1] < steps[0], (steps, quoted)
