@@ -45,7 +45,6 @@ LONG_FUNCTIONS = {
     ("sim/engine/core.py", "_compile"), ("sim/commands/plan.py", "register"),
     ("sim/commands/plan.py", "plan_cmd"), ("sim/sweep/__init__.py", "run_sweep"),
     ("sim/calibrate/step_fit.py", "load_runs"), ("sim/sweep/__init__.py", "prepare"),
-    ("sim/topology/graph.py", "_build_fabric"),
 }
 
 

@@ -287,7 +287,6 @@ class _Builder:
     # --- the fabric: a folded Clos, built only as large as num_nodes needs ---
     def _build_fabric(self):
         f = self.fabric
-        nics = self.node.nic.count
         info: dict = {"kind": f.kind, "tiers": f.tiers if f.kind != "none" else 0, "routing": f.routing}
         self.G.graph["fabric"] = info
         if f.kind == "none":
@@ -295,10 +294,21 @@ class _Builder:
                 raise ConfigError(f"num_nodes = {self.n}: topology {self.t.name!r} has no fabric "
                                   "(fabric.kind = none), so it holds one node", key="num_nodes")
             return
-        radix = f.switch_radix
         down, up = leaf_ports(f)
-        leaves_per_pod = radix // 2 if f.tiers == 3 else None
-        # Which leaf and which port each NIC uses.
+        leaves_per_pod = f.switch_radix // 2 if f.tiers == 3 else None
+        leaf_of = self._leaf_of(down, leaves_per_pod)
+        used_leaves = self._build_leaves(leaf_of, down, leaves_per_pod)
+        n_pods, n_spines, n_cores = self._build_spines_and_cores(used_leaves, max(leaf_of.values()) + 1,
+                                                                 up, leaves_per_pod)
+        info.update(leaf_down_ports=down, leaf_up_ports=up, leaves=len(used_leaves), pods=n_pods,
+                    spines_per_pod=n_spines, cores_per_group=n_cores, leaves_per_pod=leaves_per_pod,
+                    leaf_of={k: v for k, v in sorted(leaf_of.items())})
+
+    def _leaf_of(self, down: int, leaves_per_pod) -> dict[tuple[int, int], int]:
+        """Which leaf each NIC (server, rail) uses: its rail's leaf of its group (rail-optimized),
+        else the leaves filled in NIC order."""
+        f = self.fabric
+        nics = self.node.nic.count
         leaf_of: dict[tuple[int, int], int] = {}
         if f.kind == "rail-optimized":
             # Group g = nodes [g*down, (g+1)*down); its rail-r leaf is leaf g*nics + r. Groups never
@@ -316,9 +326,14 @@ class _Builder:
             for m in range(self.n):
                 for r in range(nics):
                     leaf_of[(m, r)] = (m * nics + r) // down
-        n_leaves = max(leaf_of.values()) + 1
+        return leaf_of
+
+    def _build_leaves(self, leaf_of: dict, down: int, leaves_per_pod) -> list[int]:
+        """The leaves in use (with their rail and pod), each NIC's port on its leaf and its link
+        to it; returns the leaves in use, in order."""
+        f = self.fabric
+        nics = self.node.nic.count
         used_leaves = sorted(set(leaf_of.values()))
-        fl = f.link
         sw_lat = f.switch_latency_ns
         for lf in used_leaves:
             rail = -1
@@ -334,6 +349,15 @@ class _Builder:
             # NIC -> leaf enters the switch (switch latency); leaf -> NIC enters the NIC.
             self.link(nic_name(m, r), f"leaf{lf}", "nic", nd.nic.bandwidth_gbps,
                       nd.nic.latency_ns + sw_lat, nd.nic.latency_ns)
+        return used_leaves
+
+    def _build_spines_and_cores(self, used_leaves: list[int], n_leaves: int, up: int,
+                                leaves_per_pod) -> tuple[int, int, int]:
+        """The tiers above the leaves: spines (one set per pod with 3 tiers) and, across pods, the
+        cores; returns (pods, spines per pod, cores per group)."""
+        f = self.fabric
+        fl = f.link
+        sw_lat = f.switch_latency_ns
         n_pods = 1
         n_spines = 0
         n_cores = 0
@@ -356,7 +380,7 @@ class _Builder:
                     for j in range(up):
                         self.link(f"leaf{lf}", f"spine{p}.{j}", "fabric", fl.bandwidth_gbps, fl.latency_ns + sw_lat)
                 if n_pods > 1:
-                    n_cores = radix - leaves_per_pod  # spine up-ports: one core per port
+                    n_cores = f.switch_radix - leaves_per_pod  # spine up-ports: one core per port
                     for j in range(up):
                         for c in range(n_cores):
                             self.add_node(f"core{j}.{c}", "core", -1, c, group=j)
@@ -365,9 +389,7 @@ class _Builder:
                             for c in range(n_cores):
                                 self.link(f"spine{p}.{j}", f"core{j}.{c}", "fabric", fl.bandwidth_gbps,
                                           fl.latency_ns + sw_lat)
-        info.update(leaf_down_ports=down, leaf_up_ports=up, leaves=len(used_leaves), pods=n_pods,
-                    spines_per_pod=n_spines, cores_per_group=n_cores, leaves_per_pod=leaves_per_pod,
-                    leaf_of={k: v for k, v in sorted(leaf_of.items())})
+        return n_pods, n_spines, n_cores
 
 
 def gpus_of(G: nx.DiGraph, n: int | None = None) -> list[str]:
