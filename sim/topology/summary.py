@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -183,16 +184,26 @@ def _server_positions(G: nx.DiGraph, devices: list, x0: float, W: float, pos: di
             pos[v] = (x + (-0.25 if x < x0 + W / 2 else 0.25) * W / max(len(nic_x), 2), y)
 
 
-def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
-    """The cluster drawn on a matplotlib Figure (object-oriented API: no pyplot, no backend change).
-    Each server is a labelled box; every link class has its own colour and its bandwidth in the
-    legend (outside the drawing) and on one link. One node: no fabric. `summarise_from` nodes or
-    more: nodes 0, 1 and the last in full, the others as one gap, the fabric as labelled blocks."""
-    from matplotlib.collections import LineCollection
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import FancyBboxPatch
+@dataclass
+class _Layout:
+    """Where draw_graph puts the servers, their devices and the fabric."""
 
+    n: int                 # nodes in the graph
+    g: int                 # GPUs per node
+    by_server: dict        # server -> its devices
+    summary: bool          # nodes 0, 1 and the last drawn, the fabric as blocks
+    servers: list          # the servers drawn
+    W: float               # a server box's width
+    gap: float             # between server boxes
+    slot: dict             # server -> its box's slot from the left
+    total_w: float
+    pos: dict              # device -> (x, y)
+    domain_sw: list        # NVLink domain switches (servers sharing NVLink)
+    fabric_rows: list      # fabric switch kinds drawn
+
+
+def _layout(G: nx.DiGraph, summarise_from: int) -> _Layout:
+    """Which servers are drawn and where every drawn device, domain switch and fabric switch is."""
     n = G.graph["num_nodes"]
     g = G.graph["gpus_per_node"]
     by_server: dict = {}
@@ -214,7 +225,6 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
         xs = [pos[u][0] for u in G.successors(v) if u in pos]
         if xs:
             pos[v] = (sum(xs) / len(xs), _ROW_Y["nvswitch"] - 1.0)
-    fab = G.graph.get("fabric", {})
     fabric_rows = [k for k in _FABRIC if any(d["kind"] == k for _, d in G.nodes(data=True))] if n > 1 else []
     if not summary:
         for kind in fabric_rows:
@@ -222,44 +232,44 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
                         key=lambda v: (G.nodes[v].get("pod", G.nodes[v].get("group", 0)), G.nodes[v]["index"]))
             for i, v in enumerate(vs):
                 pos[v] = ((i + 0.5) * total_w / len(vs), _ROW_Y[kind])
+    return _Layout(n, g, by_server, summary, servers, W, gap, slot, total_w, pos, domain_sw, fabric_rows)
 
-    # size: about 0.45 inch per GPU slot, capped; the legend gets its own column on the right
-    draw_in = min(max(5.0, 0.45 * total_w), 26.0)
-    top = max([y for _, y in pos.values()] + [_ROW_Y[k] for k in fabric_rows])
-    bottom = min(y for _, y in pos.values()) - (0.5 if domain_sw else 0.0)
-    height_in = 1.2 + 0.55 * (top - bottom + 2.0)
-    legend_in = 3.4
-    fig = Figure(figsize=(draw_in + legend_in, height_in))
-    ax = fig.add_axes((0.01, 0.02, draw_in / (draw_in + legend_in) - 0.01, 1 - 1.0 / height_in))
-    ax.set_axis_off()
-    unit_pt = 72.0 * draw_in / max(total_w, 1.0)
-    msize = min(max((0.45 * unit_pt) ** 2, 6.0), 140.0)
-    fs = min(max(0.28 * unit_pt, 5.0), 8.0)
 
-    # server boxes and labels
-    for m in servers:
-        x0 = slot[m] * (W + gap)
-        ys = [pos[v][1] for v in by_server[m]]
+def _draw_servers(ax, G: nx.DiGraph, L: _Layout, fs: float) -> None:
+    """Server boxes with their labels (GPU numbers when few are drawn), the NVLink domains'
+    labels and the gap of the nodes left out."""
+    from matplotlib.patches import FancyBboxPatch
+
+    pos, W, gap, n = L.pos, L.W, L.gap, L.n
+    for m in L.servers:
+        x0 = L.slot[m] * (W + gap)
+        ys = [pos[v][1] for v in L.by_server[m]]
         lo, hi = min(ys) - 0.45, max(ys) + 0.55
         ax.add_patch(FancyBboxPatch((x0 - 0.1, lo), W + 0.2, hi - lo, boxstyle=_ROUND, facecolor="#f4f4f4",
                                     edgecolor="#999999", linewidth=0.8, zorder=0))
         ax.text(x0, hi - 0.08, f"node {m}", fontsize=fs + 1, fontweight="bold", va="top", ha="left", zorder=5)
-        if len(servers) <= 4:
-            for i in range(g):
+        if len(L.servers) <= 4:
+            for i in range(L.g):
                 x, y = pos[f"n{m}.gpu{i}"]
                 ax.text(x, y - 0.3, str(i), fontsize=fs - 1, ha="center", va="top", color="#444444")
-    for v in domain_sw:
+    for v in L.domain_sw:
         if v in pos:
             d = G.nodes[v]["domain"]
             k = G.graph["nvlink_domain_nodes"]
             ax.text(pos[v][0], pos[v][1] - 0.35, f"NVLink domain {d}: nodes {d * k}-{min(n, d * k + k) - 1}",
                     fontsize=fs, ha="center", va="top", zorder=5, gid=f"domain:{d}")
-    if summary:
+    if L.summary:
         x = 2 * (W + gap) + W / 2
         ax.text(x, 1.0, f"...\n{n - 3} more nodes\n(nodes 2-{n - 2})\n...", ha="center", va="center",
                 fontsize=fs + 1, color="#555555")
 
-    # links: one segment per full-duplex link, one LineCollection per class
+
+def _draw_links(ax, G: nx.DiGraph, L: _Layout, fs: float) -> tuple[dict, dict]:
+    """The drawn links: one segment per full-duplex link, one LineCollection per class, its
+    bandwidth on one link; returns the segments and the bandwidths by class."""
+    from matplotlib.collections import LineCollection
+
+    pos = L.pos
     segs: dict = {}
     seen = set()
     bw: dict = {}
@@ -271,7 +281,7 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
         bw.setdefault(c, set()).add(d["bandwidth_gbps"])
         (x1, y1), (x2, y2) = pos[u], pos[v]
         if y1 == y2 and G.nodes[u]["kind"] == "gpu":  # NVLink mesh: an arc below the GPUs
-            h = 0.25 + 0.6 * abs(x2 - x1) / W
+            h = 0.25 + 0.6 * abs(x2 - x1) / L.W
             pts = [(x1 + (x2 - x1) * t / 12, y1 - h * math.sin(math.pi * t / 12)) for t in range(13)]
         else:
             pts = [(x1, y1), (x2, y2)]
@@ -286,50 +296,104 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
         ax.text(x1 + t * (x2 - x1), y1 + t * (y2 - y1), f"{_gbps(bw[c])} GB/s", fontsize=fs - 1, color=col,
                 ha="center", va="center", zorder=6, gid=f"bw:{c}",
                 bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+    return segs, bw
 
+
+def _draw_fabric_blocks(ax, G: nx.DiGraph, L: _Layout, fs: float, segs: dict, bw: dict) -> None:
+    """A summarised fabric: each switch tier as a labelled block, the links between tiers as a
+    few segments labelled with their count and bandwidth (added to `segs` and `bw`)."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.patches import FancyBboxPatch
+
+    fab = G.graph.get("fabric", {})
+    pos, total_w = L.pos, L.total_w
+    counts = {"leaf": fab.get("leaves", 0), "spine": fab.get("spines_per_pod", 0) * fab.get("pods", 1),
+              "core": fab.get("cores_per_group", 0) * fab.get("leaf_up_ports", 0)}
+    links = {}
+    for u, v, d in G.edges(data=True):
+        if d["link_class"] in ("nic", "fabric"):
+            key = frozenset((G.nodes[u]["kind"], G.nodes[v]["kind"]))
+            links[key] = links.get(key, 0) + 1
+            bw.setdefault(d["link_class"], set()).add(d["bandwidth_gbps"])
+    rail = fab.get("kind") == "rail-optimized"
+    what = {"leaf": "leaf switches" + (f" (one per rail per group of {fab.get('leaf_down_ports')} nodes)"
+                                       if rail else ""),
+            "spine": f"spine switches ({fab.get('spines_per_pod', 0)} per pod x {fab.get('pods', 1)} "
+                     "pod(s))",
+            "core": "core switches"}
+    prev = "nic"
+    for kind in L.fabric_rows:
+        y = _ROW_Y[kind]
+        col, marker, _ = _NODE_STYLE[kind]
+        ax.add_patch(FancyBboxPatch((0.0, y - 0.3), total_w, 0.6, boxstyle=_ROUND, facecolor=col,
+                                    alpha=0.25, edgecolor=col, zorder=0, gid=f"block:{kind}"))
+        ax.text(total_w / 2, y, f"{counts[kind]} {what[kind]}", ha="center", va="center", fontsize=fs + 1,
+                zorder=5)
+        k = links.get(frozenset((prev, kind)), 0) // 2
+        cls = "nic" if prev == "nic" else "fabric"
+        col = _EDGE_STYLE[cls][0]
+        if prev == "nic":
+            ss = [[pos[v], (pos[v][0], y - 0.3)] for v in pos if G.nodes[v]["kind"] == "nic"]
+            ax.add_collection(LineCollection(ss, colors=col, linewidths=1.0, alpha=0.8, zorder=1,
+                                             gid="links:nic"))
+            ymid, xlab = (_ROW_Y["nic"] + y - 0.3) / 2, total_w / 2
+        else:
+            ys = (_ROW_Y[prev] + 0.3, y - 0.3)
+            ss = [[(x, ys[0]), (x, ys[1])] for x in (total_w * f for f in (0.2, 0.4, 0.6, 0.8))]
+            ax.add_collection(LineCollection(ss, colors=col, linewidths=2.0, alpha=0.8, zorder=1,
+                                             gid="links:fabric"))
+            ymid, xlab = sum(ys) / 2, total_w / 2
+        ax.text(xlab, ymid, f"{k} links x {_gbps(bw[cls])} GB/s", ha="center", va="center", fontsize=fs,
+                color=col, zorder=6, gid=f"bw:{cls}",
+                bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+        segs.setdefault(cls, ss)
+        prev = kind
+
+
+def _legend(fig, G: nx.DiGraph, L: _Layout, segs: dict, bw: dict, left: float) -> None:
+    """The legend outside the drawing (from `left`, a fraction of the figure): link classes with
+    their bandwidths, then device kinds."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=_EDGE_STYLE[c][0], lw=2, label=f"{_EDGE_STYLE[c][1]}: {_gbps(bw[c])} GB/s")
+               for c in _EDGE_STYLE if c in segs]
+    nic = G.graph["topology"].node.nic
+    handles += [Line2D([], [], color=col, marker=marker, ls="", markersize=7,
+                       label=f"NIC ({nic.bandwidth_gbps:g} GB/s port)" if kind == "nic" else label)
+                for kind, (col, marker, label) in _NODE_STYLE.items()
+                if any(G.nodes[v]["kind"] == kind for v in L.pos) or (L.summary and kind in L.fabric_rows)]
+    fig.legend(handles=handles, loc="upper left", fontsize=7,
+               bbox_to_anchor=(left + 0.005, 0.93), frameon=False,
+               title="links (GB/s per direction) and devices", title_fontsize=7)
+
+
+def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
+    """The cluster drawn on a matplotlib Figure (object-oriented API: no pyplot, no backend change).
+    Each server is a labelled box; every link class has its own colour and its bandwidth in the
+    legend (outside the drawing) and on one link. One node: no fabric. `summarise_from` nodes or
+    more: nodes 0, 1 and the last in full, the others as one gap, the fabric as labelled blocks."""
+    from matplotlib.figure import Figure
+
+    L = _layout(G, summarise_from)
+    pos, n, fabric_rows, summary = L.pos, L.n, L.fabric_rows, L.summary
+    # size: about 0.45 inch per GPU slot, capped; the legend gets its own column on the right
+    draw_in = min(max(5.0, 0.45 * L.total_w), 26.0)
+    top = max([y for _, y in pos.values()] + [_ROW_Y[k] for k in fabric_rows])
+    bottom = min(y for _, y in pos.values()) - (0.5 if L.domain_sw else 0.0)
+    height_in = 1.2 + 0.55 * (top - bottom + 2.0)
+    legend_in = 3.4
+    fig = Figure(figsize=(draw_in + legend_in, height_in))
+    ax = fig.add_axes((0.01, 0.02, draw_in / (draw_in + legend_in) - 0.01, 1 - 1.0 / height_in))
+    ax.set_axis_off()
+    unit_pt = 72.0 * draw_in / max(L.total_w, 1.0)
+    msize = min(max((0.45 * unit_pt) ** 2, 6.0), 140.0)
+    fs = min(max(0.28 * unit_pt, 5.0), 8.0)
+
+    _draw_servers(ax, G, L, fs)
+    segs, bw = _draw_links(ax, G, L, fs)
     # fabric: rows of switches, or labelled blocks when summarised
     if summary and fabric_rows:
-        counts = {"leaf": fab.get("leaves", 0), "spine": fab.get("spines_per_pod", 0) * fab.get("pods", 1),
-                  "core": fab.get("cores_per_group", 0) * fab.get("leaf_up_ports", 0)}
-        links = {}
-        for u, v, d in G.edges(data=True):
-            if d["link_class"] in ("nic", "fabric"):
-                key = frozenset((G.nodes[u]["kind"], G.nodes[v]["kind"]))
-                links[key] = links.get(key, 0) + 1
-                bw.setdefault(d["link_class"], set()).add(d["bandwidth_gbps"])
-        rail = fab.get("kind") == "rail-optimized"
-        what = {"leaf": "leaf switches" + (f" (one per rail per group of {fab.get('leaf_down_ports')} nodes)"
-                                           if rail else ""),
-                "spine": f"spine switches ({fab.get('spines_per_pod', 0)} per pod x {fab.get('pods', 1)} "
-                         "pod(s))",
-                "core": "core switches"}
-        prev = "nic"
-        for kind in fabric_rows:
-            y = _ROW_Y[kind]
-            col, marker, _ = _NODE_STYLE[kind]
-            ax.add_patch(FancyBboxPatch((0.0, y - 0.3), total_w, 0.6, boxstyle=_ROUND, facecolor=col,
-                                        alpha=0.25, edgecolor=col, zorder=0, gid=f"block:{kind}"))
-            ax.text(total_w / 2, y, f"{counts[kind]} {what[kind]}", ha="center", va="center", fontsize=fs + 1,
-                    zorder=5)
-            k = links.get(frozenset((prev, kind)), 0) // 2
-            cls = "nic" if prev == "nic" else "fabric"
-            col = _EDGE_STYLE[cls][0]
-            if prev == "nic":
-                ss = [[pos[v], (pos[v][0], y - 0.3)] for v in pos if G.nodes[v]["kind"] == "nic"]
-                ax.add_collection(LineCollection(ss, colors=col, linewidths=1.0, alpha=0.8, zorder=1,
-                                                 gid="links:nic"))
-                ymid, xlab = (_ROW_Y["nic"] + y - 0.3) / 2, total_w / 2
-            else:
-                ys = (_ROW_Y[prev] + 0.3, y - 0.3)
-                ss = [[(x, ys[0]), (x, ys[1])] for x in (total_w * f for f in (0.2, 0.4, 0.6, 0.8))]
-                ax.add_collection(LineCollection(ss, colors=col, linewidths=2.0, alpha=0.8, zorder=1,
-                                                 gid="links:fabric"))
-                ymid, xlab = sum(ys) / 2, total_w / 2
-            ax.text(xlab, ymid, f"{k} links x {_gbps(bw[cls])} GB/s", ha="center", va="center", fontsize=fs,
-                    color=col, zorder=6, gid=f"bw:{cls}",
-                    bbox=dict(boxstyle="round,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
-            segs.setdefault(cls, ss)
-            prev = kind
+        _draw_fabric_blocks(ax, G, L, fs, segs, bw)
     elif fabric_rows:
         for kind in fabric_rows:
             k = sum(1 for v in pos if G.nodes[v]["kind"] == kind)
@@ -343,23 +407,12 @@ def draw_graph(G: nx.DiGraph, *, summarise_from: int = SUMMARY_NODES):
             size = msize * (1.6 if kind in ("nvswitch", "host", "memory") else 1.0)
             ax.scatter([pos[v][0] for v in vs], [pos[v][1] for v in vs], s=size, c=col, marker=marker,
                        edgecolors="white", linewidths=0.4, zorder=3, label=label, gid=f"nodes:{kind}")
-
-    # legend outside the drawing: link classes with their bandwidths, then device kinds
-    handles = [Line2D([], [], color=_EDGE_STYLE[c][0], lw=2, label=f"{_EDGE_STYLE[c][1]}: {_gbps(bw[c])} GB/s")
-               for c in _EDGE_STYLE if c in segs]
-    nic = G.graph["topology"].node.nic
-    handles += [Line2D([], [], color=col, marker=marker, ls="", markersize=7,
-                       label=f"NIC ({nic.bandwidth_gbps:g} GB/s port)" if kind == "nic" else label)
-                for kind, (col, marker, label) in _NODE_STYLE.items()
-                if any(G.nodes[v]["kind"] == kind for v in pos) or (summary and kind in fabric_rows)]
-    fig.legend(handles=handles, loc="upper left", fontsize=7,
-               bbox_to_anchor=(draw_in / (draw_in + legend_in) + 0.005, 0.93), frameon=False,
-               title="links (GB/s per direction) and devices", title_fontsize=7)
+    _legend(fig, G, L, segs, bw, draw_in / (draw_in + legend_in))
     s = summarize(G, bisection=False)
     kind = s["fabric"].get("kind", "none")
-    fig.suptitle(f"{s['topology']}: {n} node(s) x {g} GPUs, {s['gpu_interconnect']}, fabric {kind}"
+    fig.suptitle(f"{s['topology']}: {n} node(s) x {L.g} GPUs, {s['gpu_interconnect']}, fabric {kind}"
                  + (" (one node: fabric not drawn)" if n == 1 and kind != "none" else ""), fontsize=10)
-    ax.set_xlim(-0.3 - (1.2 if fabric_rows and not summary else 0.0), total_w + 0.3)
+    ax.set_xlim(-0.3 - (1.2 if fabric_rows and not summary else 0.0), L.total_w + 0.3)
     ax.set_ylim(bottom - 0.9, top + 0.6)
     return fig
 
