@@ -123,22 +123,26 @@ def _phase_runner(torch, phase: str, make, *, grad_output: bool):
 
 def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list[Task]:
     """Every kernel measurement of a size, in order."""
-    F = torch.nn.functional
     dev = torch.device(device)
-    tasks: list[Task] = []
     main = dtypes[0]
+    es = _DTYPE_BYTES[main]
+    return (_gemm_tasks(torch, dev, spec, dtypes) + _attention_tasks(torch, dev, spec, main, es)
+            + _elementwise_tasks(torch, dev, spec, main, es) + _cross_entropy_tasks(torch, dev, spec, main, es)
+            + _copy_tasks(torch, dev, spec, main, es) + _optimizer_tasks(torch, dev, spec)
+            + [host_task(torch, device, main)])
 
-    def t_of(name):
-        return getattr(torch, name)
 
-    # --- GEMMs -------------------------------------------------------------------------------
+def _gemm_tasks(torch, dev, spec: SizeSpec, dtypes: list[str]) -> list[Task]:
+    """The GEMMs in every dtype: nn.Linear's three phases of the presets' layers, and the grid."""
+    F = torch.nn.functional
+    tasks: list[Task] = []
     for dt in dtypes:
         es = _DTYPE_BYTES[dt]
         for g in gemm_shapes(spec):
             flops, nbytes = gemm_counts(1, g.m, g.n, g.k, es, es)
 
             def setup(g=g, dt=dt):
-                d = t_of(dt)
+                d = getattr(torch, dt)
                 if g.linear and g.phase == "fwd":       # y[m,n] = x[m,k] W[n,k]^T + b
                     x = torch.randn(g.m, g.k, device=dev, dtype=d)
                     w = torch.randn(g.n, g.k, device=dev, dtype=d)
@@ -159,16 +163,20 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             tasks.append(Task("gemm", f"gemm {dt} {g.m}x{g.n}x{g.k}", setup, dict(
                 kind="gemm", op="gemm", phase=g.phase, dtype=dt, batch=1, m=g.m, n=g.n, k=g.k,
                 flops=flops, bytes=nbytes, source=g.source)))
+    return tasks
 
-    es = _DTYPE_BYTES[main]
-    # --- attention ---------------------------------------------------------------------------
+
+def _attention_tasks(torch, dev, spec: SizeSpec, main: str, es: int) -> list[Task]:
+    """Scaled dot-product attention, causal and not, forward and backward, in the main dtype."""
+    F = torch.nn.functional
+    tasks: list[Task] = []
     for (b, h, s, d) in spec.attention:
         for causal in (False, True):
             for phase in ("fwd", "bwd"):
                 flops, nbytes = attention_counts(b, h, s, s, d, causal, es, phase)
 
                 def setup(b=b, h=h, s=s, d=d, causal=causal, phase=phase):
-                    dtt = t_of(main)
+                    dtt = getattr(torch, main)
                     q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=dtt, requires_grad=True)
                                for _ in range(3))
                     if phase == "fwd":
@@ -184,8 +192,15 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
                                   setup, dict(kind="attention", op="sdpa", phase=phase, dtype=main,
                                               batch=b * h, m=s, n=s, k=d, causal=int(causal),
                                               flops=flops, bytes=nbytes, source=f"b{b} h{h}")))
+    return tasks
 
-    # --- elementwise -------------------------------------------------------------------------
+
+def _elementwise_tasks(torch, dev, spec: SizeSpec, main: str, es: int) -> list[Task]:
+    """A layer's elementwise ops (norm, activation, softmax, dropout, residual) and the embedding
+    lookup, forward and backward, in the main dtype."""
+    F = torch.nn.functional
+    tasks: list[Task] = []
+
     def fwd_bwd(op, rows, width, make, bwd=True, extra=None):
         for phase in ("fwd", "bwd") if bwd else ("fwd",):
             nbytes = elementwise_bytes(op, phase, rows, width, es)
@@ -198,13 +213,13 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
                 bytes=nbytes, source=extra or "")))
 
     def x_(rows, width):
-        return torch.randn(rows, width, device=dev, dtype=t_of(main), requires_grad=True)
+        return torch.randn(rows, width, device=dev, dtype=getattr(torch, main), requires_grad=True)
 
     for rows, width in spec.elementwise:
         def norm(rows=rows, width=width):
             x = x_(rows, width)
-            w = torch.ones(width, device=dev, dtype=t_of(main), requires_grad=True)
-            bb = torch.zeros(width, device=dev, dtype=t_of(main), requires_grad=True)
+            w = torch.ones(width, device=dev, dtype=getattr(torch, main), requires_grad=True)
+            bb = torch.zeros(width, device=dev, dtype=getattr(torch, main), requires_grad=True)
             return (lambda: F.layer_norm(x, (width,), w, bb)), (x, w, bb)
 
         def gelu(rows=rows, width=width):
@@ -231,14 +246,20 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
 
     for tokens, hidden, vocab in spec.embedding:
         def emb(tokens=tokens, hidden=hidden, vocab=vocab):
-            table = torch.randn(vocab, hidden, device=dev, dtype=t_of(main), requires_grad=True)
+            table = torch.randn(vocab, hidden, device=dev, dtype=getattr(torch, main), requires_grad=True)
             idx = torch.randint(0, vocab, (tokens,), device=dev)
             return (lambda: F.embedding(idx, table)), (table,)
         fwd_bwd("embedding", tokens, hidden, emb, extra=f"vocab {vocab}")
+    return tasks
 
+
+def _cross_entropy_tasks(torch, dev, spec: SizeSpec, main: str, es: int) -> list[Task]:
+    """The loss: cross-entropy forward and backward (of a scalar: no output gradient)."""
+    F = torch.nn.functional
+    tasks: list[Task] = []
     for tokens, vocab in spec.cross_entropy:
         def ce(tokens=tokens, vocab=vocab):
-            logits = torch.randn(tokens, vocab, device=dev, dtype=t_of(main), requires_grad=True)
+            logits = torch.randn(tokens, vocab, device=dev, dtype=getattr(torch, main), requires_grad=True)
             tgt = torch.randint(0, vocab, (tokens,), device=dev)
             return (lambda: F.cross_entropy(logits, tgt)), (logits,)
         for phase in ("fwd", "bwd"):
@@ -250,18 +271,28 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             tasks.append(Task("elementwise", f"cross_entropy {phase} {tokens}x{vocab}", setup, dict(
                 kind="elementwise", op="cross_entropy", phase=phase, dtype=main, batch=1, m=tokens,
                 n=vocab, k=1, bytes=nbytes)))
+    return tasks
 
+
+def _copy_tasks(torch, dev, spec: SizeSpec, main: str, es: int) -> list[Task]:
+    """Tensor copies: the memory roofline (bytes read plus written)."""
+    tasks: list[Task] = []
     for n in spec.copy_elems:
         def cp(n=n):
-            x = torch.randn(n, device=dev, dtype=t_of(main))
+            x = torch.randn(n, device=dev, dtype=getattr(torch, main))
             y = torch.empty_like(x)
             return lambda: y.copy_(x)
         tasks.append(Task("copy", f"copy {n}", cp, dict(kind="copy", op="copy", phase="fwd", dtype=main,
                                                       batch=1, m=1, n=n, k=1,
                                                       bytes=float(2 * n * es))))
+    return tasks
 
-    # --- optimizer (fp32 parameters: Adam's state and master weights are fp32) ---------------
+
+def _optimizer_tasks(torch, dev, spec: SizeSpec) -> list[Task]:
+    """The optimizer (fp32 parameters: Adam's state and master weights are fp32): gradient
+    clipping plus Adam's step over GPT-layer-shaped parameters."""
     from sim.compute import optimizer_bytes_per_param
+    tasks: list[Task] = []
     for h, layers in spec.optimizer:
         shapes = optimizer_layer_shapes(h) * layers
         n_params = sum(_numel(s) for s in shapes)
@@ -280,7 +311,6 @@ def compute_tasks(torch, device: str, spec: SizeSpec, dtypes: list[str]) -> list
             kind="optimizer", op="adam", phase="step", dtype="float32", batch=1, m=n_params,
             n=len(shapes), k=1, bytes=float(n_params * optimizer_bytes_per_param("fp32")),
             source=f"h{h} x{layers} layers")))
-    tasks.append(host_task(torch, device, main))
     return tasks
 
 
