@@ -43,7 +43,7 @@ LONG_FUNCTIONS = {
     ("sim/calibrate/fit.py", "fit_rows"),
     ("sim/engine/core.py", "_compile"), ("sim/commands/plan.py", "register"),
     ("sim/commands/plan.py", "plan_cmd"), ("sim/sweep/__init__.py", "run_sweep"),
-    ("sim/calibrate/step_fit.py", "load_runs"), ("sim/sweep/__init__.py", "prepare"),
+    ("sim/sweep/__init__.py", "prepare"),
 }
 
 

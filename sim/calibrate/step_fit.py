@@ -107,115 +107,151 @@ class StepRun:
 def load_runs(path, *, topology: str | None = None, gpu: str | None = None) -> list[StepRun]:
     """The runs of a runs file as scenarios (format: this module's docstring). `topology`: for
     runs that name none; `gpu`: the device profile of every run (default: the topology's)."""
-    from sim.config import PARALLEL_ALIASES, build_scenario
-    from sim.suggest import did_you_mean
     from sim.yamlio import load_yaml_with_lines
 
-    file = str(path)
     data, lines = load_yaml_with_lines(path)
+    f = _RunsFile(str(path), lines)
+    if not isinstance(data, dict):
+        raise f.err("a runs file must be a mapping with `runs:` (and optionally `common:`)", None)
+    f.known(data, TOP_KEYS, "", ())
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise f.err("must be a non-empty list of runs", "runs", ("runs",))
+    common_src = f.mapping(data.get("common"), "common", ("common",))
+    f.known(common_src, SECTIONS, "common.", ("common",))
+    common = f.split(common_src, "common.", ("common",))
+    out, seen = [], set()
+    for i, run in enumerate(runs):
+        name, t, gpus = _checked_run(f, run, i, seen)
+        scenario = _run_scenario(f, run, i, name, gpus, common, topology, gpu)
+        out.append(_built_run(f, scenario, i, name, gpus, t))
+    return out
 
-    def err(msg: str, key: str | None, where: tuple = ()) -> ConfigError:
+
+class _RunsFile:
+    """A runs file being read: its errors located at the deepest line known on a key's path, and
+    the checks of its mappings."""
+
+    def __init__(self, file: str, lines: dict):
+        self.file, self.lines = file, lines
+
+    def err(self, msg: str, key: str | None, where: tuple = ()) -> ConfigError:
+        """The error `msg` on `key`, at the line of `where` (or of the nearest mapping above it)."""
         line = None
         for n in range(len(where), 0, -1):
-            line = lines.get(where[:n])
+            line = self.lines.get(where[:n])
             if line:
                 break
-        return ConfigError(msg, key=key, file=file, line=line)
+        return ConfigError(msg, key=key, file=self.file, line=line)
 
-    def mapping(d, key: str, where: tuple) -> dict:
+    def mapping(self, d, key: str, where: tuple) -> dict:
+        """`d` as a mapping: {} when absent, refused when not a mapping."""
         if d is None:
             return {}
         if not isinstance(d, dict):
-            raise err(f"must be a mapping, got {d!r}", key, where)
+            raise self.err(f"must be a mapping, got {d!r}", key, where)
         return d
 
-    def known(d: dict, keys, prefix: str, where: tuple) -> None:
+    def known(self, d: dict, keys, prefix: str, where: tuple) -> None:
+        """Whether every key of `d` is one of `keys`."""
+        from sim.suggest import did_you_mean
+
         for k in d:
             if k not in keys:
-                raise err(f"unknown key {k!r}{did_you_mean(k, keys)}; known: {', '.join(keys)}",
-                          prefix + str(k), where + (k,))
+                raise self.err(f"unknown key {k!r}{did_you_mean(k, keys)}; known: {', '.join(keys)}",
+                               prefix + str(k), where + (k,))
 
-    def split(src: dict, prefix: str, where: tuple) -> dict:
+    def split(self, src: dict, prefix: str, where: tuple) -> dict:
         """A source's sections, with training keys listed under parallelism moved to training."""
-        out = {s: dict(mapping(src.get(s), prefix + s, where + (s,))) for s in SECTIONS}
-        known(out["cluster"], CLUSTER_KEYS, prefix + "cluster.", where + ("cluster",))
+        out = {s: dict(self.mapping(src.get(s), prefix + s, where + (s,))) for s in SECTIONS}
+        self.known(out["cluster"], CLUSTER_KEYS, prefix + "cluster.", where + ("cluster",))
         for k in TRAINING_IN_PARALLELISM:
             if k in out["parallelism"]:
                 if k in out["training"]:
-                    raise err(f"{k} is given under both parallelism and training; keep one",
-                              f"{prefix}parallelism.{k}", where + ("parallelism", k))
+                    raise self.err(f"{k} is given under both parallelism and training; keep one",
+                                   f"{prefix}parallelism.{k}", where + ("parallelism", k))
                 out["training"][k] = out["parallelism"].pop(k)
-                lines[where + ("training", k)] = lines.get(where + ("parallelism", k))
+                self.lines[where + ("training", k)] = self.lines.get(where + ("parallelism", k))
         return out
 
-    if not isinstance(data, dict):
-        raise err("a runs file must be a mapping with `runs:` (and optionally `common:`)", None)
-    known(data, TOP_KEYS, "", ())
-    runs = data.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise err("must be a non-empty list of runs", "runs", ("runs",))
-    common_src = mapping(data.get("common"), "common", ("common",))
-    known(common_src, SECTIONS, "common.", ("common",))
-    common = split(common_src, "common.", ("common",))
-    out, seen = [], set()
-    for i, run in enumerate(runs):
-        where = ("runs", i)
-        if not isinstance(run, dict):
-            raise err(f"run {i + 1} must be a mapping, got {run!r}", f"runs[{i + 1}]", where)
-        name = run.get("name")
-        if not isinstance(name, str) or not name:
-            raise err(f"run {i + 1} needs a `name:` (a non-empty string)", f"runs[{i + 1}].name", where)
-        label = f"runs[{name}]"
-        if name in seen:
-            raise err(f"two runs are named {name!r}; names must be unique", f"{label}.name", where + ("name",))
-        seen.add(name)
-        known(run, RUN_KEYS, f"{label}.", where)
-        for k in ("model", "gpus", "training", "step_time_s"):
-            if k not in run:
-                raise err(f"run {name!r} has no {k}", f"{label}.{k}", where)
-        t = run["step_time_s"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise err(f"{t!r} must be a positive number of seconds (the measured step time)",
-                      f"{label}.step_time_s", where + ("step_time_s",))
-        if not STEP_TIME_RANGE_S[0] <= t <= STEP_TIME_RANGE_S[1]:
-            raise err(f"{t!r} s is outside the physical range of a training step ({STEP_TIME_RANGE_S[0]:g} to "
-                      f"{STEP_TIME_RANGE_S[1]:g} s)", f"{label}.step_time_s", where + ("step_time_s",))
-        gpus = run["gpus"]
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-            raise err(f"{gpus!r} must be a positive whole number of GPUs", f"{label}.gpus", where + ("gpus",))
-        own = split(run, f"{label}.", where)
-        sec = {s: {**common[s], **own[s]} for s in SECTIONS}
-        topo = sec["cluster"].get("topology") or topology
-        if not topo:
-            raise err(f"run {name!r} names no topology: give --topology, or cluster.topology in the "
-                      "run or in `common:`", f"{label}.cluster.topology", where)
-        par = sec["parallelism"]
-        canon = {PARALLEL_ALIASES.get(k, k): v for k, v in par.items()}
-        if "data_parallel_size" not in canon:
-            sizes = [canon.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                               "context_parallel_size")]
-            if all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
-                model_par = sizes[0] * sizes[1] * sizes[2]
-                if gpus % model_par:
-                    raise err(f"gpus ({gpus}) is not divisible by tp x pp x cp = {model_par}: no data "
-                              "parallel size fits", f"{label}.gpus", where + ("gpus",))
-                par["data_parallel_size"] = gpus // model_par
-        scenario = {"name": name, "model": run["model"],
-                    "cluster": {"topology": topo, **({"gpu": gpu} if gpu else {})},
-                    "parallelism": par, "training": sec["training"],
-                    "simulation": {"network": "analytical"}}
-        run_lines = {p[1:]: v for p, v in lines.items() if p[:1] == ("common",) and len(p) > 1}
-        run_lines.update({p[2:]: v for p, v in lines.items() if p[:2] == where and len(p) > 2})
-        try:
-            built = build_scenario(copy.deepcopy(scenario), run_lines, file=file, default_name=name)
-        except ConfigError as e:
-            raise ConfigError(e.message, key=f"{label}.{e.key}" if e.key else label, file=e.file or file,
-                              line=e.line or lines.get(where)) from None
-        if built.derived.num_gpus != gpus:
-            raise err(f"gpus ({gpus}) does not match the layout: tp x pp x cp x dp = "
-                      f"{built.derived.num_gpus}", f"{label}.gpus", where + ("gpus",))
-        out.append(StepRun(name, scenario, built, gpus, float(t)))
-    return out
+
+def _checked_run(f: _RunsFile, run, i: int, seen: set) -> tuple[str, float, int]:
+    """Run `i`'s name (unique: added to `seen`), its keys, its measured step time (within a
+    step's physical range) and its GPU count, checked."""
+    where = ("runs", i)
+    if not isinstance(run, dict):
+        raise f.err(f"run {i + 1} must be a mapping, got {run!r}", f"runs[{i + 1}]", where)
+    name = run.get("name")
+    if not isinstance(name, str) or not name:
+        raise f.err(f"run {i + 1} needs a `name:` (a non-empty string)", f"runs[{i + 1}].name", where)
+    label = f"runs[{name}]"
+    if name in seen:
+        raise f.err(f"two runs are named {name!r}; names must be unique", f"{label}.name", where + ("name",))
+    seen.add(name)
+    f.known(run, RUN_KEYS, f"{label}.", where)
+    for k in ("model", "gpus", "training", "step_time_s"):
+        if k not in run:
+            raise f.err(f"run {name!r} has no {k}", f"{label}.{k}", where)
+    t = run["step_time_s"]
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise f.err(f"{t!r} must be a positive number of seconds (the measured step time)",
+                    f"{label}.step_time_s", where + ("step_time_s",))
+    if not STEP_TIME_RANGE_S[0] <= t <= STEP_TIME_RANGE_S[1]:
+        raise f.err(f"{t!r} s is outside the physical range of a training step ({STEP_TIME_RANGE_S[0]:g} to "
+                    f"{STEP_TIME_RANGE_S[1]:g} s)", f"{label}.step_time_s", where + ("step_time_s",))
+    gpus = run["gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise f.err(f"{gpus!r} must be a positive whole number of GPUs", f"{label}.gpus", where + ("gpus",))
+    return name, t, gpus
+
+
+def _run_scenario(f: _RunsFile, run: dict, i: int, name: str, gpus: int, common: dict,
+                  topology: str | None, gpu: str | None) -> dict:
+    """Run `i`'s scenario mapping: its sections over common's, its topology (else common's, else
+    `topology`), the data-parallel size from `gpus` where it gives none, the analytical network."""
+    from sim.config import PARALLEL_ALIASES
+
+    where, label = ("runs", i), f"runs[{name}]"
+    own = f.split(run, f"{label}.", where)
+    sec = {s: {**common[s], **own[s]} for s in SECTIONS}
+    topo = sec["cluster"].get("topology") or topology
+    if not topo:
+        raise f.err(f"run {name!r} names no topology: give --topology, or cluster.topology in the "
+                    "run or in `common:`", f"{label}.cluster.topology", where)
+    par = sec["parallelism"]
+    canon = {PARALLEL_ALIASES.get(k, k): v for k, v in par.items()}
+    if "data_parallel_size" not in canon:
+        sizes = [canon.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                           "context_parallel_size")]
+        if all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes):
+            model_par = sizes[0] * sizes[1] * sizes[2]
+            if gpus % model_par:
+                raise f.err(f"gpus ({gpus}) is not divisible by tp x pp x cp = {model_par}: no data "
+                            "parallel size fits", f"{label}.gpus", where + ("gpus",))
+            par["data_parallel_size"] = gpus // model_par
+    return {"name": name, "model": run["model"],
+            "cluster": {"topology": topo, **({"gpu": gpu} if gpu else {})},
+            "parallelism": par, "training": sec["training"],
+            "simulation": {"network": "analytical"}}
+
+
+def _built_run(f: _RunsFile, scenario: dict, i: int, name: str, gpus: int, t: float) -> StepRun:
+    """Run `i` built as a Scenario (its errors named by the run and located in the runs file),
+    its layout's GPUs checked against `gpus`."""
+    from sim.config import build_scenario
+
+    where, label, lines = ("runs", i), f"runs[{name}]", f.lines
+    run_lines = {p[1:]: v for p, v in lines.items() if p[:1] == ("common",) and len(p) > 1}
+    run_lines.update({p[2:]: v for p, v in lines.items() if p[:2] == where and len(p) > 2})
+    try:
+        built = build_scenario(copy.deepcopy(scenario), run_lines, file=f.file, default_name=name)
+    except ConfigError as e:
+        raise ConfigError(e.message, key=f"{label}.{e.key}" if e.key else label, file=e.file or f.file,
+                          line=e.line or lines.get(where)) from None
+    if built.derived.num_gpus != gpus:
+        raise f.err(f"gpus ({gpus}) does not match the layout: tp x pp x cp x dp = "
+                    f"{built.derived.num_gpus}", f"{label}.gpus", where + ("gpus",))
+    return StepRun(name, scenario, built, gpus, float(t))
 
 
 # ----------------------------------------------------------------------------------------------
