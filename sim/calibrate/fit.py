@@ -337,15 +337,7 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     from sim.compute import BANDWIDTH_CLASSES
 
     notes = []
-    pins = pinned_overhead_s or {}
-    used_pins: dict = {}
-
-    def weights(rs):   # a trace's rows weigh by their time in the step (sim.calibrate.trace)
-        return np.array([r.get("weight", 1.0) for r in rs])
-
-    def pinned(cls):
-        used_pins[cls] = pins[cls]
-        return pins[cls]
+    pins = _Pins(pinned_overhead_s or {})
     compute_rows = [r for r in rows if r["kind"] != "collective"]
     if not compute_rows:
         raise ConfigError("the CSV has collective measurements only; the device profile needs the "
@@ -355,7 +347,84 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if not gemm_rows:
         raise ConfigError("no gemm rows: a device profile needs GEMM measurements for its matmul "
                           "rate", key="kind")
-    # --- memory roofline --------------------------------------------------------------------
+    hbm, copies = _fit_memory_roofline(rows, compute_rows, notes)
+    peak, mamf, curve, overhead = _fit_gemms(gemm_rows, hbm, pins, notes)
+    compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
+    overhead_us = {"gemm": _round(overhead * 1e6)}
+    if curve[0] > 0:
+        compute["gemm_efficiency"] = {"half_intensity": _round(curve[0]), "exponent": _round(curve[1])}
+    att = _rows(rows, kind="attention")
+    if att:
+        table, o_att = _fit_attention(att, peak, pins, notes)
+        if "fwd_tflops" in table and "bwd_tflops" in table:
+            compute["attention"] = table
+            overhead_us["attention"] = _round(o_att * 1e6)
+        else:
+            notes.append("attention: forward and backward rows are both needed; none written")
+    ew_gbps, class_overhead_us, ew_over = _fit_bandwidth_classes(rows, hbm, pins)
+    overhead_us.update(class_overhead_us)
+    unknown_ops = sorted({r["op"] for r in _rows(rows, kind="elementwise")}
+                         - set(BANDWIDTH_CLASSES))
+    if unknown_ops:
+        raise ConfigError(f"elementwise op(s) {', '.join(unknown_ops)} are not classes of "
+                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", key="op")
+    if pins.used:
+        notes.append(pins.note())
+    if ew_gbps:
+        compute["elementwise_gbps"] = ew_gbps
+    compute["kernel_overhead_us"] = _round(float(np.median(ew_over)) * 1e6) if ew_over else overhead_us["gemm"]
+    compute["overhead_us"] = overhead_us
+    _fit_host(rows, meta, compute, notes)
+    profile = _profile(meta, name=name, memory_gib=memory_gib, source=source, peak=peak, hbm=hbm,
+                       compute=compute)
+    res = FitResult(profile=profile, notes=notes)
+    dev = load_profile_dict(profile)
+    res.report = evaluate(dev, rows)
+    held = held_out_errors(profile, rows)
+    for rep in res.report:
+        rep.held_out = held.get(rep.name)
+    table = _fit_collectives(rows, hbm, copies)
+    res.collectives = table
+    if table:
+        profile["extra"]["collectives"] = [
+            {k: v for k, v in t.items() if k in ("op", "ranks", "alpha_us", "algbw_gbps", "busbw_gbps",
+                                                 "backend")} for t in table]
+    res.warnings = fit_warnings(res)
+    return res
+
+
+class _Pins:
+    """The per-kernel overheads a caller pins ({class: seconds}) and those a fit used."""
+
+    def __init__(self, pins: dict):
+        self.pins, self.used = pins, {}
+
+    def __contains__(self, cls) -> bool:
+        return cls in self.pins
+
+    def take(self, cls) -> float:
+        """The pinned overhead of `cls`, noted as used."""
+        self.used[cls] = self.pins[cls]
+        return self.pins[cls]
+
+    def note(self) -> str:
+        """The note naming the classes fitted with their overhead pinned."""
+        us = {f"{o * 1e6:g} us" for o in self.used.values()}
+        return ("measured at one size only (GEMMs: one FLOP count; attention: no sequence "
+                f"length at two): {', '.join(self.used)}: a rate and a per-kernel overhead "
+                "cannot be separated; the rate is fitted with the overhead pinned at "
+                + (us.pop() if len(us) == 1 else ", ".join(f"{c} {o * 1e6:g} us"
+                                                          for c, o in self.used.items())))
+
+
+def _weights(rs):
+    """The rows' weights: a trace's rows weigh by their time in the step (sim.calibrate.trace)."""
+    return np.array([r.get("weight", 1.0) for r in rs])
+
+
+def _fit_memory_roofline(rows, compute_rows, notes: list) -> tuple[float, list]:
+    """The memory bandwidth (bytes/s): the bytes / time of the largest copy, else the fastest
+    bytes / time measured (a lower bound, noted); also the copy rows."""
     copies = _rows(rows, kind="copy")
     if copies:
         big = max(r["bytes"] for r in copies)
@@ -369,7 +438,13 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
                           key="bytes")
     RANGES["memory_gbps"].check("memory bandwidth hbm_gbps (bytes / time of the largest copy)",
                                 hbm / 1e9, key="hbm_gbps")
-    # --- GEMMs per precision ----------------------------------------------------------------
+    return hbm, copies
+
+
+def _fit_gemms(gemm_rows, hbm: float, pins: _Pins, notes: list):
+    """GEMMs per precision: the efficiency curve and overhead fitted on the primary precision
+    (bf16 where measured), each other precision's rate under them; returns (peak TFLOP/s,
+    mamf TFLOP/s per precision, curve (I0, p), overhead seconds)."""
     dtypes = []
     for r in gemm_rows:
         if r["dtype"] not in dtypes:
@@ -386,38 +461,10 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         prec = DTYPE_PRECISION[d]
         args = (_arr(rs, "flops"), _arr(rs, "bytes"), _arr(rs, "m"), _arr(rs, "n"), _arr(rs, "k"),
                 _arr(rs, "median_s"), hbm)
-        w = weights(rs)
+        w = _weights(rs)
         if curve is None:
-            # rate and overhead: two FLOP counts at least; the efficiency curve's two constants
-            # on top: four rows over three intensities spread over 4x at least (where its knee
-            # can show), else no curve (a note)
-            flops = sorted(set(args[0].tolist()))
-            if len(flops) < 2 and "gemm" not in pins:
-                raise ConfigError(
-                    f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
-                    "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
-                    "GEMMs of two sizes or more)", key="mamf_tflops")
-            ints = _intensity(args[2], args[3], args[4])
-            n_int = len({round(float(x), 6) for x in ints})
-            spread = float(ints.max() / ints.min())
-            if len(flops) < 2:
-                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0),
-                                       fixed_overhead=pinned("gemm"), weights=w)
-            elif n_int >= 3 and len(rs) >= 4 and spread >= 4.0:
-                R, i0, p, o = fit_gemm(*args, weights=w)
-            else:
-                R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0), weights=w)
-                notes.append(f"gemm {prec}: {len(rs)} GEMMs over {n_int} arithmetic intensit"
-                             f"{'y' if n_int == 1 else 'ies'} ({ints.min():.3g} to {ints.max():.3g}): "
-                             "no efficiency curve fitted (its two constants need four GEMMs over "
-                             "three intensities spread over 4x or more)")
+            R, i0, p, o = _fit_gemm_curve(rs, args, prec, w, pins, notes)
             curve, overhead = (i0, p), o
-            RANGES["overhead_us"].check("GEMM overhead overhead_us.gemm", o * 1e6, key="overhead_us.gemm")
-            if i0 > 0:
-                RANGES["half_intensity"].check("GEMM efficiency curve's half_intensity", i0,
-                                               key="gemm_efficiency.half_intensity")
-                RANGES["exponent"].check("GEMM efficiency curve's exponent", p,
-                                         key="gemm_efficiency.exponent")
         else:
             R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead, weights=w)
         RANGES["tflops"].check(f"matmul rate mamf_tflops.{prec}", R / 1e12, key=f"mamf_tflops.{prec}",
@@ -426,125 +473,157 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         gemm[prec] = (R, best)
     peak = {p: _round(max(R, best) / 1e12 * 1.0001, 5) for p, (R, best) in gemm.items()}
     mamf = {p: min(_round(R / 1e12, 5), peak[p]) for p, (R, _b) in gemm.items()}
-    compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
-    overhead_us = {"gemm": _round(overhead * 1e6)}
-    if curve[0] > 0:
-        compute["gemm_efficiency"] = {"half_intensity": _round(curve[0]), "exponent": _round(curve[1])}
-    # --- attention --------------------------------------------------------------------------
-    att = _rows(rows, kind="attention")
-    if att:
-        prec = DTYPE_PRECISION.get(att[0]["dtype"], "fp32")
-        groups = [(r["phase"], int(r["causal"]), int(r["n"])) for r in att]
-        # a rate per (phase, causal, sequence length) and one overhead shared by all: the
-        # overhead is separable only where a group has two FLOP counts (two head counts)
-        flops_of: dict = {}
-        for g, r in zip(groups, att):
-            flops_of.setdefault(g, set()).add(r["flops"])
-        separable = len(att) >= len(flops_of) + 1 and max(len(v) for v in flops_of.values()) >= 2
-        if not separable and "attention" not in pins:
-            raise ConfigError(
-                f"attention: {len(att)} measurements for {len(flops_of) + 1} constants (a rate per "
-                f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
-                "sequence length measured at two FLOP counts: the overhead cannot be separated "
-                "from the rates (measure two head counts or batch sizes per sequence length, as "
-                "`sim5d calibrate run` does)", key="attention")
-        o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups,
-                                     fixed_overhead=None if separable else pinned("attention"))
-        RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
-                                    key="overhead_us.attention")
-        for (phase, causal, sl), v in sorted(rates.items()):
-            RANGES["tflops"].check(f"attention rate ({phase}{', causal' if causal else ''}, "
-                                   f"sequence length {sl})", v / 1e12, key="attention")
-        # the profile's table is at BF16 (sim.compute scales fp32 by the fp32/bf16 peak ratio)
-        scale = 1.0
-        if prec == "fp32" and "bf16" in peak:
-            scale = peak["bf16"] / peak["fp32"]
-        seqs = sorted({g[2] for g in groups})
-        table = {"seqlen": seqs}
-        for phase, direction in (("fwd", "fwd"), ("bwd", "bwd")):
-            for causal, suffix in ((0, ""), (1, "_causal")):
-                pts = [(s, rates[(phase, causal, s)]) for s in seqs if (phase, causal, s) in rates]
-                if not pts:
-                    continue
-                xs = np.log2([p[0] for p in pts])
-                ys = [p[1] for p in pts]
-                vals = np.interp(np.log2(seqs), xs, ys)
-                table[f"{direction}{suffix}_tflops"] = [_round(v * scale / 1e12) for v in vals]
-        for direction in ("fwd", "bwd"):   # the non-causal tables are required
-            if f"{direction}_tflops" not in table and f"{direction}_causal_tflops" in table:
-                table[f"{direction}_tflops"] = table[f"{direction}_causal_tflops"]
-                notes.append(f"attention: no non-causal {direction} rows; the causal rates stand in")
-        if "fwd_tflops" in table and "bwd_tflops" in table:
-            compute["attention"] = table
-            overhead_us["attention"] = _round(o_att * 1e6)
-        else:
-            notes.append("attention: forward and backward rows are both needed; none written")
-    # --- elementwise classes and the optimizer ----------------------------------------------
-    ew_gbps = {}
-    ew_over = []
+    return peak, mamf, curve, overhead
+
+
+def _fit_gemm_curve(rs, args: tuple, prec: str, w, pins: _Pins, notes: list):
+    """The primary precision's rate, efficiency curve and overhead (R, I0, p, o), the curve only
+    where the rows can show its knee, the overhead pinned where one FLOP count cannot give it."""
+    # rate and overhead: two FLOP counts at least; the efficiency curve's two constants
+    # on top: four rows over three intensities spread over 4x at least (where its knee
+    # can show), else no curve (a note)
+    flops = sorted(set(args[0].tolist()))
+    if len(flops) < 2 and "gemm" not in pins:
+        raise ConfigError(
+            f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
+            "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
+            "GEMMs of two sizes or more)", key="mamf_tflops")
+    ints = _intensity(args[2], args[3], args[4])
+    n_int = len({round(float(x), 6) for x in ints})
+    spread = float(ints.max() / ints.min())
+    if len(flops) < 2:
+        R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0),
+                               fixed_overhead=pins.take("gemm"), weights=w)
+    elif n_int >= 3 and len(rs) >= 4 and spread >= 4.0:
+        R, i0, p, o = fit_gemm(*args, weights=w)
+    else:
+        R, i0, p, o = fit_gemm(*args, fixed_curve=(0.0, 1.0), weights=w)
+        notes.append(f"gemm {prec}: {len(rs)} GEMMs over {n_int} arithmetic intensit"
+                     f"{'y' if n_int == 1 else 'ies'} ({ints.min():.3g} to {ints.max():.3g}): "
+                     "no efficiency curve fitted (its two constants need four GEMMs over "
+                     "three intensities spread over 4x or more)")
+    RANGES["overhead_us"].check("GEMM overhead overhead_us.gemm", o * 1e6, key="overhead_us.gemm")
+    if i0 > 0:
+        RANGES["half_intensity"].check("GEMM efficiency curve's half_intensity", i0,
+                                       key="gemm_efficiency.half_intensity")
+        RANGES["exponent"].check("GEMM efficiency curve's exponent", p,
+                                 key="gemm_efficiency.exponent")
+    return R, i0, p, o
+
+
+def _fit_attention(att, peak: dict, pins: _Pins, notes: list) -> tuple[dict, float]:
+    """The attention table (a BF16 rate per direction, causal or not, at each measured sequence
+    length) and the overhead shared by all rows (seconds)."""
+    prec = DTYPE_PRECISION.get(att[0]["dtype"], "fp32")
+    groups = [(r["phase"], int(r["causal"]), int(r["n"])) for r in att]
+    # a rate per (phase, causal, sequence length) and one overhead shared by all: the
+    # overhead is separable only where a group has two FLOP counts (two head counts)
+    flops_of: dict = {}
+    for g, r in zip(groups, att):
+        flops_of.setdefault(g, set()).add(r["flops"])
+    separable = len(att) >= len(flops_of) + 1 and max(len(v) for v in flops_of.values()) >= 2
+    if not separable and "attention" not in pins:
+        raise ConfigError(
+            f"attention: {len(att)} measurements for {len(flops_of) + 1} constants (a rate per "
+            f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
+            "sequence length measured at two FLOP counts: the overhead cannot be separated "
+            "from the rates (measure two head counts or batch sizes per sequence length, as "
+            "`sim5d calibrate run` does)", key="attention")
+    o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups,
+                                 fixed_overhead=None if separable else pins.take("attention"))
+    RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
+                                key="overhead_us.attention")
+    for (phase, causal, sl), v in sorted(rates.items()):
+        RANGES["tflops"].check(f"attention rate ({phase}{', causal' if causal else ''}, "
+                               f"sequence length {sl})", v / 1e12, key="attention")
+    # the profile's table is at BF16 (sim.compute scales fp32 by the fp32/bf16 peak ratio)
+    scale = 1.0
+    if prec == "fp32" and "bf16" in peak:
+        scale = peak["bf16"] / peak["fp32"]
+    seqs = sorted({g[2] for g in groups})
+    table = {"seqlen": seqs}
+    for phase, direction in (("fwd", "fwd"), ("bwd", "bwd")):
+        for causal, suffix in ((0, ""), (1, "_causal")):
+            pts = [(s, rates[(phase, causal, s)]) for s in seqs if (phase, causal, s) in rates]
+            if not pts:
+                continue
+            xs = np.log2([p[0] for p in pts])
+            ys = [p[1] for p in pts]
+            vals = np.interp(np.log2(seqs), xs, ys)
+            table[f"{direction}{suffix}_tflops"] = [_round(v * scale / 1e12) for v in vals]
+    for direction in ("fwd", "bwd"):   # the non-causal tables are required
+        if f"{direction}_tflops" not in table and f"{direction}_causal_tflops" in table:
+            table[f"{direction}_tflops"] = table[f"{direction}_causal_tflops"]
+            notes.append(f"attention: no non-causal {direction} rows; the causal rates stand in")
+    return table, o_att
+
+
+def _class_rows(rows, cls: str) -> tuple[list, float]:
+    """The rows a bandwidth class is fitted to, and the kernels each row runs (Adam: 2)."""
+    if cls == "optimizer":
+        return _rows(rows, kind="optimizer"), 2.0
+    if cls.endswith("_bwd"):
+        return _rows(rows, kind="elementwise", op=cls[:-4], phase="bwd"), 1.0
+    every = _rows(rows, kind="elementwise", op=cls)
+    fwd = [r for r in every if r["phase"] == "fwd"]
+    # the forward rows, when the class's backward has rows of its own (<class>_bwd)
+    return (fwd if fwd and len(fwd) < len(every) else every), 1.0
+
+
+def _fit_bandwidth_classes(rows, hbm: float, pins: _Pins) -> tuple[dict, dict, list]:
+    """Elementwise classes and the optimizer, each measured: its rate curve over bytes
+    (elementwise_gbps), its overhead in us, and the elementwise classes' overheads (seconds)."""
+    from sim.compute import BANDWIDTH_CLASSES
+
+    ew_gbps, overhead_us, ew_over = {}, {}, []
     for cls in BANDWIDTH_CLASSES:
-        if cls == "optimizer":
-            rs = _rows(rows, kind="optimizer")
-            kernels = 2.0
-        elif cls.endswith("_bwd"):
-            rs = _rows(rows, kind="elementwise", op=cls[:-4], phase="bwd")
-            kernels = 1.0
-        else:
-            every = _rows(rows, kind="elementwise", op=cls)
-            fwd = [r for r in every if r["phase"] == "fwd"]
-            # the forward rows, when the class's backward has rows of its own (<class>_bwd)
-            rs = fwd if fwd and len(fwd) < len(every) else every
-            kernels = 1.0
+        rs, kernels = _class_rows(rows, cls)
         if not rs:
             continue
-        B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
-        sizes = sorted(set(B.tolist()))
-        if len(sizes) < 2 and cls not in pins:
-            raise ConfigError(
-                f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
-                "and per-kernel overhead cannot be separated (measure two sizes or more)", key=cls)
-        if len(sizes) < 2:
-            o = pinned(cls)
-            x = fit_linear_time(B[:, None], np.maximum(T - kernels * o, 1e-12), weights(rs))[0]
-        else:
-            x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T, weights(rs))
-        measured = ", ".join(f"{b:.4g} B in {1e6 * float(np.median(T[B == b])):.4g} us" for b in sizes)
-        if x <= 0:
-            raise ConfigError(
-                f"{cls}: the time does not grow with the bytes ({measured}): its bandwidth would be "
-                "unbounded; not written (measure larger sizes, or more repetitions)", key=cls)
-        # a rate curve over bytes: each size's rate once the fitted overhead is taken off (at
-        # most 3/4 of its time, so that a size stays bandwidth-bound), median per size
-        rate = B / np.maximum(T - kernels * o, 0.25 * T)
-        ew_gbps[cls] = {"bytes": [int(b) for b in sizes],
-                        "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
-        over = "optimizer_overhead_us" if cls == "optimizer" else "overhead_us"
-        RANGES[over].check(f"{cls} overhead overhead_us.{cls}", o * 1e6, key=f"overhead_us.{cls}",
-                           hint=measured)
-        for b, g in zip(ew_gbps[cls]["bytes"], ew_gbps[cls]["gbps"]):
-            RANGES["class_gbps"].check(f"{cls} bandwidth at {b} bytes (elementwise_gbps.{cls})", g,
-                                       key=f"elementwise_gbps.{cls}",
-                                       hi=CLASS_GBPS_CACHE_FACTOR * hbm / 1e9, hint=measured)
+        ew_gbps[cls], o = _fit_bandwidth_class(cls, rs, kernels, hbm, pins)
         overhead_us[cls] = _round(o * 1e6)
         if cls != "optimizer":
             ew_over.append(o)
-    unknown_ops = sorted({r["op"] for r in _rows(rows, kind="elementwise")}
-                         - set(BANDWIDTH_CLASSES))
-    if unknown_ops:
-        raise ConfigError(f"elementwise op(s) {', '.join(unknown_ops)} are not classes of "
-                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", key="op")
-    if used_pins:
-        us = {f"{o * 1e6:g} us" for o in used_pins.values()}
-        notes.append("measured at one size only (GEMMs: one FLOP count; attention: no sequence "
-                     f"length at two): {', '.join(used_pins)}: a rate and a per-kernel overhead "
-                     "cannot be separated; the rate is fitted with the overhead pinned at "
-                     + (us.pop() if len(us) == 1 else ", ".join(f"{c} {o * 1e6:g} us"
-                                                               for c, o in used_pins.items())))
-    if ew_gbps:
-        compute["elementwise_gbps"] = ew_gbps
-    compute["kernel_overhead_us"] = _round(float(np.median(ew_over)) * 1e6) if ew_over else overhead_us["gemm"]
-    compute["overhead_us"] = overhead_us
-    # --- host issue time ----------------------------------------------------------------------
+    return ew_gbps, overhead_us, ew_over
+
+
+def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) -> tuple[dict, float]:
+    """One class's time = bytes / bw + kernels x o: its rate curve over bytes and o (seconds),
+    o pinned where one size cannot give it; refused outside the physical ranges."""
+    B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
+    sizes = sorted(set(B.tolist()))
+    if len(sizes) < 2 and cls not in pins:
+        raise ConfigError(
+            f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
+            "and per-kernel overhead cannot be separated (measure two sizes or more)", key=cls)
+    if len(sizes) < 2:
+        o = pins.take(cls)
+        x = fit_linear_time(B[:, None], np.maximum(T - kernels * o, 1e-12), _weights(rs))[0]
+    else:
+        x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T, _weights(rs))
+    measured = ", ".join(f"{b:.4g} B in {1e6 * float(np.median(T[B == b])):.4g} us" for b in sizes)
+    if x <= 0:
+        raise ConfigError(
+            f"{cls}: the time does not grow with the bytes ({measured}): its bandwidth would be "
+            "unbounded; not written (measure larger sizes, or more repetitions)", key=cls)
+    # a rate curve over bytes: each size's rate once the fitted overhead is taken off (at
+    # most 3/4 of its time, so that a size stays bandwidth-bound), median per size
+    rate = B / np.maximum(T - kernels * o, 0.25 * T)
+    curve = {"bytes": [int(b) for b in sizes],
+             "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
+    over = "optimizer_overhead_us" if cls == "optimizer" else "overhead_us"
+    RANGES[over].check(f"{cls} overhead overhead_us.{cls}", o * 1e6, key=f"overhead_us.{cls}",
+                       hint=measured)
+    for b, g in zip(curve["bytes"], curve["gbps"]):
+        RANGES["class_gbps"].check(f"{cls} bandwidth at {b} bytes (elementwise_gbps.{cls})", g,
+                                   key=f"elementwise_gbps.{cls}",
+                                   hi=CLASS_GBPS_CACHE_FACTOR * hbm / 1e9, hint=measured)
+    return curve, o
+
+
+def _fit_host(rows, meta: dict, compute: dict, notes: list) -> None:
+    """The host issue time per op: written on CUDA; on a CPU only noted (the host runs the
+    kernels itself)."""
     host = host_overhead_us(rows)
     if host is not None:
         if meta.get("device") == "cuda":
@@ -554,7 +633,11 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
         else:
             notes.append(f"host: {host:g} us per op and phase measured; not written (on a CPU the "
                          "host runs the kernels itself: the per-class overheads hold that time)")
-    # --- the profile ------------------------------------------------------------------------
+
+
+def _profile(meta: dict, *, name: str, memory_gib, source: str, peak: dict, hbm: float,
+             compute: dict) -> dict:
+    """The device profile mapping, its memory from --memory-gib or the CSV's `# memory_gib:`."""
     try:
         mem = float(memory_gib if memory_gib is not None else meta.get("memory_gib", "nan"))
     except ValueError:
@@ -562,7 +645,7 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if not mem > 0:
         raise ConfigError("the device memory is unknown: the CSV has no `# memory_gib:` line; give "
                           "--memory-gib GIB", key="--memory-gib")
-    profile = {
+    return {
         "name": name,
         "memory_gib": _round(mem),
         "peak_tflops": peak,
@@ -574,19 +657,18 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
                              "measured GEMM rate"),
         "extra": {"compute": compute},
     }
-    res = FitResult(profile=profile, notes=notes)
-    dev = load_profile_dict(profile)
-    res.report = evaluate(dev, rows)
-    held = held_out_errors(profile, rows)
-    for rep in res.report:
-        rep.held_out = held.get(rep.name)
-    # --- collectives ------------------------------------------------------------------------
+
+
+def _fit_collectives(rows, hbm: float, copies: list) -> list[dict]:
+    """Per collective op and rank count: alpha-beta (nccl-tests' size), algbw and busbw, refused
+    outside the physical ranges (the bus bandwidth under the measured memory bandwidth)."""
+    from sim.network.nccl_tests import bus_factor
+
     coll = _rows(rows, kind="collective")
     # their bandwidth's ceiling: the measured memory bandwidth (without copy rows hbm is only a
     # lower bound of it: then the absolute ceiling)
     mem_ceiling = hbm / 1e9 if copies else RANGES["memory_gbps"].hi
     table = []
-    from sim.network.nccl_tests import bus_factor
     for key in sorted({(r["op"], int(r["ranks"])) for r in coll}):
         rs = [r for r in coll if (r["op"], int(r["ranks"])) == key]
         what = f"{key[0]} ({key[1]} ranks)"
@@ -609,13 +691,7 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
                       "algbw_gbps": algbw,
                       "busbw_gbps": _round(algbw * bus_factor(*key)) if algbw else None,
                       "n": len(rs), "mape": float(err.mean()), "backend": rs[0]["source"]})
-    res.collectives = table
-    if table:
-        profile["extra"]["collectives"] = [
-            {k: v for k, v in t.items() if k in ("op", "ranks", "alpha_us", "algbw_gbps", "busbw_gbps",
-                                                 "backend")} for t in table]
-    res.warnings = fit_warnings(res)
-    return res
+    return table
 
 
 def _sizes_hint(measured: str, too_fast: bool) -> str:
