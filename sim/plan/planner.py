@@ -151,6 +151,9 @@ class PlanSpec:
     workers: int | None = None
     out: Path = Path("runs/plan")
     progress: bool = False
+    exhaustive: bool = False
+    """Screen and simulate every layout (the sweep's own search) instead of the bounded search
+    (sim.sweep.search), which finds the same best layouts."""
 
 
 @dataclass
@@ -206,7 +209,8 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
 
     out_csv = spec.out / "sweeps" / f"{_slug(spec.model)}-{Path(cand.topology).stem}-{cand.gpus}gpu.csv"
     sspec = SweepSpec(model=spec.model, gpus=cand.gpus, topology=cand.topology, overrides=list(spec.sweep_overrides),
-                      workers=spec.workers, out=out_csv, top=spec.top, flow_within=spec.flow_within, plots=False)
+                      workers=spec.workers, out=out_csv, top=spec.top, flow_within=spec.flow_within, plots=False,
+                      bound=not spec.exhaustive)
     try:
         res = run_sweep(sspec, progress=spec.progress)
     except ConfigError as e:

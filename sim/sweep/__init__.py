@@ -49,7 +49,7 @@ LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size", "pipe
 TABLE_COLUMNS = ["rank", "layout", "status", "network", "step_time_s", "analytical_step_time_s",
                  "flow_step_time_s", *LAYOUT_COLUMNS,
                  *[k for k in RUN_KEYS if k != "step_time_s"], "dominated_by", "reason", "index"]
-STATUS_ORDER = ("ok", "dominated", "unsupported", "error", "oom", "invalid")
+STATUS_ORDER = ("ok", "dominated", "pruned", "unsupported", "error", "oom", "invalid")
 
 
 @dataclass
@@ -73,6 +73,9 @@ class SweepSpec:
     plots: bool = True
     memory_fraction: float = 1.0
     """A layout fits when its peak is at most this fraction of the device memory (headroom)."""
+    bound: bool = False
+    """Search with lower bounds (sim.sweep.search): the same best layouts and their rows, without
+    screening or simulating the layouts that provably cannot be among them (status `pruned`)."""
 
 
 @dataclass
@@ -114,11 +117,7 @@ def _model_label(model) -> str:
     return str(model.get("name") or model.get("preset") or "custom")
 
 
-def prepare(spec: SweepSpec) -> Prepared:
-    """Validate the inputs, build the base scenario and the grid, enumerate the layouts."""
-    from sim.config import apply_overrides, build_scenario
-    from sim.topology import load_topology, with_domain_nodes
-
+def _check_spec(spec: SweepSpec) -> None:
     if spec.gpus < 1:
         raise ConfigError(f"--gpus ({spec.gpus}) must be at least 1", key="--gpus")
     if spec.top < 0:
@@ -129,6 +128,12 @@ def prepare(spec: SweepSpec) -> Prepared:
     if not 0 < spec.memory_fraction <= 1:
         raise ConfigError(f"--max-memory-fraction ({spec.memory_fraction}) must be in (0, 1]",
                           key="--max-memory-fraction")
+
+
+def _topology(spec: SweepSpec):
+    """The --topology, its GPUs filling whole nodes."""
+    from sim.topology import load_topology
+
     try:
         topo = load_topology(spec.topology, key="--topology")
     except ConfigError as e:
@@ -140,7 +145,13 @@ def prepare(spec: SweepSpec) -> Prepared:
     if spec.gpus > gpn and spec.gpus % gpn:
         raise ConfigError(f"--gpus ({spec.gpus}) must fill whole nodes of {gpn} GPUs ({topo.name}): "
                           f"use a multiple of {gpn}, or fewer than {gpn} GPUs on one node", key="--gpus")
-    nodes = max(1, math.ceil(spec.gpus / gpn))
+    return topo
+
+
+def _base_data(spec: SweepSpec, nodes: int) -> dict:
+    """The scenario mapping with the --set values applied (keys the sweep owns refused)."""
+    from sim.config import apply_overrides
+
     data = {"name": f"sweep-{_model_label(spec.model)}", "model": copy.deepcopy(spec.model),
             "cluster": {"topology": spec.topology, "num_nodes": nodes},
             "parallelism": {}, "training": {}, "simulation": {}}
@@ -156,11 +167,13 @@ def prepare(spec: SweepSpec) -> Prepared:
         if key in given:
             raise ConfigError(f"cannot be set in a sweep (--set {given[key]!r}): {why}", key=key)
     try:
-        data = apply_overrides(data, list(spec.overrides), {})
+        return apply_overrides(data, list(spec.overrides), {})
     except ConfigError as e:
         raise e.located("--set", None) from None
 
-    # Pull the swept dimensions out of the scenario: they become the grid.
+
+def _take_grid(data: dict) -> Grid:
+    """Pull the swept dimensions out of the scenario: they become the grid."""
     grid_kw = {}
     for section in ("parallelism", "training"):
         sub = data.get(section)
@@ -174,10 +187,14 @@ def prepare(spec: SweepSpec) -> Prepared:
                     raise ConfigError(f"{section}.{k} and another name for the same key are both set; keep one",
                                       key=canon)
                 grid_kw[fieldname] = space.parse_choice(canon, sub.pop(k))
-    grid = Grid(**grid_kw)
+    return Grid(**grid_kw)
 
-    # Probe: the model and device as build_scenario resolves them (and the user's other keys
-    # checked once, with their own messages).
+
+def _probe_model(data: dict):
+    """The model and device as build_scenario resolves them (and the user's other keys checked
+    once, with their own messages)."""
+    from sim.config import build_scenario
+
     probe = copy.deepcopy(data)
     probe["cluster"]["num_nodes"] = 1
     probe["parallelism"] = {k: v for k, v in probe["parallelism"].items()
@@ -186,9 +203,19 @@ def prepare(spec: SweepSpec) -> Prepared:
                                 data_parallel_size=1)
     probe["training"] = {**probe["training"], "global_batch_size": 1, "micro_batch_size": 1}
     probe["training"].setdefault("seq_length", 2)
-    sc = build_scenario(probe, default_name="sweep")
-    model = sc.model
+    return build_scenario(probe, default_name="sweep").model
 
+
+def prepare(spec: SweepSpec) -> Prepared:
+    """Validate the inputs, build the base scenario and the grid, enumerate the layouts."""
+    from sim.topology import with_domain_nodes
+
+    _check_spec(spec)
+    topo = _topology(spec)
+    nodes = max(1, math.ceil(spec.gpus / topo.gpus_per_node))
+    data = _base_data(spec, nodes)
+    grid = _take_grid(data)
+    model = _probe_model(data)
     training = data["training"]
     training.setdefault("seq_length", min(model.max_position_embeddings, DEFAULT_SEQ_CAP))
     training.setdefault("global_batch_size", max(1, DEFAULT_BATCH_TOKENS // training["seq_length"]))
@@ -209,7 +236,7 @@ def prepare(spec: SweepSpec) -> Prepared:
                        sort_keys=True, default=str)
     return Prepared(base=data, grid=grid, layouts=layouts,
                     sweep_id=hashlib.sha256(ident.encode()).hexdigest()[:12],
-                    model_name=model.name, topology=topo.name, gpus_per_node=gpn,
+                    model_name=model.name, topology=topo.name, gpus_per_node=topo.gpus_per_node,
                     seq_length=training["seq_length"], global_batch_size=training["global_batch_size"])
 
 
@@ -259,23 +286,111 @@ def _batches(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _run_phase(executor, kind: str, base: dict, items: list, batch: int, extra: tuple, on_rows,
-               progress, label: str):
-    """Run `items` ((index, Layout) pairs) in batches; `on_rows` gets each batch's rows as it
-    finishes (completion order)."""
-    if not items:
-        return
-    task = progress.add(label, len(items))
-    tasks = [(kind, (base, b, *extra)) for b in _batches(items, batch)]
-    for _, rows in executor.map_unordered(tasks):
-        on_rows(rows)
-        progress.advance(task, len(rows))
+@dataclass
+class SweepRun:
+    """A sweep's results as they come in: what each search (exhaustive here, bounded in
+    sim.sweep.search) fills, and what the table is made from."""
+
+    layouts: list
+    executor: object
+    writer: StreamWriter
+    bar: _Progress
+    screened: dict
+    """index -> screen row of a layout that does not fit (invalid, oom)."""
+    analytical: dict
+    flow: dict
+    base: object = None
+    """The base scenario as the tasks get it (Ray: one object-store reference)."""
+    fits: dict = field(default_factory=dict)
+    """index -> screen row of a layout that fits."""
+    dominated: dict = field(default_factory=dict)
+    top: list = field(default_factory=list)
+    """The flow-simulated layouts, best analytical first."""
+    pruned: dict = field(default_factory=dict)
+    """index -> why it was neither screened nor simulated (the bounded search only)."""
+
+    def on_screen(self, rows) -> None:
+        for r in rows:
+            if r["status"] == "fits":
+                self.fits[r["index"]] = r
+            else:
+                self.writer.write({**r, "stage": "screen"})
+                self.screened[r["index"]] = r
+
+    def on_sim(self, network: str):
+        store = self.analytical if network == "analytical" else self.flow
+
+        def _f(rows):
+            for r in rows:
+                self.writer.write({**r, "stage": network})
+                store[r["index"]] = r
+        return _f
+
+    def phase(self, kind: str, items: list, batch: int, extra: tuple, on_rows, label: str,
+              max_in_flight: int | None = None) -> None:
+        """Run `items` ((index, Layout) pairs) in batches; `on_rows` gets each batch's rows as it
+        finishes (completion order). `items` may be an iterator the search feeds as results come
+        in (with `max_in_flight`)."""
+        if isinstance(items, list) and not items:
+            return
+        task = self.bar.add(label, len(items) if isinstance(items, list) else None)
+        if isinstance(items, list):
+            tasks = [(kind, (self.base, b, *extra)) for b in _batches(items, batch)]
+        else:
+            tasks = ((kind, (self.base, [it], *extra)) for it in items)
+        kw = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
+        for _, rows in self.executor.map_unordered(tasks, **kw):
+            on_rows(rows)
+            self.bar.advance(task, len(rows))
+
+    def ranked(self, members) -> list:
+        """(analytical step time, index) of the simulated `members` that ran, fastest first."""
+        return sorted((self.analytical[i]["step_time_s"], i) for i in members
+                      if i in self.analytical and self.analytical[i]["status"] == "ok")
+
+    def flow_top(self, spec: SweepSpec, ok: list):
+        """Re-simulate the `spec.top` best of `ok` with the flow network; the best flow step time
+        (None if none ran)."""
+        self.top = [i for _, i in ok[:spec.top]]
+        todo = [(i, self.layouts[i]) for i in self.top if i not in self.flow]
+        self.phase("simulate", todo, 1, ("flow",), self.on_sim("flow"), "re-simulate (flow)")
+        return min((self.flow[i]["step_time_s"] for i in self.top if self.flow.get(i, {}).get("status") == "ok"),
+                   default=None)
+
+    def flow_near(self, spec: SweepSpec, ok: list, best_flow: float) -> None:
+        """Every layout whose analytical time is close to the best flow time is ranked by flow too
+        (flow adds contention, so a layout just behind on the analytical network can overtake)."""
+        near = [i for t, i in ok[spec.top:] if t <= best_flow * (1 + spec.flow_within)]
+        self.top += near
+        todo = [(i, self.layouts[i]) for i in near if i not in self.flow]
+        self.phase("simulate", todo, 1, ("flow",), self.on_sim("flow"),
+                   f"re-simulate (flow, within {spec.flow_within:.0%} of the best)")
 
 
-def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> SweepResult:
-    """Run (or resume) a sweep and write its table, stream and charts."""
-    t0 = time.perf_counter()
-    prep = prepare(spec)
+def _exhaustive(spec: SweepSpec, run: SweepRun) -> None:
+    """Screen every layout, skip the dominated ones, simulate the rest, re-simulate the best with
+    flow (the module docstring's steps 2-5)."""
+    layouts, workers = run.layouts, max(1, getattr(run.executor, "workers", 1))
+    # 1. screen: build_scenario + memory calculator (no simulation)
+    todo = [(i, lay) for i, lay in enumerate(layouts) if i not in run.screened]
+    size = max(1, min(256, math.ceil(len(todo) / (4 * workers)))) if todo else 1
+    run.phase("screen", todo, size, (spec.memory_fraction,), run.on_screen, "screen (memory)")
+    # 2. dominance among the layouts that fit
+    run.dominated = space.dominators([layouts[i] for i in sorted(run.fits)]) if spec.prune else {}
+    # 3. analytical simulation of the rest
+    members = [i for i in sorted(run.fits) if layouts[i] not in run.dominated]
+    todo = [(i, layouts[i]) for i in members if i not in run.analytical]
+    size = max(1, min(8, math.ceil(len(todo) / (8 * workers)))) if todo else 1
+    run.phase("simulate", todo, size, ("analytical",), run.on_sim("analytical"), "simulate (analytical)")
+    # 4. flow re-simulation of the best, and of those near the best flow time
+    ok = run.ranked(members)
+    best_flow = run.flow_top(spec, ok)
+    if best_flow is not None and spec.flow_within > 0:
+        run.flow_near(spec, ok, best_flow)
+
+
+def _resume(spec: SweepSpec, prep: Prepared) -> tuple:
+    """(table path, stream path, the stream's rows of this sweep) after checking --out."""
     out = Path(spec.out) if spec.out else default_out(spec, prep)
     if out.suffix not in (".csv", ".parquet"):
         raise ConfigError(f"--out {out}: the table is written as CSV or parquet; use a .csv or .parquet file",
@@ -286,97 +401,61 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         for p in (spath, out):
             if p.exists():
                 p.unlink()
-    layouts = prep.layouts
     old = read_stream(spath, prep.sweep_id)
     for row in old:
         i = row["index"]
-        if not (0 <= i < len(layouts)) or layouts[i].id != row["layout"]:
+        if not (0 <= i < len(prep.layouts)) or prep.layouts[i].id != row["layout"]:
             raise ConfigError(f"{spath}: row {row['layout']} does not match this sweep's enumeration; "
                               "pass --restart", key="--out")
-    screened = {r["index"]: r for r in old if r["stage"] == "screen"}
-    analytical = {r["index"]: r for r in old if r["stage"] == "analytical"}
-    flow = {r["index"]: r for r in old if r["stage"] == "flow"}
-    resumed = len(old)
+    return out, spath, old
 
+
+def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> SweepResult:
+    """Run (or resume) a sweep and write its table, stream and charts."""
+    t0 = time.perf_counter()
+    prep = prepare(spec)
+    out, spath, old = _resume(spec, prep)
     own_executor = executor is None
     if own_executor:
         from sim.sweep.executors import make_executor
         executor = make_executor(spec.executor, spec.workers)
-    writer = StreamWriter(spath, prep.sweep_id, old)
-    bar = _Progress(progress)
-    workers = max(1, getattr(executor, "workers", 1))
-    fits: dict = {}
+    run = SweepRun(layouts=prep.layouts, executor=executor, writer=StreamWriter(spath, prep.sweep_id, old),
+                   bar=_Progress(progress), screened={r["index"]: r for r in old if r["stage"] == "screen"},
+                   analytical={r["index"]: r for r in old if r["stage"] == "analytical"},
+                   flow={r["index"]: r for r in old if r["stage"] == "flow"})
     finished = False
     try:
         # the base scenario every task uses, shared once (Ray: one object-store copy) when the
         # executor can
-        base = executor.share(prep.base) if hasattr(executor, "share") else prep.base
-        # 1. screen: build_scenario + memory calculator (no simulation)
-        todo = [(i, lay) for i, lay in enumerate(layouts) if i not in screened]
+        run.base = executor.share(prep.base) if hasattr(executor, "share") else prep.base
+        if spec.bound:
+            from sim.sweep.search import bounded
 
-        def on_screen(rows):
-            for r in rows:
-                if r["status"] == "fits":
-                    fits[r["index"]] = r
-                else:
-                    writer.write({**r, "stage": "screen"})
-                    screened[r["index"]] = r
-
-        size = max(1, min(256, math.ceil(len(todo) / (4 * workers)))) if todo else 1
-        _run_phase(executor, "screen", base, todo, size, (spec.memory_fraction,), on_screen, bar,
-                   "screen (memory)")
-
-        # 2. dominance among the layouts that fit
-        fit_layouts = [layouts[i] for i in sorted(fits)]
-        dominated = space.dominators(fit_layouts) if spec.prune else {}
-
-        # 3. analytical simulation of the rest
-        todo = [(i, layouts[i]) for i in sorted(fits) if layouts[i] not in dominated and i not in analytical]
-
-        def on_sim(store):
-            def _f(rows):
-                for r in rows:
-                    writer.write({**r, "stage": "analytical" if store is analytical else "flow"})
-                    store[r["index"]] = r
-            return _f
-
-        size = max(1, min(8, math.ceil(len(todo) / (8 * workers)))) if todo else 1
-        _run_phase(executor, "simulate", base, todo, size, ("analytical",), on_sim(analytical), bar,
-                   "simulate (analytical)")
-
-        # 4. flow re-simulation of the best
-        ok = sorted((r["step_time_s"], i) for i, r in analytical.items() if r["status"] == "ok" and i in fits
-                    and layouts[i] not in dominated)
-        top = [i for _, i in ok[:spec.top]]
-        todo = [(i, layouts[i]) for i in top if i not in flow]
-        _run_phase(executor, "simulate", base, todo, 1, ("flow",), on_sim(flow), bar, "re-simulate (flow)")
-        # every layout whose analytical time is close to the best flow time is ranked by flow too
-        # (flow adds contention, so a layout just behind on the analytical network can overtake)
-        best_flow = min((flow[i]["step_time_s"] for i in top if flow.get(i, {}).get("status") == "ok"),
-                        default=None)
-        if best_flow is not None and spec.flow_within > 0:
-            near = [i for t, i in ok[spec.top:] if t <= best_flow * (1 + spec.flow_within)]
-            top += near
-            todo = [(i, layouts[i]) for i in near if i not in flow]
-            _run_phase(executor, "simulate", base, todo, 1, ("flow",), on_sim(flow), bar,
-                       f"re-simulate (flow, within {spec.flow_within:.0%} of the best)")
+            bounded(spec, prep, run)
+        else:
+            _exhaustive(spec, run)
         finished = True
     except KeyboardInterrupt as e:
         e.stream = spath  # the CLI names it in its one line
         raise
     finally:
-        bar.stop()
-        writer.close()
+        run.bar.stop()
+        run.writer.close()
         if own_executor:  # stopped early (Ctrl-C): do not wait for running tasks nobody will read
             executor.close() if finished else getattr(executor, "abort", executor.close)()
+    return _result(spec, prep, run, out, spath, len(old), time.perf_counter() - t0)
 
-    table = final_table(layouts, screened, fits, dominated, analytical, flow, set(top))
+
+def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Path, resumed: int,
+            wall_s: float) -> SweepResult:
+    """The table written, its counts, winner, charts and notes."""
+    layouts = prep.layouts
+    table = final_table(layouts, run.screened, run.fits, run.dominated, run.analytical, run.flow, set(run.top),
+                        run.pruned)
     write_table(table, TABLE_COLUMNS, out)
-    counts = _counts(table)
+    counts = _counts(table, spec.bound)
     best_row = table[0] if table and table[0]["status"] == "ok" else None
     best = best_dict(prep, layouts[best_row["index"]], best_row) if best_row else None
-    from sim.sweep.evaluate import build
-
     best_sc = build(prep.base, layouts[best_row["index"]], best_row["network"]) if best_row else None
     plots = []
     title = (f"{prep.model_name} on {spec.gpus} GPUs ({prep.topology}): seq {prep.seq_length}, "
@@ -387,17 +466,19 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         stem = out.with_suffix("")
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
-    return SweepResult(table=table, counts=counts, best=best, wall_s=time.perf_counter() - t0, out=out,
+    return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out,
                        stream=spath, plots=plots, notes=_notes(table, counts, spec), resumed=resumed,
-                       executor=getattr(executor, "name", spec.executor), workers=workers, title=title,
-                       best_scenario=best_sc)
+                       executor=getattr(run.executor, "name", spec.executor),
+                       workers=max(1, getattr(run.executor, "workers", 1)), title=title, best_scenario=best_sc)
 
 
 # ----------------------------------------------------------------------------------------------
-def final_table(layouts, screened, fits, dominated, analytical, flow, top) -> list[dict]:
+def final_table(layouts, screened, fits, dominated, analytical, flow, top, pruned=None) -> list[dict]:
     """One row per layout, ranked: layouts re-simulated with flow first (by flow step time), then
-    the other simulated ones (by analytical step time); then dominated, unsupported, error,
-    out-of-memory (by peak memory) and invalid layouts. Ties and the rest keep enumeration order."""
+    the other simulated ones (by analytical step time); then dominated, pruned (the bounded
+    search), unsupported, error, out-of-memory (by peak memory) and invalid layouts. Ties and the
+    rest keep enumeration order."""
+    pruned = pruned or {}
     rows = []
     for i, lay in enumerate(layouts):
         row = {"index": i, "layout": lay.id, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp,
@@ -413,6 +494,8 @@ def final_table(layouts, screened, fits, dominated, analytical, flow, top) -> li
             row.update(status="dominated", dominated_by=dominated[lay].id,
                        peak_memory_gib=s["peak_memory_gib"], memory_capacity_gib=s["memory_capacity_gib"],
                        num_microbatches=s["num_microbatches"], fits_in_memory=True)
+        elif i in pruned:
+            row.update(status="pruned", reason=pruned[i])
         elif i in analytical:
             a = analytical[i]
             row.update({k: a.get(k) for k in RUN_KEYS}, status=a["status"], reason=a.get("reason"),
@@ -450,7 +533,8 @@ def final_table(layouts, screened, fits, dominated, analytical, flow, top) -> li
     return rows
 
 
-def _counts(table) -> dict:
+def _counts(table, bound: bool = False) -> dict:
+    """Layouts per outcome (`pruned` only from the bounded search)."""
     c = {s: 0 for s in STATUS_ORDER}
     for r in table:
         c[r["status"]] += 1
@@ -458,7 +542,8 @@ def _counts(table) -> dict:
             "feasible": c["ok"] + c["dominated"] + c["unsupported"] + c["error"],
             "ranked": c["ok"], "dominated": c["dominated"], "unsupported": c["unsupported"],
             "errors": c["error"], "out_of_memory": c["oom"], "invalid": c["invalid"],
-            "flow_simulated": sum(1 for r in table if r.get("network") == "flow")}
+            "flow_simulated": sum(1 for r in table if r.get("network") == "flow"),
+            **({"pruned": c["pruned"]} if bound else {})}
 
 
 def _notes(table, counts, spec) -> list[str]:

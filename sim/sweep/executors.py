@@ -70,14 +70,32 @@ class LocalExecutor:
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx,
                                          initializer=_ignore_sigint)
 
-    def map_unordered(self, tasks):
-        futures = {self._pool.submit(run_task, kind, args): i for i, (kind, args) in enumerate(tasks)}
-        pending = set(futures)
+    def map_unordered(self, tasks, max_in_flight: int | None = None):
+        """Yield (index, result) as tasks finish. With `max_in_flight`, at most that many tasks
+        are submitted and not yet returned, and `tasks` is consumed lazily: the next one is taken
+        after the caller has had a result (the bounded search picks its next layout from the
+        results so far); without, every task is submitted at once."""
+        todo = enumerate(tasks)
+        futures: dict = {}
+        pending: set = set()
+
+        def fill():
+            while max_in_flight is None or len(pending) < max_in_flight:
+                item = next(todo, None)
+                if item is None:
+                    return
+                i, (kind, args) = item
+                f = self._pool.submit(run_task, kind, args)
+                futures[f] = i
+                pending.add(f)
+
         try:
+            fill()
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for f in sorted(done, key=futures.get):
-                    yield futures[f], f.result()
+                    yield futures.pop(f), f.result()
+                fill()
         finally:
             for f in pending:
                 f.cancel()
@@ -309,16 +327,17 @@ class RayExecutor:
             self.check_workers(files)
         return self._ray.put(obj)
 
-    def map_unordered(self, tasks):
-        """Submit tasks as slots free up (at most `max_in_flight` submitted and not yet
-        returned to the caller; `tasks` is consumed lazily) and yield (index, result) as they
-        finish."""
+    def map_unordered(self, tasks, max_in_flight: int | None = None):
+        """Submit tasks as slots free up (at most `max_in_flight`, by default the executor's,
+        submitted and not yet returned to the caller; `tasks` is consumed lazily) and yield
+        (index, result) as they finish."""
         ray = self._ray
         todo = enumerate(tasks)
         running: dict = {}
+        limit = max_in_flight or self.max_in_flight
 
         def fill():
-            while len(running) < self.max_in_flight:
+            while len(running) < limit:
                 item = next(todo, None)
                 if item is None:
                     return

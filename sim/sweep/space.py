@@ -255,6 +255,13 @@ def _zero_le(a: int, b: int) -> bool:
     return a >= 1 and b >= 1 and a <= b
 
 
+def dominates(a: Layout, b: Layout) -> bool:
+    """Whether `a` dominates `b` when both fit (see `dominators`): another layout of the same
+    class (`variant_key`) doing no more work in both ZeRO stage and recompute."""
+    return (a != b and a.variant_key() == b.variant_key() and _zero_le(a.zero_stage, b.zero_stage)
+            and RECOMPUTE_ORDER.index(a.recompute) <= RECOMPUTE_ORDER.index(b.recompute))
+
+
 def dominators(fitting: list[Layout]) -> dict:
     """{layout: the layout that dominates it} among layouts that fit in memory.
 
@@ -268,12 +275,9 @@ def dominators(fitting: list[Layout]) -> dict:
         by_class.setdefault(lay.variant_key(), []).append(lay)
     out = {}
     for members in by_class.values():
-        def le(a: Layout, b: Layout) -> bool:
-            return (_zero_le(a.zero_stage, b.zero_stage)
-                    and RECOMPUTE_ORDER.index(a.recompute) <= RECOMPUTE_ORDER.index(b.recompute))
-        minimal = [m for m in members if not any(o != m and le(o, m) for o in members)]
+        minimal = [m for m in members if not any(dominates(o, m) for o in members)]
         for m in members:
             if m in minimal:
                 continue
-            out[m] = next(o for o in minimal if le(o, m))
+            out[m] = next(o for o in minimal if dominates(o, m))
     return out
