@@ -386,11 +386,14 @@ def memory_report(sc: Scenario) -> MemoryReport:
         # all-gathers; torch.distributed.fsdp docs, limit_all_gathers). Without
         # reshard_after_forward a layer's gathered weights stay from its forward to its
         # backward, and with microbatches in flight (pipeline schedules) that is every layer of
-        # the rank: the rank's whole unsharded weights less the shard it owns.
+        # the rank: the rank's whole unsharded weights less the shard it owns. So they do at the
+        # end of any backward but the stage's last under grad_reduce step (torch pipelining's
+        # FSDP2 sets reshard_after_backward False until REDUCE_GRAD; sim.engine.parallel.fsdp).
         gather = 0.0
         if p.zero_stage >= 3:
             gather = 2 * largest * wb
-            if not p.reshard_after_forward:
+            kept = p.grad_reduce == "step" and sc.derived.num_microbatches > 1
+            if not p.reshard_after_forward or kept:
                 gather = max(gather, (dense * (1 - 1 / dense_group) + expert * (1 - 1 / expert_group)) * wb)
         other = runtime + comm + gather
         other += sc.cluster.gpu.fragmentation_fraction * (weights + grads + optim + live[r] + work[r] + gather)

@@ -185,7 +185,10 @@ def test_bundled_llama3_405b_runs_the_papers_layout_on_16384_gpus(zero):
     """TP8 PP16 VPP2, 7-layer first/last ranks, ZeRO-2 (and the bundled FSDP-without-reshard,
     ZeRO-3): interleaved 1F1B with 16 microbatches per pipeline idles each rank about
     (p - 1) / v of a microbatch's forward+backward out of (m + (p - 1) / v) of them:
-    7.5 / 23.5 = 0.319 (Narayanan et al. 2021 sec. 2.2.2); less busy end ranks idle more."""
+    7.5 / 23.5 = 0.319 (Narayanan et al. 2021 sec. 2.2.2; exposed TP time counts apart, end
+    ranks one layer short). FSDP adds the first forward of each chunk waiting for its gathers
+    (not prefetched across chunks), but no re-gather per microbatch: torch pipelining's FSDP2
+    keeps the weights gathered until the stage's last backward (the bubble was 0.428 with them)."""
     from sim.config import load_scenario
     from sim.engine.simulate import simulate
 
@@ -195,4 +198,26 @@ def test_bundled_llama3_405b_runs_the_papers_layout_on_16384_gpus(zero):
     assert sc.derived.layers_per_rank == (7,) + (8,) * 14 + (7,)
     summary = simulate(sc).summary()
     assert summary["fits_in_memory"]
-    assert 0.30 <= summary["bubble_fraction"] <= 0.5
+    if zero == 2:
+        assert summary["bubble_fraction"] == pytest.approx(7.5 / 23.5, abs=0.02)
+    else:
+        assert 7.5 / 23.5 < summary["bubble_fraction"] < 0.40
+
+
+def test_readme_llama3_table4_row_is_what_sim5d_gives():
+    """README's accuracy row for the Llama 3 paper's Table 4: the simulated TFLOP/s per GPU of
+    the two bundled 405B scenarios against the paper's 400 (8K) and 380 (128K)."""
+    import re
+    from pathlib import Path
+
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    row = next(line for line in (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+               if line.startswith("| Llama 3 paper Table 4"))
+    quoted = [(int(a), int(b)) for a, b in re.findall(r"(\d+) vs (\d+)", row)]
+    got = [round(simulate(load_scenario(f"scenarios/{s}.yaml")).summary()["model_tflops_per_gpu"])
+           for s in ("llama3-405b-h100x16384", "llama3-405b-h100x16384-cp16-128k")]
+    assert [q[0] for q in quoted] == got and [q[1] for q in quoted] == [400, 380]
+    mape = sum(abs(g / p - 1) for g, p in zip(got, (400, 380))) / 2
+    assert f"| {100 * mape:.1f}% | -{100 * mape:.1f}% |" in row

@@ -174,3 +174,37 @@ def test_grad_reduce_defaults_and_unsharded_accumulation_memory():
     st = b.per_stage[0]
     assert st.grads_bytes == pytest.approx(st.dense_params * 2)
     assert a.per_stage[0].grads_bytes == pytest.approx(st.dense_params * 2 / 2)
+
+
+@pytest.mark.parametrize("gbs", [2, 6])
+def test_pipelining_keeps_the_gathered_weights_until_the_last_backward(gbs):
+    """grad_reduce step is torch.distributed.pipelining's FSDP2 accumulation: every backward runs
+    with set_reshard_after_backward(False) and gradient sync off, and REDUCE_GRAD after the
+    stage's last backward reshards and reduce-scatters (stage.py backward_maybe_with_nosync and
+    perform_reduce_grad). By hand, 2 layers, m microbatches of 1F1B on one stage (F0 B0 F1 B1 ...):
+    kept after the forward, the layers are gathered once a step; resharded after the forward,
+    the first forward and every backward gather them (2 + 2m), against 2m and 4m when every
+    backward reshards (grad_reduce microbatch)."""
+    m = gbs // 2
+    counts = {}
+    for reshard in (False, True):
+        for mode in ("step", "microbatch"):
+            sc = _sc(reshard, gbs=gbs, grad_reduce=mode)
+            net = GatherNetwork(50)
+            _run(sc, net)
+            layer_bytes = 2 * workload.layer_params(sc.model, 0).total
+            counts[reshard, mode] = sum(1 for s in net.seen if s.op == "all_gather" and s.size_bytes == layer_bytes)
+    assert counts == {(False, "step"): 2, (False, "microbatch"): 2 * m,
+                      (True, "step"): 2 + 2 * m, (True, "microbatch"): 4 * m}
+
+
+def test_pipelined_fsdp_memory_holds_the_whole_stage_when_microbatches_accumulate():
+    # resharded after the forward, but not after a backward that is not the stage's last: at the
+    # end of such a backward every layer of the stage is gathered, as without resharding
+    kept = memory_report(_sc(False, gbs=4, layers=4, grad_reduce="step")).per_stage[0].other_bytes
+    step = memory_report(_sc(True, gbs=4, layers=4, grad_reduce="step")).per_stage[0].other_bytes
+    per_mb = memory_report(_sc(True, gbs=4, layers=4, grad_reduce="microbatch")).per_stage[0].other_bytes
+    # one microbatch: its backward is the last, which reshards: two layers in flight
+    one = memory_report(_sc(True, gbs=2, layers=4, grad_reduce="step")).per_stage[0].other_bytes
+    one_kept = memory_report(_sc(False, gbs=2, layers=4, grad_reduce="step")).per_stage[0].other_bytes
+    assert step == kept and per_mb < step and one < one_kept

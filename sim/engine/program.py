@@ -441,13 +441,17 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         else:                           # per layer (FSDP; each layer's gradient reduction)
             layers = list(reversed(self._layers(s)))
 
+            # FSDP2 reshards after the backward; under grad_reduce step (torch.distributed.pipelining)
+            # only after the stage's last one (fsdp.py)
+            reshard = do_input and (per_mb or i == self._last_backward.get(s))
+
             def bwd_layer(k, layer):
                 if do_input:
                     self._fsdp_before(prog, r, s, layers, k)
                 self._layer(prog, ("B", layer, do_input, do_weight),
                             lambda out, m: self._backward_layer(out, r, layer, m, do_input, do_weight), mb)
-                if do_input:
-                    self._fsdp_reshard(s, layer)   # FSDP2 reshards after the backward
+                if reshard:
+                    self._fsdp_reshard(s, layer)
                 if final:
                     self._reduce_layer_grads(prog, r, s, layer, mb, per_mb, self._grad_handles)
 

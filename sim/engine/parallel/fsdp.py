@@ -5,13 +5,19 @@ expert-dp group) are all-gathered unless still gathered; with `overlap_param_gat
 layer's gather is launched when a layer starts (prefetch one layer ahead, "dp" stream), without
 it each gather is issued when its layer needs it and is exposed. With `reshard_after_forward`
 they are freed after the forward and gathered again before the backward (2 gathers per layer per
-microbatch pass); without it they stay until the backward (1 gather). FSDP2 frees them after the
-backward (reshard_after_backward). The embedding and LM head (the root unit) are gathered once at
-the start of the step and kept. Gradients: reduce-scatter per layer (dp.DataParallel), after
-every microbatch (`grad_reduce: microbatch`, the default without pipeline parallelism) or after
-the layer's last microbatch (`step`, the default with it: gradient accumulation in unsharded
-buffers, as torch.distributed.pipelining runs FSDP2 with `set_requires_gradient_sync(False)` on
-the earlier microbatches).
+microbatch pass); without it they stay until the backward (1 gather). The embedding and LM head
+(the root unit) are gathered once at the start of the step and kept. Gradients: reduce-scatter
+per layer (dp.DataParallel), after every microbatch (`grad_reduce: microbatch`, the default
+without pipeline parallelism) or after the layer's last microbatch (`step`, the default with it).
+
+After the backward: with `microbatch` FSDP2 reshards every layer (reshard_after_backward, its
+default), so the next microbatch gathers again. `step` is torch.distributed.pipelining's FSDP2
+accumulation (torch/distributed/pipelining/stage.py): every backward runs with
+`set_reshard_after_backward(False)` and `set_requires_gradient_sync(False)`, and the REDUCE_GRAD
+action after the stage's last backward (`perform_reduce_grad`: post_backward) reshards and
+reduce-scatters. The gathered weights then stay from one microbatch's backward to the next
+microbatch's forward: without reshard_after_forward a layer is gathered once a step, with it at
+the first forward and before every backward.
 """
 
 from __future__ import annotations
