@@ -501,3 +501,23 @@ def test_a_bad_topology_file_reports_every_error_with_its_key_and_line(tmp_path)
     assert f"{f}:{bw}: node.nic.bandwidth_gbps: 'fast' must be a number" in err, err
     _, _, direct = run_cli("topology", str(f))
     assert err.strip().splitlines() == direct.strip().splitlines()
+
+
+def test_bound_flag_ranks_the_same_best_and_prunes_the_rest(tmp_path):
+    """`sweep --bound` (issue #31, what plan runs): the same --json winner as the exhaustive sweep,
+    the same flow-ranked rows; the rest of the grid 'pruned' with their bound, counted and
+    noted. Without the flag the output has no 'pruned' key (the sweep's own output unchanged)."""
+    full = sweep(tmp_path, "--top", "2", name="full.csv")
+    fast = sweep(tmp_path, "--top", "2", "--bound", name="fast.csv")
+    assert "pruned" not in full and fast["pruned"] > 0
+    drop = ("sim_wall_s",)
+    assert {k: v for k, v in fast["best"].items() if k not in drop} == \
+        {k: v for k, v in full["best"].items() if k not in drop}
+    assert fast["evaluated"] == full["evaluated"] and fast["ranked"] < full["ranked"]
+    assert any("lower bound" in n for n in fast["notes"])
+    flow = [{k: v for k, v in r.items() if k not in drop} for r in read_table(tmp_path / "full.csv")
+            if r["network"] == "flow"]
+    table = read_table(tmp_path / "fast.csv")
+    assert flow == [{k: v for k, v in r.items() if k not in drop} for r in table if r["network"] == "flow"]
+    pruned = [r for r in table if r["status"] == "pruned"]
+    assert len(pruned) == fast["pruned"] and all(r["reason"].startswith("lower bound") for r in pruned)

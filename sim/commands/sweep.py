@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
                                           "layout whose analytical step time is within this many percent "
                                           "of the best flow step time (0: only --top)."),
         no_prune: bool = typer.Option(False, "--no-prune", help="Also simulate dominated layouts."),
+        bound: bool = typer.Option(False, "--bound", help="Skip the layouts a lower bound on their step time "
+                                   "shows cannot rank among the --top best or within --flow-within: the same "
+                                   "first rows, the rest 'pruned' (what sim5d plan does)."),
         tp_across_nodes: bool = typer.Option(False, "--tp-across-nodes", help="Let tp exceed a node."),
         restart: bool = typer.Option(False, "--restart", help="Discard earlier results of this FILE."),
         max_memory_fraction: float = typer.Option(1.0, "--max-memory-fraction", help="A layout fits when its "
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
         _check_paths(html, export)
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
                          executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
-                         prune=not no_prune,
+                         prune=not no_prune, bound=bound,
                          tp_across_nodes=tp_across_nodes, restart=restart, plots=not no_plots,
                          memory_fraction=max_memory_fraction)
         try:
@@ -93,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 "flow_simulated": c["flow_simulated"], "resumed_results": res.resumed,
                 "executor": res.executor, "workers": res.workers,
                 "out": str(res.out), "stream": str(res.stream), "plots": [str(p) for p in res.plots],
-                "notes": res.notes}))
+                "notes": res.notes, **({"pruned": c["pruned"]} if "pruned" in c else {})}))
             return
         _print(res)
 
@@ -130,7 +133,8 @@ def _print(res) -> None:
     con.print(f"[bold]{c['evaluated']}[/bold] layouts evaluated: {c['invalid']} invalid, "
               f"{c['out_of_memory']} out of memory, {c['feasible']} fit; {c['ranked']} ranked "
               f"({c['flow_simulated']} re-simulated with the flow network), {c['dominated']} dominated, "
-              f"{c['unsupported']} not simulated yet, {c['errors']} errors; {res.wall_s:.1f} s"
+              f"{c['unsupported']} not simulated yet, {c['errors']} errors"
+              + (f", {c['pruned']} pruned by their lower bound" if "pruned" in c else "") + f"; {res.wall_s:.1f} s"
               + (f" ({res.resumed} results resumed from the stream)" if res.resumed else ""))
     ok = [r for r in res.table if r["status"] == "ok"][:10]
     if ok:

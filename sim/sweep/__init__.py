@@ -564,6 +564,11 @@ def _notes(table, counts, spec) -> list[str]:
     if counts["errors"]:
         first = next(r for r in table if r["status"] == "error")
         notes.append(f"{counts['errors']} layouts failed to simulate (e.g. {first['layout']}: {first['reason']})")
+    if counts.get("pruned"):
+        notes.append(f"{counts['pruned']} layouts were neither screened nor simulated: a lower bound on their "
+                     "step time (sim.sweep.bound) shows none of them among the best analytical times the "
+                     "ranking needs (--top) nor within --flow-within of the best flow time; the exhaustive "
+                     "sweep ranks the same first rows")
     if counts["dominated"]:
         notes.append(f"{counts['dominated']} layouts that fit were not simulated: the same layout with less "
                      "recomputation or a lower ZeRO stage (1 <= 2 <= 3) also fits and does no more work, so "
