@@ -47,12 +47,12 @@ CASES = [
 ]
 
 
-def _sweep(case, tmp_path: Path, bound: bool, top: int = 2, flow_within: float = 0.02, extra=(), **kw):
+def _sweep(case, tmp_path: Path, bound: bool, top: int = 2, flow_within: float = 0.02, workers_: int = 2, **kw):
     model, gpus, topo, sets = case
     name = f"{topo}-{gpus}-{int(bound)}-{top}-{flow_within}.csv"
-    return run_sweep(SweepSpec(model=model, gpus=gpus, topology=topo, overrides=[*sets, *extra], top=top,
+    return run_sweep(SweepSpec(model=model, gpus=gpus, topology=topo, overrides=sets, top=top,
                                flow_within=flow_within, plots=False, out=tmp_path / name, bound=bound,
-                               workers=2, **kw), progress=False)
+                               workers=workers_, **kw), progress=False)
 
 
 def _same(row: dict) -> dict:
@@ -162,15 +162,20 @@ def test_bounded_sweep_with_nothing_ranked_counts_as_exhaustive(tmp_path):
     assert [_same(r) for r in full.table] == [_same(r) for r in fast.table]
 
 
-def test_bounded_sweep_resumes_an_exhaustive_stream(tmp_path):
-    """A bounded sweep over the stream of an exhaustive one reuses its results (nothing new is
-    simulated) and still ranks only members: the same winner."""
+def test_bounded_table_is_the_same_however_it_runs(tmp_path):
+    """The bounded table (not only its winner) does not depend on the workers (two decide
+    layouts before the results in flight are in) nor on a stream read back: one worker, two
+    workers, and two workers over an exhaustive sweep's stream write the same rows."""
     case = CASES[0]
-    full = _sweep(case, tmp_path, bound=False, top=1, flow_within=0.0)
+    one = _sweep(case, tmp_path / "1", bound=True, top=1, flow_within=0.02, workers_=1)
+    two = _sweep(case, tmp_path / "2", bound=True, top=1, flow_within=0.02)
+    full = _sweep(case, tmp_path / "3", bound=False, top=1, flow_within=0.02)
     again = run_sweep(SweepSpec(model=case[0], gpus=case[1], topology=case[2], overrides=case[3], top=1,
-                                flow_within=0.0, plots=False, out=full.out, bound=True, workers=2), progress=False)
-    assert again.resumed > 0 and _same(again.table[0]) == _same(full.table[0])
-    assert again.counts["ranked"] < full.counts["ranked"]
+                                flow_within=0.02, plots=False, out=full.out, bound=True, workers=2), progress=False)
+    assert again.resumed > 0 and again.counts["ranked"] < full.counts["ranked"]
+    rows = [_same(r) for r in one.table]
+    assert rows == [_same(r) for r in two.table] == [_same(r) for r in again.table]
+    assert one.counts == two.counts == again.counts
 
 
 # -------------------------------------------------------------------------- plan ----

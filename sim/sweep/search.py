@@ -16,8 +16,9 @@ it, so the k best members, ties included, are all simulated. After the flow re-s
 those, it goes on up to the flow threshold (best flow time x (1 + flow_within)), so every
 member within it is simulated too. Nothing else enters the ranking, so the first rows, the
 winner and its numbers are the exhaustive sweep's; the layouts never decided are rows of
-status `pruned`, with their bound. (A layout simulated beyond need, e.g. two at once on two
-workers, changes nothing: the ranking of the simulated members is the same.)
+status `pruned`, with their bound. Several workers decide layouts before the results in flight
+are in, so they may decide more; the table keeps the decisions one worker would have made
+(`_Search.sequential`), so that it does not depend on which simulation finished first.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class _Search:
         self.bounds = Bounds(prep.base, self.layouts)
         self.heap = [(self.bounds.coarse_ns(i), 0, i) for i in range(len(self.layouts))]
         heapq.heapify(self.heap)
-        self.lower: dict = {}
-        """index -> its best bound (ns), once taken from the heap."""
+        self.decided: list = []
+        """(bound ns, index, the layouts whose screen it read) of each decision, in order."""
         self.members: list = []
         """The decided members (they fit and are not dominated)."""
         by_class: dict = {}
@@ -56,14 +57,17 @@ class _Search:
         if todo:
             run.on_screen(screen_batch(self.prep.base, todo, self.spec.memory_fraction))
 
-    def _decide(self, i: int) -> bool:
+    def _decide(self, lb: int, i: int) -> bool:
         """Screen layout i and, when it fits, its cheaper variants; whether it is a member."""
         run = self.run
         self._screen([i])
+        read = [i]
+        self.decided.append((lb, i, read))
         if i not in run.fits:
             return False
         if self.spec.prune:
             self._screen(self.cheaper[i])
+            read += self.cheaper[i]
             fitting = [j for j in self.cheaper[i] if j in run.fits]
             if fitting:
                 lay = self.layouts[i]
@@ -81,8 +85,7 @@ class _Search:
             if tier == 0:
                 heapq.heappush(heap, (max(lb, self.bounds.fine_ns(i)), 1, i))
                 continue
-            self.lower[i] = lb
-            if self._decide(i) and i not in self.run.analytical:
+            if self._decide(lb, i) and i not in self.run.analytical:
                 return i
         return None
 
@@ -101,26 +104,54 @@ class _Search:
         run.phase("simulate", items(), 1, ("analytical",), run.on_sim("analytical"),
                   "simulate (analytical, bounded)", max_in_flight=workers)
 
-    def kth_best(self, k: int):
+    def kth_best(self, k: int, members=None):
         """The k-th best analytical time of the members so far (inf while fewer)."""
         def limit():
-            ok = self.run.ranked(self.members)
+            ok = self.run.ranked(self.members if members is None else members)
             return ok[k - 1][0] if len(ok) >= k else float("inf")
         return limit
 
-    def finish(self) -> None:
-        """The layouts never decided become `pruned` rows; results read back from a stream for
-        layouts that are not members leave the ranking."""
-        run, best = self.run, self.run.ranked(self.members)
-        limit = f"{best[0][0]:.6g} s" if best else "none"
-        for lb, _, i in self.heap:
-            if i not in run.screened:
-                run.pruned[i] = (f"lower bound {ns_to_s(max(lb, self.lower.get(i, 0))):.6g} s > the best "
-                                 f"analytical step time needed ({limit}; sim.sweep.bound)")
-        keep = set(self.members)
+    def sequential(self, k: int, threshold) -> tuple[int, float]:
+        """How many decisions one layout at a time would have made, and its last limit. With
+        several workers a layout is decided before the results of those still simulating are
+        in, so the limit is never lower than one at a time and the decisions made (in the same
+        order: the heap's) extend that sequence; the table keeps its prefix, so that it does not
+        depend on which simulation finished first."""
+        kept: list = []
+        kth = self.kth_best(k, kept)
+        members = set(self.members)
+        phase3 = False
+        for n, (lb, i, _) in enumerate(self.decided):
+            limit = max(threshold, kth()) if phase3 else kth()
+            if ns_to_s(lb) > limit and threshold is not None and not phase3:
+                phase3, limit = True, max(threshold, kth())
+            if ns_to_s(lb) > limit:
+                return n, limit
+            if i in members:
+                kept.append(i)
+        return len(self.decided), (max(threshold, kth()) if phase3 else kth())
+
+    def finish(self, n: int, limit: float) -> None:
+        """Keep the first `n` decisions (`sequential`): the other layouts become `pruned` rows
+        with the bound that exceeds `limit`; results of layouts not kept as members (decided
+        later, or read back from a stream) leave the table."""
+        run = self.run
+        kept = {i for _, i, _ in self.decided[:n]}
+        shown = {j for _, _, read in self.decided[:n] for j in read}
+        members = kept & set(self.members)
+        run.screened = {i: r for i, r in run.screened.items() if i in shown}
+        kept_layouts = {self.layouts[i] for i in kept}
+        run.dominated = {lay: d for lay, d in run.dominated.items() if lay in kept_layouts}
         for store in (run.analytical, run.flow):
-            for i in [i for i in store if i not in keep]:
+            for i in [i for i in store if i not in members]:
                 del store[i]
+        for i in range(len(self.layouts)):
+            if i not in kept and i not in run.screened:
+                lb = self.bounds.coarse_ns(i)
+                if ns_to_s(lb) <= limit:
+                    lb = self.bounds.fine_ns(i)
+                run.pruned[i] = (f"lower bound {ns_to_s(lb):.6g} s > {limit:.6g} s, the step time a layout "
+                                 "needs to rank among the best (sim.sweep.bound)")
 
 
 def bounded(spec, prep, run) -> None:
@@ -129,9 +160,10 @@ def bounded(spec, prep, run) -> None:
     k = max(spec.top, 1)
     s.members_up_to(s.kth_best(k))
     best_flow = run.flow_top(spec, run.ranked(s.members))
+    threshold = None
     if best_flow is not None and spec.flow_within > 0:
         threshold = best_flow * (1 + spec.flow_within)
         kth = s.kth_best(k)
         s.members_up_to(lambda: max(threshold, kth()))
         run.flow_near(spec, run.ranked(s.members), best_flow)
-    s.finish()
+    s.finish(*s.sequential(k, threshold))
