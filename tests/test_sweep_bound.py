@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,14 @@ def test_bounded_sweep_equals_exhaustive(case, top, flow_within, tmp_path):
     assert best_analytical(full) == best_analytical(fast)
     assert fast.counts["pruned"] > fast.counts["evaluated"] / 2 and fast.counts["ranked"] < full.counts["ranked"]
     worst = full.table[len(flow) - 1]["step_time_s"]
-    pruned = {r["layout"] for r in fast.table if r["status"] == "pruned"}
+    pruned = {r["layout"]: r["reason"] for r in fast.table if r["status"] == "pruned"}
     assert not any(r["layout"] in pruned for r in full.table if r["status"] == "ok"
                    and r["analytical_step_time_s"] <= worst)
+    # each pruned row's stated bound: above its limit, and below the step the exhaustive sweep simulated
+    for r in full.table:
+        if r["layout"] in pruned and r["status"] == "ok":
+            bound, limit = (float(x) for x in re.match(r"lower bound (\S+) s > (\S+) s", pruned[r["layout"]]).groups())
+            assert limit < bound <= r["analytical_step_time_s"] * (1 + 1e-5), (r["layout"], bound, limit)
 
 
 def test_bounded_sweep_with_nothing_ranked_counts_as_exhaustive(tmp_path):
