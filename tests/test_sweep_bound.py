@@ -128,6 +128,33 @@ def test_bounds_lie_below_every_simulated_step(case, tmp_path):
     assert sorted(ratios)[len(ratios) // 2] > 0.65
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}-{c[1]}")
+def test_one_scenario_per_shape_and_structure_stands_for_all(case):
+    """The coarse bound times every layout from one scenario per shape (tp, cp, ep, micro-batch,
+    recompute) and one per stage structure (pp, vpp, schedule): for every valid layout of the
+    grid, its own scenario gives the same layer kernels and the same stages."""
+    from sim.errors import Sim5dError
+    from sim.sweep.evaluate import build
+
+    prep = prepare(SweepSpec(model=case[0], gpus=case[1], topology=case[2], overrides=case[3]))
+    bounds = Bounds(prep.base, prep.layouts)
+    checked = 0
+    for lay in prep.layouts[::5]:
+        try:
+            sc = build(prep.base, lay)
+        except Sim5dError:
+            continue
+        p = sc.parallelism
+        own = LayerParts(_builder(sc, schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)), 0)
+        shape = bounds._shape(lay)
+        assert (own.fwd, own.bwd, own.mtp_fwd, own.mtp_bwd, own.emb, own.head) == \
+            (shape.fwd, shape.bwd, shape.mtp_fwd, shape.mtp_bwd, shape.emb, shape.head), lay.id
+        assert bounds._structure(lay) == (sc.run_schedule, p.vpp, tuple(
+            sc.derived.stage_layers(s) for s in range(sc.derived.num_virtual_stages))), lay.id
+        checked += 1
+    assert checked > 50
+
+
 # ------------------------------------------------- the same answer as the exhaustive ----
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}-{c[1]}")
 @pytest.mark.parametrize("top, flow_within", [(1, 0.0), (3, 0.05)])
