@@ -201,7 +201,9 @@ def _probe_model(data: dict):
                             if k not in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")}
     probe["parallelism"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                 data_parallel_size=1)
-    probe["training"] = {**probe["training"], "global_batch_size": 1, "micro_batch_size": 1}
+    # the probe's layout (one GPU, no EP) is not one the EP all-to-all overlap applies to
+    probe["training"] = {**{k: v for k, v in probe["training"].items() if k != "overlap_moe_expert_parallel_comm"},
+                         "global_batch_size": 1, "micro_batch_size": 1}
     probe["training"].setdefault("seq_length", 2)
     return build_scenario(probe, default_name="sweep").model
 

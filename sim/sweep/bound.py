@@ -235,8 +235,14 @@ class Bounds:
     def structure_key(lay) -> tuple:
         return (lay.pp, lay.vpp, lay.schedule)
 
-    def _representative(self, members: list, tries: int = 32):
-        for lay in members[:tries]:
+    def _representative(self, members: list, other, tries: int = 64):
+        """A scenario of the first valid layout among `members`, trying first one of each value
+        of `other(layout)` (what else makes a layout invalid), or None."""
+        seen, first, rest = set(), [], []
+        for lay in members:
+            (rest if other(lay) in seen else first).append(lay)
+            seen.add(other(lay))
+        for lay in (first + rest)[:tries]:
             try:
                 return build(self.base, lay)
             except Sim5dError:
@@ -244,22 +250,22 @@ class Bounds:
         return None
 
     def _shape(self, lay):
-        """The kernel times of the layout's shape (from its first valid layout), or None."""
+        """The kernel times of the layout's shape (from a valid layout of it), or None."""
         from sim import schedules
 
         key = self.shape_key(lay)
         if key not in self._shapes:
-            sc = self._representative(self._by_shape[key])
+            sc = self._representative(self._by_shape[key], self.structure_key)
             self._shapes[key] = None if sc is None else LayerParts(_builder(sc, schedules.build(
                 sc.run_schedule, sc.parallelism.pp, sc.derived.num_microbatches, sc.parallelism.vpp)), 0)
         return self._shapes[key]
 
     def _structure(self, lay):
         """(schedule run, chunks, each virtual stage's layers) of the layout's (pp, vpp,
-        schedule), from its first valid layout, or None."""
+        schedule), from a valid layout of it, or None."""
         key = self.structure_key(lay)
         if key not in self._structures:
-            sc = self._representative(self._by_structure[key])
+            sc = self._representative(self._by_structure[key], self.shape_key)
             self._structures[key] = None if sc is None else (
                 sc.run_schedule, sc.parallelism.vpp,
                 tuple(sc.derived.stage_layers(s) for s in range(sc.derived.num_virtual_stages)))
