@@ -129,7 +129,9 @@ class _Search:
                 return n, limit
             if i in members:
                 kept.append(i)
-        return len(self.decided), (max(threshold, kth()) if phase3 else kth())
+        # the search stopped at a layout never decided: past the first phase's limit (it stopped
+        # there, at a limit no lower than one at a time), so one at a time ends in the second
+        return len(self.decided), (max(threshold, kth()) if threshold is not None else kth())
 
     def finish(self, n: int, limit: float) -> None:
         """Keep the first `n` decisions (`sequential`): the other layouts become `pruned` rows
