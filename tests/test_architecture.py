@@ -39,10 +39,11 @@ LAYERS = (
 )
 
 LONG_FUNCTIONS = {
-    # (file, function): still over 80 lines; split by what each part decides, then remove here
-    ("sim/engine/core.py", "_compile"), ("sim/commands/plan.py", "register"),
-    ("sim/commands/plan.py", "plan_cmd"), ("sim/sweep/__init__.py", "run_sweep"),
-    ("sim/sweep/__init__.py", "prepare"),
+    # (file, function): still over 80 lines; split by what each part decides, then remove here.
+    # Engine._compile stays whole: it compiles every instruction of a run, and splitting its
+    # per-instruction branches into calls made compiling 3-5% slower (measured on the 1T and
+    # 405B programs)
+    ("sim/engine/core.py", "_compile"),
 }
 
 
