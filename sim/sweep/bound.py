@@ -56,6 +56,7 @@ class LayerParts:
         from sim.engine.core import Comm, Compute, expand_blocks
 
         self.network, self.costs = network, pb.costs
+        self._actions: dict = {}
         pb.me = pb.reps[pp_rank]
         m = pb.sc.model
         self.num_layers, self.heads, self.layer_kind = m.num_layers, 1 + m.mtp_num_layers, m.is_moe_layer
@@ -85,7 +86,15 @@ class LayerParts:
 
     def action(self, kind: str, layers: range, first: bool, last: bool) -> tuple:
         """One action's (kernel ns, blocking-collective ns), composed as
-        ProgramBuilder._forward_action and _backward_action compose it."""
+        ProgramBuilder._forward_action and _backward_action compose it (kept: the layouts of a
+        shape ask for the same stages again and again)."""
+        key = (kind, layers, first, last)
+        hit = self._actions.get(key)
+        if hit is None:
+            hit = self._actions[key] = self._action(kind, layers, first, last)
+        return hit
+
+    def _action(self, kind: str, layers: range, first: bool, last: bool) -> tuple:
         L = self.num_layers
         if kind == "F":
             parts = [self.fwd[self.layer_kind(x)] for x in layers] + [self.mtp_fwd for x in layers if x >= L]
@@ -147,6 +156,7 @@ class CompiledSchedule:
         self.keys = list(keys)
         self.pp, self.num_facts = P, 2 * S * m
         self.order = self._order(per_rank)
+        self.size = sum(len(r) for r in per_rank)
 
     @staticmethod
     def _order(per_rank) -> list | None:
@@ -208,6 +218,13 @@ class CompiledSchedule:
         return max(free)
 
 
+_COMPILED: dict = {}
+"""Compiled schedules by (name, pp, microbatches, chunks), a pure function of the schedule: kept
+across the sweeps of one process (a plan's candidates of one GPU count share most of theirs)."""
+COMPILED_ITEMS = 1_000_000
+"""The most items kept compiled (about 100 bytes each)."""
+
+
 class Bounds:
     """Lower bounds (ns) on the step time of a sweep's layouts (module docstring): `coarse_ns(i)`
     for every layout, `fine_ns(i)` for those worth it. 0 where nothing is known (no valid
@@ -218,7 +235,6 @@ class Bounds:
         self.base, self.layouts = base, layouts
         self._shapes: dict = {}
         self._structures: dict = {}
-        self._compiled: dict = {}
         self._coarse: dict = {}
         self._fine: dict = {}
         self._by_shape: dict = {}
@@ -279,9 +295,11 @@ class Bounds:
         of its stages that reach it through other ranks (head). Where every backward is a whole
         B and no item a pair (gpipe, 1f1b, interleaved-1f1b), its last action is a B, after which
         the stages before it run their input gradients through other ranks (tail)."""
-        hit = self._coarse.get(i)
+        lay = self.layouts[i]
+        key = (self.shape_key(lay), self.structure_key(lay), lay.dp)     # the same for every ZeRO stage
+        hit = self._coarse.get(key)
         if hit is None:
-            hit = self._coarse[i] = self._coarse_ns(self.layouts[i])
+            hit = self._coarse[key] = self._coarse_ns(lay)
         return hit
 
     def _coarse_ns(self, lay) -> int:
@@ -312,13 +330,15 @@ class Bounds:
         whole = name in ("gpipe", "1f1b", "interleaved-1f1b")
         return max((head[r] or 0) + busy[r] + ((tail[r] or 0) if whole else 0) for r in range(lay.pp))
 
-    def _compile(self, sched) -> CompiledSchedule:
+    @staticmethod
+    def _compile(sched) -> CompiledSchedule:
         key = (sched.name, sched.pp, sched.microbatches, sched.chunks)
-        hit = self._compiled.get(key)
+        hit = _COMPILED.get(key)
         if hit is None:
-            if len(self._compiled) >= 64:
-                self._compiled.clear()
-            hit = self._compiled[key] = CompiledSchedule(sched)
+            hit = CompiledSchedule(sched)
+            if sum(c.size for c in _COMPILED.values()) + hit.size > COMPILED_ITEMS:
+                _COMPILED.clear()
+            _COMPILED[key] = hit
         return hit
 
     def fine_ns(self, i: int) -> int:
