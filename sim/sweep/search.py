@@ -152,7 +152,7 @@ class _Search:
                 lb = self.bounds.coarse_ns(i)
                 if ns_to_s(lb) <= limit:
                     lb = self.bounds.fine_ns(i)
-                run.pruned[i] = (f"lower bound {ns_to_s(lb):.6g} s > {limit:.6g} s, the step time a layout "
+                run.pruned[i] = (f"lower bound {ns_to_s(lb)!r} s > {limit!r} s, the step time a layout "
                                  "needs to rank among the best (sim.sweep.bound)")
 
 
