@@ -13,6 +13,10 @@ Pipeline (design.md "sweep"):
    step time, and rank the flow-simulated ones first, by their flow step time; the `network`
    column says which model timed each row.
 
+With `bound` (`sweep --bound`; what `sim5d plan` runs) steps 2-4 take the layouts in the order
+of a lower bound on their step time and stop where none left can rank: the same first rows,
+the rest `pruned` (sim.sweep.search, sim.sweep.bound).
+
 Work runs in batches on an executor (sim.sweep.executors: a local process pool or Ray); every
 result is streamed to FILE.stream.csv as it finishes, so an interrupted sweep resumes where it
 stopped and ends with the same table (sim.sweep.store). Defaults the sweep adds to the scenario
