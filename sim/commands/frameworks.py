@@ -135,8 +135,8 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
     ) -> None:
         """Write a scenario's layout as the framework's launch (Megatron-LM: torchrun + pretrain_gpt.py
-        flags; Megatron-Bridge: a ConfigContainer YAML; torchtitan: a job TOML); a layout the framework cannot run is refused with the reason
-        (exit 2)."""
+        flags; Megatron-Bridge: a ConfigContainer YAML; torchtitan: a job TOML); a layout the
+        framework cannot run is refused with the reason (exit 2)."""
         from sim.config import load_scenario
 
         _check_format(format_)

@@ -434,8 +434,8 @@ def _model(f: Flags, d: dict, notes: list) -> None:
         if swiglu:
             raise f.error("--squared-relu", "--squared-relu and --swiglu are both given: Megatron-LM's MLP has "
                           "one activation; keep one")
-        notes.append("--squared-relu (squared ReLU): the non-gated MLP's shapes, modelled as sim5d's 'gelu' MLP (the same "
-                     "GEMMs and activations; only the elementwise function differs)")
+        notes.append("--squared-relu (squared ReLU): the non-gated MLP's shapes, modelled as sim5d's 'gelu' "
+                     "MLP (the same GEMMs and activations; only the elementwise function differs)")
     m["activation"] = "swiglu" if swiglu else "gelu"
     if "ffn_hidden_size" not in m:      # arguments.py: SwiGLU keeps the parameter count of 4h
         m["ffn_hidden_size"] = int((4 * m["hidden_size"] * 2 / 3) / 64) * 64 if swiglu else 4 * m["hidden_size"]
