@@ -21,8 +21,9 @@ FORMATS = ("megatron", "bridge", "torchtitan")
 def format_of(path) -> str:
     """The format a launch file's name implies: a TOML is torchtitan's, a YAML Megatron-Bridge's,
     anything else (a shell script, an argument file) Megatron-LM's flags."""
-    suffix = str(path).lower().rsplit(".", 1)[-1] if "." in str(path) else ""
-    return {"toml": "torchtitan", "yaml": "bridge", "yml": "bridge"}.get(suffix, "megatron")
+    from pathlib import Path
+
+    return {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
 
 
 def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> list[str]:

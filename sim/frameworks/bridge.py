@@ -153,6 +153,9 @@ RECIPES = {
     "fp16_with_fp8_subchannel_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "blockwise"},
     "bf16_with_nvfp4_mixed": {"bf16": True, "fp4": "e2m1", "fp4_recipe": "nvfp4"},
 }
+_SWITCHES_READ_ELSEWHERE = ("bf16", "fp16", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
+"""_MODEL_SWITCH fields that other sections also set (mixed_precision, comm_overlap): read and
+written by their own rules, not as one model switch each."""
 _PRECISION_KEYS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp4", "fp4_recipe", "first_last_layers_bf16",
                    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
 _STRUCTURE = {"_target_", "_call_", "_args_", "_name_", "_partial_"}
@@ -281,10 +284,8 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
             value = c.get("model", key)
             if key == "moe_layer_freq" and isinstance(value, list):
                 value = _layer_freq(c, value)
-            elif key in ("cp_comm_type", "recompute_modules") and isinstance(value, list):
-                value = value if key == "cp_comm_type" else " ".join(map(str, value))
-            elif key == "cp_comm_type":
-                value = [value]
+            elif key == "cp_comm_type":                 # one type, or one a layer (a list)
+                value = value if isinstance(value, list) else [value]
             else:
                 value = _scalar(c, "model", key, value)
             add(flag, value, ("model", key))
@@ -297,15 +298,12 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
     if "num_query_groups" in m and m["num_query_groups"] is not None:
         add("--group-query-attention", True, ("model", "num_query_groups"))
     for key, (flag, value) in _MODEL_SWITCH.items():
-        if key in m and m[key] is not None and key not in ("bf16", "fp16", "tp_comm_overlap",
-                                                            "overlap_moe_expert_parallel_comm"):
+        if key in m and m[key] is not None and key not in _SWITCHES_READ_ELSEWHERE:
             v = c.get("model", key)
             if not isinstance(v, bool):
                 raise c.error(("model", key), f"model.{key} {v!r} must be true or false")
             if v == value:
                 add(flag, True, ("model", key))
-    if "share_embeddings_and_output_weights" not in m and "add_bias_linear" not in m:
-        pass                                          # GPTModelProvider's defaults: tied, biases (Megatron-LM's)
     _activation(c, add)
     _position(c, add, notes)
     _attention_backend(c, add)
@@ -534,7 +532,8 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
 
 _FLAG_FIELD = {flag: key for key, flag in _MODEL_VALUE.items()}
 _SWITCH_FIELD = {flag: (key, value) for key, (flag, value) in _MODEL_SWITCH.items()}
-# Megatron-LM flags whose Bridge home is not the model section (config.py's ConfigContainer)
+# Megatron-LM flags whose Bridge home is another section (config.py's ConfigContainer), or a model
+# field that _MODEL_VALUE does not carry (position_embedding_type is read by _position)
 _ELSEWHERE = {"--seq-length": ("dataset", "sequence_length"), "--micro-batch-size": ("train", "micro_batch_size"),
               "--global-batch-size": ("train", "global_batch_size"),
               "--overlap-grad-reduce": ("ddp", "overlap_grad_reduce"),
@@ -608,7 +607,7 @@ def from_scenario(sc) -> str:
         else:
             raise ConfigError(f"{flag}: no Megatron-Bridge field for it", key=flag)
     for flag, (key, on) in _SWITCH_FIELD.items():
-        if key in ("bf16", "fp16", "tp_comm_overlap", "overlap_moe_expert_parallel_comm"):
+        if key in _SWITCHES_READ_ELSEWHERE:
             continue
         model[key] = on if flag in v else (not on)
     for key, default in (("overlap_grad_reduce", False), ("overlap_param_gather", False)):
