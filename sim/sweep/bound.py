@@ -1,5 +1,5 @@
 """Lower bounds on a layout's simulated step time, computed without simulating it: what lets
-the pruned search (sim.sweep.search) skip layouts that cannot beat the best ones found so far.
+the bounded search (sim.sweep.search) skip layouts that cannot beat the best ones found so far.
 
 Why they are lower bounds (sim.engine.core, sim.engine.program):
 
@@ -55,7 +55,7 @@ class LayerParts:
     def __init__(self, pb, pp_rank: int, network=None):
         from sim.engine.core import Comm, Compute, expand_blocks
 
-        self.network, self.costs = network, pb.costs
+        self.costs = pb.costs
         self._actions: dict = {}
         pb.me = pb.reps[pp_rank]
         m = pb.sc.model
@@ -133,7 +133,8 @@ class CompiledSchedule:
     its items in an order where every dependency comes first (the same for any durations):
     (rank, key, needed fact or -1, transfer index, made fact or -1) for an action, (rank, None,
     halves) for a pair. Facts: an F's output, an I's or B's input gradient; only those that
-    cross ranks are needed (module docstring, 2)."""
+    cross ranks are needed (module docstring, 2). `links`: the transfer indices (src rank x pp +
+    dst rank) those dependencies read."""
 
     def __init__(self, sched):
         S, m, P = sched.num_stages, sched.microbatches, sched.pp
@@ -154,6 +155,7 @@ class CompiledSchedule:
 
         per_rank = [[tuple(part(a, r) for a in item.parts) for item in items] for r, items in enumerate(sched.ranks)]
         self.keys = list(keys)
+        self.links = sorted({p[3] for items in per_rank for item in items for p in item if p[3] >= 0})
         self.pp, self.num_facts = P, 2 * S * m
         self.order = self._order(per_rank)
         self.size = sum(len(r) for r in per_rank)
@@ -358,13 +360,13 @@ class Bounds:
         from sim.engine.netmodel import network_for
 
         shape = self._shape(lay)
+        if shape is None:
+            return 0
         try:
             sc = build(self.base, lay)
             p = sc.parallelism
             sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
         except Sim5dError:
-            return 0
-        if shape is None:
             return 0
         comp = self._compile(sched)
         pb = _builder(sc, sched, shape.costs)
@@ -377,9 +379,8 @@ class Bounds:
             single.append(k + c)
             kernels.append(k)
         transfer = [0] * (p.pp * p.pp)
-        for r in range(p.pp):
-            pb.me = pb.reps[r]
-            for dst in (r - 1, r + 1, p.pp - 1 - r, 0, p.pp - 1):
-                if 0 <= dst < p.pp and dst != r:
-                    transfer[r * p.pp + dst] = net.fixed_ns(pb._send_spec(dst))
+        for link in comp.links:
+            src, dst = divmod(link, p.pp)
+            pb.me = pb.reps[src]
+            transfer[link] = net.fixed_ns(pb._send_spec(dst))
         return comp.makespan_ns(single, kernels, transfer) or 0
