@@ -120,11 +120,11 @@ class _Search:
         kept: list = []
         kth = self.kth_best(k, kept)
         members = set(self.members)
-        phase3 = False
+        second = False
         for n, (lb, i, _) in enumerate(self.decided):
-            limit = max(threshold, kth()) if phase3 else kth()
-            if ns_to_s(lb) > limit and threshold is not None and not phase3:
-                phase3, limit = True, max(threshold, kth())
+            limit = max(threshold, kth()) if second else kth()
+            if ns_to_s(lb) > limit and threshold is not None and not second:
+                second, limit = True, max(threshold, kth())
             if ns_to_s(lb) > limit:
                 return n, limit
             if i in members:
@@ -160,12 +160,12 @@ def bounded(spec, prep, run) -> None:
     """Fill `run` (sim.sweep.SweepRun) as the module docstring says."""
     s = _Search(spec, prep, run)
     k = max(spec.top, 1)
-    s.members_up_to(s.kth_best(k))
+    kth = s.kth_best(k)
+    s.members_up_to(kth)
     best_flow = run.flow_top(spec, run.ranked(s.members))
     threshold = None
     if best_flow is not None and spec.flow_within > 0:
         threshold = best_flow * (1 + spec.flow_within)
-        kth = s.kth_best(k)
         s.members_up_to(lambda: max(threshold, kth()))
         run.flow_near(spec, run.ranked(s.members), best_flow)
     s.finish(*s.sequential(k, threshold))
