@@ -271,7 +271,7 @@ class _Progress:
                            TimeRemainingColumn(), console=console, auto_refresh=False, transient=False)
         self._p.start()
 
-    def add(self, label: str, total: int):
+    def add(self, label: str, total: int | None):
         if self._p is None:
             return None
         task = self._p.add_task(label, total=total)

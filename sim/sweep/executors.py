@@ -11,12 +11,13 @@
   `max_in_flight` tasks (default 2 x the cluster's CPUs when the sweep starts) are submitted
   and not yet returned; the sweep's base scenario is put in the object store once (`share`).
 
-An executor is an object with `map_unordered(tasks)` (tasks: an iterable of (kind, args) for
-sim.sweep.evaluate.run_task, consumed lazily) yielding `(task_index, result)` as tasks finish,
-and `close()`; optionally `share(obj)`, which returns a handle to pass in task args in place of
-an object every task uses (the Ray executor: an object-store reference), and `abort()`, which
-the sweep calls instead of `close()` when it stops early (Ctrl-C): stop without finishing the
-running tasks.
+An executor is an object with `map_unordered(tasks, max_in_flight=None)` (tasks: an iterable of
+(kind, args) for sim.sweep.evaluate.run_task; with `max_in_flight`, at most that many submitted
+and not yet returned and `tasks` consumed lazily: the bounded search picks its next layout from
+the results so far) yielding `(task_index, result)` as tasks finish, and `close()`; optionally
+`share(obj)`, which returns a handle to pass in task args in place of an object every task uses
+(the Ray executor: an object-store reference), and `abort()`, which the sweep calls instead of
+`close()` when it stops early (Ctrl-C): stop without finishing the running tasks.
 """
 
 from __future__ import annotations
