@@ -190,14 +190,14 @@ def _write(res, spec, plot, as_json: bool, html, export) -> None:
     if as_json:
         typer.echo(json.dumps(res.rows))
     else:
-        _table(res, spec, spec.tokens, chart, out / "plan.json")
+        _table(res, spec, chart, out / "plan.json")
     if res.winner is None:
         raise ConfigError(res.reason + "; see the table and the chart",
                           key="--deadline" if deadline_days is not None and "deadline" in res.reason
                           else "--budget" if "budget" in res.reason else "--cluster")
 
 
-def _table(res, spec, n_tokens: float, chart, json_path) -> None:
+def _table(res, spec, chart, json_path) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -205,7 +205,7 @@ def _table(res, spec, n_tokens: float, chart, json_path) -> None:
     from sim.plan import planner as P
 
     con = Console(width=max(200, Console().width))
-    t = Table(title=f"plan: {format_tokens(n_tokens)} tokens", title_justify="left")
+    t = Table(title=f"plan: {format_tokens(spec.tokens)} tokens", title_justify="left")
     cols = ("cluster", "layout", "step s", "MFU", "goodput", "MC goodput (CI)", "ckpt every", "days",
             "cost", "MWh", "")
     for c in cols:
