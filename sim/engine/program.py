@@ -354,14 +354,19 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         return out
 
 
-    def _program(self, r) -> list:
-        """The step's program of the rank being built (`self.me`, pipeline rank r)."""
-        sched = self.sched
-        prog: list = []
+    def reset_rank_state(self) -> None:
+        """The state the layer methods keep while one rank is built (pending TP waits, FSDP's
+        gathered units, the rank's layer templates); sim.sweep.bound uses the layer methods too."""
         self._pending_tp: list = []
         self._fsdp: dict = {}
         self._templates: dict = {}       # one rank's layer templates (its groups are in them)
         self._serial = 0
+
+    def _program(self, r) -> list:
+        """The step's program of the rank being built (`self.me`, pipeline rank r)."""
+        sched = self.sched
+        prog: list = []
+        self.reset_rank_state()
         stages = sched.rank_stages(r)
         # parameter gathers launched at the start: FSDP's root unit, ZeRO 1/2's overlapped gather
         self._gathers = {**self._fsdp_root_gathers(prog, stages), **self._zero12_gathers_at_start(prog, stages)}

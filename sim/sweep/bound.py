@@ -116,7 +116,7 @@ def _builder(sc, sched, costs=None):
     from sim.engine.program import ProgramBuilder
 
     pb = ProgramBuilder(sc, sched, costs or DeviceCostModel(sc), ranks="representative")
-    pb._pending_tp, pb._fsdp, pb._templates, pb._serial = [], {}, {}, 0
+    pb.reset_rank_state()
     return pb
 
 
