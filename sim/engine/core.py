@@ -288,6 +288,51 @@ def _merge(intervals: list, start: int, end: int) -> None:
         intervals.append((start, end))
 
 
+class _RunState:
+    """What `Engine._compile` knows of the run it is building (the hot counters -- its length
+    `total`, its first instruction, the open kernel interval (ks, ke), whether it records more
+    than marks -- stay locals of `_compile`), and of the calls in flight across runs."""
+
+    __slots__ = ("parts", "kernels", "comms", "extra", "busy", "last", "free", "ends", "outside",
+                 "where", "finished")
+
+    def __init__(self):
+        self.ends: dict = {}         # handle of a call launched in the current run -> (stream, end offset)
+        self.outside: dict = {}      # stream -> its calls launched outside a run (or escaped), not waited
+        self.where: dict = {}        # handle -> stream of such a call
+        self.finished: set = set()   # handles of calls launched and waited for inside runs
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parts: list = []        # the records, as `_Run.parts`
+        self.kernels: list = []      # the run's busy intervals (touching ones merged), as `_Run.busy`
+        self.comms: list = []
+        self.extra = 0               # instructions of the run's blocks beyond one each
+        self.busy = 0                # whether a block of it records anything but marks
+        self.last = 0                # the latest end offset of its launches and blocks
+        self.free: dict = {}         # stream -> end offset of its last call in the run
+
+    def close(self, total: int, count: int, ks: int, ke: int, busy: int) -> _Run:
+        """The run of `count` instructions (blocks counted as one) and `total` ns, the kernel
+        interval (ks, ke) still open (ks -1: none); its calls still in flight escape it
+        (completion scheduled at run time; their streams count as busy until their waits).
+        Then an empty run begins."""
+        kernels, ends = self.kernels, self.ends
+        if ks >= 0:
+            kernels.append((ks, ke))
+        escapes = ()
+        if ends:
+            escapes = tuple((h, stream, end) for h, (stream, end) in ends.items())
+            for h, (stream, _) in ends.items():
+                self.outside[stream] = self.outside.get(stream, 0) + 1
+                self.where[h] = stream
+            ends.clear()
+        run = _Run(total, tuple(self.parts), count + self.extra, escapes, max(self.last, total),
+                   (tuple(kernels), tuple(self.comms)) if busy or self.busy else None)
+        self._reset()
+        return run
+
+
 class DeadlockError(RuntimeError):
     """The simulation stopped with ranks still waiting; the message lists who waits on what."""
 
@@ -573,56 +618,20 @@ class Engine:
         """The program with every maximal run of fixed-time instructions (see `_Run`) replaced
         by a `_Run`; also the index in `program` of each compiled instruction (for deadlock
         messages). A Block whose template is such a run joins the run whole (its parts one
-        entry: (None, compiled template, offset, microbatch)); the others are expanded first."""
+        entry: (None, compiled template, offset, microbatch)); the others are expanded first.
+        Kernels, marks and blocking fixed-time collectives join the run here (the hot path);
+        blocks, launches and waits in `_join_block`, `_join_launch` and `_join_wait`."""
         if any(self._block(tm, rank) is None for tm in {x.template for x in program if type(x) is Block}):
             program = expand_blocks(program)
         out, origin = [], []
-        extra = 0                # instructions of the current run's blocks beyond one each
-        parts, total, first = [], 0, -1
-        add = parts.append
-        kernels, comms = [], []  # the run's busy intervals (touching ones merged), as `_Run.busy`
-        ks = ke = -1             # the last kernel interval, still open (kernels follow each other)
-        busy = last = 0          # whether it records anything but marks; its latest end offset
+        run = _RunState()
+        parts, add, kernels, comms = run.parts, run.parts.append, run.kernels, run.comms
+        total, first, ks, ke, busy = 0, -1, -1, -1, 0   # see _RunState
         slowed = bool(self.slowdown)
-        ends: dict = {}          # handle of a call launched in the current run -> (stream, end offset)
-        free: dict = {}          # stream -> end offset of its last call in the current run
-        outside: dict = {}       # stream -> its calls launched outside a run (or escaped), not waited
-        where: dict = {}         # handle -> stream of such a call
-        finished: set = set()    # handles of calls launched and waited for inside runs
+        join_block, join_launch, join_wait = self._join_block, self._join_launch, self._join_wait
         for i, ins in enumerate(program):
             t = type(ins)
             part = None
-            if t is Block:
-                _, pre, pre_free = self._blocks[id(ins.template)]
-                if pre_free:
-                    if any(outside.get(st) or free.get(st, 0) > total for st, _ in pre_free):
-                        # a stream it launches on is still busy here (rare): compile the
-                        # program's instructions one by one instead
-                        return self._compile(rank, expand_blocks(program))
-                    for st, b in pre_free:
-                        free[st] = total + b
-                    if total + pre.last_ns > last:
-                        last = total + pre.last_ns
-                if first < 0:
-                    first = i
-                add((None, pre, total, ins.mb, 0, 0.0))
-                extra += pre.count - 1
-                if pre.busy is not None:
-                    busy = 1
-                    ks_, cs_ = pre.busy
-                    for a, b in ks_:                         # its kernel intervals, joined to
-                        a += total                           # the open one where they touch
-                        if ke != a:
-                            if ks >= 0:
-                                kernels.append((ks, ke))
-                            ks = a
-                        ke = b + total
-                    if cs_:
-                        a, b = cs_[0]
-                        _merge(comms, a + total, b + total)
-                        comms.extend((a + total, b + total) for a, b in cs_[1:])
-                total += pre.total_ns
-                continue
             if t is Compute:
                 dur = ins.dur_ns
                 if not (dur and slowed):
@@ -639,6 +648,16 @@ class Engine:
                         ke = total
                         busy = 1
                     part = True
+            elif t is Block:
+                joined = join_block(run, ins, total, ks, ke)
+                if joined is None:
+                    # a stream it launches on is still busy here (rare): compile the program's
+                    # instructions one by one instead
+                    return self._compile(rank, expand_blocks(program))
+                total, ks, ke = joined
+                if first < 0:
+                    first = i
+                continue
             elif t is Mark:
                 add(("mark", ins.name, ins.cat, total, total, ins.value))
                 part = True
@@ -652,75 +671,95 @@ class Engine:
                     busy = 1
                     part = True
             elif t is Launch:
-                stream = ins.stream
-                dur = None if slowed or outside.get(stream) else self._fixed_comm_ns(ins.spec)
-                if dur is not None:
-                    start = max(total, free.get(stream, 0))          # FIFO on the stream
-                    end = start + dur
-                    add((stream, ins.name, ins.spec.tag or stream, start, end, 0.0))
-                    if dur:
-                        _merge(comms, start, end)
-                    if end > last:
-                        last = end
-                    free[stream] = end
-                    ends[ins.handle] = (stream, end)
+                part = join_launch(run, ins, total, slowed)
+                if part:
                     busy = 1
-                    part = True
-                else:
-                    outside[stream] = outside.get(stream, 0) + 1
-                    where[ins.handle] = stream
             elif t is Wait:
-                hit = ends.pop(ins.handle, None)
-                if hit is not None:
-                    total = max(total, hit[1])
-                    finished.add(ins.handle)
-                    part = True
-                elif ins.handle in finished:
-                    part = True                  # waited for again (FSDP): long done, a no-op
-                else:
-                    stream = where.pop(ins.handle, None)
-                    if stream is not None:
-                        outside[stream] -= 1
+                part, total = join_wait(run, ins, total)
             elif t is Send:
-                outside["pp"] = outside.get("pp", 0) + 1      # its end is not waited for here
+                run.outside["pp"] = run.outside.get("pp", 0) + 1      # its end is not waited for here
             if part is not None:
                 if first < 0:
                     first = i
                 continue
             if first >= 0:
-                out.append(self._close_run(total, parts, i - first + extra, ends, outside, where,
-                                           max(last, total), kernels, (ks, ke), comms, busy))
+                out.append(run.close(total, i - first, ks, ke, busy))
                 origin.append(first)
-                parts, total, first, extra = [], 0, -1, 0
-                add = parts.append
-                kernels, comms = [], []
-                ks = ke = -1
-                busy = last = 0
-                free = {}
+                parts, add, kernels, comms = run.parts, run.parts.append, run.kernels, run.comms
+                total, first, ks, ke, busy = 0, -1, -1, -1, 0
             out.append(ins)
             origin.append(i)
         if first >= 0:
-            out.append(self._close_run(total, parts, len(program) - first + extra, ends, outside, where,
-                                       max(last, total), kernels, (ks, ke), comms, busy))
+            out.append(run.close(total, len(program) - first, ks, ke, busy))
             origin.append(first)
         return out, origin
 
+    def _join_block(self, run: _RunState, ins, total: int, ks: int, ke: int):
+        """Block `ins` joins the run at offset `total`: its compiled template is one part, its
+        kernel intervals join the open one (ks, ke) where they touch. Returns the new (total, ks,
+        ke), or None where a stream it launches on is still busy (then it cannot join)."""
+        _, pre, pre_free = self._blocks[id(ins.template)]
+        free = run.free
+        if pre_free:
+            if any(run.outside.get(st) or free.get(st, 0) > total for st, _ in pre_free):
+                return None
+            for st, b in pre_free:
+                free[st] = total + b
+            if total + pre.last_ns > run.last:
+                run.last = total + pre.last_ns
+        run.parts.append((None, pre, total, ins.mb, 0, 0.0))
+        run.extra += pre.count - 1
+        if pre.busy is not None:
+            run.busy = 1
+            kernels = run.kernels
+            ks_, cs_ = pre.busy
+            for a, b in ks_:                         # its kernel intervals, joined to
+                a += total                           # the open one where they touch
+                if ke != a:
+                    if ks >= 0:
+                        kernels.append((ks, ke))
+                    ks = a
+                ke = b + total
+            if cs_:
+                a, b = cs_[0]
+                _merge(run.comms, a + total, b + total)
+                run.comms.extend((a + total, b + total) for a, b in cs_[1:])
+        return total + pre.total_ns, ks, ke
+
+    def _join_launch(self, run: _RunState, ins, total: int, slowed: bool):
+        """Launch `ins` at offset `total`: True where its call has a fixed time and joins the run
+        (FIFO on its stream), else None (its stream counts as busy outside the run)."""
+        stream = ins.stream
+        dur = None if slowed or run.outside.get(stream) else self._fixed_comm_ns(ins.spec)
+        if dur is None:
+            run.outside[stream] = run.outside.get(stream, 0) + 1
+            run.where[ins.handle] = stream
+            return None
+        start = max(total, run.free.get(stream, 0))
+        end = start + dur
+        run.parts.append((stream, ins.name, ins.spec.tag or stream, start, end, 0.0))
+        if dur:
+            _merge(run.comms, start, end)
+        if end > run.last:
+            run.last = end
+        run.free[stream] = end
+        run.ends[ins.handle] = (stream, end)
+        return True
+
     @staticmethod
-    def _close_run(total, parts, count, ends, outside, where, last, kernels, open_kernel, comms,
-                   busy) -> _Run:
-        """The run; its calls still in flight escape it (completion scheduled at run time; their
-        streams count as busy until their waits). `open_kernel`: the kernel interval still open
-        (start -1: none)."""
-        if open_kernel[0] >= 0:
-            kernels.append(open_kernel)
-        escapes = ()
-        if ends:
-            escapes = tuple((h, stream, end) for h, (stream, end) in ends.items())
-            for h, (stream, _) in ends.items():
-                outside[stream] = outside.get(stream, 0) + 1
-                where[h] = stream
-            ends.clear()
-        return _Run(total, tuple(parts), count, escapes, last, (tuple(kernels), tuple(comms)) if busy else None)
+    def _join_wait(run: _RunState, ins, total: int):
+        """Wait `ins` at offset `total`: (True, the offset after it) where it waits for a call
+        launched in a run, (None, total) where it must wait at run time."""
+        hit = run.ends.pop(ins.handle, None)
+        if hit is not None:
+            run.finished.add(ins.handle)
+            return True, max(total, hit[1])
+        if ins.handle in run.finished:
+            return True, total                   # waited for again (FSDP): long done, a no-op
+        stream = run.where.pop(ins.handle, None)
+        if stream is not None:
+            run.outside[stream] -= 1
+        return None, total
 
     def _rank_process(self, rank, program, origin):
         env, st = self.env, self._state[rank]
