@@ -208,3 +208,21 @@ def test_pipelined_fsdp_memory_holds_the_whole_stage_when_microbatches_accumulat
     one = memory_report(_sc(True, gbs=2, layers=4, grad_reduce="step")).per_stage[0].other_bytes
     one_kept = memory_report(_sc(False, gbs=2, layers=4, grad_reduce="step")).per_stage[0].other_bytes
     assert step == kept and per_mb < step and one < one_kept
+
+
+@pytest.mark.parametrize("G", [50, 500])
+def test_first_gather_of_an_action_runs_while_it_waits_for_its_input(G):
+    """FSDP2 issues a unit's all-gather from its pre-forward hook, which the host reaches right
+    after enqueueing the receive (the receive's wait holds the compute stream, not the host:
+    torch.distributed.pipelining). By hand, pp 2, one layer per stage, one microbatch, blocks of
+    100 ns, gathers of G: stage 0 gathers its root (embedding) 0..G and L0 G..2G, computes
+    2G..2G+200 and sends (0 ns). Stage 1 gathers its root (LM head) 0..G, then L1 G..2G while it
+    waits for the activation: L1's forward starts when the activation arrives, at 2G + 200
+    (gathering after the receive, as sim5d did, it started at 3G + 200)."""
+    sc = _sc(False, gbs=2, layers=2, pp=2)
+    assert sc.derived.num_microbatches == 1
+    _, eng = _run(sc, GatherNetwork(G))
+    starts = {(r.rank, r.name): r.start_ns for r in eng.records if r.stream == "compute"}
+    stage1 = [rank for (rank, name) in starts if name == "F L1 attn mb0"]
+    assert stage1 and all(starts[rank, "F L1 attn mb0"] == 2 * G + 200 for rank in stage1)
+    assert all(starts[rank, "F L0 attn mb0"] == 2 * G for (rank, name) in starts if name == "F L0 attn mb0")

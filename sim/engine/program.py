@@ -408,6 +408,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         s, mb = a.stage, a.microbatch
         if s in self._gathers:
             prog.append(Wait(self._gathers.pop(s), f"param gather chunk {s}"))
+        self._fsdp_before_receive(prog, r, s, backward=False)
         self._recv_input(prog, r, s, mb, "F")
         first, last = self._is_first(s, mb), self._is_last(s, mb)
         if self.actions and not self.zero3:
@@ -434,6 +435,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         do_input, do_weight = a.kind in ("B", "I"), a.kind in ("B", "W")
         per_mb = self._per_mb
         if do_input:
+            self._fsdp_before_receive(prog, r, s, backward=True)
             self._recv_input(prog, r, s, mb, a.kind)
         first, last = self._is_first(s, mb), self._is_last(s, mb)
         # the last backward of a stage (every backward with grad_reduce: microbatch)
