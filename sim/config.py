@@ -274,6 +274,12 @@ class TrainingIn(_Strict):
     `--fp8-recipe delayed`) or current (TE Float8CurrentScaling: an amax pass before each cast;
     Megatron `--fp8-recipe tensorwise`, NeMo's FP8-CS). Default delayed; only with precision
     fp8."""
+    fp8_amax_reduction: Optional[Literal["tp-dp-cp", "tp", "none"]] = None
+    """Delayed scaling's amax all-reduce, once per forward and once per backward action
+    (sim.engine.parallel.fp8): over the stage's tensor x data x context parallel ranks
+    (Megatron-Core's amax-reduction group, the default), over the TP group only (Megatron
+    `--tp-only-amax-red`), or none (TE `DelayedScaling(reduce_amax=False)`). Only with precision
+    fp8 and delayed scaling."""
     overlap_grad_reduce: bool = False
     """DP gradient reduce in buckets overlapped with the backward (Megatron default false)."""
     overlap_param_gather: bool = False
@@ -442,6 +448,9 @@ class Training:
     restart_warmup_steps: int = 0
     fp8_recipe: Optional[str] = None
     """delayed | current for precision fp8 (resolved: delayed when not given), else None."""
+    fp8_amax_reduction: Optional[str] = None
+    """tp-dp-cp | tp | none with fp8 delayed scaling (resolved: tp-dp-cp when not given), else
+    None."""
 
 
 @dataclass(frozen=True)
@@ -959,6 +968,11 @@ def _check_precision(t: TrainingIn, gpu: DeviceProfile, err) -> None:
     if t.fp8_recipe is not None and t.precision != "fp8":
         raise err("training.fp8_recipe", f"{t.fp8_recipe!r} is a scaling recipe of precision fp8; "
                   f"training.precision is {t.precision} (remove fp8_recipe or set precision: fp8)")
+    if t.fp8_amax_reduction is not None and (t.precision != "fp8" or t.fp8_recipe == "current"):
+        raise err("training.fp8_amax_reduction",
+                  f"{t.fp8_amax_reduction!r} sets the amax all-reduce of FP8 delayed scaling; training "
+                  f"runs {t.precision}{' with current scaling' if t.precision == 'fp8' else ''}, which "
+                  f"reduces no amax (remove fp8_amax_reduction)")
 
 
 def _rank_order(p: ParallelIn, err) -> tuple:
@@ -1282,6 +1296,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
         parallelism=_parallelism(p, (tp, pp, cp, ep, dp, vpp), schedule, order, cp_comm_type, etp, layout),
         training=Training(**{**t.model_dump(), "fp8_recipe": (t.fp8_recipe or "delayed")
                              if t.precision == "fp8" else None,
+                             "fp8_amax_reduction": (t.fp8_amax_reduction or "tp-dp-cp")
+                             if t.precision == "fp8" and t.fp8_recipe != "current" else None,
                              "moe_flex_dispatcher_backend": (t.moe_flex_dispatcher_backend or "deepep")
                              if t.moe_token_dispatcher == "flex" else None}),
         simulation=Simulation(**raw.simulation.model_dump()),

@@ -150,7 +150,8 @@ class Layout:
 
     def group(self, rank: int, dim: str) -> tuple:
         """The ranks of `rank`'s process group along `dim` (tp, cp, dp, pp, ep, edp, etp (expert
-        tensor parallel), 'dp-cp' for the gradient / distributed-optimizer group, or 'etp-ep' for
+        tensor parallel), 'dp-cp' for the gradient / distributed-optimizer group, 'tp-dp-cp' for
+        Megatron-Core's amax-reduction group (the pipeline stage's ranks), or 'etp-ep' for
         Megatron-Core's tp_ep group, expert TP x EP), sorted by their index in the group."""
         me = self.coord(rank)
         if dim in DENSE_DIMS:
@@ -163,6 +164,9 @@ class Layout:
         if dim == "dp-cp":
             return tuple(self.rank(tp=me.tp, pp=me.pp, cp=c, dp=d)
                          for d in range(self.dp) for c in range(self.cp))
+        if dim == "tp-dp-cp":
+            return tuple(self.rank(tp=t, pp=me.pp, cp=c, dp=d)
+                         for d in range(self.dp) for c in range(self.cp) for t in range(self.tp))
         if dim == "ep":
             return tuple(self._expert_rank(me.etp, i, me.edp, me.pp) for i in range(self.ep))
         if dim == "edp":

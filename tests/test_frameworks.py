@@ -109,6 +109,7 @@ def test_import_of_export_is_the_bundled_scenario(tmp_path, path):
     ["parallelism.zero_stage=3", "training.recompute=full"],
     ["parallelism.zero_stage=2", "training.recompute=selective"],
     ["training.precision=fp8", "training.fp8_recipe=current", "training.tp_comm_overlap=true"],
+    ["training.precision=fp8", "training.fp8_amax_reduction=tp"],
     ["parallelism.account_for_embedding_in_pipeline_split=true",
      "parallelism.account_for_loss_in_pipeline_split=true", "model.num_layers=30"],
     ["parallelism.decoder_first_pipeline_num_layers=15", "parallelism.decoder_last_pipeline_num_layers=17"],
@@ -339,3 +340,24 @@ def test_an_out_path_that_cannot_be_written_exits_2(tmp_path):
 def test_an_export_path_that_cannot_be_written_exits_2_before_the_sweep(tmp_path):
     code, _, err = run_cli(*SWEEP, "--out", str(tmp_path / "s.csv"), "--export", str(tmp_path))
     assert code == 2 and "--export" in err and "is a folder" in err and not (tmp_path / "s.csv").exists()
+
+
+def test_tp_only_amax_reduction_flag(tmp_path):
+    """--tp-only-amax-red (Megatron-Core TransformerConfig.tp_only_amax_red) narrows delayed
+    scaling's amax all-reduce to the TP group; without FP8 delayed scaling it does nothing, which
+    the import says."""
+    data, _ = _import(_launch(tmp_path, BASE.format(
+        extra="--bf16 --fp8-format hybrid --fp8-recipe delayed --tp-only-amax-red")), "--cluster", "dgx-h100-ndr:8")
+    assert build_scenario(data).training.fp8_amax_reduction == "tp"
+    data, _ = _import(_launch(tmp_path, BASE.format(extra="--bf16 --fp8-format hybrid --fp8-recipe delayed")),
+                      "--cluster", "dgx-h100-ndr:8")
+    assert build_scenario(data).training.fp8_amax_reduction == "tp-dp-cp"
+    data, err = _import(_launch(tmp_path, BASE.format(extra="--bf16 --tp-only-amax-red")), "--cluster",
+                        "dgx-h100-ndr:8")
+    assert build_scenario(data).training.fp8_amax_reduction is None
+    assert "--tp-only-amax-red: no effect without FP8 delayed scaling" in err
+    sc = tmp_path / "s.yaml"
+    sc.write_text(yaml.safe_dump(data))
+    code, _, err = run_cli("export", str(sc), "--set", "training.precision=fp8",
+                           "--set", "training.fp8_amax_reduction=none")
+    assert code == 2 and "training.fp8_amax_reduction" in err

@@ -57,9 +57,16 @@ class DeviceCostModel(CostModel):
         return self._ns(compute.issue_bound_time_s(ops, phase, self.device, self.sc.training.precision),
                         f"one microbatch's {ops[0].name}..{ops[-1].name} {phase}" if ops else phase)
 
-    def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
+    def fp8_gemms(self, layer: int) -> int:
+        t = self.sc.training
+        if t.precision != "fp8" or (t.fp8_recipe or "delayed") != "delayed":
+            return 0
+        return sum(op.batch if op.expert else 1 for op in self._layer_ops(layer)
+                   if op.kind == "gemm" and not op.high_precision)
+
+    def _layer_ops(self, layer: int) -> list:
         p, t = self.sc.parallelism, self.sc.training
-        ops = workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.etp, causal=True,
+        return workload.layer_ops(self.sc.model, layer, ep=p.ep, etp=p.etp, causal=True,
                                  flash_attention=self.flash,
                                  fp8_recipe=self.sc.training.fp8_recipe or "delayed",
                                  fp8_transpose=compute.compute_params(self.device).fp8_transpose_copy,
@@ -68,6 +75,9 @@ class DeviceCostModel(CostModel):
                                      t.moe_token_dispatcher, t.moe_flex_dispatcher_backend,
                                      t.precision, t.moe_pad_expert_input_to_capacity),
                                  **self.kw)
+
+    def _layer_cost(self, moe: bool, layer: int) -> LayerCost:
+        ops = self._layer_ops(layer)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
         for block in (ops[:split], ops[split:]):

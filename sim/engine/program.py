@@ -3,7 +3,7 @@
 Each schedule action (F, B, I, W of a virtual stage on a microbatch) expands into the kernels of
 the stage's layers, timed by a cost model, and the communication each parallel dimension adds
 (Megatron-LM's placement of collectives). What each dimension adds, with its sources, is one
-module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp); this module composes them:
+module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp, fp8); this module composes them:
 
 - a forward layer (`_forward_layer`): TP gather, attention (CP's exchange inside its core), TP
   reduce, TP gather, EP dispatch, expert-TP gather, MLP, expert-TP reduce-scatter, EP combine,
@@ -15,7 +15,8 @@ module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp); this module composes t
   MLP, dispatch-grad after it;
 - a pipeline action (`_forward_action`, `_backward_action`): PP's receive, the embedding on the
   first stage, each layer (wrapped by FSDP's gathers and, on the last backward, DP's
-  per-layer gradient reduction), the MTP modules and the head on the loss stage, PP's send;
+  per-layer gradient reduction), FP8's amax all-reduce after the layers, the MTP modules and
+  the head on the loss stage, PP's send;
   DualPipe's F&B pairs interleaved;
 - the step (`_program`): the ZeRO parameter gathers launched at its start, the actions in
   schedule order, then DP's gradient reduction, the tied-embedding all-reduce, the optimizer
@@ -32,6 +33,7 @@ from sim.engine.core import Block, Compute, Mark, Template, Wait, expand_blocks
 from sim.engine.parallel.cp import ContextParallel, cp_bytes
 from sim.engine.parallel.dp import DataParallel
 from sim.engine.parallel.ep import ExpertParallel
+from sim.engine.parallel.fp8 import Fp8AmaxReduction
 from sim.engine.parallel.fsdp import ShardedDataParallel
 from sim.engine.parallel.groups import Groups
 from sim.engine.parallel.pp import PipelineParallel, overlap_pair
@@ -80,6 +82,12 @@ class CostModel:
     def optimizer_ns(self, n_params: float) -> int:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def fp8_gemms(self, layer: int) -> int:
+        """Transformer Engine GEMMs of a decoder layer that run with FP8 delayed scaling (each
+        expert's its own), whose amaxes the autocast region reduces (sim.engine.parallel.fp8);
+        0 unless the precision is fp8 with delayed scaling."""
+        return 0
+
 
 def _act_bytes(sc) -> int:
     """Bytes of one microbatch's hidden states (s/cp x b x h) at the training precision."""
@@ -102,7 +110,7 @@ _MB = _Microbatch()
 
 
 class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, PipelineParallel,
-                     DataParallel, ShardedDataParallel):
+                     DataParallel, ShardedDataParallel, Fp8AmaxReduction):
     """Builds the per-rank programs of one scenario (representative ranks: one per pipeline
     rank; the TP, CP and DP peers of a rank do the same work at the same time). The dimensions'
     parts are the mixins of sim.engine.parallel; the composition is here."""
@@ -279,6 +287,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                 self._forward_layer(prog, r, layer, mb)
             else:
                 each_layer(k, layer)
+        self._fp8_amax_reduce(prog, r, s, mb, "fwd")       # the autocast region's exit
         if last:
             prog.append(Compute(self.costs.head_ns("fwd"), f"F head+loss mb{mb}"))
             for k in range(self.sc.model.mtp_num_layers):
@@ -307,6 +316,8 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                 each_layer(k, layer)
             if layer >= self.sc.model.num_layers:
                 self._mtp_backward(prog, r, layer, mb, do_input, do_weight)
+        if do_input:
+            self._fp8_amax_reduce(prog, r, s, mb, "bwd")   # in the region's first module's backward
         if do_weight and first:
             prog.append(Compute(self.costs.embedding_ns("wgrad"), f"W embedding mb{mb}"))
         if after is not None:

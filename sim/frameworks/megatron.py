@@ -282,8 +282,10 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
             raise f.error("--fp4-format", f"--fp4-format {fp4!r}: sim5d models NVFP4 (e2m1)")
         _set(d, "training.precision", "nvfp4")
         f.get("--fp4-recipe")
+        _amax_flag_without_fp8(f, notes)
         return
     if fmt is None and recipe is None:
+        _amax_flag_without_fp8(f, notes)
         _set(d, "training.precision", base)
         if base == "fp32":
             notes.append("precision: neither --bf16 nor --fp16: fp32 (Megatron-LM's default)")
@@ -302,6 +304,17 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
     if fmt is None:
         raise f.error("--fp8-recipe", "--fp8-recipe without --fp8-format: Megatron-LM trains in FP8 only with "
                       "--fp8-format e4m3 or hybrid")
+    if f.get("--tp-only-amax-red"):
+        if recipe == "delayed":
+            _set(d, "training.fp8_amax_reduction", "tp")
+        else:
+            notes.append(f"--tp-only-amax-red: no effect with --fp8-recipe {recipe} (only delayed scaling "
+                         "reduces amaxes)")
+
+
+def _amax_flag_without_fp8(f: Flags, notes: list) -> None:
+    if f.get("--tp-only-amax-red"):
+        notes.append("--tp-only-amax-red: no effect without FP8 delayed scaling (it narrows the amax reduction)")
 
 
 def _moe(f: Flags, d: dict, notes: list) -> None:
@@ -556,6 +569,10 @@ def _refuse(sc) -> None:
     if m.first_k_dense_layers and m.moe_layer_freq != 1:
         raise ConfigError("first_k_dense_layers with moe_layer_freq != 1 has no --moe-layer-freq pattern here",
                           key="model.moe_layer_freq")
+    if t.fp8_amax_reduction == "none" and t.precision == "fp8" and t.fp8_recipe == "delayed":
+        raise ConfigError("fp8_amax_reduction none: Megatron-LM reduces the amaxes of delayed scaling over the "
+                          "amax-reduction group (or the TP group with --tp-only-amax-red); no flag turns it off",
+                          key="training.fp8_amax_reduction")
     if t.moe_routing_imbalance != 1.0:
         raise ConfigError("moe_routing_imbalance is a measured input of sim5d, not a Megatron-LM flag; export "
                           "a scenario with the default 1.0", key="training.moe_routing_imbalance")
@@ -648,7 +665,8 @@ def _training_flags(t) -> list[str]:
         out.append("--recompute-granularity selective")
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
             "fp8": ["--bf16", "--fp8-format hybrid",
-                    f"--fp8-recipe {'delayed' if t.fp8_recipe == 'delayed' else 'tensorwise'}"],
+                    f"--fp8-recipe {'delayed' if t.fp8_recipe == 'delayed' else 'tensorwise'}",
+                    *(["--tp-only-amax-red"] if t.fp8_amax_reduction == "tp" else [])],
             "mxfp8": ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"],
             "nvfp4": ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]}[t.precision]
     return out

@@ -12,12 +12,14 @@ dimension, with its sources in its module docstring:
 - `pp`: pipeline parallelism (activation sends, DualPipe's overlapped F&B pairs).
 - `dp`: data parallelism (gradient reduction, distributed optimizer, tied embeddings).
 - `fsdp`: ZeRO-3 / FSDP (per-layer parameter gathers, prefetch, resharding).
+- `fp8`: FP8 delayed scaling's amax all-reduce over the stage's ranks (once per action).
 
 The builder composes them in one place, in this order (sim/engine/program.py):
 a forward layer is TP gather -> attention (CP's exchange inside its core) -> TP reduce -> TP
 gather -> EP dispatch -> expert-TP gather -> MLP -> expert-TP reduce-scatter -> EP combine ->
 TP reduce; a backward layer the same in reverse, with the recompute first; FSDP's gathers
-wrap each layer; a pipeline action adds PP's receive before and send after its layers; the
+wrap each layer; FP8's amax all-reduce ends a forward action's layers (and an input-gradient
+backward's); a pipeline action adds PP's receive before and send after its layers; the
 step ends with DP's gradient reduction, the tied-embedding all-reduce, the optimizer and
 ZeRO-1/2's parameter gather.
 """
