@@ -361,3 +361,10 @@ def test_tp_only_amax_reduction_flag(tmp_path):
     code, _, err = run_cli("export", str(sc), "--set", "training.precision=fp8",
                            "--set", "training.fp8_amax_reduction=none")
     assert code == 2 and "training.fp8_amax_reduction" in err
+    # Megatron-Bridge: TransformerConfig.tp_only_amax_red, written and read back
+    code, out, err = run_cli("export", str(SCENARIOS / "llama3-8b-h100x16-1f1b.yaml"), "--format", "bridge",
+                             "--set", "training.precision=fp8", "--set", "training.fp8_amax_reduction=tp")
+    assert code == 0 and "tp_only_amax_red: true" in out
+    (tmp_path / "b.yaml").write_text(out)
+    data, _ = _import(tmp_path / "b.yaml", "--cluster", "dgx-h100-ndr:16")
+    assert build_scenario(data).training.fp8_amax_reduction == "tp"
