@@ -247,12 +247,16 @@ def enumerate_layouts(*, gpus: int, gpus_per_node: int, num_layers: int, num_exp
 
 
 def _zero_le(a: int, b: int) -> bool:
-    """ZeRO stage a does no more work than stage b: 1 <= 2 <= 3 (stage 2 shards gradients with
-    the same reduce-scatter as stage 1; stage 3 adds parameter all-gathers). Stage 0 (plain
-    all-reduce, unsharded optimizer step) is comparable only with itself."""
+    """ZeRO stage a does no more work than stage b, as the engine times them: 1 <= 2 (stage 2
+    shards gradients with the same reduce-scatter as stage 1). Stage 0 (plain all-reduce,
+    unsharded optimizer step) and stage 3 are comparable only with themselves: stage 3 gathers
+    its parameters layer by layer, one layer ahead (an action's first before its receive), while
+    ZeRO 1-2's overlapped gather is one per chunk that the chunk's first forward waits for
+    whole, so with pipeline parallelism a ZeRO-3 step can simulate faster despite its extra
+    traffic (tp 1, pp 2, dp 4, 1F1B on the tests' tiny model: 7.278 against 7.294 ms)."""
     if a == b:
         return True
-    return a >= 1 and b >= 1 and a <= b
+    return 1 <= a <= b <= 2
 
 
 def dominates(a: Layout, b: Layout) -> bool:
@@ -267,7 +271,7 @@ def dominators(fitting: list[Layout]) -> dict:
 
     L' dominates L when both fit, they differ only in ZeRO stage and recompute, and L' does no
     more work in both: recompute none <= selective <= full (recomputation only adds forward
-    work) and ZeRO 1 <= 2 <= 3 (see `_zero_le`). L cannot then be faster than L', so it is not
+    work) and ZeRO 1 <= 2 (see `_zero_le`). L cannot then be faster than L', so it is not
     simulated. The dominator reported is the first non-dominated one in enumeration order.
     """
     by_class: dict = {}
