@@ -1,6 +1,6 @@
 """`python -m sim` is the same as the `sim5d` console script."""
 
-from sim.cli import main
+from sim.cli import console_main
 
 if __name__ == "__main__":
-    main()
+    console_main()

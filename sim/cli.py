@@ -94,8 +94,33 @@ def _click_refusal(e: Exception) -> None:
     sys.exit(2 if "UsageError" in names else e.exit_code)
 
 
+def console_main() -> None:
+    """The `sim5d` console script and `python -m sim`: `main`, then the exit without tearing
+    the interpreter down. Python frees every object at exit one by one; after a large `sim5d
+    run` (a million timeline records, their trace events) that alone took 1.2 s of a 13 s
+    command. The atexit handlers still run (temporary directories, multiprocessing's and
+    logging's cleanup), and the standard streams are flushed, before os._exit."""
+    import atexit
+    import os
+
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # a closed pipe (sim5d ... | head): nothing to do
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """The command line (tests call it in-process; the console script is `console_main`)."""
     try:
         code = command().main(args=argv, standalone_mode=False, prog_name="sim5d")
     except Sim5dError as e:

@@ -337,17 +337,20 @@ def test_microsecond_text_is_the_floats_repr():
         assert outputs.us_text(n) == repr(n / 1000.0), n
 
 
-def test_timeline_csv_is_what_csv_writer_writes(tmp_path):
+@pytest.mark.parametrize("quoted", [True, False])
+def test_timeline_csv_is_what_csv_writer_writes(tmp_path, quoted):
     """write_timeline_csv formats each row as one string; the truth is the csv module (default
-    dialect) writing timeline_rows, also for names a CSV must quote."""
+    dialect) writing timeline_rows, with and without names a CSV must quote (without, it skips
+    quoting after one scan)."""
     import csv
     import io
 
     from sim.engine.core import Record
     res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe"))
-    recs = list(res.records) + [Record(0, "compute", 'a,b "c"\nd', "x,y", 5, 9),
-                                Record(0, "mark", "m", "activations", 3, 3, -12.6),
+    recs = list(res.records) + [Record(0, "mark", "m", "activations", 3, 3, -12.6),
                                 Record(99, "compute", "no stage", "compute", 1, 2)]
+    if quoted:
+        recs.append(Record(0, "compute", 'a,b "c"\nd', "x,y", 5, 9))
     outputs.write_timeline_csv(recs, tmp_path / "t.csv", res.pp_rank_of)
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
