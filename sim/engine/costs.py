@@ -92,6 +92,14 @@ class DeviceCostModel(CostModel):
         pre, core = attn[:first_core], attn[first_core:last_core + 1]
         core_d = {"fwd": self._time(core, "fwd"), "dgrad": self._time(core, "dgrad"),
                   "pre_fwd": self._time(pre, "fwd"), "pre_dgrad": self._time(pre, "dgrad")}
+        for ph in ("fwd", "dgrad"):
+            # Each part is timed as max(its kernels, its host issues); when the host sets the pace
+            # that overstates the parts against the whole block (max is subadditive) and can leave
+            # the part after the core (block - qkv part - core) negative: the parts then share
+            # the block's time in proportion, so that the three still sum to it.
+            a, b, whole = core_d["pre_" + ph], core_d[ph], blocks[0][ph]
+            if a + b > whole:
+                core_d["pre_" + ph], core_d[ph] = whole * a // (a + b), whole * b // (a + b)
         core_d.update(self._cp_correction_ns())
         experts = [op for op in ops[split:] if op.expert]
         expert = {ph: self._time(experts, ph) for ph in ("fwd", "dgrad", "wgrad")} if experts else None
