@@ -9,7 +9,10 @@ import typer
 
 from sim.errors import Sim5dError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+HELP_NAMES = ("-h", "--help")
+
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": list(HELP_NAMES)},      # every command's
                   help="sim5d: simulate one step of distributed LLM training (5D parallelism).")
 
 
@@ -57,7 +60,8 @@ _frameworks.register(app)
 def _flags_without_type(cmd) -> None:
     """Typer's help shows every option's type, flags too (`--json <bool>`); a flag takes no value,
     so its type column stays empty (metavar ""), the --help flag included."""
-    for param in cmd.params + [cmd.get_help_option(cmd.context_class(cmd))]:
+    # (the help option is made once, here, with the names every command takes)
+    for param in cmd.params + [cmd.get_help_option(cmd.context_class(cmd, help_option_names=list(HELP_NAMES)))]:
         # duck-typed: typer's options are not click.Option subclasses
         if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
             param.metavar = ""

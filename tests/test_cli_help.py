@@ -1,0 +1,41 @@
+"""CLI conventions (issue #35 item 5): `-h` is `--help` on every command and sub-command, and
+typer's shell completion is on (completes commands and flags)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from sim.cli import command
+
+
+def _all_commands(cmd, path=()):
+    yield path
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from _all_commands(sub, path + (name,))
+
+
+@pytest.mark.parametrize("path", list(_all_commands(command())), ids=lambda p: " ".join(p) or "sim5d")
+def test_dash_h_is_help_everywhere(path):
+    code_h, out_h, err_h = run_cli(*path, "-h")
+    code, out, err = run_cli(*path, "--help")
+    assert code_h == code == 0 and err_h == err == "", err_h
+    assert out_h == out and "Usage: sim5d" in out and "-h" in out
+
+
+def _complete(words: str, cword: int) -> list:
+    env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(cword), "_SIM5D_COMPLETE": "complete_bash"}
+    r = subprocess.run([sys.executable, "-m", "sim"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_shell_completion_completes_commands_and_flags():
+    assert _complete("sim5d ru", 1) == ["run"]
+    assert "calibrate" in _complete("sim5d ca", 1)
+    assert _complete("sim5d run --trace-r", 2) == ["--trace-ranks"]
+    assert set(_complete("sim5d calibrate ", 2)) >= {"run", "fit", "steps", "trace", "formats"}
