@@ -430,9 +430,13 @@ def test_tiny_collectives_that_do_not_grow_with_size_are_refused_not_a_1_pb_s_li
                                     lambda s: 1.28e-3 if s < 4096 else 1.09e-3)
     code, out, err, prof, topo = _fit_cli(tmp_path, rows, "--topology-out", str(tmp_path / "t.yaml"))
     assert code == 2 and out == "" and "Traceback" not in err
-    # the error names the CSV the fit came from (issue #34), then the constant and the rule
-    assert err.startswith(f"error: {tmp_path / 'm.csv'}: ") and (": collectives.all_reduce: the fitted all_reduce "
-                                                     "(2 ranks) bus bandwidth = inf GB/s") in err
+    # the error names the CSV the fit came from and the first row's line (issue #34), then the
+    # constant, the rule and every row it was fitted from
+    lines = csvio.read_csv(tmp_path / "m.csv")[1]
+    first, last = lines[-2]["line"], lines[-1]["line"]
+    assert err.startswith(f"error: {tmp_path / 'm.csv'}:{first}: ") and (": collectives.all_reduce: the fitted all_reduce "
+                                                             "(2 ranks) bus bandwidth = inf GB/s") in err
+    assert f"(fitted from the rows on lines {first}, {last})" in err
     assert "physical range (0, 21) GB/s" in err and "hbm_gbps" in err
     assert "1024 B: 1.28 ms, 65536 B: 1.09 ms" in err
     assert not prof.exists() and not topo.exists()

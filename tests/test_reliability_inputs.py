@@ -1,10 +1,13 @@
-"""Issue #34's examples of files that ended in a traceback, each refused with exit 2 naming the
-file and the rule: a binary schedule CSV, a calibration CSV field over the csv module's limit,
-measured step times that make the step fit ill-conditioned."""
+"""Issue #34's examples (its "Why" section), each its own regression test: files that ended in a
+traceback, were accepted though invalid, gave a silent wrong answer or a misleading message, now
+refused with exit 2 and one line naming the user's file, the place (line, or event index and key)
+and the rule."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from conftest import run_cli
 from sim.calibrate.csvio import COLUMNS
@@ -39,13 +42,17 @@ def test_a_calibration_csv_field_over_the_csv_limit_names_its_line(tmp_path):
              "field larger than field limit")
 
 
-def test_measured_step_times_outside_a_physical_range_are_refused(tmp_path):
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_measured_step_times_outside_a_physical_range_are_refused(tmp_path, json_flag):
+    """Step times of 1e-300 had raised LinAlgError, and printed a LAPACK line on stdout under --json."""
     text = (ROOT / "sim" / "data" / "validation" / "h100_calibration.yaml").read_text()
     text = text.replace("step_time_s: 12.78 ", "step_time_s: 1.0e-300").replace("step_time_s: 8.309 ", "step_time_s: 1.0e-300")
     path = tmp_path / "steps.yaml"
     path.write_text(text)
-    _refused(*run_cli("calibrate", "steps", str(path), "--gpu", "h100-sxm-80gb", "--out", str(tmp_path / "f.yaml")),
-             f"{path}:31", "step_time_s", "outside the physical range")
+    code, out, err = run_cli("calibrate", "steps", str(path), "--gpu", "h100-sxm-80gb", "--out",
+                             str(tmp_path / "f.yaml"), *json_flag)
+    _refused(code, out, err, f"{path}:31", "step_time_s", "outside the physical range")
+    assert out == "" and "LAPACK" not in out + err and not (tmp_path / "f.yaml").exists()
 
 
 # --- calibrate trace: the ten malformed traces of issue #34 --------------------------------------
@@ -80,7 +87,6 @@ def _trace(tmp_path, data=None, text=None):
     return run_cli("calibrate", "trace", str(p), "--out", str(tmp_path / "p.yaml"), "--memory-gib", "4")
 
 
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("change,words", [
@@ -301,3 +307,98 @@ def test_a_calibration_csv_without_memory_names_the_csv(tmp_path):
     p.write_text("".join(ln for ln in csv_path.read_text().splitlines(keepends=True) if "memory_gib" not in ln))
     _refused(*run_cli("calibrate", "fit", str(p), "--out", str(tmp_path / "p.yaml")), str(p), "--memory-gib",
              "no `# memory_gib:` line")
+
+
+# --- issue #34's remaining examples, each its own test -------------------------------------------
+def _fit_csv(tmp_path, rows, meta="# memory_gib: 80\n"):
+    """A calibration CSV of `rows` (GEMM_ROW with changes); `sim5d calibrate fit` on it --json."""
+    path = tmp_path / "c.csv"
+    path.write_text("# sim5d calibration: 1\n" + meta + ",".join(COLUMNS) + "\n"
+                    + "".join(",".join(str(r[c]) for c in COLUMNS) + "\n" for r in rows))
+    return path, run_cli("calibrate", "fit", str(path), "--out", str(tmp_path / "p.yaml"), "--json")
+
+
+def _two_gemms(**change):
+    """Two BF16 GEMMs of different sizes (lines 4 and 5 of _fit_csv's file): the GEMM fit passes,
+    so that a later row's own error is reached."""
+    small = {**GEMM_ROW, "dtype": "bfloat16"}
+    big = {**small, "m": "1024", "n": "1024", "k": "1024", "flops": str(2 * 1024 ** 3),
+           "bytes": str(6 * 1024 ** 2), "median_s": "1e-3", "min_s": "1e-3"}
+    return [{**small, **change}, {**big, **change}]
+
+
+def _collectives(ranks, op="all_reduce"):
+    return [{**GEMM_ROW, "kind": "collective", "op": op, "dtype": "float32", "batch": "0", "m": "0", "n": "0",
+             "k": "0", "flops": "0", "bytes": "0", "ranks": str(ranks), "size_bytes": str(size),
+             "median_s": str(t), "min_s": str(t), "source": "gloo"}
+            for size, t in ((1 << 20, 1e-4), (1 << 24, 1e-3))]
+
+
+@pytest.mark.parametrize("ranks", [0, 1])
+def test_a_collective_of_fewer_than_two_ranks_is_refused_naming_its_line(tmp_path, ranks):
+    """Collective `ranks` 0 had been reported as a bus-bandwidth range error (bus factor 0)."""
+    path, (code, out, err) = _fit_csv(tmp_path, _two_gemms() + _collectives(ranks))
+    _refused(code, out, err, f"{path}:6: ranks = {ranks} must be at least 2 for a collective")
+    assert "bandwidth" not in err and err.count("\n") == 1 and out == ""
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_collective_of_eight_ranks_is_fitted(tmp_path):
+    import json
+
+    path, (code, out, err) = _fit_csv(tmp_path, _two_gemms() + _collectives(8))
+    assert code == 0 and "Traceback" not in err, err
+    (coll,) = json.loads(out)["collectives"]
+    assert coll["op"] == "all_reduce" and coll["ranks"] == 8
+
+
+def test_an_attention_row_of_an_unknown_phase_is_refused(tmp_path):
+    """An attention row with phase `sideways` had been dropped silently."""
+    row = {**GEMM_ROW, "kind": "attention", "op": "sdpa", "phase": "sideways"}
+    path, (code, out, err) = _fit_csv(tmp_path, _two_gemms() + [row])
+    _refused(code, out, err, f"{path}:6: phase = 'sideways' must be fwd or bwd for attention")
+
+
+def test_an_empty_dtype_names_the_file_and_line(tmp_path):
+    """`dtype = '' must be one of ...` had named neither file nor line."""
+    path, (code, out, err) = _fit_csv(tmp_path, _two_gemms()[:1] + _two_gemms(dtype="")[1:])
+    _refused(code, out, err, f"{path}:5: dtype = '' must be one of float32, bfloat16, float16")
+
+
+def test_an_unknown_elementwise_class_names_the_file_and_line(tmp_path):
+    """An unknown op class had named neither file nor line."""
+    row = {**GEMM_ROW, "kind": "elementwise", "op": "bogus_norm", "phase": "fwd"}
+    path, (code, out, err) = _fit_csv(tmp_path, _two_gemms() + [row])
+    _refused(code, out, err, f"{path}:6: op: elementwise op(s) 'bogus_norm' are not classes of sim.compute",
+             "(row on line 6)")
+
+
+def test_a_fitted_range_error_names_the_file_and_the_rows(tmp_path):
+    """The fitted-range errors had named neither file nor line: two GEMMs whose time does not
+    grow with their FLOPs give a matmul rate of 0."""
+    rows = _two_gemms()
+    rows[1] = {**rows[1], "median_s": "1e-5", "min_s": "1e-5"}
+    rows[0] = {**rows[0], "median_s": "2e-5", "min_s": "2e-5"}
+    path, (code, out, err) = _fit_csv(tmp_path, rows)
+    _refused(code, out, err, f"{path}:4: mamf_tflops.bf16: the fitted matmul rate", "physical range",
+             "(fitted from the rows on lines 4, 5)")
+
+
+def test_a_trace_with_nan_on_every_event_is_refused(tmp_path):
+    """`"ts": NaN` on every event had dropped 2 of 3 GEMMs without a word (exit 0)."""
+    data = _gemms()
+    for e in data["traceEvents"]:
+        e["ts"] = float("nan")
+    code, out, err = _trace(tmp_path, data)
+    _refused(code, out, err, str(tmp_path / "t.json"), "traceEvents[0].ts", "finite number")
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_string_ts_on_a_runtime_event_is_refused(tmp_path):
+    """A string `ts` on a cuda_runtime event had raised TypeError."""
+    data = _gemms()
+    data["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                                "ts": "12", "dur": 4, "args": {"correlation": 5}})
+    _refused(*_trace(tmp_path, data), str(tmp_path / "t.json"), "traceEvents[6].ts", "('cudaLaunchKernel')",
+             "finite number")
+

@@ -199,6 +199,12 @@ def _rows(reader, f: str, body_start: int) -> list[dict]:
         if r["kind"] == "collective" and r["op"] not in COLLECTIVE_OPS:
             raise ConfigError(f"op = {r['op']!r} must be one of {', '.join(COLLECTIVE_OPS)} for a collective",
                               key="op", file=f, line=lineno)
+        if r["kind"] == "collective" and r["ranks"] < 2:
+            # `calibrate run` measures collectives only with --ranks > 1 (runner.run's do_coll), and
+            # nccl-tests' bus factor of one rank is 0 (sim.network.nccl_tests.bus_factor): a row of
+            # 0 or 1 ranks had been refused as a bus bandwidth of 0 GB/s (issue #34)
+            raise ConfigError(f"ranks = {r['ranks']} must be at least 2 for a collective (the processes "
+                              "that took part in it)", key="ranks", file=f, line=lineno)
         if r["kind"] in ("attention", "elementwise") and r["phase"] not in ("fwd", "bwd"):
             raise ConfigError(f"phase = {r['phase']!r} must be fwd or bwd for {r['kind']}", key="phase",
                               file=f, line=lineno)

@@ -75,15 +75,33 @@ class Range:
     """lo itself is allowed (a time of 0: nothing measurable); else lo < value."""
 
     def check(self, what: str, value: float, *, key: str, hi: float | None = None,
-              hint: str = "") -> None:
+              hint: str = "", rows=()) -> None:
+        """Refuse `value` outside the range; `rows`: the measurements it was fitted from (a CSV's
+        rows carry their line: the error names the first and lists them, issue #34)."""
         hi = self.hi if hi is None else hi
         lo_ok = value >= self.lo if self.lo_closed else value > self.lo
         if math.isfinite(value) and lo_ok and value < hi:
             return
         span = f"{'[' if self.lo_closed else '('}{self.lo:g}, {hi:.4g})"
+        lines = _lines(rows)
         raise ConfigError(f"the fitted {what} = {value:.4g}{self.unit} is at or outside its physical "
                           f"range {span}{self.unit} ({self.why}); not written"
-                          + (f": {hint}" if hint else ""), key=key)
+                          + (f": {hint}" if hint else "") + _on_lines(lines),
+                          key=key, line=lines[0] if lines else None)
+
+
+def _lines(rows) -> list[int]:
+    """The CSV lines of `rows` (csvio.read_csv's `line`; a trace's rows have none)."""
+    return sorted({int(r["line"]) for r in rows if r.get("line")})
+
+
+def _on_lines(lines: list[int], lead: str = "fitted from the ") -> str:
+    """' (fitted from the rows on lines 4, 5, ...)' for an error about a fit of several rows."""
+    if not lines:
+        return ""
+    shown = ", ".join(map(str, lines[:8])) + (f" and {len(lines) - 8} more" if len(lines) > 8 else "")
+    many = "s" if len(lines) > 1 else ""
+    return f" ({lead}row{many} on line{many} {shown})"
 
 
 RANGES = {
@@ -347,6 +365,12 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     if not gemm_rows:
         raise ConfigError("no gemm rows: a device profile needs GEMM measurements for its matmul "
                           "rate", key="kind")
+    unknown = [r for r in _rows(rows, kind="elementwise") if r["op"] not in BANDWIDTH_CLASSES]
+    if unknown:   # before any fit: the row's own error (its line), not a fitted range's
+        ops = sorted({r["op"] for r in unknown})
+        raise ConfigError(f"elementwise op(s) {', '.join(map(repr, ops))} are not classes of "
+                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})" + _on_lines(_lines(unknown), lead=""),
+                          key="op", line=(_lines(unknown) or [None])[0])
     hbm, copies = _fit_memory_roofline(rows, compute_rows, notes)
     peak, mamf, curve, overhead = _fit_gemms(gemm_rows, hbm, pins, notes)
     compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
@@ -363,11 +387,6 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
             notes.append("attention: forward and backward rows are both needed; none written")
     ew_gbps, class_overhead_us, ew_over = _fit_bandwidth_classes(rows, hbm, pins)
     overhead_us.update(class_overhead_us)
-    unknown_ops = sorted({r["op"] for r in _rows(rows, kind="elementwise")}
-                         - set(BANDWIDTH_CLASSES))
-    if unknown_ops:
-        raise ConfigError(f"elementwise op(s) {', '.join(unknown_ops)} are not classes of "
-                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", key="op")
     if pins.used:
         notes.append(pins.note())
     if ew_gbps:
@@ -428,16 +447,18 @@ def _fit_memory_roofline(rows, compute_rows, notes: list) -> tuple[float, list]:
     copies = _rows(rows, kind="copy")
     if copies:
         big = max(r["bytes"] for r in copies)
-        hbm = float(np.median([r["bytes"] / r["median_s"] for r in copies if r["bytes"] == big]))
+        used = [r for r in copies if r["bytes"] == big]
+        hbm = float(np.median([r["bytes"] / r["median_s"] for r in used]))
     else:
         ew = _rows(rows, kind="elementwise") or compute_rows
+        used = ew
         hbm = max((r["bytes"] / r["median_s"] for r in ew), default=0.0)
         notes.append("no copy rows: hbm_gbps is the fastest bytes/time measured (a lower bound)")
     if hbm <= 0:
         raise ConfigError("cannot fit a memory bandwidth: no copy or elementwise rows with bytes > 0",
                           key="bytes")
     RANGES["memory_gbps"].check("memory bandwidth hbm_gbps (bytes / time of the largest copy)",
-                                hbm / 1e9, key="hbm_gbps")
+                                hbm / 1e9, key="hbm_gbps", rows=used)
     return hbm, copies
 
 
@@ -468,7 +489,7 @@ def _fit_gemms(gemm_rows, hbm: float, pins: _Pins, notes: list):
         else:
             R, *_ = fit_gemm(*args, fixed_curve=curve, fixed_overhead=overhead, weights=w)
         RANGES["tflops"].check(f"matmul rate mamf_tflops.{prec}", R / 1e12, key=f"mamf_tflops.{prec}",
-                               hint="the GEMM times do not grow with their FLOPs" if R <= 0 else "")
+                               hint="the GEMM times do not grow with their FLOPs" if R <= 0 else "", rows=rs)
         best = float(np.max(_arr(rs, "flops") / _arr(rs, "median_s")))
         gemm[prec] = (R, best)
     peak = {p: _round(max(R, best) / 1e12 * 1.0001, 5) for p, (R, best) in gemm.items()}
@@ -487,7 +508,8 @@ def _fit_gemm_curve(rs, args: tuple, prec: str, w, pins: _Pins, notes: list):
         raise ConfigError(
             f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
             "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
-            "GEMMs of two sizes or more)", key="mamf_tflops")
+            "GEMMs of two sizes or more)" + _on_lines(_lines(rs)), key="mamf_tflops",
+            line=(_lines(rs) or [None])[0])
     ints = _intensity(args[2], args[3], args[4])
     n_int = len({round(float(x), 6) for x in ints})
     spread = float(ints.max() / ints.min())
@@ -502,12 +524,12 @@ def _fit_gemm_curve(rs, args: tuple, prec: str, w, pins: _Pins, notes: list):
                      f"{'y' if n_int == 1 else 'ies'} ({ints.min():.3g} to {ints.max():.3g}): "
                      "no efficiency curve fitted (its two constants need four GEMMs over "
                      "three intensities spread over 4x or more)")
-    RANGES["overhead_us"].check("GEMM overhead overhead_us.gemm", o * 1e6, key="overhead_us.gemm")
+    RANGES["overhead_us"].check("GEMM overhead overhead_us.gemm", o * 1e6, key="overhead_us.gemm", rows=rs)
     if i0 > 0:
         RANGES["half_intensity"].check("GEMM efficiency curve's half_intensity", i0,
-                                       key="gemm_efficiency.half_intensity")
+                                       key="gemm_efficiency.half_intensity", rows=rs)
         RANGES["exponent"].check("GEMM efficiency curve's exponent", p,
-                                 key="gemm_efficiency.exponent")
+                                 key="gemm_efficiency.exponent", rows=rs)
     return R, i0, p, o
 
 
@@ -528,14 +550,16 @@ def _fit_attention(att, peak: dict, pins: _Pins, notes: list) -> tuple[dict, flo
             f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
             "sequence length measured at two FLOP counts: the overhead cannot be separated "
             "from the rates (measure two head counts or batch sizes per sequence length, as "
-            "`sim5d calibrate run` does)", key="attention")
+            "`sim5d calibrate run` does)" + _on_lines(_lines(att)), key="attention",
+            line=(_lines(att) or [None])[0])
     o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups,
                                  fixed_overhead=None if separable else pins.take("attention"))
     RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
-                                key="overhead_us.attention")
+                                key="overhead_us.attention", rows=att)
     for (phase, causal, sl), v in sorted(rates.items()):
         RANGES["tflops"].check(f"attention rate ({phase}{', causal' if causal else ''}, "
-                               f"sequence length {sl})", v / 1e12, key="attention")
+                               f"sequence length {sl})", v / 1e12, key="attention",
+                               rows=[r for g, r in zip(groups, att) if g == (phase, causal, sl)])
     # the profile's table is at BF16 (sim.compute scales fp32 by the fp32/bf16 peak ratio)
     scale = 1.0
     if prec == "fp32" and "bf16" in peak:
@@ -595,7 +619,8 @@ def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) 
     if len(sizes) < 2 and cls not in pins:
         raise ConfigError(
             f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
-            "and per-kernel overhead cannot be separated (measure two sizes or more)", key=cls)
+            "and per-kernel overhead cannot be separated (measure two sizes or more)" + _on_lines(_lines(rs)),
+            key=cls, line=(_lines(rs) or [None])[0])
     if len(sizes) < 2:
         o = pins.take(cls)
         x = fit_linear_time(B[:, None], np.maximum(T - kernels * o, 1e-12), _weights(rs))[0]
@@ -605,7 +630,8 @@ def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) 
     if x <= 0:
         raise ConfigError(
             f"{cls}: the time does not grow with the bytes ({measured}): its bandwidth would be "
-            "unbounded; not written (measure larger sizes, or more repetitions)", key=cls)
+            "unbounded; not written (measure larger sizes, or more repetitions)" + _on_lines(_lines(rs)),
+            key=cls, line=(_lines(rs) or [None])[0])
     # a rate curve over bytes: each size's rate once the fitted overhead is taken off (at
     # most 3/4 of its time, so that a size stays bandwidth-bound), median per size
     rate = B / np.maximum(T - kernels * o, 0.25 * T)
@@ -613,11 +639,12 @@ def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) 
              "gbps": [_round(float(np.median(rate[B == b])) / 1e9) for b in sizes]}
     over = "optimizer_overhead_us" if cls == "optimizer" else "overhead_us"
     RANGES[over].check(f"{cls} overhead overhead_us.{cls}", o * 1e6, key=f"overhead_us.{cls}",
-                       hint=measured)
+                       hint=measured, rows=rs)
     for b, g in zip(curve["bytes"], curve["gbps"]):
         RANGES["class_gbps"].check(f"{cls} bandwidth at {b} bytes (elementwise_gbps.{cls})", g,
                                    key=f"elementwise_gbps.{cls}",
-                                   hi=CLASS_GBPS_CACHE_FACTOR * hbm / 1e9, hint=measured)
+                                   hi=CLASS_GBPS_CACHE_FACTOR * hbm / 1e9, hint=measured,
+                                   rows=[r for r in rs if r["bytes"] == b])
     return curve, o
 
 
@@ -628,7 +655,7 @@ def _fit_host(rows, meta: dict, compute: dict, notes: list) -> None:
     if host is not None:
         if meta.get("device") == "cuda":
             RANGES["host_overhead_us"].check("host time per op host_overhead_us", host,
-                                             key="host_overhead_us")
+                                             key="host_overhead_us", rows=_rows(rows, kind="host"))
             compute["host_overhead_us"] = host
         else:
             notes.append(f"host: {host:g} us per op and phase measured; not written (on a CPU the "
@@ -677,13 +704,14 @@ def _fit_collectives(rows, hbm: float, copies: list) -> list[dict]:
         if len(set(sizes.tolist())) < 2:
             raise ConfigError(f"{what}: every measurement has size {int(sizes[0])} bytes ({measured}): "
                               "its latency and bandwidth cannot be separated (measure two sizes or "
-                              "more)", key="size_bytes")
+                              "more)" + _on_lines(_lines(rs)), key="size_bytes",
+                              line=(_lines(rs) or [None])[0])
         a, b = fit_alpha_beta(sizes, times)
         RANGES["alpha_us"].check(f"{what} latency alpha", a * 1e6, key=f"collectives.{key[0]}",
-                                 hint=measured)
+                                 hint=measured, rows=rs)
         busbw = bus_factor(*key) / b / 1e9 if b > 0 else math.inf
         RANGES["busbw_gbps"].check(f"{what} bus bandwidth", busbw, key=f"collectives.{key[0]}",
-                                   hi=mem_ceiling, hint=_sizes_hint(measured, busbw > 1.0))
+                                   hi=mem_ceiling, hint=_sizes_hint(measured, busbw > 1.0), rows=rs)
         pred = a + sizes * b
         err = np.abs(pred / times - 1)
         algbw = _round(1.0 / b / 1e9)
@@ -996,7 +1024,8 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
     if len(coll) < 2 or sv[-1] < 1e-6:
         raise ConfigError(f"{len(coll)} {fit_ops} measurement(s) ({measured}) cannot separate the "
                           f"{cls} link's bandwidth from its per-step latency (two constants): "
-                          "measure two sizes or more", key="--topology-out")
+                          "measure two sizes or more" + _on_lines(_lines(coll)), key="--topology-out",
+                          line=(_lines(coll) or [None])[0])
     y = np.maximum(t - base_lat, 1e-12)
     step, inv_bw = fit_linear_time(np.column_stack([l1, d1]), y)
     step_us = float(step)
@@ -1004,9 +1033,9 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
     hint = f"fitted to {fit_ops}: {measured}"
     RANGES["link_gbps"].check(f"{cls} link bandwidth node.{LINK_SECTION[cls]}.bandwidth_gbps", bw,
                               key="--topology-out", hi=memory_gbps or RANGES["memory_gbps"].hi,
-                              hint=_sizes_hint(hint, bw > 1.0))
+                              hint=_sizes_hint(hint, bw > 1.0), rows=coll)
     RANGES["step_latency_us"].check(f"{cls} per-step latency collectives.step_latency_us.{cls}",
-                                    step_us, key="--topology-out", hint=hint)
+                                    step_us, key="--topology-out", hint=hint, rows=coll)
     fitted = _with_link(raw, cls, bw=_round(bw), step_us=_round(step_us))
     fitted = {"name": name, **{k: v for k, v in fitted.items() if k != "name"}}
     fitted["gpu"] = gpu_ref
