@@ -385,3 +385,38 @@ def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypa
     monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 0)
     with pytest.raises(ValueError, match="writer failed"):
         outputs.run_writers([(5.0, boom), (1.0, lambda: None), (1.0, lambda: None)], 10)
+
+
+@pytest.mark.parametrize("name", ["llama3-405b-h100x16384", "mixtral-8x7b-h100x64-dualpipe"])
+def test_every_pipeline_arrow_ends_inside_its_consuming_slice(name):
+    """Issue #35: a pipeline arrow (flow "s" -> "f", Perfetto binds each end to the slice
+    enclosing it) starts inside the send on the sender's pp thread and ends inside the kernel
+    that consumes the data on the receiver: a forward kernel of the receiving stage for an
+    activation, a B/I kernel for a gradient, of that microbatch and one of that stage's layers
+    (sim5d had ended them at the receive: in whatever ran then, or in no slice)."""
+    res = simulate(load_scenario(name))
+    layers = outputs.stage_layers(res.scenario)
+    trace = json.loads(outputs.chrome_trace_json(res.records, {r: str(r) for r in res.pp_rank_of}, {}, res.p2p,
+                                                 layers))
+    slices: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append(e)
+    flows: dict = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            flows.setdefault(e["id"], {})[e["ph"]] = e
+
+    def enclosing(e):
+        return [x for x in slices.get((e["pid"], e["tid"]), []) if x["ts"] <= e["ts"] < x["ts"] + x["dur"]]
+
+    assert len(flows) == len(res.p2p) > 0
+    for f in flows.values():
+        assert len(enclosing(f["s"])) == 1 and f["s"]["tid"] == outputs.STREAM_TIDS["pp"]
+        what, stage, mb = f["s"]["name"].split()[:3]
+        inside = enclosing(f["f"])
+        assert len(inside) == 1, f
+        words = inside[0]["name"].split()
+        assert words[0] in (("F",) if what == "act" else ("B", "I")) and f"mb{mb}" in words, (f, words)
+        if words[1].startswith("L") and words[1][1:].isdigit():
+            assert int(words[1][1:]) in layers[int(stage)], (f, words)

@@ -6,11 +6,13 @@ activation memory an action allocated (+) or freed (-).
 Trace format: the Chrome Trace Event Format (JSON object with `traceEvents`, timestamps in
 microseconds): one process per simulated rank named with its coordinates, one thread per stream
 (compute, pp, dp, tp, ...), complete events ("X") for every interval, flow events ("s"/"f")
-linking each pipeline send to the receiver, and a counter ("C") track of memory per rank.
+from each pipeline send to the kernel that consumes it on the receiver (`flow_ends`), and a
+counter ("C") track of memory per rank.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import gzip
@@ -140,9 +142,53 @@ def _trace_head(records, labels: dict, p2p: dict | None):
     return ev, sorted(shown, key=lambda x: (x.rank, x.start_ns, x.stream)), tids
 
 
-def _trace_tail(mem: dict, p2p: dict | None) -> list:
-    """The send -> receive flow arrows and the memory counters."""
+def flow_ends(shown, p2p: dict | None, stage_layers: dict | None = None) -> dict:
+    """{p2p key: the time (ns) the pipeline arrow of that send ends}: inside the slice that
+    consumes the data, the first compute kernel of the receiving action (a forward for an
+    activation, an input-gradient backward for a gradient) on the receiver at or after the
+    receive, 1 ns into it (Perfetto binds a flow end to the slice enclosing it: bound there, the
+    arrow ends on the consumer, not on whatever else runs when the data arrives, nor on a slice
+    boundary). `key` is (what, stage, microbatch, receiver); `stage_layers` (stage -> its
+    layers) also requires the kernel's layer to be the receiving stage's. No such kernel (not
+    expected): the receive's time."""
+    want = {}
+    for key, info in (p2p or {}).items():
+        if "src" in info and "dst" in info:
+            want.setdefault(info["dst"], []).append(key)
+    if not want:
+        return {}
+    by_rank: dict = {}
+    for r in shown:
+        if r.rank in want and r.stream == "compute" and not r.cat.startswith("comm:"):
+            by_rank.setdefault(r.rank, []).append(r)
+    out = {}
+    for rank, keys in want.items():
+        recs = by_rank.get(rank, [])            # in start order (`shown` is)
+        starts = [r.start_ns for r in recs]
+        for key in keys:
+            what, stage, mb = key[0], key[1], key[2]
+            kinds = ("F",) if what == "act" else ("B", "I")
+            t = p2p[key]["consumed_ns"]
+            end = t
+            for j in range(bisect.bisect_left(starts, t), len(recs)):
+                words = recs[j].name.split()
+                if words[0] not in kinds or f"mb{mb}" not in words:
+                    continue
+                layer = words[1][1:] if len(words) > 1 and words[1][:1] == "L" else ""
+                if stage_layers is not None and layer.isdigit() and int(layer) not in stage_layers.get(stage, ()):
+                    continue
+                r = recs[j]
+                end = r.start_ns + (1 if r.end_ns - r.start_ns > 1 else 0)
+                break
+            out[key] = end
+    return out
+
+
+def _trace_tail(mem: dict, p2p: dict | None, ends: dict | None = None) -> list:
+    """The send -> receive flow arrows (ending at `ends`, `flow_ends`; else at the receive) and
+    the memory counters."""
     ev = []
+    ends = ends or {}
     for i, (key, info) in enumerate(sorted((p2p or {}).items(), key=lambda kv: kv[1].get("sent_ns", 0))):
         if "src" not in info or "dst" not in info:
             continue
@@ -150,7 +196,7 @@ def _trace_tail(mem: dict, p2p: dict | None) -> list:
         ev.append({"ph": "s", "id": i + 1, "name": name, "cat": "pp", "pid": info["src"],
                    "tid": STREAM_TIDS["pp"], "ts": info["sent_ns"] / 1000.0})
         ev.append({"ph": "f", "bp": "e", "id": i + 1, "name": name, "cat": "pp", "pid": info["dst"],
-                   "tid": STREAM_TIDS["compute"], "ts": info["consumed_ns"] / 1000.0})
+                   "tid": STREAM_TIDS["compute"], "ts": ends.get(key, info["consumed_ns"]) / 1000.0})
     for rank, pts in mem.items():
         for t, b in pts:
             ev.append({"ph": "C", "name": "memory", "pid": rank, "ts": t / 1000.0,
@@ -158,23 +204,26 @@ def _trace_tail(mem: dict, p2p: dict | None) -> list:
     return ev
 
 
-def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None) -> dict:
+def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None,
+                 stage_layers: dict | None = None) -> dict:
     """The trace as a dict. `labels[rank]` names the process (its coordinates); `p2p` is the
-    engine's send/recv log, drawn as flow arrows from the send to the receiving compute. Each
-    rank declares a thread only for the streams it has events on; zero-length communication
-    (a collective over one GPU) is left out."""
+    engine's send/recv log, drawn as flow arrows from the send to the kernel that consumes the
+    data (`flow_ends`). Each rank declares a thread only for the streams it has events on;
+    zero-length communication (a collective over one GPU) is left out."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     ev = meta + [{"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": tids[r.stream],
                   "ts": r.start_ns / 1000.0, "dur": (r.end_ns - r.start_ns) / 1000.0} for r in shown]
-    return {"traceEvents": ev + _trace_tail(mem, p2p), "displayTimeUnit": "ns"}
+    ends = flow_ends(shown, p2p, stage_layers)
+    return {"traceEvents": ev + _trace_tail(mem, p2p, ends), "displayTimeUnit": "ns"}
 
 
-def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None) -> str:
+def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None,
+                      stage_layers: dict | None = None) -> str:
     """`json.dumps(chrome_trace(...), separators=(",", ":"))`, the same text, with each
     kernel's event written as text instead of through a dict (tests/test_charts.py compares)."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     if any(r.end_ns >= US_TEXT_LIMIT_NS for r in shown):
-        return json.dumps(chrome_trace(records, labels, mem, p2p), separators=(",", ":"))
+        return json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers), separators=(",", ":"))
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
     ev = [dumps(e) for e in meta]
@@ -183,11 +232,11 @@ def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None)
     ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
            f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
            f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in shown]
-    ev += _trace_tail_json(mem, p2p)
+    ev += _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
     return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
 
 
-def _trace_tail_json(mem: dict, p2p: dict | None) -> list:
+def _trace_tail_json(mem: dict, p2p: dict | None, ends: dict) -> list:
     """`_trace_tail`'s events as json.dumps(separators=(",", ":")) text, written directly."""
     enc = json.encoder.encode_basestring_ascii
     ev = []
@@ -198,15 +247,23 @@ def _trace_tail_json(mem: dict, p2p: dict | None) -> list:
         ev.append(f'{{"ph":"s","id":{i + 1},"name":{name},"cat":"pp","pid":{info["src"]},'
                   f'"tid":{STREAM_TIDS["pp"]},"ts":{us_text(info["sent_ns"])}}}')
         ev.append(f'{{"ph":"f","bp":"e","id":{i + 1},"name":{name},"cat":"pp","pid":{info["dst"]},'
-                  f'"tid":{STREAM_TIDS["compute"]},"ts":{us_text(info["consumed_ns"])}}}')
+                  f'"tid":{STREAM_TIDS["compute"]},"ts":{us_text(ends.get(key, info["consumed_ns"]))}}}')
     for rank, pts in mem.items():
         head = f'{{"ph":"C","name":"memory","pid":{rank},"ts":'
         ev += [f'{head}{us_text(t)},"args":{{"GiB":{round(b / GiB, 6)!r}}}}}' for t, b in pts]
     return ev
 
 
-def write_trace(records, labels, mem, path: Path, p2p: dict | None = None) -> None:
-    write_gzip(path, chrome_trace_json(records, labels, mem, p2p).encode())
+def write_trace(records, labels, mem, path: Path, p2p: dict | None = None,
+                stage_layers: dict | None = None) -> None:
+    write_gzip(path, chrome_trace_json(records, labels, mem, p2p, stage_layers).encode())
+
+
+def stage_layers(sc) -> dict:
+    """{virtual stage: its transformer layers} of a scenario (for `flow_ends`; under DualPipe a
+    layer is in a stage of each direction)."""
+    d = sc.derived
+    return {s: frozenset(d.stage_layers(s)) for s in range(len(d.layers_per_virtual_stage))}
 
 
 def write_gzip(path: Path, data: bytes) -> None:
