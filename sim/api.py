@@ -84,6 +84,10 @@ def _scenario(scenario, items: list[str]):
                       f"dict, not {type(scenario).__name__}", key="scenario")
 
 
+_PLOTLYJS_SHOWN = False
+"""Whether a `Result._repr_html_` of this process has inlined plotly.js already."""
+
+
 @dataclass
 class Result:
     """One simulated training step (what `sim5d run` reports and writes)."""
@@ -135,6 +139,48 @@ class Result:
         folder = Path(out)
         write_outputs(self.run, folder, trace_ranks)
         return folder
+
+    def figure(self, kind: str = "timeline"):
+        """A plotly Figure of the step, as the HTML report draws it: "timeline" (the pipeline, a
+        lane per stage), "breakdown" (compute, exposed communication and bubble per stage) or
+        "memory" (memory per GPU over the step, per stage, against the capacity)."""
+        from sim.engine.outputs import memory_series
+        from sim.report import run as report
+
+        run = self.run
+        if kind == "timeline":
+            return report.timeline_figure(run.records, run.pp_rank_of, run.makespan_ns)[0]
+        if kind == "breakdown":
+            return report.breakdown_figure(run.breakdowns, run.pp_rank_of)
+        if kind == "memory":
+            static = {rank: run.memory.per_stage[pp].total_bytes - run.memory.per_stage[pp].activations_bytes
+                      for rank, pp in run.pp_rank_of.items()}
+            return report.memory_figure(memory_series(run.records, static), run.pp_rank_of,
+                                        run.memory.capacity_bytes)
+        raise ValueError(f"figure kind {kind!r} must be timeline, breakdown or memory")
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the step's numbers and its pipeline timeline. plotly.js (4.8 MB)
+        is inlined in the first view a Python process shows and defines `Plotly` for the page;
+        later views use it (as plotly's offline notebook mode does)."""
+        from sim.report import esc, figure
+
+        s = self.summary
+        rows = "".join(f"<tr><th style='text-align:left'>{esc(label)}</th><td>{esc(value)}</td></tr>"
+                       for label, value in (("step time", f"{s['step_time_s']:.4g} s"),
+                                            ("tokens/s per GPU", f"{s['tokens_per_s_per_gpu']:,.0f}"),
+                                            ("MFU", f"{s['mfu']:.1%}"),
+                                            ("compute / exposed comm / bubble",
+                                             f"{s['compute_fraction']:.1%} / {s['exposed_comm_fraction']:.1%} / "
+                                             f"{s['bubble_fraction']:.1%}"),
+                                            ("peak memory", f"{s['peak_memory_gib']:.1f} of "
+                                                            f"{s['memory_capacity_gib']:.1f} GiB"
+                                                            + ("" if s["fits_in_memory"] else " (DOES NOT FIT)"))))
+        global _PLOTLYJS_SHOWN
+        fig = self.figure("timeline").to_html(full_html=False, include_plotlyjs=not _PLOTLYJS_SHOWN,
+                                              config={"displaylogo": False, "responsive": True})
+        _PLOTLYJS_SHOWN = True
+        return (f"<div><b>{esc(s['name'])}</b> on {s['num_gpus']:,} GPUs<table>{rows}</table>{fig}</div>")
 
     def __repr__(self) -> str:
         s = self.summary

@@ -203,3 +203,39 @@ def test_readme_python_api_example_runs(tmp_path, monkeypatch):
     assert str(cli["step_time_s"]) in out.getvalue()
     assert scope["table"].attrs["counts"]["ranked"] > 1
     assert list(tmp_path.iterdir()) == [tmp_path / "cli"]                # the example wrote nothing
+
+
+def test_figures_show_the_result():
+    """Result.figure: the breakdown bars are the breakdown's numbers, the timeline has a lane
+    per pipeline stage, the memory lines a line per stage and the capacity; _repr_html_ shows
+    the step's numbers, with plotly.js inlined in the first view only."""
+    res = api.simulate("llama3-8b-h100x16-1f1b")
+    b = res.breakdown().sort_values("pp_rank").drop_duplicates("pp_rank")
+    bars = {t.name: list(t.x) for t in res.figure("breakdown").data}
+    assert bars["compute"] == pytest.approx(list(b["compute_ns"] / 1e6))
+    assert bars["bubble / idle"] == pytest.approx(list(b["bubble_ns"] / 1e6))
+    pp = res.scenario.parallelism.pp
+    assert len(res.figure("timeline").data[0].y) == pp            # the idle bar: one per lane
+    mem = res.figure("memory")
+    assert len(mem.data) == pp + 1 and mem.data[-1].y[0] == pytest.approx(res.summary["memory_capacity_gib"])
+    with pytest.raises(ValueError, match="timeline, breakdown or memory"):
+        res.figure("gantt")
+    api._PLOTLYJS_SHOWN = False
+    first, second = res._repr_html_(), res._repr_html_()
+    assert f"{res.summary['step_time_s']:.4g} s" in first and f"{res.summary['mfu']:.1%}" in second
+    assert len(first) > 1_000_000 > len(second)                   # plotly.js once
+
+
+def test_the_example_notebook_runs():
+    """examples/quickstart.ipynb, its code cells run in order in one namespace (what a kernel
+    does, without Jupyter), and what it prints is what the API gives."""
+    nb = json.loads((REPO / "examples" / "quickstart.ipynb").read_text())
+    ns: dict = {}
+    out = io.StringIO()
+    with redirect_stdout(out):
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                exec(compile("".join(cell["source"]), "quickstart.ipynb", "exec"), ns)
+    s = ns["result"].summary
+    assert f"step {s['step_time_s']:.3f} s, MFU {s['mfu']:.1%}" in out.getvalue()
+    assert ns["other"].summary["step_time_s"] < s["step_time_s"]         # interleaving shrinks the bubble
