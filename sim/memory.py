@@ -407,8 +407,9 @@ def memory_report(sc: Scenario) -> MemoryReport:
 
 def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
     """A readable table on stdout (rich)."""
-    from rich.console import Console
     from rich.table import Table
+
+    from sim.console import table_console
 
     p = sc.parallelism
     title = (f"{sc.name}: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name} "
@@ -423,7 +424,7 @@ def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
         table.add_row(str(s.pp_rank), *(f"{j[k]:.2f}" for k in ("weights_gib", "grads_gib", "optimizer_gib",
                                                               "activations_gib", "other_gib", "total_gib")),
                       str(s.peak_live_microbatch_chunks))
-    console = Console(width=max(120, Console().width))
+    console = table_console(120)     # the terminal's width, or 120 in a file
     console.print(table)
     console.print("GiB per GPU; 'in flight': the most microbatch-chunks whose activations the "
                   "schedule holds at once")

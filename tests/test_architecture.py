@@ -5,7 +5,7 @@ The layers, lowest first (a module may import its own layer and those below, at 
 inside a function alike):
 
 0. the ground: errors, units, suggestions, paths, YAML reading, the validation fields and the
-   file-error formatting (sim.fields)
+   file-error formatting (sim.fields), the tables' console (sim.console)
 1. what things are: models, workload math, the device profile, topologies, layouts, schedules
 2. what they cost: presets, the compute model, the device-profile loader, the network
 3. the scenario: sim.config
@@ -26,7 +26,7 @@ import networkx as nx
 SIM = Path(__file__).resolve().parents[1] / "sim"
 
 LAYERS = (
-    ("sim", "sim.errors", "sim.units", "sim.suggest", "sim.paths", "sim.yamlio", "sim.fields"),
+    ("sim", "sim.errors", "sim.units", "sim.suggest", "sim.paths", "sim.yamlio", "sim.fields", "sim.console"),
     ("sim.models", "sim.workload*", "sim.device_profile", "sim.topology*", "sim.layout", "sim.pipeline_layout",
      "sim.schedules*"),
     ("sim.presets", "sim.compute", "sim.devices", "sim.network*"),

@@ -39,3 +39,25 @@ def test_shell_completion_completes_commands_and_flags():
     assert "calibrate" in _complete("sim5d ca", 1)
     assert _complete("sim5d run --trace-r", 2) == ["--trace-ranks"]
     assert set(_complete("sim5d calibrate ", 2)) >= {"run", "fit", "steps", "trace", "formats"}
+
+
+def test_tables_fit_the_terminal_and_keep_whole_rows_in_a_file(monkeypatch):
+    """The commands' tables (memory, compare, sweep, plan): on a terminal of 80 columns rich
+    fits them to 80 (it had been forced to 120-200 columns, wrapping every line); in a file or a
+    pipe they keep their full width."""
+    import io
+
+    from sim.console import table_console
+
+    monkeypatch.setenv("COLUMNS", "80")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Tty())
+    assert table_console(200).width == 80
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert table_console(200).width == 200
+    code, out, _ = run_cli("memory", "gpt3-175b-a100x64")       # captured: not a terminal
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 120

@@ -134,12 +134,13 @@ def _check_fits(rows: list[dict], strict: bool) -> None:
 
 def _table(rows: list[dict], n_tokens: float, chart) -> None:
     """The side-by-side table; a scenario that does not fit is marked in its column's header."""
-    from rich.console import Console
     from rich.table import Table
+
+    from sim.console import table_console
 
     from sim import compare as C
 
-    console = Console(width=max(120, Console().width))
+    console = table_console(120)     # the terminal's width, or 120 in a file
     t = Table(title=f"comparison (cost of training {C.format_tokens(n_tokens)} tokens)", title_justify="left")
     t.add_column("")
     for r in rows:

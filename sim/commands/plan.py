@@ -198,13 +198,14 @@ def _write(res, spec, plot, as_json: bool, html, export) -> None:
 
 
 def _table(res, spec, chart, json_path) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from sim.console import table_console
 
     from sim.compare import format_tokens
     from sim.plan import planner as P
 
-    con = Console(width=max(200, Console().width))
+    con = table_console(200)     # the terminal's width, or 200 in a file
     t = Table(title=f"plan: {format_tokens(spec.tokens)} tokens", title_justify="left")
     cols = ("cluster", "layout", "step s", "MFU", "goodput", "MC goodput (CI)", "ckpt every", "days",
             "cost", "MWh", "")

@@ -125,10 +125,11 @@ def _write_extras(res, html, export) -> None:
 
 
 def _print(res) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=max(150, Console().width))
+    from sim.console import table_console
+
+    con = table_console(150)     # the terminal's width, or 150 in a file
     c = res.counts
     con.print(f"[bold]{c['evaluated']}[/bold] layouts evaluated: {c['invalid']} invalid, "
               f"{c['out_of_memory']} out of memory, {c['feasible']} fit; {c['ranked']} ranked "
