@@ -396,7 +396,8 @@ def _exhaustive(spec: SweepSpec, run: SweepRun) -> None:
 
 
 def _resume(spec: SweepSpec, prep: Prepared) -> tuple:
-    """(table path, stream path, the stream's rows of this sweep) after checking --out."""
+    """(table path, stream path, the stream's rows of this sweep, a note when its interrupted
+    last line was dropped) after checking --out."""
     out = Path(spec.out) if spec.out else default_out(spec, prep)
     if out.suffix not in (".csv", ".parquet"):
         raise ConfigError(f"--out {out}: the table is written as CSV or parquet; use a .csv or .parquet file",
@@ -407,20 +408,15 @@ def _resume(spec: SweepSpec, prep: Prepared) -> tuple:
         for p in (spath, out):
             if p.exists():
                 p.unlink()
-    old = read_stream(spath, prep.sweep_id)
-    for row in old:
-        i = row["index"]
-        if not (0 <= i < len(prep.layouts)) or prep.layouts[i].id != row["layout"]:
-            raise ConfigError(f"{spath}: row {row['layout']} does not match this sweep's enumeration; "
-                              "pass --restart", key="--out")
-    return out, spath, old
+    old, note = read_stream(spath, prep.sweep_id, [lay.id for lay in prep.layouts])
+    return out, spath, old, [note] if note else []
 
 
 def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> SweepResult:
     """Run (or resume) a sweep and write its table, stream and charts."""
     t0 = time.perf_counter()
     prep = prepare(spec)
-    out, spath, old = _resume(spec, prep)
+    out, spath, old, stream_notes = _resume(spec, prep)
     own_executor = executor is None
     if own_executor:
         from sim.sweep.executors import make_executor
@@ -449,11 +445,11 @@ def run_sweep(spec: SweepSpec, *, progress: bool = True, executor=None) -> Sweep
         run.writer.close()
         if own_executor:  # stopped early (Ctrl-C): do not wait for running tasks nobody will read
             executor.close() if finished else getattr(executor, "abort", executor.close)()
-    return _result(spec, prep, run, out, spath, len(old), time.perf_counter() - t0)
+    return _result(spec, prep, run, out, spath, len(old), time.perf_counter() - t0, stream_notes)
 
 
 def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Path, resumed: int,
-            wall_s: float) -> SweepResult:
+            wall_s: float, stream_notes: list = ()) -> SweepResult:
     """The table written, its counts, winner, charts and notes."""
     layouts = prep.layouts
     table = final_table(layouts, run.screened, run.fits, run.dominated, run.analytical, run.flow, set(run.top),
@@ -473,7 +469,7 @@ def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Pa
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
     return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out,
-                       stream=spath, plots=plots, notes=_notes(table, counts, spec), resumed=resumed,
+                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec)], resumed=resumed,
                        executor=getattr(run.executor, "name", spec.executor),
                        workers=max(1, getattr(run.executor, "workers", 1)), title=title, best_scenario=best_sc)
 
