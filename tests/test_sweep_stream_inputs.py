@@ -223,3 +223,13 @@ def test_a_stream_written_for_a_different_sweep_is_refused(tmp_path):
     assert code == 0, err
     _refused(tmp_path, stream_path(other).read_bytes(), 2, "the stream holds the results of another sweep",
              "--set values or grid differ", "--restart")
+
+
+@pytest.mark.parametrize("folder", ["t.csv", "t.csv.stream.csv"])
+@pytest.mark.parametrize("restart", [[], ["--restart"]], ids=["resume", "restart"])
+def test_a_folder_where_the_table_or_stream_goes_is_refused_before_sweeping(tmp_path, folder, restart):
+    """It had raised IsADirectoryError: after the whole sweep (the table) or on --restart."""
+    (tmp_path / folder).mkdir()
+    code, out, err = run_cli("sweep", *ARGS, "--out", str(tmp_path / "t.csv"), *restart)
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{tmp_path / folder} is a folder or a device, not a file" in err and (tmp_path / folder).is_dir()

@@ -404,6 +404,10 @@ def _resume(spec: SweepSpec, prep: Prepared) -> tuple:
                           key="--out")
     check_writable(out)
     spath = stream_path(out)
+    for p in (out, spath):      # a folder there: refused before any work (not replaced after it)
+        if p.exists() and not p.is_file():
+            raise ConfigError(f"--out {out}: {p} is a folder or a device, not a file; give another --out",
+                              key="--out")
     if spec.restart:
         for p in (spath, out):
             if p.exists():
