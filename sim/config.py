@@ -75,6 +75,14 @@ class ModelIn(_Strict):
 
     preset: Optional[str] = None
     """Bundled preset to start from; the other keys override its fields."""
+    hf_config: Optional[str] = None
+    """A Hugging Face `config.json` to start from (a path, relative to the scenario file's folder;
+    or the model's folder holding it): LlamaForCausalLM (Llama 2/3/3.1), MixtralForCausalLM,
+    Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV3ForCausalLM (MLA, shared
+    experts, first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers).
+    Every field that shapes the model is mapped to the keys below; the others are listed on stderr
+    as not changing a step; a value sim5d cannot model (a sliding window in use, an unknown
+    architecture) is an error. The other keys override the config's values. Not with `preset`."""
     name: Optional[str] = None
     """Label for reports (default: the preset name or 'custom')."""
     num_layers: Optional[int] = Field(None, ge=1)
@@ -702,6 +710,8 @@ def _build_model(m, lines, file) -> ModelSpec:
         return PRESETS[m]
     given = m.model_dump(exclude_none=True)
     preset = given.pop("preset", None)
+    if "hf_config" in given:
+        return _hf_model(given, preset, lines, file)
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown model preset {preset!r}{did_you_mean(preset, PRESETS)}; bundled: "
@@ -716,6 +726,52 @@ def _build_model(m, lines, file) -> ModelSpec:
                               line=_line(lines, ("model",)))
     given.setdefault("name", "custom")
     return ModelSpec(**{k: v for k, v in given.items() if k in MODEL_FIELDS})
+
+
+def _hf_model(given: dict, preset, lines, file) -> ModelSpec:
+    """The model of `model: {hf_config: PATH, ...}`."""
+    keys = _hf_keys(given, preset, lines, file)
+    return ModelSpec(**{k: v for k, v in keys.items() if k in MODEL_FIELDS})
+
+
+def expand_hf_model(model: dict, file: str | None) -> dict:
+    """A model mapping with `hf_config` (`sweep --model FILE`'s) as the plain mapping of model
+    keys it stands for, read once (the notes on stderr once), PATH relative to `file`'s folder."""
+    given = dict(model)
+    keys = _hf_keys(given, given.pop("preset", None), {}, file)
+    return {k: v for k, v in keys.items() if k in ModelIn.model_fields}
+
+
+def _hf_keys(given: dict, preset, lines, file) -> dict:
+    """ModelSpec's keyword arguments for `model: {hf_config: PATH, ...}`: the config's keys
+    (sim.hf_config), the scenario's others over them; the notes on stderr. PATH is relative to
+    the scenario file's folder (to the working directory for a `--set` value or a scenario given
+    as a mapping)."""
+    from sim import hf_config
+
+    text = given.pop("hf_config")
+    where, line = _where(lines, ("model", "hf_config"), file)
+    if not isinstance(text, str):
+        raise ConfigError(f"{text!r} must be a path to a config.json", key="model.hf_config", file=where,
+                          line=line)
+    if preset is not None:
+        raise ConfigError(f"model.hf_config and model.preset ({preset!r}) both give the whole model: keep "
+                          "one (the other model keys override either)", key="model.hf_config", file=where,
+                          line=line)
+    base = Path(file).parent if file and where == file else None
+    path = hf_config.resolve(text, base)
+    if not hf_config.exists(path):
+        rel = " (relative to the scenario file's folder)" if base is not None and path != Path(text) else ""
+        raise ConfigError(f"{text!r}: no config.json at {str(path)!r}{rel}", key="model.hf_config",
+                          file=where, line=line)
+    try:
+        keys, notes = hf_config.model_keys(hf_config.read(path), given)
+    except ConfigError as e:
+        named = f"{where}:{line}" if line else where
+        raise ConfigError(f"{e.message} (model.hf_config of {named})" if named else e.message,
+                          key=e.key, file=e.file, line=e.line) from None
+    hf_config.emit(notes)
+    return keys
 
 
 def _nodes_and_dp(p: ParallelIn, cluster: ClusterIn, topo: TopologySpec, err) -> tuple[int, int, int]:

@@ -45,7 +45,8 @@ def scenario_keys_markdown() -> str:
            "Every key a scenario YAML (or `--set section.key=value`) accepts, generated from the "
            "schema (`python -m sim.docs > docs/scenario-keys.md`; a test keeps it in step). "
            "Unknown keys are errors. `model:` also takes a bundled preset name; a mapping may "
-           "start from one with `preset:` and override any key below. The keys of the topology and "
+           "start from one with `preset:` (or from a Hugging Face config.json with `hf_config:`) and "
+           "override any key below. The keys of the topology and "
            "device-profile files a scenario names follow the scenario's.", ""]
     top = ScenarioIn.model_fields
     out += ["## top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]

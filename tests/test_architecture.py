@@ -7,7 +7,8 @@ inside a function alike):
 0. the ground: errors, units, suggestions, paths, YAML reading, the validation fields and the
    file-error formatting (sim.fields), the tables' console (sim.console)
 1. what things are: models, workload math, the device profile, topologies, layouts, schedules
-2. what they cost: presets, the compute model, the device-profile loader, the network
+2. what they cost: presets and models from Hugging Face configs, the compute model, the
+   device-profile loader, the network
 3. the scenario: sim.config
 4. the memory calculator
 5. the engine (sim.engine and sim.engine.parallel)
@@ -29,7 +30,7 @@ LAYERS = (
     ("sim", "sim.errors", "sim.units", "sim.suggest", "sim.paths", "sim.yamlio", "sim.fields", "sim.console"),
     ("sim.models", "sim.workload*", "sim.device_profile", "sim.topology*", "sim.layout", "sim.pipeline_layout",
      "sim.schedules*"),
-    ("sim.presets", "sim.compute", "sim.devices", "sim.network*"),
+    ("sim.presets", "sim.hf_config", "sim.compute", "sim.devices", "sim.network*"),
     ("sim.config",),
     ("sim.memory",),
     ("sim.engine*",),

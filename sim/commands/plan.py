@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
 
 
 def plan_cmd(
-    model: str = typer.Option(..., "--model", help="Model preset name, or a YAML file with a model mapping."),
+    model: str = typer.Option(..., "--model", help="Model preset name, a YAML file with a model "
+                              "mapping, or a Hugging Face config.json."),
     tokens: str = typer.Option(..., "--tokens", help="Tokens to train (K/M/B/T suffixes), e.g. 15T."),
     cluster: List[str] = typer.Option(..., "--cluster", help="A candidate, TOPOLOGY:GPUS (repeatable): N, "
                                       "A..B (A, 2A, 4A, ... up to B) or A,B,C GPUs, e.g. hgx-h200-ndr:64..512."),

@@ -13,8 +13,13 @@ from sim.errors import ConfigError
 
 
 def _model_arg(text: str):
-    """A preset name, or a YAML file holding a model mapping (or a scenario with `model:`)."""
+    """A preset name, a YAML file holding a model mapping (or a scenario with `model:`), or a
+    Hugging Face config.json."""
     p = Path(text)
+    if p.suffix == ".json":
+        from sim.config import expand_hf_model
+
+        return expand_hf_model({"hf_config": str(p.resolve())}, None)
     if p.suffix in (".yaml", ".yml"):
         if not p.is_file():
             raise ConfigError(f"model file {text!r} not found (give a preset name or a YAML file)", key="--model")
@@ -25,7 +30,12 @@ def _model_arg(text: str):
             data = data["model"]
         if not isinstance(data, (dict, str)):
             raise ConfigError("a model file holds a model mapping (num_layers, hidden_size, ... or "
-                              "preset: NAME) or a scenario with a `model:` key", key="--model", file=text)
+                              "preset: NAME, or hf_config: PATH) or a scenario with a `model:` key",
+                              key="--model", file=text)
+        if isinstance(data, dict) and "hf_config" in data:
+            from sim.config import expand_hf_model
+
+            data = expand_hf_model(data, text)      # read once, PATH relative to the model file
         return data
     return text
 
@@ -33,7 +43,8 @@ def _model_arg(text: str):
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
     def sweep_cmd(
-        model: str = typer.Option(..., "--model", help="Model preset name, or a YAML file with a model mapping."),
+        model: str = typer.Option(..., "--model", help="Model preset name, a YAML file with a model "
+                                  "mapping, or a Hugging Face config.json."),
         gpus: int = typer.Option(..., "--gpus", help="GPUs in the cluster (whole nodes)."),
         topology: str = typer.Option(..., "--topology", help="Bundled topology name or topology YAML."),
         set_: Optional[List[str]] = typer.Option(
