@@ -386,6 +386,22 @@ def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypa
     with pytest.raises(ValueError, match="writer failed"):
         outputs.run_writers([(5.0, boom), (1.0, lambda: None), (1.0, lambda: None)], 10)
 
+    # tasks that fail in any child: each is run again here (the children take some of the eight
+    # for sure: they wait on nothing, this process sleeps between its tasks)
+    import os
+    import time
+
+    parent, ran = os.getpid(), []
+
+    def only_here(k):
+        if os.getpid() != parent:
+            raise RuntimeError("in a child")
+        ran.append(k)
+        time.sleep(0.05)
+
+    outputs.run_writers([(1.0, lambda k=k: only_here(k)) for k in range(8)], 10)
+    assert sorted(ran) == list(range(8))
+
 
 @pytest.mark.parametrize("name", ["llama3-405b-h100x16384", "mixtral-8x7b-h100x64-dualpipe"])
 def test_every_pipeline_arrow_ends_inside_its_consuming_slice(name):

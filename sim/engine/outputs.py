@@ -291,12 +291,12 @@ def _cpus() -> int:
 
 def run_writers(tasks: list, n_records: int) -> None:
     """Run the output writers `tasks` ([(cost, fn)], fn() writes its files) over the CPUs this
-    process may use: the tasks split into groups of about equal cost (largest first, each to the
-    least loaded group), each group but the last in a forked child (it shares the parent's
-    records copy-on-write and writes its own files), the last in this process; then wait for the
-    children. A child that fails is reported by running its tasks again here, which raises the
-    same error. Every file has the same bytes whichever process writes it; without os.fork, with
-    one CPU, with other Python threads running or for a small step, the tasks run in turn."""
+    process may use: this process and a forked child per further CPU (it shares the parent's
+    records copy-on-write and writes its own files) each take the next task, largest estimated
+    cost first, whenever they are free; then wait for the children. A task a failed child did
+    not finish is run again here, which raises the same error. Every file has the same bytes
+    whichever process writes it; without os.fork, with one CPU or with other Python threads
+    running, the tasks run in turn."""
     with _no_cyclic_gc():
         _run_writers(tasks, n_records)
 
@@ -318,43 +318,55 @@ def _no_cyclic_gc():
 
 
 def _run_writers(tasks: list, n_records: int) -> None:
-    groups_n = min(_cpus(), len(tasks))
-    if (groups_n < 2 or n_records < PARALLEL_MIN_RECORDS or not hasattr(os, "fork")
-            or threading.active_count() > 1):
+    workers = min(_cpus(), len(tasks))
+    if (workers < 2 or n_records < PARALLEL_MIN_RECORDS or not hasattr(os, "fork")
+            or threading.active_count() > 1 or len(tasks) > 255):
         for _, fn in tasks:
             fn()
         return
-    groups: list = [[0.0, []] for _ in range(groups_n)]
-    for cost, fn in sorted(tasks, key=lambda t: -t[0]):
-        g = min(groups, key=lambda x: x[0])
-        g[0] += cost
-        g[1].append(fn)
+    # list scheduling: the tasks, largest first, in a pipe each process takes the next one from
+    # when it is free (the costs are estimates; a fixed split left one CPU idle for a second)
+    todo_r, todo_w = os.pipe()
+    os.write(todo_w, bytes(sorted(range(len(tasks)), key=lambda i: -tasks[i][0])))
+    os.close(todo_w)
+    done_r, done_w = os.pipe()                         # the children's finished tasks
     sys.stdout.flush()
     sys.stderr.flush()
     children = []
-    for _, fns in groups[:-1]:
+    for _ in range(workers - 1):
         pid = os.fork()
         if pid == 0:                                   # the child: write, then leave at once
             code = 0
             try:
-                for fn in fns:
-                    fn()
+                for i in _next_task(todo_r):
+                    tasks[i][1]()
+                    os.write(done_w, bytes([i]))
             except BaseException:                      # noqa: BLE001 - reported by the parent
                 code = 1
             finally:
                 os._exit(code)
-        children.append((pid, fns))
-    failed = []
+        children.append(pid)
+    os.close(done_w)
+    ran = set()
     try:
-        for fn in groups[-1][1]:
-            fn()
+        for i in _next_task(todo_r):
+            tasks[i][1]()
+            ran.add(i)
     finally:
-        for pid, fns in children:
-            _, status = os.waitpid(pid, 0)
-            if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-                failed += fns
-    for fn in failed:
-        fn()
+        os.close(todo_r)
+        for pid in children:
+            os.waitpid(pid, 0)
+        while chunk := os.read(done_r, 256):
+            ran.update(chunk)
+        os.close(done_r)
+    for i in sorted(set(range(len(tasks))) - ran):     # a failed child's: raises its error here
+        tasks[i][1]()
+
+
+def _next_task(fd: int):
+    """The task indices a process takes from the pipe `fd`, one byte each, until it is empty."""
+    while b := os.read(fd, 1):
+        yield b[0]
 
 
 _KIND_COLOURS = {"F": "#3b75af", "B": "#e07b39", "I": "#5ab4d0", "W": "#6aa84f", "R": "#9e7fbf",
