@@ -13,8 +13,6 @@ counter ("C") track of memory per rank.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import gzip
 import json
 import os
@@ -297,24 +295,13 @@ def run_writers(tasks: list, n_records: int) -> None:
     not finish is run again here, which raises the same error. Every file has the same bytes
     whichever process writes it; without os.fork, with one CPU or with other Python threads
     running, the tasks run in turn."""
-    with _no_cyclic_gc():
+    from sim.engine.simulate import cyclic_gc_paused
+
+    # the writers allocate millions of container objects that live until written (rows, events,
+    # boxes): the collector would only scan them again and again (`sim5d run` pauses it around
+    # the step and its outputs already; this covers the API's Result.write too)
+    with cyclic_gc_paused():
         _run_writers(tasks, n_records)
-
-
-@contextlib.contextmanager
-def _no_cyclic_gc():
-    """The cyclic garbage collector off while the writers run: they allocate millions of
-    container objects that live until they are written (rows, events, boxes), each of which the
-    collector would traverse again and again (a 1T-parameter step's pipeline chart: 5.5 s with
-    it, 3.5 s without). Reference counting still frees everything acyclic; a forked writer exits
-    without cleanup. Restored afterwards if it was on."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _run_writers(tasks: list, n_records: int) -> None:
