@@ -104,6 +104,12 @@ def _on_lines(lines: list[int], lead: str = "fitted from the ") -> str:
     return f" ({lead}row{many} on line{many} {shown})"
 
 
+def _rows_error(message: str, rows, key: str, lead: str = "fitted from the ") -> ConfigError:
+    """A ConfigError about a fit of `rows`: the message with their lines, at the first one."""
+    lines = _lines(rows)
+    return ConfigError(message + _on_lines(lines, lead), key=key, line=lines[0] if lines else None)
+
+
 RANGES = {
     # A rate is positive; 20 PFLOP/s is above the dense peak of any device made (Blackwell Ultra:
     # 15 PFLOP/s dense FP4). Attention is matmuls, so its rates share the ceiling.
@@ -368,9 +374,8 @@ def fit_rows(meta: dict, rows: list, *, name: str, memory_gib: float | None = No
     unknown = [r for r in _rows(rows, kind="elementwise") if r["op"] not in BANDWIDTH_CLASSES]
     if unknown:   # before any fit: the row's own error (its line), not a fitted range's
         ops = sorted({r["op"] for r in unknown})
-        raise ConfigError(f"elementwise op(s) {', '.join(map(repr, ops))} are not classes of "
-                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})" + _on_lines(_lines(unknown), lead=""),
-                          key="op", line=(_lines(unknown) or [None])[0])
+        raise _rows_error(f"elementwise op(s) {', '.join(map(repr, ops))} are not classes of "
+                          f"sim.compute ({', '.join(BANDWIDTH_CLASSES)})", unknown, key="op", lead="")
     hbm, copies = _fit_memory_roofline(rows, compute_rows, notes)
     peak, mamf, curve, overhead = _fit_gemms(gemm_rows, hbm, pins, notes)
     compute = {"mamf_tflops": mamf, "hbm_efficiency": 1.0}
@@ -505,11 +510,10 @@ def _fit_gemm_curve(rs, args: tuple, prec: str, w, pins: _Pins, notes: list):
     # can show), else no curve (a note)
     flops = sorted(set(args[0].tolist()))
     if len(flops) < 2 and "gemm" not in pins:
-        raise ConfigError(
+        raise _rows_error(
             f"gemm {prec}: every one of the {len(rs)} GEMM measurement(s) has {flops[0]:.4g} "
             "FLOPs: the matmul rate and the per-GEMM overhead cannot be separated (measure "
-            "GEMMs of two sizes or more)" + _on_lines(_lines(rs)), key="mamf_tflops",
-            line=(_lines(rs) or [None])[0])
+            "GEMMs of two sizes or more)", rs, key="mamf_tflops")
     ints = _intensity(args[2], args[3], args[4])
     n_int = len({round(float(x), 6) for x in ints})
     spread = float(ints.max() / ints.min())
@@ -545,13 +549,12 @@ def _fit_attention(att, peak: dict, pins: _Pins, notes: list) -> tuple[dict, flo
         flops_of.setdefault(g, set()).add(r["flops"])
     separable = len(att) >= len(flops_of) + 1 and max(len(v) for v in flops_of.values()) >= 2
     if not separable and "attention" not in pins:
-        raise ConfigError(
+        raise _rows_error(
             f"attention: {len(att)} measurements for {len(flops_of) + 1} constants (a rate per "
             f"phase, causal and sequence length: {len(flops_of)}, and one overhead), and no "
             "sequence length measured at two FLOP counts: the overhead cannot be separated "
             "from the rates (measure two head counts or batch sizes per sequence length, as "
-            "`sim5d calibrate run` does)" + _on_lines(_lines(att)), key="attention",
-            line=(_lines(att) or [None])[0])
+            "`sim5d calibrate run` does)", att, key="attention")
     o_att, rates = fit_attention(_arr(att, "flops"), _arr(att, "median_s"), groups,
                                  fixed_overhead=None if separable else pins.take("attention"))
     RANGES["overhead_us"].check("attention overhead overhead_us.attention", o_att * 1e6,
@@ -617,10 +620,9 @@ def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) 
     B, T = _arr(rs, "bytes"), _arr(rs, "median_s")
     sizes = sorted(set(B.tolist()))
     if len(sizes) < 2 and cls not in pins:
-        raise ConfigError(
+        raise _rows_error(
             f"{cls}: all {len(rs)} measurement(s) move {int(sizes[0])} bytes: its bandwidth "
-            "and per-kernel overhead cannot be separated (measure two sizes or more)" + _on_lines(_lines(rs)),
-            key=cls, line=(_lines(rs) or [None])[0])
+            "and per-kernel overhead cannot be separated (measure two sizes or more)", rs, key=cls)
     if len(sizes) < 2:
         o = pins.take(cls)
         x = fit_linear_time(B[:, None], np.maximum(T - kernels * o, 1e-12), _weights(rs))[0]
@@ -628,10 +630,9 @@ def _fit_bandwidth_class(cls: str, rs, kernels: float, hbm: float, pins: _Pins) 
         x, o = fit_linear_time(np.column_stack([B, np.full(len(rs), kernels)]), T, _weights(rs))
     measured = ", ".join(f"{b:.4g} B in {1e6 * float(np.median(T[B == b])):.4g} us" for b in sizes)
     if x <= 0:
-        raise ConfigError(
+        raise _rows_error(
             f"{cls}: the time does not grow with the bytes ({measured}): its bandwidth would be "
-            "unbounded; not written (measure larger sizes, or more repetitions)" + _on_lines(_lines(rs)),
-            key=cls, line=(_lines(rs) or [None])[0])
+            "unbounded; not written (measure larger sizes, or more repetitions)", rs, key=cls)
     # a rate curve over bytes: each size's rate once the fitted overhead is taken off (at
     # most 3/4 of its time, so that a size stays bandwidth-bound), median per size
     rate = B / np.maximum(T - kernels * o, 0.25 * T)
@@ -702,10 +703,9 @@ def _fit_collectives(rows, hbm: float, copies: list) -> list[dict]:
         sizes, times = _arr(rs, "size_bytes"), _arr(rs, "median_s")
         measured = _size_times(sizes, times)
         if len(set(sizes.tolist())) < 2:
-            raise ConfigError(f"{what}: every measurement has size {int(sizes[0])} bytes ({measured}): "
+            raise _rows_error(f"{what}: every measurement has size {int(sizes[0])} bytes ({measured}): "
                               "its latency and bandwidth cannot be separated (measure two sizes or "
-                              "more)" + _on_lines(_lines(rs)), key="size_bytes",
-                              line=(_lines(rs) or [None])[0])
+                              "more)", rs, key="size_bytes")
         a, b = fit_alpha_beta(sizes, times)
         RANGES["alpha_us"].check(f"{what} latency alpha", a * 1e6, key=f"collectives.{key[0]}",
                                  hint=measured, rows=rs)
@@ -1022,10 +1022,9 @@ def fit_topology(rows, base: str, gpu_ref: str, *, name: str, ops=TOPOLOGY_FIT_O
     A = np.column_stack([l1, d1]) / t[:, None]
     sv = np.linalg.svd(A / np.maximum(np.linalg.norm(A, axis=0), 1e-300), compute_uv=False)
     if len(coll) < 2 or sv[-1] < 1e-6:
-        raise ConfigError(f"{len(coll)} {fit_ops} measurement(s) ({measured}) cannot separate the "
+        raise _rows_error(f"{len(coll)} {fit_ops} measurement(s) ({measured}) cannot separate the "
                           f"{cls} link's bandwidth from its per-step latency (two constants): "
-                          "measure two sizes or more" + _on_lines(_lines(coll)), key="--topology-out",
-                          line=(_lines(coll) or [None])[0])
+                          "measure two sizes or more", coll, key="--topology-out")
     y = np.maximum(t - base_lat, 1e-12)
     step, inv_bw = fit_linear_time(np.column_stack([l1, d1]), y)
     step_us = float(step)
