@@ -3,10 +3,10 @@
 Before a layer's forward its parameters (16-bit, dense over dp x cp, routed experts over the
 expert-dp group) are all-gathered unless still gathered; with `overlap_param_gather` the next
 layer's gather is launched when a layer starts (prefetch one layer ahead, "dp" stream), without
-it each gather is issued when its layer needs it and is exposed. An action's first layer is
-gathered before its receive (`_fsdp_before_receive`: the host runs ahead of the wait). With `reshard_after_forward`
-they are freed after the forward and gathered again before the backward (2 gathers per layer per
-microbatch pass); without it they stay until the backward (1 gather). The embedding and LM head
+it each gather is issued when its layer needs it and is exposed; an action's first layer is
+gathered before its receive (`_fsdp_before_receive`: the host runs ahead of the wait). With
+`reshard_after_forward` they are freed after the forward and gathered again before the backward
+(2 gathers per layer per microbatch pass); without it they stay until the backward (1 gather). The embedding and LM head
 (the root unit) are gathered once at the start of the step and kept. Gradients: reduce-scatter
 per layer (dp.DataParallel), after every microbatch (`grad_reduce: microbatch`, the default
 without pipeline parallelism) or after the layer's last microbatch (`step`, the default with it).
@@ -83,11 +83,11 @@ class ShardedDataParallel:
 
     def _fsdp_before_receive(self, prog, r, stage, backward: bool):
         """Before an action's receive: with `overlap_param_gather`, launch the gather of its first
-        layer (the stage's last in a backward) unless gathered. FSDP2 issues a unit's all-gather from the module's pre-forward
-        (pre-backward) hook, which the host reaches as soon as it has enqueued the receive: the
-        receive's `work.wait()` makes the compute stream wait, not the host
-        (torch/distributed/pipelining/schedules.py _wait_batch_p2p; FSDPParamGroup.unshard on
-        its all-gather stream). So the gather runs while the rank waits for its input (the
+        layer (the stage's last in a backward) unless gathered. FSDP2 issues a unit's all-gather
+        from the module's pre-forward (pre-backward) hook, which the host reaches as soon as it
+        has enqueued the receive: the receive's `work.wait()` makes the compute stream wait, not
+        the host (torch/distributed/pipelining/schedules.py _wait_batch_p2p; FSDPParamGroup.unshard
+        on its all-gather stream). So the gather runs while the rank waits for its input (the
         pipeline fill); only the next layer's waits for the first one's copy-out (FSDP2's
         all_gather_state: one unit ahead)."""
         layers = self._layers(stage)
