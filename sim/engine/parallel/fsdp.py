@@ -6,10 +6,11 @@ layer's gather is launched when a layer starts (prefetch one layer ahead, "dp" s
 it each gather is issued when its layer needs it and is exposed; an action's first layer is
 gathered before its receive (`_fsdp_before_receive`: the host runs ahead of the wait). With
 `reshard_after_forward` they are freed after the forward and gathered again before the backward
-(2 gathers per layer per microbatch pass); without it they stay until the backward (1 gather). The embedding and LM head
-(the root unit) are gathered once at the start of the step and kept. Gradients: reduce-scatter
-per layer (dp.DataParallel), after every microbatch (`grad_reduce: microbatch`, the default
-without pipeline parallelism) or after the layer's last microbatch (`step`, the default with it).
+(2 gathers per layer per microbatch pass); without it they stay until the backward (1 gather).
+The embedding and LM head (the root unit) are gathered once at the start of the step and kept.
+Gradients: reduce-scatter per layer (dp.DataParallel), after every microbatch (`grad_reduce:
+microbatch`, the default without pipeline parallelism) or after the layer's last microbatch
+(`step`, the default with it).
 
 After the backward: with `microbatch` FSDP2 reshards every layer (reshard_after_backward, its
 default), so the next microbatch gathers again. `step` is torch.distributed.pipelining's FSDP2
