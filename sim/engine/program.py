@@ -358,11 +358,13 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             ranks = range(self.layout.world_size)
         else:
             ranks = [self.reps[r] for r in range(self.sc.parallelism.pp)]
-        out = {}
-        for g in ranks:
-            self.me = g
-            out[g] = self._program(self.layout.coord(g).pp)
-        return out
+        return {g: self.program_of(g) for g in ranks}
+
+    def program_of(self, g: int) -> list:
+        """The step's program of global rank `g` (whichever ranks the builder simulates; the
+        trace's slice arguments build a traced rank's again, sim.engine.slice_args)."""
+        self.me = g
+        return self._program(self.layout.coord(g).pp)
 
 
     def reset_rank_state(self) -> None:

@@ -1,0 +1,343 @@
+"""What a trace slice carries when clicked: its `args` in trace.json.gz, and the communication
+facts the Kineto-style traces' NCCL kernels need.
+
+A record has only a rank, a stream, a name, a category and times. What each slice is comes from
+its name (sim.engine.program and sim.engine.parallel make every name): `layer` (L15),
+`microbatch` (mb7), `phase` (the action's letter F, B, I, W, R: forward, backward, input-grad,
+weight-grad, recompute; optimizer, grad-reduce, param-gather for the step's end), `block` (attn,
+mlp, embedding, head, mtp) and `stage` (s3, chunk 3), each where the name has it. What each slice
+did -- a kernel's FLOPs, a collective's op, bytes, element type and group -- was in the engine's
+programs, which the engine drops once it has compiled them. It is found again at output time, at
+no cost to the simulation: a traced rank's program is built once more by the same ProgramBuilder
+(the same names, the same CommSpecs), with `FlopsCostModel` in place of the device's cost model,
+so that each kernel's "duration" is the FLOPs of the ops the device model timed for it, put
+together exactly as the durations are (the async column GEMM's part held back, context
+parallelism's ring steps, the MoE routing imbalance). Its instructions' names, with the
+microbatch number replaced by a stand-in, key a table per rank (templates read once each).
+
+Under `ranks: all` simulated by symmetry, a rank's calls are its stage representative's mapped
+by sim.engine.symmetry.Orbits (its own groups); otherwise each traced rank's program is its own.
+Where one name stands for several calls (an MoE layer's gradient reduction: the dense and the
+expert parameters' calls, both "grad reduce L3"), they run in program order on one stream, so
+the k-th record of that name on the rank, by start, is the k-th call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sim import compute
+from sim.engine.core import Block, Comm, Compute, Launch, Send
+from sim.engine.costs import COLUMN_GEMMS, DeviceCostModel
+
+PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
+"""The phase of a slice whose name starts with an action's letter (sim.schedules' kinds)."""
+
+GROUP_LISTED = 16
+"""A group of up to this many ranks is listed whole in `group`; a larger one by its first 8."""
+
+TORCH_DTYPES = {"BFloat16": 2, "Half": 2, "Float": 4, "Long": 8}
+"""The element types of sim5d's calls, as PyTorch names them (Kineto's `dtype`), and their bytes."""
+
+_MB_TEXT = '"<mb>"'
+"""Where a slice's microbatch number goes in its args' JSON text (`SliceArgs.text`)."""
+
+
+class _MemoryBound(int):
+    """0 FLOPs that counts as present: a memory-bound kernel the program adds only where its time
+    is not 0 (context parallelism's online-softmax correction, `core.get("correction_fwd")`)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class FlopsCostModel(DeviceCostModel):
+    """The device cost model with each time replaced by the FLOPs its kernels execute
+    (sim.compute.op_flops: what the kernel model times, flash attention's backward with its
+    recompute of Q K^T), rounded to integers so that the program's sums and splits stay exact.
+    Memory-bound kernels (norms, softmax, the embedding lookup, the optimizer step) have 0."""
+
+    def _time(self, ops, phase) -> int:
+        return round(sum(compute.op_flops(op, phase) for op in ops))
+
+    def _column_gemm_ns(self, block) -> dict:
+        col = next((op for op in block if op.name in COLUMN_GEMMS), None)
+        if col is None:
+            return {"col_dgrad": 0, "col_wgrad": 0}
+        return {f"col_{ph}": round(compute.op_flops(col, ph)) for ph in ("dgrad", "wgrad")}
+
+    def _cp_correction_ns(self) -> dict:
+        return {k: _MemoryBound(0) if v else 0 for k, v in super()._cp_correction_ns().items()}
+
+    def optimizer_ns(self, n_params: float) -> int:
+        return 0
+
+
+def name_key(name: str) -> tuple:
+    """(the name with its microbatch number replaced by NUL, the number's text or ''): a slice's
+    key in the tables (a template's names have NUL there, or U+0001 for a pair's second action)."""
+    i = name.find(" mb")
+    if i >= 0:
+        j = name.find(" ", i + 3)
+        mb = name[i + 3:] if j < 0 else name[i + 3:j]
+        if mb.isdigit():
+            return name[:i + 3] + "\x00" + ("" if j < 0 else name[j:]), mb
+    return name.replace("\x01", "\x00"), ""
+
+
+def name_fields(key: str) -> dict:
+    """layer, microbatch (NUL where a number stands), phase, block and stage of a slice's key,
+    each where the name has it, in that order."""
+    words = key.split()
+    out: dict = {}
+    for w in words:
+        if w[:1] == "L" and w[1:].isdigit() and "layer" not in out:
+            out["layer"] = int(w[1:])
+        elif w[:2] == "mb" and (w[2:].isdigit() or w[2:] == "\x00") and "microbatch" not in out:
+            out["microbatch"] = int(w[2:]) if w[2:].isdigit() else "\x00"
+    head = words[0] if words else ""
+    if head in PHASES:
+        out["phase"] = PHASES[head]
+    elif head == "optimizer":
+        out["phase"] = "optimizer"
+    elif key.startswith(("grad reduce", "embedding grad")):
+        out["phase"] = "grad-reduce"
+    elif key.startswith("param "):
+        out["phase"] = "param-gather"
+    elif key.startswith("send "):
+        out["phase"] = "forward" if words[1:2] == ["act"] else "backward"
+    block = next((b for w in words for b in [_BLOCKS.get(w)] if b), None)
+    if block:
+        out["block"] = block
+    stage = next((w[1:] for w in words[1:] if w[:1] == "s" and w[1:].isdigit()), None)
+    if stage is None and "chunk" in words[:-1]:
+        stage = words[words.index("chunk") + 1]
+    if stage is not None and stage.isdigit():
+        out["stage"] = int(stage)
+    return out
+
+
+_BLOCKS = {"attn": "attn", "mlp": "mlp", "embedding": "embedding", "head": "head", "head+loss": "head",
+           "mtp": "mtp"}
+
+
+@dataclass(frozen=True)
+class CommInfo:
+    """One collective or transfer of a slice: `op`, `size_bytes` per rank (nccl-tests' count),
+    the member `ranks`, the element type `dtype` (PyTorch's name) and its element count."""
+
+    op: str
+    size_bytes: int
+    ranks: tuple
+    dtype: str
+
+    @property
+    def nelems(self) -> int:
+        return self.size_bytes // TORCH_DTYPES[self.dtype]
+
+
+def comm_dtype(key: str, tag: str, precision: str) -> str:
+    """The element type of a call: the MoE dispatcher's token counts are int64 and its routing
+    probabilities fp32 (Megatron-Core's MoEAlltoAllTokenDispatcher), the FP8 amaxes fp32; the
+    rest -- activations, gradients and parameters -- move at the training's 16-bit type (fp32
+    in fp32 training: sim.engine.program._act_bytes, parallel.dp._grad_spec)."""
+    if key.endswith("token counts"):
+        return "Long"
+    if key.endswith("probs") or tag == "fp8-amax":
+        return "Float"
+    return {"fp32": "Float", "fp16": "Half"}.get(precision, "BFloat16")
+
+
+def group_text(ranks: tuple) -> str:
+    """A group's ranks as `args.group` shows them: all of them up to GROUP_LISTED, else the first
+    8 and how many there are."""
+    if len(ranks) <= GROUP_LISTED:
+        return ",".join(map(str, ranks))
+    return ",".join(map(str, ranks[:8])) + f",... ({len(ranks)} ranks)"
+
+
+def _walk(program) -> tuple:
+    """({key: {FLOPs}} of the kernels, {key: [CommSpec, ...]} of the calls, distinct, in program
+    order) of one rank's program; each template's instructions read once."""
+    kernels: dict = {}
+    calls: dict = {}
+    seen: set = set()
+    for ins in program:
+        if type(ins) is Block:
+            if id(ins.template) in seen:
+                continue
+            seen.add(id(ins.template))
+            items = ins.template.ins
+        else:
+            items = (ins,)
+        for x in items:
+            t = type(x)
+            if t is Compute:
+                kernels.setdefault(name_key(x.name)[0], set()).add(int(x.dur_ns))
+            elif t is Comm or t is Launch or t is Send:
+                specs = calls.setdefault(name_key(x.name)[0], [])
+                if x.spec not in specs:
+                    specs.append(x.spec)
+    return kernels, calls
+
+
+class SliceArgs:
+    """record -> its args (a dict; `text`: the same as JSON text, fast); `comm(record)`: the
+    call's CommInfo. Made by `slice_args`; each rank's table is made when first asked for."""
+
+    def __init__(self, result, records=None):
+        from sim import schedules
+        from sim.engine.program import ProgramBuilder
+
+        sc = self.sc = result.scenario
+        p = sc.parallelism
+        sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+        self._builder = ProgramBuilder(sc, sched, FlopsCostModel(sc), result.layout, ranks="all", blocks=True)
+        self._orbits = result.engine.orbits
+        self._result = result
+        self._records = records
+        self._programs: dict = {}        # built rank -> (kernels, calls) (`_walk`)
+        self._tables: dict = {}          # rank -> {key: (args dict, text before, text after, calls)}
+        self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
+        self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
+
+    def _walked(self, rank: int) -> tuple:
+        hit = self._programs.get(rank)
+        if hit is None:
+            self._builder.reset_rank_state()
+            hit = self._programs[rank] = _walk(self._builder.program_of(rank))
+        return hit
+
+    def _own(self, rank: int) -> tuple:
+        """(kernels, calls) of `rank` (`_walk`): by symmetry its representative's, the calls mapped
+        to its own groups."""
+        rep = self._orbits.rep_of.get(rank, rank) if self._orbits is not None else rank
+        kernels, calls = self._walked(rep)
+        if rep != rank:
+            spec_for = self._orbits.spec_for
+            calls = {key: [spec_for(s, rank) for s in specs] for key, specs in calls.items()}
+        return kernels, calls
+
+    def table(self, rank: int) -> dict:
+        """{key: (args dict, its JSON text before and after the microbatch number, [CommSpec])}
+        of every slice name of `rank`."""
+        hit = self._tables.get(rank)
+        if hit is not None:
+            return hit
+        kernels, calls = self._own(rank)
+        # (a name's kernels have one FLOPs count: tests/test_trace_args.py checks the bundled scenarios)
+        out = {key: self._entry(key, {"flops": max(flops)}, ()) for key, flops in kernels.items()}
+        for key, specs in calls.items():
+            out[key] = self._entry(key, self._comm_payload(key, specs[0]), specs)
+        self._tables[rank] = out
+        return out
+
+    def _comm_payload(self, key: str, s) -> dict:
+        return {"op": s.op, "bytes": s.size_bytes, "dtype": comm_dtype(key, s.tag, self.sc.training.precision),
+                "group": group_text(s.ranks), "group_size": len(s.ranks)}
+
+    @staticmethod
+    def _entry(key: str, payload: dict, specs) -> tuple:
+        args = {**name_fields(key), **payload}
+        text = json.dumps({k: ("<mb>" if v == "\x00" else v) for k, v in args.items()},
+                          separators=(",", ":"))
+        before, _, after = text.partition(_MB_TEXT)
+        return args, before, after, tuple(specs)
+
+    def _spec_of(self, rec, key: str, specs: tuple):
+        """The call a record of a name that stands for several calls is: the k-th record of its
+        name on its rank, by start, is the k-th of them (they run in program order on one stream)."""
+        order = self._order.get(rec.rank)
+        if order is None:
+            table = self.table(rec.rank)
+            if self._records is None:
+                recs = self._result.records_of([rec.rank])
+            else:                                   # (each rank's records, found in one pass)
+                if self._by_rank is None:
+                    self._by_rank = {}
+                    for r in self._records:
+                        self._by_rank.setdefault(r.rank, []).append(r)
+                recs = self._by_rank.get(rec.rank, [])
+            by_name: dict = {}
+            for r in recs:
+                if r.stream != "mark":
+                    e = table.get(name_key(r.name)[0])
+                    if e is not None and len(e[3]) > 1:
+                        by_name.setdefault(r.name, []).append(r)
+            order = self._order[rec.rank] = {}
+            for name, rs in by_name.items():
+                cands = table[name_key(name)[0]][3]
+                rs.sort(key=lambda r: (r.start_ns, r.end_ns))
+                for k, r in enumerate(rs):
+                    order[(name, r.start_ns, r.end_ns)] = cands[k % len(cands)]
+        return order.get((rec.name, rec.start_ns, rec.end_ns), specs[0])
+
+    def _resolved(self, rec):
+        """(the table entry of a record, its microbatch number's text); for a name that stands
+        for several calls, the entry of its own call. None where the rank's program has no such
+        name."""
+        key, mb = name_key(rec.name)
+        e = self.table(rec.rank).get(key)
+        if e is not None and len(e[3]) > 1:
+            s = self._spec_of(rec, key, e[3])
+            e = self._entry(key, self._comm_payload(key, s), (s,))
+        return e, mb
+
+    def __call__(self, rec) -> dict:
+        e, mb = self._resolved(rec)
+        args = dict(name_fields(name_key(rec.name)[0]) if e is None else e[0])
+        if args.get("microbatch") == "\x00":
+            args["microbatch"] = int(mb)
+        return args
+
+    def text(self, rec) -> str:
+        """json.dumps(self(rec), separators=(",", ":")), from the entry's texts around the
+        microbatch number."""
+        e, mb = self._resolved(rec)
+        if e is None:
+            return json.dumps(self(rec), separators=(",", ":"))
+        return e[1] + mb + e[2] if mb else e[1]
+
+    def texts(self, records) -> list:
+        """`text` of each record, in order (the trace writer's per-slice work on a million slices:
+        one lookup and one concatenation each)."""
+        out = []
+        add = out.append
+        rank, table = None, {}
+        for r in records:
+            if r.rank != rank:
+                rank, table = r.rank, self.table(r.rank)
+            name = r.name
+            e = table.get(name)                 # a name without a microbatch is its own key
+            if e is None:
+                head, sep, tail = name.partition(" mb")
+                mb, sep2, rest = tail.partition(" ")
+                if sep and mb.isdigit():
+                    e = table.get(head + " mb\x00" + sep2 + rest)
+                if e is None or len(e[3]) > 1:
+                    add(self.text(r))
+                else:
+                    add(e[1] + mb + e[2])
+            elif len(e[3]) > 1:
+                add(self.text(r))
+            else:
+                add(e[1])
+        return out
+
+    def comm(self, rec) -> CommInfo | None:
+        """The call a communication record is (op, bytes per rank, member ranks, element type),
+        or None for a kernel or a name the rank's program does not have."""
+        e, _ = self._resolved(rec)
+        if e is None or not e[3]:
+            return None
+        s = e[3][0]
+        key = name_key(rec.name)[0]
+        return CommInfo(s.op, s.size_bytes, s.ranks, comm_dtype(key, s.tag, self.sc.training.precision))
+
+
+def slice_args(result, records=None) -> SliceArgs:
+    """The args of `result`'s slices (a RunResult): call it on a record for its args dict; `text`,
+    `texts` for JSON, `comm` for a call's CommInfo. `records`: a list holding every record of
+    the ranks it will be asked about (default: made from the result when needed)."""
+    return SliceArgs(result, records)

@@ -1,0 +1,130 @@
+"""The slices' args (sim.engine.slice_args): what each record is and did.
+
+The truths are independent of the code under test: FLOPs by the GEMM formula 2mnk (Narayanan
+et al. 2021 sec. 5.1; SwiGLU's fc1 is two h x ffn matrices, Llama / Shazeer 2020), message sizes
+by Megatron's s x b x h elements per TP call, groups from the ranks' coordinates.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.config import load_scenario
+from sim.engine.simulate import simulate
+from sim.engine.slice_args import slice_args
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """Llama 3 8B, TP2 (sequence parallel) PP2 DP4, bf16, 1 x 8192 tokens per microbatch."""
+    return simulate(load_scenario("llama3-8b-h100x16-1f1b"))
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    """Mixtral 8x7B, PP4 EP8 DP16 (expert-DP 2), DualPipe, selective recompute, 1 x 4096 tokens."""
+    return simulate(load_scenario("mixtral-8x7b-h100x64-dualpipe"))
+
+
+def _first(res, rank: int, name: str):
+    return next(r for r in res.records if r.rank == rank and r.name == name)
+
+
+def _group_of(res, rank: int, *same: str) -> set:
+    """The ranks whose coordinates equal `rank`'s in every dimension of `same`."""
+    layout = res.layout
+    me = layout.coord(rank)
+    return {q for q in range(layout.world_size)
+            if all(getattr(layout.coord(q), d) == getattr(me, d) for d in same)}
+
+
+def test_kernel_flops_are_the_gemm_formula(llama):
+    """One layer of Llama 3 8B on one of two TP ranks: T = 8192 tokens, h = 4096, ffn = 14336,
+    32 heads (16 here) of 128, 8 KV heads (4 here)."""
+    sc = llama.scenario
+    m = sc.model
+    T, h, ffn, tp, d = 8192, 4096, 14336, 2, 128
+    assert (m.hidden_size, m.ffn_hidden_size, sc.parallelism.tp, sc.training.seq_length) == (h, ffn, tp, T)
+    args = slice_args(llama)
+    rank = min(llama.pp_rank_of)
+    # SwiGLU MLP forward: fc1 (gate and up, h -> 2 ffn/tp) and fc2 (ffn/tp -> h), 2mnk each
+    mlp = 2 * T * h * (2 * ffn // tp) + 2 * T * (ffn // tp) * h
+    assert args(_first(llama, rank, "F L3 mlp mb0"))["flops"] == mlp == 6 * T * h * ffn // tp
+    # attention forward: QKV (16 + 2 x 4 heads of 128), causal flash attention (half of 2 x 2
+    # s^2 d per head: Q K^T and P V), output projection
+    qkv = 2 * T * h * (16 + 2 * 4) * d
+    core = 2 * (2 * 16 * T * T * d) // 2
+    out = 2 * T * (16 * d) * h
+    assert args(_first(llama, rank, "F L3 attn mb0"))["flops"] == qkv + core + out
+    # the MLP's full backward, split as the async column-parallel backward runs it: fc2's and
+    # then fc1's input gradient, fc1's and fc2's weight gradient; together twice the forward
+    parts = {p: args(_first(llama, rank, f"B L3 mlp mb0 {p}"))["flops"]
+             for p in ("dgrad", "column dgrad", "column wgrad", "wgrad")}
+    assert parts == {"dgrad": 2 * T * h * (ffn // tp), "column dgrad": 2 * T * h * (2 * ffn // tp),
+                     "column wgrad": 2 * T * h * (2 * ffn // tp), "wgrad": 2 * T * h * (ffn // tp)}
+    assert sum(parts.values()) == 2 * mlp
+    assert args(_first(llama, rank, "optimizer step"))["flops"] == 0         # memory-bound
+
+
+def test_moe_and_recompute_flops(mixtral):
+    """Mixtral 8x7B: the MoE block is the router (h -> 8 experts) and each token's top-2 experts'
+    SwiGLU MLPs (on EP8 each rank holds one expert and computes 1/8 of the routed tokens' work,
+    i.e. its own tokens' share); selective recompute re-runs the causal core attention."""
+    T, h, ffn, E, topk, d, heads = 4096, 4096, 14336, 8, 2, 128, 32
+    args = slice_args(mixtral)
+    rank = min(mixtral.pp_rank_of)
+    assert args(_first(mixtral, rank, "F L3 mlp mb0"))["flops"] == 2 * T * h * E + topk * 6 * T * h * ffn
+    assert args(_first(mixtral, rank, "R L3 attn mb0"))["flops"] == 2 * (2 * heads * T * T * d) // 2
+
+
+def test_communication_args_are_the_calls(llama):
+    """TP all-gather: s x b x h bf16 elements per rank over the rank's TP group; the pipeline
+    send: s x b x h / tp (sequence parallel) to the next stage's rank; the DP gradient
+    reduce-scatter (ZeRO-1) of one layer's parameters on this TP rank over its DP group."""
+    args = slice_args(llama)
+    for rank in sorted(llama.pp_rank_of):
+        tp_group = _group_of(llama, rank, "pp", "dp", "cp")
+        rec = next(r for r in llama.records if r.rank == rank and r.name.endswith("attn all-gather"))
+        a = args(rec)
+        assert (a["op"], a["bytes"], a["dtype"], a["group_size"]) == ("all_gather", 8192 * 4096 * 2, "BFloat16", 2)
+        assert set(map(int, a["group"].split(","))) == tp_group and rank in tp_group
+        info = args.comm(rec)
+        assert (info.nelems, set(info.ranks)) == (8192 * 4096, tp_group)
+    rank = min(llama.pp_rank_of)
+    send = args(_first(llama, rank, "send act s1 mb0"))
+    peer = llama.layout.rank(pp=1, **{d: getattr(llama.layout.coord(rank), d) for d in ("tp", "cp", "dp")})
+    assert (send["op"], send["bytes"], send["group"], send["microbatch"]) == ("send_recv", 8192 * 4096, f"{rank},{peer}", 0)
+    grad = args(_first(llama, rank, "grad reduce L3"))
+    attn = 4096 * (4096 + 2 * 8 * 128) + 4096 * 4096             # QKV (GQA) and output projection
+    mlp = 3 * 4096 * 14336
+    assert grad["op"] == "reduce_scatter" and grad["bytes"] == 2 * ((attn + mlp) // 2 + 2 * 4096)  # + 2 norms
+    assert set(map(int, grad["group"].split(","))) == _group_of(llama, rank, "pp", "tp", "cp")
+
+
+def test_one_name_for_two_calls_is_told_apart_by_order(mixtral):
+    """An MoE layer's gradient reduction is two calls named alike: the dense parameters' over the
+    16 DP ranks, then the expert's (3 h x ffn) over the 2 expert-DP ranks."""
+    args = slice_args(mixtral)
+    rank = min(mixtral.pp_rank_of)
+    recs = sorted((r for r in mixtral.records if r.rank == rank and r.name == "grad reduce L3"),
+                  key=lambda r: r.start_ns)
+    got = [(args(r)["group_size"], args(r)["bytes"]) for r in recs]
+    assert got == [(16, 2 * (4096 * (4096 + 2 * 8 * 128) + 4096 * 4096 + 4096 * 8 + 2 * 4096)),
+                   (2, 2 * 3 * 4096 * 14336)]
+    assert [args.text(r) for r in recs] == [json.dumps(args(r), separators=(",", ":")) for r in recs]
+
+
+def test_ranks_all_by_symmetry_give_each_rank_its_own_calls():
+    """`ranks: all` simulated by symmetry maps the representatives' calls to each rank's groups:
+    the args equal those of the rank-by-rank simulation's own programs, record by record."""
+    sc = load_scenario("llama3-8b-h100x16-1f1b", overrides=["simulation.ranks=all"])
+    sym, full = simulate(sc), simulate(sc, by_symmetry=False)
+    assert sym.engine.orbits is not None and full.engine.orbits is None
+    a, b = slice_args(sym), slice_args(full)
+    recs = sorted(r for r in sym.records if r.stream != "mark" and r.rank in (0, 5, 9, 14))
+    assert recs == sorted(r for r in full.records if r.stream != "mark" and r.rank in (0, 5, 9, 14))
+    assert [a(r) for r in recs] == [b(r) for r in recs]
+    tp = a(next(r for r in recs if r.rank == 5 and r.name.endswith("attn all-gather")))
+    assert set(map(int, tp["group"].split(","))) == _group_of(sym, 5, "pp", "dp", "cp") == {4, 5}
