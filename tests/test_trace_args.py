@@ -1,8 +1,10 @@
-"""The slices' args (sim.engine.slice_args): what each record is and did.
+"""The slices' args (sim.engine.slice_args): what each record is and did; the flow network's link
+loads (sim.network.link_load).
 
 The truths are independent of the code under test: FLOPs by the GEMM formula 2mnk (Narayanan
 et al. 2021 sec. 5.1; SwiGLU's fc1 is two h x ffn matrices, Llama / Shazeer 2020), message sizes
-by Megatron's s x b x h elements per TP call, groups from the ranks' coordinates.
+by Megatron's s x b x h elements per TP call, groups from the ranks' coordinates, link loads
+worked out by hand from max-min sharing.
 """
 
 from __future__ import annotations
@@ -10,22 +12,27 @@ from __future__ import annotations
 import json
 
 import pytest
+import simpy
 
 from sim.config import load_scenario
 from sim.engine.simulate import simulate
 from sim.engine.slice_args import slice_args
+from sim.network import FlowNetwork
+from sim.network.link_load import LoadLog, busiest_links
+from sim.topology import load_topology
+from sim.topology.graph import build_graph
 
 
 @pytest.fixture(scope="module")
 def llama():
     """Llama 3 8B, TP2 (sequence parallel) PP2 DP4, bf16, 1 x 8192 tokens per microbatch."""
-    return simulate(load_scenario("llama3-8b-h100x16-1f1b"))
+    return simulate(load_scenario("llama3-8b-h100x16-1f1b"), link_load=True)
 
 
 @pytest.fixture(scope="module")
 def mixtral():
     """Mixtral 8x7B, PP4 EP8 DP16 (expert-DP 2), DualPipe, selective recompute, 1 x 4096 tokens."""
-    return simulate(load_scenario("mixtral-8x7b-h100x64-dualpipe"))
+    return simulate(load_scenario("mixtral-8x7b-h100x64-dualpipe"), link_load=True)
 
 
 def _first(res, rank: int, name: str):
@@ -128,3 +135,73 @@ def test_ranks_all_by_symmetry_give_each_rank_its_own_calls():
     assert [a(r) for r in recs] == [b(r) for r in recs]
     tp = a(next(r for r in recs if r.rank == 5 and r.name.endswith("attn all-gather")))
     assert set(map(int, tp["group"].split(","))) == _group_of(sym, 5, "pp", "dp", "cp") == {4, 5}
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def a100x2():
+    return build_graph(load_topology("dgx-a100-hdr"), 2)
+
+
+def _loads(G, transfers, starts=None) -> tuple:
+    """Run transfers (name, src, dst, bytes) on a FlowNetwork keeping its rates; (the busiest
+    links' LinkSeries by name, the network)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, G)
+    net.loads = LoadLog()
+
+    def go(src, dst, nbytes, delay):
+        if delay:
+            yield env.timeout(delay)
+        yield net.transfer(src, dst, nbytes)
+
+    for name, src, dst, nbytes in transfers:
+        env.process(go(src, dst, nbytes, (starts or {}).get(name, 0)))
+    env.run()
+    edges = G.graph["edge_list"]
+    series = busiest_links(net.loads, net.capacity, [f"{u} -> {v}" for u, v in edges], env.now, top=50)
+    return {s.name: s for s in series}, net
+
+
+def test_link_load_is_the_max_min_rates_by_hand(a100x2):
+    """230 GB/s NVLinks (gpu -> NVSwitch, NVSwitch -> gpu). A (S bytes, gpu0 -> gpu1) and B (S/2,
+    gpu0 -> gpu2) share gpu0's link: 115 GB/s each until B ends at 1 ms, then A alone at 230
+    until 1.5 ms; C (gpu3 -> gpu4) runs alone at 230 for 1 ms."""
+    S = 230_000_000
+    links, _ = _loads(a100x2, [("A", "n0.gpu0", "n0.gpu1", S), ("B", "n0.gpu0", "n0.gpu2", S // 2),
+                               ("C", "n0.gpu3", "n0.gpu4", S)])
+    assert links["n0.gpu0 -> n0.nvsw"].points == [(0, 230.0), (1_500_000, 0.0)]
+    assert links["n0.nvsw -> n0.gpu1"].points == [(0, 115.0), (1_000_000, 230.0), (1_500_000, 0.0)]
+    assert links["n0.nvsw -> n0.gpu2"].points == [(0, 115.0), (1_000_000, 0.0)]
+    assert links["n0.gpu3 -> n0.nvsw"].points == [(0, 230.0), (1_000_000, 0.0)]
+    assert links["n0.gpu0 -> n0.nvsw"].bytes == pytest.approx(1.5 * S)
+    assert links["n0.nvsw -> n0.gpu2"].bytes == pytest.approx(0.5 * S)
+
+
+def test_link_load_of_a_flow_that_ran_alone_then_shared(a100x2):
+    """A starts alone at 230 GB/s; B joins at 0.5 ms on gpu0's link: 115 each until A ends at
+    1.5 ms (its second half at half rate), then B alone at 230 until 2 ms."""
+    S = 230_000_000
+    links, _ = _loads(a100x2, [("A", "n0.gpu0", "n0.gpu1", S), ("B", "n0.gpu0", "n0.gpu2", S)],
+                      starts={"B": 500_000})
+    assert links["n0.gpu0 -> n0.nvsw"].points == [(0, 230.0), (2_000_000, 0.0)]
+    assert links["n0.nvsw -> n0.gpu1"].points == [(0, 230.0), (500_000, 115.0), (1_500_000, 0.0)]
+    assert links["n0.nvsw -> n0.gpu2"].points == [(500_000, 115.0), (1_500_000, 230.0), (2_000_000, 0.0)]
+
+
+def test_busiest_link_series_stay_within_capacity(llama):
+    """A bundled scenario's busiest links: 8, busiest first, each value in [0, capacity] and
+    their integral over the step the bytes the link carried (summed apart from the points)."""
+    series = llama.link_load.busiest(8)
+    assert len(series) == 8 and [s.bytes for s in series] == sorted((s.bytes for s in series), reverse=True)
+    for s in series:
+        assert all(0.0 <= v <= s.capacity_gbps * (1 + 1e-12) for _, v in s.points), s.name
+        assert max(v for _, v in s.points) > 0 and s.points[-1][1] == 0.0
+        integral = sum(v * (t1 - t0) for (t0, v), (t1, _) in zip(s.points, s.points[1:]))
+        assert integral == pytest.approx(s.bytes, rel=1e-9)
+
+
+def test_analytical_network_has_no_link_loads():
+    res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe", overrides=["simulation.network=analytical"]),
+                   link_load=True)
+    assert res.link_load.busiest(8) == [] and "analytical" in res.link_load.note

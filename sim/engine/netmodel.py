@@ -27,6 +27,7 @@ from sim.errors import InternalError
 from sim.layout import Layout
 from sim.network.collectives import collective_process, estimate_plan_ns, plan_collective
 from sim.network.flow import FlowNetwork
+from sim.network.link_load import LoadLog
 from sim.network.moe_dispatch import plan_moe_dispatch
 from sim.topology.graph import build_graph, gpu_name
 from sim.units import MAX_NS
@@ -64,10 +65,15 @@ class ClusterNetwork:
         self.prepared = False
         """Whether `prepare_symmetric` has readied the network for the run (Engine.run then does
         not prepare it again)."""
+        self.loads = None
+        """A sim.network.link_load.LoadLog for the rates of the run's flow network (flow mode;
+        `simulate(..., link_load=True)`), made anew by each `bind`; None: none kept."""
 
     def bind(self, env) -> None:
         """Attach to the engine's SimPy environment (the flow model keeps state there)."""
         self.net = FlowNetwork(env, self.graph, mode=self.mode)
+        if self.loads is not None and self.mode == "flow":
+            self.loads = self.net.loads = LoadLog()    # (a run tried before this one is not kept)
 
     def gpu(self, rank: int) -> str:
         return gpu_name(self.layout.node_of(rank), self.layout.local_gpu_of(rank))

@@ -41,6 +41,9 @@ class RunResult:
     events: int
     wall_s: float
     p2p: dict = field(default_factory=dict)
+    link_load: object = None
+    """sim.network.link_load.LinkLoad (`simulate(..., link_load=True)`): the flow network's link
+    loads over the step, or a note saying why there are none; None when not asked for."""
 
     @property
     def records(self) -> list:
@@ -132,14 +135,41 @@ def _run(sc, engine) -> int:
         raise beyond_limits(sc, str(e)) from None
 
 
-def simulate(sc, *, costs=None, network=None, by_symmetry: bool = True) -> RunResult:
+def simulate(sc, *, costs=None, network=None, by_symmetry: bool = True, link_load: bool = False) -> RunResult:
     """Simulate one optimizer step of scenario `sc`. `by_symmetry=False`: with `ranks: all`,
-    simulate every rank even where one per stage is exact (sim.engine.symmetry; for tests)."""
+    simulate every rank even where one per stage is exact (sim.engine.symmetry; for tests).
+    `link_load`: keep the flow network's rates for the result's `link_load` (the same step; the
+    trace's link counters)."""
     with cyclic_gc_paused():
-        return _simulate(sc, costs, network, by_symmetry)
+        return _simulate(sc, costs, network, by_symmetry, link_load)
 
 
-def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
+LINK_LOAD_NOTES = {
+    "analytical": "no link loads: simulation.network analytical times every call alone (latency + "
+                  "bytes / its busiest link); no link is shared, so no load over time is simulated",
+    "flow": "GB/s per link direction from the flow model's max-min rates, for the calls that can share "
+            "links ({who}); calls of isolated groups, whose links no other call crosses (e.g. tensor "
+            "parallelism inside a node), are timed alone and not counted",
+}
+
+
+def _link_load(sc, network, makespan: int):
+    """The result's LinkLoad (`simulate(..., link_load=True)`): the log of the run's flow
+    network, or the note of why there is none."""
+    from sim.network.link_load import LinkLoad
+
+    mode = getattr(network, "mode", None)
+    if mode == "analytical":
+        return LinkLoad(LINK_LOAD_NOTES["analytical"])
+    if mode != "flow" or network.loads is None:
+        return None
+    who = ("the stage representatives' traffic only: ranks: representative" if sc.simulation.ranks != "all"
+           else "every rank's traffic")
+    return LinkLoad(LINK_LOAD_NOTES["flow"].format(who=who), network.loads, network.net.capacity,
+                    network.graph, makespan)
+
+
+def _simulate(sc, costs, network, by_symmetry=True, link_load=False) -> RunResult:
     t0 = time.perf_counter()
     p = sc.parallelism
     sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
@@ -150,6 +180,9 @@ def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
     if network is None:
         from sim.engine.netmodel import network_for
         network = network_for(sc, layout)
+    if link_load and hasattr(network, "loads"):
+        from sim.network.link_load import LoadLog
+        network.loads = LoadLog()           # (bind makes each run's own)
     engine = orbits = None
     if by_symmetry and sc.simulation.ranks == "all" and hasattr(network, "prepare_symmetric"):
         # every rank of a stage like its representative, when that is exact (sim.engine.symmetry)
@@ -184,4 +217,5 @@ def _simulate(sc, costs, network, by_symmetry=True) -> RunResult:
     return RunResult(scenario=sc, engine=engine, makespan_ns=makespan,
                      breakdowns=breakdown_of(engine.busy_intervals(), makespan), memory=memory_report(sc),
                      layout=layout, pp_rank_of=pp_rank_of, events=events,
-                     wall_s=time.perf_counter() - t0, p2p=p2p)
+                     wall_s=time.perf_counter() - t0, p2p=p2p,
+                     link_load=_link_load(sc, network, makespan) if link_load else None)

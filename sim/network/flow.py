@@ -20,6 +20,9 @@ succeeds when the batch's last flow has arrived.
 
 `mode="analytical"` skips sharing: a transfer takes latency + bytes / (path bottleneck), the
 alpha-beta model. The scenario key `simulation.network: flow | analytical` selects the mode.
+
+Given a sim.network.link_load.LoadLog (`loads`), the network keeps the rates it assigns (after
+each solve, and for each batch that runs alone), for the links' load over the run.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class _Prep:
 class _Solo:
     """A batch running alone: started at `start` (ns), flow k ends at start + prep.durs[k]."""
 
-    __slots__ = ("bid", "prep", "start", "dead")
+    __slots__ = ("bid", "prep", "start", "dead", "logged")
 
     def __init__(self, bid, prep, start):
         self.bid = bid
@@ -128,6 +131,8 @@ class _Solo:
         self.start = start
         self.dead = False
         """Ended, or moved into the shared set (`_demote`)."""
+        self.logged = None
+        """Its entry in the network's LoadLog (when it keeps one)."""
 
     def running(self, now: int) -> list:
         """The flows (indices) still running at `now`."""
@@ -324,6 +329,9 @@ class FlowNetwork:
         self.capacity = self.router.capacity  # bytes/ns
         self.record = record
         self.log: list[TransferResult] = []
+        self.loads = None
+        """A sim.network.link_load.LoadLog to keep the rates in (None: none kept; the run is the
+        same either way)."""
         # active flows (parallel arrays) and batches waiting for the next solve
         self._batches: dict = {}                      # batch id -> _Batch
         self._next_batch = 0
@@ -671,6 +679,9 @@ class FlowNetwork:
 
     def _start_alone(self, b: int, pr: _Prep, now: int):
         s = self._solos[b] = _Solo(b, pr, now)
+        if self.loads is not None:
+            s.logged = [now, pr, None]
+            self.loads.alone.append(s.logged)
         self._held.update(zip(pr.links, repeat(s)))
         self._solo_n += len(pr.durs)
         ev = simpy.Event(self.env)
@@ -712,6 +723,8 @@ class FlowNetwork:
         flows in order of batch ids)."""
         s.dead = True
         del self._solos[s.bid]
+        if s.logged is not None:
+            s.logged[2] = now                   # alone until now; in the shared set's log after
         pr = s.prep
         self._solo_n -= len(pr.durs)
         going = s.running(now)
@@ -818,6 +831,8 @@ class FlowNetwork:
             # unchanged below the lowest departing rate (none of their links saturates there).
             floor = self._complete_due(now)
             if not self._count():
+                if self.loads is not None:
+                    self.loads.shared.append((now, None, None, None))
                 return
             if not self._small and self._count() <= self.small_flows // 2:
                 self._to_lists()
@@ -841,12 +856,22 @@ class FlowNetwork:
             if self._same_instant > LIVELOCK_SOLVES:
                 raise InternalError(f"the flow network re-solved {LIVELOCK_SOLVES:,} times at t = {now} ns "
                                     "without time advancing (a livelock)")
+        if self.loads is not None:
+            self._log_shared(now)
         self._version += 1
         wake = simpy.Event(self.env)
         wake._ok = True
         wake._value = self._version
         wake.callbacks.append(self._on_wake)
         self.env.schedule(wake, _SOLVE_PRIORITY, nxt - now)
+
+    def _log_shared(self, now: int) -> None:
+        """Keep the shared set's rates from now on (LoadLog.shared): the arrays as they are (a
+        solve or a join replaces them, never changes them in place), the lists' paths copied."""
+        if self._small:
+            self.loads.shared.append((now, tuple(self._s_path), self._s_rate, None))
+        else:
+            self.loads.shared.append((now, self._inc_edge, self._rate, self._len))
 
     def _finish_arrays(self, now: int, old) -> int:
         """The end (integer ns) of each flow whose rate changed from `old`: its bytes left at the
