@@ -1,88 +1,288 @@
-"""Kineto-style traces: one JSON per simulated rank under `traces/`, for Holistic Trace Analysis.
+"""Kineto traces: one JSON per traced rank under `traces/`, as PyTorch's profiler writes a real
+step, for Holistic Trace Analysis (docs/interfaces.md section 3 lists every event).
 
-The layout is what PyTorch's profiler (Kineto's ChromeTraceLogger) writes and what
-HolisticTraceAnalysis 0.5.0 reads (hta/common/trace_file.py, trace_parser.py, trace.py):
-- top-level `distributedInfo` {backend, rank, world_size} (HTA finds each file's rank with the
-  regex `"rank":\\s+(\\d+)`, so files keep json's default `": "` separator), `deviceProperties`,
-  `schemaVersion` and `traceEvents`;
-- on the host thread, `ProfilerStep#0` over the whole step [0, makespan] and one
-  `cudaLaunchKernel` (cat `cuda_runtime`) per kernel, linked to it by `args.correlation`;
-- each kernel a complete event (cat `kernel`) with pid the local device and tid the CUDA stream,
-  `args` {device, stream, correlation}: HTA counts events with a stream >= 0 as GPU kernels.
-  Communication kernels take NCCL's kernel names (`ncclDevKernel_AllGather`, ...: HTA counts names
-  matching `^nccl.*Kernel` as communication), with sim5d's name of the op in `args.sim5d_name`;
-  compute kernels keep sim5d's names (a kernel here is sim5d's unit of work, e.g. a layer's
-  attention block).
+The layout is what Kineto's ChromeTraceLogger writes and HolisticTraceAnalysis 0.5.0 reads
+(hta/common/trace_file.py, trace_parser.py, analyzers/critical_path_analysis.py):
+- top level: `distributedInfo` {backend, rank, world_size} (HTA finds a file's rank with the
+  regex `"rank":\\s+(\\d+)`, so the top level keeps json's `": "`; the events are written
+  without spaces), `deviceProperties`, `schemaVersion`, `traceEvents`;
+- GPU: each non-empty engine record one kernel on its CUDA stream under a stable name (the
+  record's name without its numbers, which go to args with the phase; collectives under NCCL's
+  kernel family names, which HTA counts as communication), and the receives a stage waited for
+  as NCCL receive kernels;
+- host: per kernel the op that issues it (cat `cpu_op`) holding its `cudaLaunchKernel`
+  (correlation and External id shared with the kernel, an `ac2g` flow to it), and the stream
+  waits (`cudaEventRecord`, `cudaStreamWaitEvent` and the GPU's `Stream Wait Event`) that are
+  the engine's dependencies: a compute kernel that waited for a receive or a collective, and
+  each communication kernel's wait for the compute stream (ProcessGroupNCCL's syncStream);
+  `ProfilerStep#1` around it all, ending with the host's `cudaDeviceSynchronize`.
+The host is placed as sim5d's host model has it (sim.compute.issue_bound_time_s: a run's host
+issue starts with the run, host-bound time is inside the kernels): each op ends just as its
+kernel can start, ops one after another on the thread (a few that fall together move earlier).
+So HTA's critical path runs on the GPU and splits the step as sim5d's breakdown does.
 Times are in microseconds (Kineto's unit) as ns / 1000, written exactly (shortest round-trip
-float; exact while a step is under about 100 days). HTA rounds fractional timestamps inward to
-whole microseconds (ceil the start, floor the end: its workaround for nanosecond-resolution
-traces, pytorch/pytorch#122425) unless HTA_DISABLE_NS_ROUNDING=1; with that set, its temporal
-breakdown equals sim5d's to the nanosecond. The host is taken to run ahead: each kernel is launched (zero-length event) when the one
-before it on its stream starts, or at 0, so HTA's idle-time breakdown finds no host wait (sim5d
-puts host-bound time inside the kernels). Zero-length records (a collective over one GPU) are
-left out, as sim5d's breakdown ignores them. Written deterministically: fixed event order and key
-order, gzip with mtime 0.
+float). HTA rounds fractional timestamps inward to whole microseconds (its workaround for
+nanosecond-resolution traces, pytorch/pytorch#122425) unless HTA_DISABLE_NS_ROUNDING=1; with it
+set, its breakdowns equal sim5d's to the nanosecond. Zero-length records (a collective over one
+GPU) are left out, as sim5d's breakdown ignores them. Written deterministically: fixed event
+order and key order, gzip with mtime 0.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, write_gzip
 
 HOST_PID = HOST_TID = 1000
 """The host process and thread of every file (a device index is the pid of GPU events)."""
 
-STREAMS = {"compute": 7, "tp": 13, "dp": 17, "pp": 21, "cp": 25, "ep": 29}
+STREAMS = {"compute": 7, "tp": 13, "dp": 17, "pp": 21, "cp": 25, "ep": 29, "pp-recv": 33}
 """CUDA stream ids: 7 is what Kineto shows for the default stream; the communication streams
-(NCCL's own) get fixed ids of their own; any other sim5d stream the next free ids."""
+(NCCL's own, one per communicator: a stage's receives are from another peer than its sends, so
+they get a stream of their own, "pp-recv") get fixed ids; any other sim5d stream the next free ids."""
+
+LAUNCH_NS = 2_000
+"""Host time of one cudaLaunchKernel: a few microseconds on current CPUs (NVIDIA's CUDA C++
+Best Practices Guide puts a kernel launch's overhead at a few microseconds; HTA's launch
+statistics take 50 us as the default cutoff for a slow runtime call)."""
+RUNTIME_NS = 500
+"""Host time of a cudaEventRecord or cudaStreamWaitEvent, and the op's own time before its
+launch (sub-microsecond API calls)."""
+
+PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
+"""The first word of a sim5d kernel's name -> its phase (args.phase)."""
+_NUMBERED = {"L": "layer", "mb": "microbatch", "s": "stage"}
+_NUMBERED_WORD = re.compile(r"(L|mb|s)(\d+)")
 
 _OPS = (("reduce-scatter", "ReduceScatter_Sum"), ("reduce_scatter", "ReduceScatter_Sum"),
         ("all-reduce", "AllReduce_Sum"), ("all_reduce", "AllReduce_Sum"),
         ("all-gather", "AllGather"), ("all_gather", "AllGather"))
 
+C10D_OPS = {"AllGather": "c10d::_allgather_base_", "ReduceScatter_Sum": "c10d::_reduce_scatter_base_",
+            "AllReduce_Sum": "c10d::allreduce_", "Generic": "c10d::broadcast_"}
+"""torch.distributed's op (as the profiler names the cpu_op that launches an NCCL kernel) of each
+NCCL kernel; send/receive and all-to-all are chosen by the record (`_c10d_op`)."""
+
 
 def nccl_kernel(name: str, stream: str, zero_stage: int) -> str:
-    """NCCL's kernel name for a sim5d communication record (NCCL >= 2.19 names, without the
-    algorithm and protocol, which records do not carry). All-to-all and point-to-point run as
-    NCCL's grouped send/recv kernel; the data-parallel gradient reduction is a reduce-scatter
-    with a distributed optimizer (ZeRO >= 1) and an all-reduce without one."""
+    """NCCL's kernel name for a sim5d communication record: `ncclKernel_<op>`, the family NCCL
+    names its kernels by (before 2.19 the full names, e.g. ncclKernel_AllGather_RING_LL_Sum_bf16,
+    add the algorithm, protocol and type, which records do not carry; HTA 0.5.0's straggler
+    analysis looks for names starting with "ncclKernel", its breakdown for ^nccl.*Kernel).
+    All-to-all and point-to-point run as NCCL's grouped send/recv kernel; the data-parallel
+    gradient reduction is a reduce-scatter with a distributed optimizer (ZeRO >= 1) and an
+    all-reduce without one."""
     for key, op in _OPS:
         if key in name:
-            return f"ncclDevKernel_{op}"
+            return f"ncclKernel_{op}"
     if name.startswith("grad reduce"):
-        return "ncclDevKernel_" + ("ReduceScatter_Sum" if zero_stage >= 1 else "AllReduce_Sum")
-    if stream in ("pp", "cp", "ep") or re.search(r"dispatch|combine|a2a|send|ring step|return", name):
-        return "ncclDevKernel_SendRecv"
-    return "ncclDevKernel_Generic"
+        return "ncclKernel_" + ("ReduceScatter_Sum" if zero_stage >= 1 else "AllReduce_Sum")
+    if stream in ("pp", "pp-recv", "cp", "ep") or re.search(r"dispatch|combine|a2a|send|recv|ring step|return", name):
+        return "ncclKernel_SendRecv"
+    return "ncclKernel_Generic"
+
+
+def _c10d_op(name: str, kernel: str) -> str:
+    op = kernel[len("ncclKernel_"):]
+    if op != "SendRecv":
+        return C10D_OPS[op]
+    if name.startswith("recv"):
+        return "c10d::recv_"
+    if name.startswith("send") or "ring step" in name:
+        return "c10d::send"
+    return "c10d::alltoall_base_"
+
+
+def kernel_kind(name: str) -> tuple:
+    """(the kernel's stable name, its args) for a sim5d record name: the layer (L15), microbatch
+    (mb7), stage (s1) and other numbers (a chunk, a ring step) move to args, and the phase's
+    word (F, B, I, W, R) stays in the name and is spelled out in args.phase: "F L15 mlp mb7" ->
+    ("F mlp", {"phase": "forward", "layer": 15, "microbatch": 7})."""
+    words = name.split()
+    args: dict = {}
+    kept = []
+    for i, w in enumerate(words):
+        if i == 0 and w in PHASES:
+            args["phase"] = PHASES[w]
+            kept.append(w)
+            continue
+        m = _NUMBERED_WORD.fullmatch(w)
+        if m and m.group(1) not in args:
+            args[_NUMBERED[m.group(1)]] = int(m.group(2))
+        elif w.isdigit():
+            args["index"] = int(w)
+        else:
+            kept.append(w)
+    if name == "optimizer step":
+        args["phase"] = "optimizer"
+    return " ".join(kept) or name, args
+
+
+def aten_op(kind: str, phase: str) -> str:
+    """The ATen op that launches a compute kernel of this kind in eager PyTorch: the block's
+    main GEMM, issued by nn.Linear's aten::linear in a forward (or a recompute) and by its
+    autograd backward's aten::mm; an embedding's aten::embedding and its backward's
+    aten::embedding_dense_backward; the fused Adam step's aten::_fused_adam_."""
+    if phase == "optimizer":
+        return "aten::_fused_adam_"
+    if "embedding" in kind:
+        return "aten::embedding" if phase == "forward" else "aten::embedding_dense_backward"
+    return "aten::linear" if phase in ("forward", "recompute", "") else "aten::mm"
 
 
 def _is_comm(rec) -> bool:
     return rec.stream != "compute" or rec.cat.startswith("comm:")
 
 
-def _kernels(records):
-    """(the records shown as kernels in their order, sim5d stream -> CUDA stream id)."""
-    mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
-                  key=lambda r: (r.start_ns, r.end_ns, r.stream, r.name))
-    streams = dict(STREAMS)
-    for s in sorted({r.stream for r in mine} - set(streams)):
-        streams[s] = max(streams.values()) + 4
-    return mine, streams
+_NUM_WORD = re.compile(r"(?<!\S)(L|mb|s)?(\d+)(?!\S)")
+"""A numbered word of a record's name (L15, mb7, s1, 3): what `kernel_kind` moves to args."""
 
 
-def _frame(rank: int, *, world_size: int, device: int, label: str, makespan_ns: int, device_props: dict,
-           streams: dict, used: set) -> tuple:
+class _Kinds:
+    """`kernel_kind`, the kernel's name and its cpu_op for each record, worked out once per
+    template (the name with its numbered words as "#" and their prefixes, the stream, whether
+    it is communication): a step's million records have a few dozen templates."""
+
+    def __init__(self, zero_stage: int):
+        self.zero_stage = zero_stage
+        self.cache: dict = {}
+
+    def of(self, rec) -> tuple:
+        """(the kernel's name as JSON text, its cpu_op's as JSON text, its args as JSON text
+        to follow a comma)."""
+        name = rec.name
+        nums = _NUM_WORD.findall(name)
+        comm = rec.stream != "compute" or rec.cat.startswith("comm:")
+        key = (_NUM_WORD.sub("#", name), "".join([p for p, _ in nums]), rec.stream, comm) if nums \
+            else (name, "", rec.stream, comm)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._make(name, rec.stream, comm)
+        kname, op, fmt = hit
+        return kname, op, fmt.format(*[d for _, d in nums]) if nums else fmt
+
+    def _make(self, name: str, stream: str, comm: bool) -> tuple:
+        kind, args = kernel_kind(name)
+        phase = args.get("phase", "")
+        if comm:
+            kname = nccl_kernel(name, stream, self.zero_stage)
+            op = _c10d_op(name, kname)
+        else:
+            kname, op = kind, aten_op(kind, phase)
+        fmt = f',"phase":"{phase}"' if phase else ""
+        seen = set()
+        for prefix, _ in _NUM_WORD.findall(name):
+            key = _NUMBERED.get(prefix, "index")
+            fmt += "{:.0}" if key in seen else f',"{key}":{{}}'      # a repeated key: kept in the name only
+            seen.add(key)
+        return _enc(kname), _enc(op), fmt
+
+
+class _Item(NamedTuple):
+    """One thing the host does, an op that launches one kernel, placed on the host thread by
+    `_place`: `due` is the latest it may end (its kernel's start; for a communication kernel,
+    the time its compute stream reached the call), `calls` its runtime calls in order."""
+
+    due: int
+    prio: int
+    seq: int
+    calls: tuple
+    """(runtime name, key): "launch" calls carry the record, the others what they sync."""
+
+
+def _binding_sources(comp, mine, recvs) -> dict:
+    """{index in `comp` of a compute-stream kernel that waited: the record it waited for}: a
+    kernel that starts after the compute stream went idle starts when what it waited for ended,
+    a receive (Recv) or a communication-stream call (Wait); the engine starts it at that end."""
+    ends: dict = {}
+    for r in mine:
+        if r.stream != "compute":
+            best = ends.get(r.end_ns)
+            if best is None or (r.start_ns, r.stream) > (best.start_ns, best.stream):
+                ends[r.end_ns] = r
+    for r in recvs:
+        ends[r.end_ns] = r
+    out = {}
+    prev = 0
+    for i, r in enumerate(comp):
+        if r.start_ns > prev and r.start_ns in ends:
+            out[i] = ends[r.start_ns]
+        prev = r.end_ns
+    return out
+
+
+def _receives(comp, p2p: dict, rank: int, rec_type) -> list:
+    """The receives this rank waited on, as records on the "pp-recv" stream: NCCL's receive
+    kernel runs from when the rank posts it (its compute stream reaches the receive: the end of
+    its kernel before) until the data arrives (the next kernel's start, `consumed_ns`); two
+    receives the rank waits for in one gap are shown one after the other."""
+    ends = [r.end_ns for r in comp]
+    out, last = [], 0
+    for key, info in sorted((p2p or {}).items(), key=lambda kv: (kv[1].get("consumed_ns", 0), str(kv[0]))):
+        if "consumed_ns" not in info:
+            continue
+        t = info["consumed_ns"]
+        i = bisect.bisect_right(ends, t) - 1
+        posted = max(ends[i] if i >= 0 else 0, last)      # two receives in one wait: one after the other
+        if t > posted:
+            last = t
+            what, stage, mb = key[0], key[1], key[2]
+            out.append(rec_type(rank, "pp-recv", f"recv {what} s{stage} mb{mb}", "pp", posted, t))
+    return out
+
+
+def _items(mine, comp, recvs, waits: dict) -> list:
+    """The host's work in launch order (`_Item`s): each compute-stream kernel (after a
+    cudaStreamWaitEvent when it waited for another stream), each communication kernel and receive
+    (in its c10d op: the communication stream waits for the compute stream's work so far, as
+    ProcessGroupNCCL's syncStream does, then the launch, then the event its waiter waits on)."""
+    ends = [r.end_ns for r in comp]
+    waited = {id(src) for src in waits.values()}
+    items = []
+    for i, r in enumerate(comp):
+        items.append(_Item(r.start_ns, 1, len(items), ((("wait", waits[i]),) if i in waits else ()) + (("launch", r),)))
+    for r in sorted([x for x in mine if x.stream != "compute"] + recvs, key=lambda x: (x.start_ns, x.stream)):
+        j = bisect.bisect_right(ends, r.start_ns) - 1
+        calls = (("record", comp[j]), ("wait", comp[j])) if j >= 0 else ()
+        calls += (("launch", r),) + ((("record", r),) if id(r) in waited else ())
+        items.append(_Item(ends[j] if j >= 0 else r.start_ns, 0, len(items), calls))
+    items.sort(key=lambda it: (it.due, it.prio, it.seq))
+    return items
+
+
+def _cost(item) -> int:
+    """Host time of an item: the op's own RUNTIME_NS, then its calls."""
+    return RUNTIME_NS + sum(LAUNCH_NS if c == "launch" else RUNTIME_NS for c, _ in item.calls)
+
+
+def _place(items) -> tuple:
+    """(the start of each item on the host thread, its host time): as late as possible (the
+    host issues each kernel just before the GPU reaches it, as sim5d's host model has it: a
+    run's host issue starts with the run), one item after another, each ending by its `due`."""
+    costs = [_cost(it) for it in items]
+    starts = [0] * len(items)
+    nxt = None
+    for k in range(len(items) - 1, -1, -1):
+        end = items[k].due if nxt is None or items[k].due < nxt else nxt
+        starts[k] = nxt = end - costs[k]
+    return starts, costs
+
+
+def _frame(rank: int, *, world_size: int, device: int, label: str, start_ns: int, makespan_ns: int,
+           device_props: dict, streams: dict, used: set) -> tuple:
     """(the file's top level without its events, the metadata and profiler-step events)."""
     host = {"pid": HOST_PID, "tid": HOST_TID}
     meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": f"host of {label}"}},
             {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
     meta += [{"ph": "M", "name": "thread_name", "pid": device, "tid": sid, "args": {"name": f"stream {sid} ({s})"}}
              for s, sid in sorted(streams.items(), key=lambda kv: kv[1]) if sid in used]
-    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", **host, "ts": 0,
-            "dur": makespan_ns / 1000, "args": {}}
+    step = {"ph": "X", "cat": "user_annotation", "name": STEP_NAME, **host, "ts": _us(start_ns),
+            "dur": _us(makespan_ns - start_ns), "args": {}}
     top = {"schemaVersion": 1,
            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
            "deviceProperties": [{"id": device, **device_props}],
@@ -90,68 +290,128 @@ def _frame(rank: int, *, world_size: int, device: int, label: str, makespan_ns: 
     return top, meta + [step]
 
 
-def rank_trace(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-               zero_stage: int, device_props: dict) -> dict:
-    """The Kineto-style trace (a dict) of one simulated rank from its engine records."""
-    mine, streams = _kernels(records)
-    host = {"pid": HOST_PID, "tid": HOST_TID}
-    launches, kernels, last_start = [], [], {}
-    for corr, r in enumerate(mine, 1):
-        sid = streams[r.stream]
-        launches.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", **host,
-                         "ts": last_start.get(sid, 0) / 1000, "dur": 0, "args": {"cbid": 211, "correlation": corr}})
-        last_start[sid] = r.start_ns
-        args = {"device": device, "stream": sid, "correlation": corr}
-        name = r.name
-        if _is_comm(r):
-            name, args["sim5d_name"] = nccl_kernel(r.name, r.stream, zero_stage), r.name
-        kernels.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": sid,
-                        "ts": r.start_ns / 1000, "dur": (r.end_ns - r.start_ns) / 1000, "args": args})
-    top, head = _frame(rank, world_size=world_size, device=device, label=label, makespan_ns=makespan_ns,
-                       device_props=device_props, streams=streams, used=set(last_start))
-    launches.sort(key=lambda e: (e["ts"], e["args"]["correlation"]))
-    return {**top, "traceEvents": head + launches + kernels}
+STEP_NAME = "ProfilerStep#1"
+"""The step's annotation. Its number is 1, not 0: sim5d simulates a step in steady state, not the
+first, and HTA 0.5.0's straggler analysis leaves iteration 0 out as a warm-up
+(hta/analyzers/straggler.py)."""
+
+
+class _Fmt:
+    """Microseconds as the text json.dumps writes for ns / 1000 (`US_FRACTION`), negative host
+    times (the launches of the step's first kernels) included."""
+
+    __slots__ = ()
+
+    def __getitem__(self, ns: int) -> str:
+        if 0 <= ns < US_TEXT_LIMIT_NS:
+            return f"{ns // 1000}{US_FRACTION[ns % 1000]}"
+        return repr(ns / 1000.0)
+
+
+_T = _Fmt()
+
+
+def _us(ns: int) -> float:
+    """`_T[ns]` as the number it stands for."""
+    return float(_T[ns])
+
+
+_enc = json.encoder.encode_basestring_ascii            # json.dumps' strings (ensure_ascii)
+_HOST = f'"pid":{HOST_PID},"tid":{HOST_TID}'
+_CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147,
+         "cudaDeviceSynchronize": 165}
+"""CUPTI's runtime callback ids (cupti_runtime_cbid.h, CUDA 12), which Kineto writes as args.cbid."""
+
+
+def _runtime(name: str, t: int, dur: int, corr: int, ext: int) -> str:
+    return (f'{{"ph":"X","cat":"cuda_runtime","name":"{name}",{_HOST},"ts":{_T[t]},"dur":{_T[dur]},'
+            f'"args":{{"cbid":{_CBID[name]},"correlation":{corr},"External id":{ext}}}}}')
+
+
+def _sync(kind: str, device: int, sid: int, t: int, dur: int, corr: int, wait_sid, rec_corr: int) -> str:
+    """A GPU-side synchronisation as Kineto records it (cat cuda_sync, PyTorch PR 105187): a
+    stream's wait for an event another stream recorded, or the host's wait for the device."""
+    wait = (f',"wait_on_stream":{wait_sid},"wait_on_cuda_event_record_corr_id":{rec_corr}'
+            if wait_sid is not None else "")
+    stream = sid if kind == "Stream Wait Event" else -1
+    return (f'{{"ph":"X","cat":"cuda_sync","name":"{kind}","pid":{device},"tid":{sid},"ts":{_T[t]},'
+            f'"dur":{_T[dur]},"args":{{"cuda_sync_kind":"{kind}","stream":{stream},"correlation":{corr},'
+            f'"device":{device}{wait}}}}}')
+
+
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, payload) -> tuple:
+    """(host events, GPU events, the CUDA streams used) of the placed items, as JSON text (no
+    spaces: a large step's traces are gigabytes of text): each item's cpu_op and its runtime
+    calls; each kernel (stable name, its record's details in args) with the ac2g flow from its
+    launch; each stream wait as the GPU's sync event."""
+    host, gpu, used = [], [], set()
+    corr = 0
+    recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
+    T, fr, lim = _T, US_FRACTION, US_TEXT_LIMIT_NS      # times >= 0 written inline (`_Fmt`)
+    launch_dur, gpu_head = T[LAUNCH_NS], f'"pid":{device},"tid":'
+    for ext, (item, t, cost) in enumerate(zip(items, *placed), 1):
+        launch = next(r for c, r in item.calls if c == "launch")        # the kernel the item launches
+        kname, op, argtext = kinds.of(launch)
+        host.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},"ts":{T[t]},"dur":{T[cost]},'
+                    f'"args":{{"External id":{ext}}}}}')
+        t += RUNTIME_NS
+        for call, rec in item.calls:
+            corr += 1
+            if call != "launch":
+                host.append(_runtime("cudaEventRecord" if call == "record" else "cudaStreamWaitEvent",
+                                     t, RUNTIME_NS, corr, ext))
+                t += RUNTIME_NS
+                if call == "record":
+                    recorded[id(rec)] = corr
+                else:
+                    gpu.append(_sync("Stream Wait Event", device, streams[launch.stream], t, 0, corr,
+                                     streams[rec.stream], recorded.get(id(rec), -1)))
+                continue
+            sid = streams[rec.stream]
+            used.add(sid)
+            ts, dur = rec.start_ns, rec.end_ns - rec.start_ns
+            ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T[ts]
+            dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T[dur]
+            extra = "".join([f",{_enc(k)}:{json.dumps(v)}" for k, v in payload(rec).items()]) if payload else ""
+            tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]
+            host.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel",{_HOST},"ts":{tt},'
+                        f'"dur":{launch_dur},"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}}')
+            host.append(f'{{"ph":"s","id":{corr},{_HOST},"ts":{tt},"cat":"ac2g","name":"ac2g"}}')
+            gpu.append(f'{{"ph":"X","cat":"kernel","name":{kname},{gpu_head}{sid},"ts":{ts},"dur":{dur},'
+                       f'"args":{{"External id":{ext},"device":{device},"stream":{sid},"correlation":{corr}'
+                       f'{argtext},"sim5d_name":{_enc(rec.name)}{extra}}}}}')
+            gpu.append(f'{{"ph":"f","id":{corr},{gpu_head}{sid},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
+            t += LAUNCH_NS
+    return host, gpu, used
 
 
 def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-                    zero_stage: int, device_props: dict) -> str:
-    """`json.dumps(rank_trace(...))`, the same text, with each kernel and launch written as text
-    instead of through a dict (a GPT-3 64-GPU step's 270,000 events: 2.3 of its 6 s of outputs,
-    then 1.0). tests/test_kineto.py compares the two."""
-    mine, streams = _kernels(records)
-    if mine and mine[-1].end_ns >= US_TEXT_LIMIT_NS or makespan_ns >= US_TEXT_LIMIT_NS:
-        return json.dumps(rank_trace(records, rank, world_size=world_size, device=device, label=label,
-                                     makespan_ns=makespan_ns, zero_stage=zero_stage,
-                                     device_props=device_props))
-    fr = US_FRACTION                                    # n ns as text: f"{n // 1000}{fr[n % 1000]}"
-    enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
-    launches, kernels, last_start = [], [], {}
-    nccl: dict = {}                                     # (name, stream) -> encoded NCCL kernel name
-    launch_head = f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {HOST_PID}, ' \
-                  f'"tid": {HOST_TID}, "ts": '
-    for corr, r in enumerate(mine, 1):
-        sid = streams[r.stream]
-        t0 = last_start.get(sid, 0)
-        launches.append((t0, corr, f'{launch_head}{t0 // 1000}{fr[t0 % 1000]}, "dur": 0, '
-                                   f'"args": {{"cbid": 211, "correlation": {corr}}}}}'))
-        last_start[sid] = r.start_ns
-        if r.stream != "compute" or r.cat.startswith("comm:"):          # _is_comm
-            key = (r.name, r.stream)
-            name = nccl.get(key)
-            if name is None:
-                name = nccl[key] = enc(nccl_kernel(r.name, r.stream, zero_stage))
-            extra = f', "sim5d_name": {enc(r.name)}'
-        else:
-            name, extra = enc(r.name), ""
-        kernels.append(f'{{"ph": "X", "cat": "kernel", "name": {name}, "pid": {device}, "tid": {sid}, '
-                       f'"ts": {r.start_ns // 1000}{fr[r.start_ns % 1000]}, '
-                       f'"dur": {(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}, '
-                       f'"args": {{"device": {device}, "stream": {sid}, "correlation": {corr}{extra}}}}}')
-    top, head = _frame(rank, world_size=world_size, device=device, label=label, makespan_ns=makespan_ns,
-                       device_props=device_props, streams=streams, used=set(last_start))
-    launches.sort(key=lambda e: (e[0], e[1]))       # integer ns: the order of ts = ns / 1000
-    events = [json.dumps(e) for e in head] + [e[2] for e in launches] + kernels
-    return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ", ".join(events) + "]}"
+                    zero_stage: int, device_props: dict, p2p: dict | None = None, payload=None) -> str:
+    """The Kineto trace of one simulated rank (module docstring) as JSON text, from its engine
+    records and its receives, the entries of the engine's send/receive log `p2p` whose
+    receiver it is (or its representative, under `ranks: all` symmetry);
+    `payload(record)`: more args for a kernel (a dict)."""
+    from sim.engine.core import Record
+
+    mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
+                  key=lambda r: (r.start_ns, r.end_ns, r.stream, r.name))
+    comp = [r for r in mine if r.stream == "compute"]
+    recvs = _receives(comp, p2p, rank, Record)
+    items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
+    starts, costs = _place(items)
+    streams = dict(STREAMS)
+    for s in sorted({r.stream for r in mine} - set(streams)):
+        streams[s] = max(streams.values()) + 4
+    host, gpu, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), payload)
+    end = starts[-1] + costs[-1] if items else 0
+    if end < makespan_ns:       # the step ends with the host waiting for the device (e.g. loss.item())
+        corr = sum(len(it.calls) for it in items) + 1
+        host.append(_runtime("cudaDeviceSynchronize", end, makespan_ns - end, corr, len(items) + 1))
+        gpu.append(_sync("Context Sync", device, STREAMS["compute"], end, makespan_ns - end, corr, None, -1))
+    top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [0]),
+                       makespan_ns=makespan_ns, device_props=device_props, streams=streams, used=used)
+    events = [json.dumps(e, separators=(",", ":")) for e in head] + host + gpu
+    return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ",".join(events) + "]}"
 
 
 def clear_traces(folder: Path) -> None:
@@ -181,12 +441,19 @@ def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, c
         clear_traces(folder)
     else:
         folder.mkdir(parents=True, exist_ok=True)
+    # each traced rank's receives: under `ranks: all` symmetry a member's are its
+    # representative's (its records are copies of the representative's, sim.engine.symmetry)
+    orbits = result.engine.orbits
+    rep = {q: orbits.rep_of.get(q, q) if orbits is not None else q for q in by_rank}
+    received: dict = {}
+    for key, info in (result.p2p or {}).items():
+        received.setdefault(info.get("dst"), {})[key] = info
     paths = []
     for rank in sorted(by_rank):
         text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,
                                device=layout.local_gpu_of(rank), label=labels.get(rank, f"rank {rank}"),
                                makespan_ns=result.makespan_ns, zero_stage=sc.parallelism.zero_stage,
-                               device_props=props)
+                               device_props=props, p2p=received.get(rep[rank], {}))
         path = folder / f"rank-{rank}.json.gz"
         write_gzip(path, text.encode())
         paths.append(path)
