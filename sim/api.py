@@ -198,7 +198,7 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
     from sim.engine.simulate import simulate as _simulate
 
     sc = _scenario(scenario, override_items(set, overrides))
-    run = _simulate(sc)
+    run = _simulate(sc, link_load=True)          # (the trace's link counters, if written)
     # summary.json's content exactly: the JSON round trip (tuples as lists, as the file reads back)
     res = Result(scenario=sc, run=run, summary=json.loads(json.dumps(run.summary())))
     if out is not None:

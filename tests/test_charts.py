@@ -306,25 +306,35 @@ def test_timeline_value_is_in_bytes_and_trace_threads_are_the_used_streams(tmp_p
 
 
 @pytest.mark.parametrize("name", ["llama3-8b-h100x16-1f1b", "mixtral-8x7b-h100x64-dualpipe",
-                                  "gpt3-175b-a100x64"])
+                                  "gpt3-175b-a100x64", "llama3-8b-h100x16-1f1b analytical"])
 def test_trace_written_as_text_is_json_dumps_of_the_trace(name):
     """write_trace writes trace.json.gz as text (outputs.chrome_trace_json); the truth is
     json.dumps of the trace as a dict (outputs.chrome_trace, compact separators): the same
-    bytes, with pipeline send arrows, memory counters and names that need escaping."""
+    bytes, with pipeline send arrows, memory counters and names that need escaping; and with
+    each slice's args (sim.engine.slice_args: its text against its dict) and the link-load
+    counters (with the analytical network: its note instead)."""
     from sim.config import load_scenario
     from sim.engine.simulate import simulate
+    from sim.engine.slice_args import slice_args
 
-    res = simulate(load_scenario(name))
+    name, _, network = name.partition(" ")
+    res = simulate(load_scenario(name, overrides=[f"simulation.network={network or 'flow'}"]), link_load=True)
     labels = {rank: f"rank {rank} \"\u00b5\"" for rank in res.pp_rank_of}
     static = {rank: 1 << 30 for rank in res.pp_rank_of}
     mem = outputs.memory_series(res.records, static)
     assert res.p2p and sum(len(v) for v in mem.values()) > 10
-    text = outputs.chrome_trace_json(res.records, labels, mem, res.p2p)
-    want = json.dumps(outputs.chrome_trace(res.records, labels, mem, res.p2p), separators=(",", ":"))
-    if text != want:                     # (a short message: pytest's diff of 10 MB strings never ends)
-        i = next((i for i, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
-        pytest.fail(f"differs at {i}: {text[i - 80:i + 80]!r} vs {want[i - 80:i + 80]!r}")
-    assert len(json.loads(text)["traceEvents"]) > 1000
+    for extra in ((), (outputs.stage_layers(res.scenario), slice_args(res), res.link_load)):
+        text = outputs.chrome_trace_json(res.records, labels, mem, res.p2p, *extra)
+        want = json.dumps(outputs.chrome_trace(res.records, labels, mem, res.p2p, *extra), separators=(",", ":"))
+        if text != want:                 # (a short message: pytest's diff of 10 MB strings never ends)
+            i = next((i for i, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
+            pytest.fail(f"differs at {i}: {text[i - 80:i + 80]!r} vs {want[i - 80:i + 80]!r}")
+        ev = json.loads(text)["traceEvents"]
+        assert len(ev) > 1000
+        slices = [e for e in ev if e["ph"] == "X"]
+        assert all(("args" in e) == bool(extra) for e in slices)
+    counters = [e for e in ev if e["ph"] == "C" and e["pid"] == outputs.NETWORK_PID]
+    assert len({e["name"] for e in counters}) == (0 if network else outputs.BUSIEST_LINKS)
 
 
 def test_microsecond_text_is_the_floats_repr():

@@ -136,7 +136,8 @@ def test_run_cli_json_and_outputs(tmp_path, write_yaml):
     trace = json.loads(gzip.open(out / "trace.json.gz", "rt").read())
     ev = trace["traceEvents"]
     names = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"]
-    assert len(names) == 2 and all("pp " in n and "tp " in n for n in names)
+    # a process per simulated rank, then the network's (its links' load counters)
+    assert len(names) == 3 and all("pp " in n and "tp " in n for n in names[:2]) and names[2].startswith("network")
     assert any(e["ph"] == "s" for e in ev) and any(e["ph"] == "f" for e in ev)   # send/recv arrows
     assert any(e["ph"] == "C" for e in ev)                                       # memory counter
     slices = {}

@@ -1,22 +1,26 @@
-"""The slices' args (sim.engine.slice_args): what each record is and did; the flow network's link
-loads (sim.network.link_load).
+"""trace.json.gz's slice args (sim.engine.slice_args: what each record is and did) and link-load
+counters (sim.network.link_load: the flow network's links over the step).
 
 The truths are independent of the code under test: FLOPs by the GEMM formula 2mnk (Narayanan
 et al. 2021 sec. 5.1; SwiGLU's fc1 is two h x ffn matrices, Llama / Shazeer 2020), message sizes
-by Megatron's s x b x h elements per TP call, groups from the ranks' coordinates, link loads
-worked out by hand from max-min sharing.
+by Megatron's s x b x h elements per TP call, groups from the ranks' coordinates, layers and
+microbatches from the slices' names by a regular expression, link loads worked out by hand from
+max-min sharing.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 
 import pytest
 import simpy
 
 from sim.config import load_scenario
+from sim.engine import outputs
 from sim.engine.simulate import simulate
-from sim.engine.slice_args import slice_args
+from sim.engine.slice_args import TORCH_DTYPES, slice_args
 from sim.network import FlowNetwork
 from sim.network.link_load import LoadLog, busiest_links
 from sim.topology import load_topology
@@ -137,6 +141,43 @@ def test_ranks_all_by_symmetry_give_each_rank_its_own_calls():
     assert set(map(int, tp["group"].split(","))) == _group_of(sym, 5, "pp", "dp", "cp") == {4, 5}
 
 
+_LAYER = re.compile(r"(?:^|\s)L(\d+)(?=\s|$)")
+_MB = re.compile(r"(?:^|\s)mb(\d+)(?=\s|$)")
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-h100x16-1f1b", "mixtral-8x7b-h100x64-dualpipe"])
+def test_every_slice_in_trace_json_has_its_args(name, tmp_path):
+    """`sim5d run`'s trace.json.gz: every complete event has args with the layer and microbatch
+    its name has, its phase by its first letter; a kernel has its FLOPs (more than 0 for a
+    layer's forward), a call its op, bytes, dtype and a group holding its rank."""
+    from sim.commands.run import write_outputs
+
+    res = simulate(load_scenario(name), link_load=True)
+    write_outputs(res, tmp_path)
+    with gzip.open(tmp_path / "trace.json.gz") as f:
+        trace = json.load(f)
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) > 5000
+    args = slice_args(res)                          # (one FLOPs count per kernel name)
+    assert all(len(f) == 1 for rank in res.pp_rank_of for f in args._own(rank)[0].values())
+    phases = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
+    for e in slices:
+        a, n = e["args"], e["name"]
+        layer, mb = _LAYER.search(n), _MB.search(n)
+        assert a.get("layer") == (int(layer.group(1)) if layer else None), e
+        assert a.get("microbatch") == (int(mb.group(1)) if mb else None), e
+        if n[:2] in ("F ", "B ", "I ", "W ", "R "):
+            assert a["phase"] == phases[n[0]], e
+        if e["cat"] in ("compute", "recompute", "optimizer"):
+            assert isinstance(a["flops"], int) and a["flops"] >= 0, e
+            if re.match(r"F L\d+ (attn|mlp) mb\d+$", n):
+                assert a["flops"] > 0, e
+        else:
+            group = [int(x) for x in a["group"].split(",")]
+            assert a["op"] and a["bytes"] > 0 and a["dtype"] in TORCH_DTYPES, e
+            assert e["pid"] in group and len(group) == a["group_size"], e
+
+
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def a100x2():
@@ -205,3 +246,34 @@ def test_analytical_network_has_no_link_loads():
     res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe", overrides=["simulation.network=analytical"]),
                    link_load=True)
     assert res.link_load.busiest(8) == [] and "analytical" in res.link_load.note
+
+
+def test_trace_json_has_the_busiest_links_counters(llama, tmp_path):
+    """trace.json.gz's network process: a counter track per busy link, each value in [0, the
+    capacity its name gives], the note of what they cover in otherData."""
+    from sim.commands.run import write_outputs
+
+    write_outputs(llama, tmp_path)
+    with gzip.open(tmp_path / "trace.json.gz") as f:
+        trace = json.load(f)
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["pid"] == outputs.NETWORK_PID]
+    assert len({e["name"] for e in counters}) == 8
+    for e in counters:
+        cap = float(re.search(r"\(of ([\d.]+) GB/s\)$", e["name"]).group(1))
+        assert 0.0 <= e["args"]["GB/s"] <= cap
+    assert {e["args"]["GB/s"] for e in counters} - {0.0}
+    assert trace["otherData"]["link_load"] == llama.link_load.note
+
+
+def test_analytical_trace_says_it_has_no_link_loads(tmp_path):
+    from sim.commands.run import write_outputs
+
+    res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe", overrides=["simulation.network=analytical"]),
+                   link_load=True)
+    write_outputs(res, tmp_path)
+    with gzip.open(tmp_path / "trace.json.gz") as f:
+        trace = json.load(f)
+    net = [e for e in trace["traceEvents"] if e.get("pid") == outputs.NETWORK_PID]
+    assert not [e for e in net if e["ph"] == "C"]
+    name = next(e["args"]["name"] for e in net if e["name"] == "process_name")
+    assert "no link loads" in name and "analytical" in trace["otherData"]["link_load"]

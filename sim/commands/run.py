@@ -44,6 +44,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     every rank."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
+    from sim.engine.slice_args import slice_args
 
     ranks = trace_ranks_of(result, trace_ranks)
     sc = result.scenario
@@ -78,7 +79,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     outputs.run_writers([
         (2.4, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
         (2.8, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
-                                          outputs.stage_layers(sc))),
+                                          outputs.stage_layers(sc), slice_args(result, recs), result.link_load)),
         *[(4.0 * len(q) / len(ranks), lambda q=q: kineto.write_traces(result, out / "traces", labels, recs, q,
                                                                        clear=False)) for q in parts if q],
         (3.9, charts),
@@ -140,9 +141,9 @@ def register(app: typer.Typer) -> None:
         with cyclic_gc_paused():
             if sys.stderr.isatty():
                 with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
-                    result = simulate(sc)
+                    result = simulate(sc, link_load=True)
             else:
-                result = simulate(sc)
+                result = simulate(sc, link_load=True)
             summary = write_outputs(result, folder, trace_ranks, html)
             memory = result.memory
             how = ranks_note(result)

@@ -7,7 +7,11 @@ Trace format: the Chrome Trace Event Format (JSON object with `traceEvents`, tim
 microseconds): one process per simulated rank named with its coordinates, one thread per stream
 (compute, pp, dp, tp, ...), complete events ("X") for every interval, flow events ("s"/"f")
 from each pipeline send to the kernel that consumes it on the receiver (`flow_ends`), and a
-counter ("C") track of memory per rank.
+counter ("C") track of memory per rank. With `args` (sim.engine.slice_args) every complete event
+carries what its slice is and did (layer, microbatch, phase, block; a kernel's FLOPs; a call's
+op, bytes, element type and group); with `links` (sim.network.link_load) a "network" process
+holds a counter track of the load (GB/s) of each of the links that carried the most bytes, or
+says why there is none (the analytical network shares no link).
 """
 
 from __future__ import annotations
@@ -203,35 +207,51 @@ def _trace_tail(mem: dict, p2p: dict | None, ends: dict | None = None) -> list:
 
 
 def chrome_trace(records, labels: dict, mem: dict, p2p: dict | None = None,
-                 stage_layers: dict | None = None) -> dict:
+                 stage_layers: dict | None = None, args=None, links=None) -> dict:
     """The trace as a dict. `labels[rank]` names the process (its coordinates); `p2p` is the
     engine's send/recv log, drawn as flow arrows from the send to the kernel that consumes the
     data (`flow_ends`). Each rank declares a thread only for the streams it has events on;
-    zero-length communication (a collective over one GPU) is left out."""
+    zero-length communication (a collective over one GPU) is left out. `args` (record -> dict,
+    sim.engine.slice_args): each complete event's `args`; `links` (sim.network.link_load.
+    LinkLoad): the busiest links' load counters, or its note of why there are none
+    (`link_events`)."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     ev = meta + [{"ph": "X", "name": r.name, "cat": r.cat, "pid": r.rank, "tid": tids[r.stream],
                   "ts": r.start_ns / 1000.0, "dur": (r.end_ns - r.start_ns) / 1000.0} for r in shown]
+    if args is not None:
+        for e, r in zip(ev[len(meta):], shown):
+            e["args"] = args(r)
     ends = flow_ends(shown, p2p, stage_layers)
-    return {"traceEvents": ev + _trace_tail(mem, p2p, ends), "displayTimeUnit": "ns"}
+    out = {"traceEvents": ev + _trace_tail(mem, p2p, ends), "displayTimeUnit": "ns"}
+    if links is not None:
+        out["traceEvents"] += link_events(links)
+        out["otherData"] = {"link_load": links.note}
+    return out
 
 
 def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None,
-                      stage_layers: dict | None = None) -> str:
+                      stage_layers: dict | None = None, args=None, links=None) -> str:
     """`json.dumps(chrome_trace(...), separators=(",", ":"))`, the same text, with each
     kernel's event written as text instead of through a dict (tests/test_charts.py compares)."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     if any(r.end_ns >= US_TEXT_LIMIT_NS for r in shown):
-        return json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers), separators=(",", ":"))
+        return json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers, args, links), separators=(",", ":"))
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
     ev = [dumps(e) for e in meta]
     cats = {c: enc(c) for c in {r.cat for r in shown}}
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
+    texts = [""] * len(shown) if args is None else [',"args":' + t for t in args.texts(shown)]
     ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
            f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-           f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in shown]
+           f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{a}}}'
+           for r, a in zip(shown, texts)]
     ev += _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
-    return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
+    if links is None:
+        return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
+    ev += link_events_json(links)
+    return ('{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns","otherData":'
+            + dumps({"link_load": links.note}) + "}")
 
 
 def _trace_tail_json(mem: dict, p2p: dict | None, ends: dict) -> list:
@@ -252,9 +272,49 @@ def _trace_tail_json(mem: dict, p2p: dict | None, ends: dict) -> list:
     return ev
 
 
+NETWORK_PID = 10_000_000
+"""The trace's process of the network links' counters (past any rank)."""
+BUSIEST_LINKS = 8
+"""How many links the trace shows the load of (those that carried the most bytes)."""
+
+
+def _link_head(links, series: list) -> list:
+    """The network process's metadata events: its name says what its counters are, or that
+    there are none (and why: `links.note`, also in the trace's `otherData`)."""
+    what = (f"network: the {len(series)} links that carried the most bytes (GB/s)" if series
+            else "network: no link loads (see otherData.link_load)")
+    return [{"ph": "M", "name": "process_name", "pid": NETWORK_PID, "tid": 0, "args": {"name": what}},
+            {"ph": "M", "name": "process_labels", "pid": NETWORK_PID, "tid": 0, "args": {"labels": links.note}},
+            {"ph": "M", "name": "process_sort_index", "pid": NETWORK_PID, "tid": 0,
+             "args": {"sort_index": NETWORK_PID}}]
+
+
+def link_events(links, top: int = BUSIEST_LINKS) -> list:
+    """A counter track per busy link (sim.network.link_load.LinkLoad.busiest): its load in
+    GB/s (bytes/ns) at each change, named by the link and its capacity, in the network process."""
+    series = links.busiest(top)
+    ev = _link_head(links, series)
+    for s in series:
+        name = f"{s.name} (of {s.capacity_gbps:g} GB/s)"
+        ev += [{"ph": "C", "name": name, "pid": NETWORK_PID, "ts": t / 1000.0, "args": {"GB/s": round(v, 6)}}
+               for t, v in s.points]
+    return ev
+
+
+def link_events_json(links, top: int = BUSIEST_LINKS) -> list:
+    """`link_events` as json.dumps(separators=(",", ":")) text, the counters written directly."""
+    series = links.busiest(top)
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    ev = [dumps(e) for e in _link_head(links, series)]
+    for s in series:
+        head = f'{{"ph":"C","name":{dumps(f"{s.name} (of {s.capacity_gbps:g} GB/s)")},"pid":{NETWORK_PID},"ts":'
+        ev += [f'{head}{us_text(t)},"args":{{"GB/s":{round(v, 6)!r}}}}}' for t, v in s.points]
+    return ev
+
+
 def write_trace(records, labels, mem, path: Path, p2p: dict | None = None,
-                stage_layers: dict | None = None) -> None:
-    write_gzip(path, chrome_trace_json(records, labels, mem, p2p, stage_layers).encode())
+                stage_layers: dict | None = None, args=None, links=None) -> None:
+    write_gzip(path, chrome_trace_json(records, labels, mem, p2p, stage_layers, args, links).encode())
 
 
 def stage_layers(sc) -> dict:
