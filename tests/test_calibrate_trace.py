@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.calibrate.trace import fit_trace
+from sim.calibrate.trace import fit_trace, load_events, read_ops, rows_of
 from sim.devices import load_device
 from tests.conftest import run_cli
 
@@ -233,3 +233,80 @@ def test_real_check_trace_fitted_cpu_step(tmp_path, monkeypatch):
     if load.fraction > 0.10 or abs(drift) > 0.10:   # timings of a machine that changed: not a check
         pytest.skip(f"the machine stayed busy or changed speed between trace and timing: {msg}")
     assert abs(sim / measured - 1) <= 0.15, msg
+
+
+# --- no-ops, steps, --scenario-out (issue #35 item 3) ---------------------------------------------
+def _ci(*vals):
+    return {"Concrete Inputs": list(vals)}
+
+
+def test_noops_are_ignored_with_one_note_and_real_work_is_not(tmp_path):
+    """Dropout at p=0 (Concrete Inputs) or with nothing under it, views, an autograd node over a
+    view: ignored, counted, never fitted; a dropout at p=0.1 (its mask drawn under it) is fitted;
+    a reshape that copied stays unidentified time."""
+    x = [[256, 128]]
+    events = [op("aten::mm", 0, 100, [[64, 64], [64, 64]]), op("aten::mm", 200, 300, [[128, 64], [64, 64]]),
+              op("aten::dropout", 1000, 2, x + [[], []], **_ci("", "0.", "True")),
+              op("aten::dropout", 1010, 3, x + [[], []], **_ci("", "0.5", "False")),
+              op("aten::dropout", 1020, 4, x + [[], []]),                       # nothing under it
+              op("aten::dropout", 1100, 50, x + [[], []], **_ci("", "0.1", "True")),
+              op("aten::bernoulli_", 1101, 30, x + [[]]), op("aten::mul", 1140, 8, x + x),
+              op("aten::view", 1200, 1.5, x + [[]]), op("aten::transpose", 1210, 2.5, x + [[], []]),
+              op("aten::as_strided", 1211, 1, x + [[], [], []]),
+              op("autograd::engine::evaluate_function: ViewBackward0", 1300, 6, []),
+              op("ViewBackward0", 1301, 4, x), op("aten::view", 1302, 2, x + [[]]),
+              op("aten::reshape", 1400, 40, [[4, 64, 128], []]), op("aten::clone", 1401, 38, [[4, 64, 128], []]),
+              op("aten::copy_", 1402, 35, [[4, 64, 128], [4, 64, 128], []])]
+    _top, ev = load_events(write(tmp_path, events))
+    t = read_ops(ev, "t")
+    assert t.ignored == {"aten::dropout": [3, pytest.approx(9e-6)], "aten::view": [1, pytest.approx(1.5e-6)],
+                         "aten::transpose": [1, pytest.approx(2.5e-6)],
+                         "autograd::engine::evaluate_function: ViewBackward0": [1, pytest.approx(6e-6)]}
+    (drop,) = [r for r in rows_of(t.samples) if r["op"] == "dropout"]
+    assert drop["median_s"] == pytest.approx(50e-6)                    # the p=0.1 one, with its mask
+    assert dict(t.unidentified) == {"aten::reshape": pytest.approx(40e-6)}
+    tf = fit_trace(write(tmp_path, events, name="u.json"), name="n", memory_gib=4)
+    assert tf.noop_note.startswith("ignored 6 calls of ops that launch no kernel and move no data (0.019 ms")
+    assert "aten::dropout x3" in tf.noop_note
+    code, _out, err = run_cli("calibrate", "trace", str(tmp_path / "u.json"), "--out", str(tmp_path / "p.yaml"),
+                              "--memory-gib", "4")
+    assert code == 0 and [ln for ln in err.splitlines() if ln.startswith("note: ignored 6 calls")], err
+
+
+def _step(n, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts,
+            "dur": dur, "args": {}}
+
+
+def test_profiler_step_0_without_warmup_is_not_fitted(tmp_path):
+    """ProfilerStep#0 (recorded from the profiler's start: GEMMs 3x slower here) is dropped when
+    a later step follows: the fitted rate is step 1's; alone, it is fitted with a note."""
+    def gemms(ts, slow):
+        return [op("aten::mm", ts + i * 40_000, slow * 2 * m * n * k / RATE * 1e6, [[m, k], [k, n]])
+                for i, (m, n, k) in enumerate(GEMMS)]
+    events = [_step(0, 0, 150_000)] + gemms(10, 3.0) + [_step(1, 200_000, 150_000)] + gemms(200_010, 1.0)
+    tf = fit_trace(write(tmp_path, events), name="s", memory_gib=4)
+    assert tf.fit.profile["extra"]["compute"]["mamf_tflops"]["fp32"] == pytest.approx(RATE / 1e12, rel=1e-3)
+    assert tf.ops.step_s == [pytest.approx(0.15)]
+    assert [n for n in tf.fit.notes if n.startswith("ProfilerStep#0 (150 ms) not fitted")]
+    tf = fit_trace(write(tmp_path, events[:4], name="one.json"), name="s", memory_gib=4)
+    assert tf.fit.profile["extra"]["compute"]["mamf_tflops"]["fp32"] == pytest.approx(RATE / 3e12, rel=1e-3)
+    assert [n for n in tf.fit.notes if n.startswith("the trace's only step is ProfilerStep#0")]
+
+
+def test_a_first_step_that_creates_the_optimizer_state_is_not_fitted(tmp_path):
+    """Without step marks, a first Adam step with zeros_like under it (torch.optim creating
+    exp_avg / exp_avg_sq) is the training's first: it and the ops before it are dropped."""
+    def step(ts, slow, first):
+        ev = [op("aten::mm", ts + i * 40_000, slow * 2 * m * n * k / RATE * 1e6, [[m, k], [k, n]])
+              for i, (m, n, k) in enumerate(GEMMS)]
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#Adam.step", "pid": 1,
+                   "tid": 1, "ts": ts + 150_000, "dur": 500, "args": {}})
+        if first:
+            ev.append(op("aten::zeros_like", ts + 150_010, 10, [[64, 64]]))
+        return ev
+    events = step(0, 2.0, True) + step(200_000, 1.0, False) + step(400_000, 1.0, False)
+    tf = fit_trace(write(tmp_path, events), name="s", memory_gib=4)
+    assert tf.fit.profile["extra"]["compute"]["mamf_tflops"]["fp32"] == pytest.approx(RATE / 1e12, rel=1e-3)
+    assert tf.ops.step_s == [pytest.approx(0.2), pytest.approx(0.2)]     # from the first step's end
+    assert [n for n in tf.fit.notes if n.startswith("the trace starts at the training's first step")]

@@ -17,13 +17,20 @@ aten::cross_entropy_loss, not its log_softmax), as the runner times F.linear and
 
 Recognised: GEMMs (linear, matmul, mm, addmm, bmm, baddbmm; shapes from "Input Dims"); the
 scaled_dot_product_attention family (causal from "Concrete Inputs"; the math fallback is left to
-its GEMMs and softmax); LayerNorm / RMSNorm, GELU / SiLU, softmax, dropout, the forward residual
+its GEMMs and softmax); LayerNorm / RMSNorm, GELU / SiLU / ReLU, softmax, dropout, the forward residual
 add, embedding and cross-entropy (log_softmax + nll_loss), forward and backward; contiguous
 same-type copies (the memory roofline); torch.optim.Adam(W)'s step (`Optimizer.step#Adam.step`,
 per-tensor implementation: one addcdiv_ per parameter gives the parameter count) with the ops
 between the last backward op and it (gradient clipping); NCCL kernels (collective name, group size
-and message size from record_param_comms' arguments). Everything else is reported as unidentified
+and message size from record_param_comms' arguments). Ops that launch no kernel and move no data
+(views, allocations, dropout at p = 0 or in eval, their autograd nodes) are ignored and counted
+(`TraceFit.ignored`, sim.calibrate.trace_filter). Everything else is reported as unidentified
 time (`TraceFit.unidentified`).
+
+Steps: only the trace's kept steps are read (trace_filter.select_steps): its ProfilerStep#N
+marks less a ProfilerStep#0 recorded without a warm-up, or, without marks, the optimizer steps
+less a first one that creates the optimizer's state (the training's first step, its first calls
+2-3x slower).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import yaml
 
 from sim.calibrate import csvio
 from sim.calibrate.shapes import attention_counts, elementwise_bytes, gemm_counts
+from sim.calibrate.trace_filter import dropout_is_identity, mark_noops, noop_note, select_steps
 from sim.errors import ConfigError
 
 HOW = ("profile the step with torch.profiler.profile(activities=[ProfilerActivity.CPU(, CUDA)], "
@@ -63,8 +71,10 @@ SDPA_CAUSAL_ARG = {
 ELEMENTWISE_OPS = {
     **{n: ("norm", "fwd", 0) for n in ("aten::layer_norm", "aten::rms_norm", "aten::_fused_rms_norm")},
     **{n: ("norm", "bwd", 0) for n in ("aten::native_layer_norm_backward", "aten::_fused_rms_norm_backward")},
-    **{n: ("activation", "fwd", 0) for n in ("aten::gelu", "aten::silu")},
-    **{n: ("activation", "bwd", 0) for n in ("aten::gelu_backward", "aten::silu_backward")},
+    # ReLU (nn.TransformerEncoderLayer's default): the same bytes as GELU's, forward and backward
+    **{n: ("activation", "fwd", 0) for n in ("aten::gelu", "aten::silu", "aten::relu", "aten::relu_")},
+    **{n: ("activation", "bwd", 0) for n in ("aten::gelu_backward", "aten::silu_backward",
+                                             "aten::threshold_backward")},
     **{n: ("softmax", "fwd", 0) for n in ("aten::softmax", "aten::_softmax")},
     "aten::_softmax_backward_data": ("softmax", "bwd", 0),
     **{n: ("dropout", "fwd", 0) for n in ("aten::dropout", "aten::native_dropout")},
@@ -107,6 +117,15 @@ class TraceFit:
     """Seconds per recognised class."""
     unidentified: list = field(default_factory=list)
     """[(name, seconds), ...] of the rest, largest first (top-level op names)."""
+    ignored: dict = field(default_factory=dict)
+    """{name: [calls, seconds]} of the top-level ops that launch no kernel and move no data."""
+    ops: TraceOps | None = None
+    """What the trace's ops were read as (sim.calibrate.trace_scenario reads the model from it)."""
+
+    @property
+    def noop_note(self) -> str | None:
+        """One line naming the ignored no-op ops, their calls and time (None: there were none)."""
+        return noop_note(self.ignored, self.total_s, self.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,6 +301,8 @@ def classify(op) -> dict | None:
     if "scaled_dot_product" in name and "attention_math" not in name and not op.get("_math"):
         return _attention(op, "bwd" if name.endswith("_backward") else "fwd")
     d = _dims(op)
+    if dropout_is_identity(op):
+        return None                               # returned its input (trace_filter): no kernel
     spec = ELEMENTWISE_OPS.get(name)
     if name == "aten::add" and not bwd and len(d) >= 2 and all(isinstance(x, list) and len(x) >= 2
                                                                  for x in d[:2]):
@@ -328,6 +349,8 @@ def _tree(ops: list) -> None:
             stack.pop()
         e["_parent"] = stack[-1] if stack else None
         e["_top"] = stack[0] if stack else e
+        if stack:
+            stack[-1]["_has_kids"] = True
         if stack and e["_end"] > stack[-1]["_end"] + NEST_TOLERANCE_US:
             raise ConfigError(
                 f"event {e.get('_index', '?')} ({e['name'][:60]!r}, ts {e['ts']:g} us, dur {e['dur']:g} us) "
@@ -390,13 +413,16 @@ def _link(ops: list) -> None:
             # torch.optim's per-tensor Adam: one param.addcdiv_(exp_avg, denom) per parameter
             a["_params"] = a.get("_params", 0) + _numel((_dims(e) or [[]])[0])
             a["_tensors"] = a.get("_tensors", 0) + 1
+            a.setdefault("_shapes", []).append((_dims(e) or [[]])[0])
         e["_anchor"] = a
+    mark_noops(ops)
     # gradient clipping: the top-level ops between the last backward op and an optimizer step
     bwd_ends = sorted(e["_end"] for e in ops if e["name"].startswith("autograd::engine::evaluate_function"))
     for step in [e for e in ops if e["_anchor"] is e and e["_spec"]["kind"] == "optimizer"]:
         i = bisect_right(bwd_ends, step["ts"])
         for e in ops if i else ():
-            if (e["_parent"] is None and e["_anchor"] is None and e.get("tid") == step.get("tid")
+            if (e["_parent"] is None and e["_anchor"] is None and not e["_noop"]
+                    and e.get("tid") == step.get("tid")
                     and bwd_ends[i - 1] <= e["ts"] and e["_end"] <= step["ts"]
                     and not any(w in e["name"].lower() for w in COMM_WORDS)):
                 e["_clip"] = step
@@ -414,7 +440,7 @@ def _cpu_times(ops: list) -> tuple[dict, float, dict]:
             times[id(a)] = times.get(id(a), 0.0) + e["dur"] * 1e-6
             inner[id(e["_top"])] = inner.get(id(e["_top"]), 0.0) + e["dur"] * 1e-6
     for e in ops:
-        if e["_parent"] is None and e["_anchor"] is None:
+        if e["_parent"] is None and e["_anchor"] is None and not e["_noop"]:
             unident[e["name"]] = unident.get(e["name"], 0.0) + e["dur"] * 1e-6 - inner.get(id(e), 0.0)
     return times, sum(e["dur"] for e in ops if e["_parent"] is None) * 1e-6, unident
 
@@ -445,9 +471,30 @@ def _gpu_times(ops: list, events: list, kernels: list) -> tuple[dict, float, dic
     return times, sum(k["dur"] for k in kernels) * 1e-6, unident, colls
 
 
-def trace_samples(events: list, where: str) -> tuple[str, list, dict, float, list, list]:
-    """(device, [(row fields, part, seconds)], identified seconds per class, total seconds,
-    unidentified [(name, seconds)] largest first, notes) of a trace's events."""
+@dataclass
+class TraceOps:
+    """A trace's ops as sim5d reads them (read_ops)."""
+    device: str
+    """'cpu' or 'cuda': op times from the host or from GPU kernels."""
+    samples: list
+    """[(row fields, part, seconds)] of the recognised ops."""
+    identified_s: dict
+    """Seconds per recognised class."""
+    total_s: float
+    """Top-level CPU ops' (CPU) or kernels' (GPU) time, seconds."""
+    unidentified: list
+    """[(top-level op name, seconds)] of the rest, largest first (no-ops left out)."""
+    notes: list
+    ignored: dict
+    """{top-level op name: [calls, seconds]} of the no-ops (sim.calibrate.trace_filter)."""
+    ops: list
+    """The linked ops (`_parent`, `_anchor`, `_spec`, `_bwd`, `_noop`) of the kept steps."""
+    step_s: list
+    """Seconds of each kept ProfilerStep#N (empty: the trace has no step marks)."""
+
+
+def _linked_ops(events: list, where: str) -> list:
+    """The trace's ops (cpu_op events and optimizer steps), checked and linked (_link)."""
     ops = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
            and isinstance(e.get("dur"), (int, float))
            and (e.get("cat") == "cpu_op" or str(e.get("name", "")).startswith("Optimizer.step#"))]
@@ -464,18 +511,14 @@ def trace_samples(events: list, where: str) -> tuple[str, list, dict, float, lis
         _link(ops)
     except ConfigError as e:
         raise e.located(where, None) from None
-    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS
-               and isinstance(e.get("dur"), (int, float))]
-    notes, samples = [], []
-    if kernels:
-        times, total, unident, samples = _gpu_times(ops, events, kernels)
-    else:
-        times, total, unident = _cpu_times(ops)
-        if any(any(w in e["name"].lower() for w in COMM_WORDS[:3]) for e in ops):
-            notes.append("collectives: a CPU trace times gloo's calls on the host (enqueue and wait "
-                         "apart): not fitted")
+    return ops
+
+
+def _anchor_samples(ops: list, times: dict, notes: list) -> list:
+    """[(row fields, part, seconds)] of the timed anchors (attention's FLOPs with its causal
+    flag, the optimizer's parameters)."""
     anchors = [e for e in ops if e["_anchor"] is e and times.get(id(e), 0.0) > 0]
-    causal_of = {}   # a backward SDPA without its is_causal takes its forward's
+    causal_of, samples = {}, []   # a backward SDPA without its is_causal takes its forward's
     for a in anchors:
         s = a["_spec"]
         if s["kind"] == "attention" and s["causal"] is not None:
@@ -503,12 +546,45 @@ def trace_samples(events: list, where: str) -> tuple[str, list, dict, float, lis
             s.update(dtype="float32", batch=1, m=a["_params"], n=a["_tensors"], k=1,
                      bytes=float(a["_params"] * optimizer_bytes_per_param("fp32")))
         samples.append((s, s.pop("part", a["name"]), times[id(a)]))
+    return samples
+
+
+def read_ops(events: list, where: str) -> TraceOps:
+    """A trace's events read: the kept steps (trace_filter.select_steps), their ops linked and
+    timed, the recognised ones as samples, the no-ops counted apart."""
+    events, step_s, notes = select_steps(events)
+    ops = _linked_ops(events, where)
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS
+               and isinstance(e.get("dur"), (int, float))]
+    samples = []
+    if kernels:
+        times, total, unident, samples = _gpu_times(ops, events, kernels)
+    else:
+        times, total, unident = _cpu_times(ops)
+        if any(any(w in e["name"].lower() for w in COMM_WORDS[:3]) for e in ops):
+            notes.append("collectives: a CPU trace times gloo's calls on the host (enqueue and wait "
+                         "apart): not fitted")
+    samples += _anchor_samples(ops, times, notes)
     ident: dict = {}
     for s, _p, t in samples:
         cls = s["op"] if s["kind"] == "elementwise" else s["kind"]
         ident[cls] = ident.get(cls, 0.0) + t
+    ignored: dict = {}
+    for e in ops:
+        if e["_parent"] is None and e["_noop"]:
+            c = ignored.setdefault(e["name"], [0, 0.0])
+            c[0], c[1] = c[0] + 1, c[1] + e["dur"] * 1e-6
     un = sorted(((k, v) for k, v in unident.items() if v > 0), key=lambda kv: -kv[1])
-    return ("cuda" if kernels else "cpu"), samples, ident, total, un, notes
+    return TraceOps(device="cuda" if kernels else "cpu", samples=samples, identified_s=ident,
+                    total_s=total, unidentified=un, notes=notes, ignored=ignored, ops=ops,
+                    step_s=step_s)
+
+
+def trace_samples(events: list, where: str) -> tuple[str, list, dict, float, list, list]:
+    """(device, [(row fields, part, seconds)], identified seconds per class, total seconds,
+    unidentified [(name, seconds)] largest first, notes) of a trace's events (read_ops)."""
+    t = read_ops(events, where)
+    return t.device, t.samples, t.identified_s, t.total_s, t.unidentified, t.notes
 
 
 def rows_of(samples: list) -> list[dict]:
@@ -608,7 +684,8 @@ def fit_trace(path, *, name: str, base=None, memory_gib: float | None = None) ->
 
     where = str(path)
     top, events = load_events(path)
-    device, samples, ident, total, unident, notes = trace_samples(events, where)
+    tops = read_ops(events, where)
+    device, samples, total, notes = tops.device, tops.samples, tops.total_s, list(tops.notes)
     rows = rows_of(samples)
     coll = [r for r in rows if r["kind"] == "collective"]
     for key in sorted({(r["op"], r["ranks"]) for r in coll}):
@@ -674,8 +751,9 @@ def fit_trace(path, *, name: str, base=None, memory_gib: float | None = None) ->
         if dropped:
             res.notes.append(f"{', '.join(dropped)} of {base.name} dropped: the fitted GEMM rates "
                              "were measured inside the step")
-    return TraceFit(fit=res, rows=rows, device=device, total_s=total, identified_s=ident,
-                    unidentified=unident)
+    return TraceFit(fit=res, rows=rows, device=device, total_s=total, identified_s=tops.identified_s,
+                    unidentified=tops.unidentified, ignored=tops.ignored, ops=tops)
 
 
-__all__ = ["TraceFit", "classify", "fit_trace", "load_events", "merge", "rows_of", "trace_samples"]
+__all__ = ["TraceFit", "TraceOps", "classify", "fit_trace", "load_events", "merge", "read_ops", "rows_of",
+           "trace_samples"]

@@ -274,14 +274,22 @@ def steps_cmd(
 
 _TRACE_HELP = (
     "Fit a device profile to a PyTorch profiler trace of a real training step.\n\n"
-    "TRACE.json: the Kineto JSON of torch.profiler.profile(record_shapes=True, ...)"
-    ".export_chrome_trace(PATH) (.json.gz too); a CPU trace (op times) or a GPU trace (kernel "
-    "times, linked to their ops by External id / correlation). Its GEMMs, attention, memory-bound "
-    "ops, Adam step and NCCL kernels become the rows `calibrate fit` fits (sim.calibrate.trace). "
-    "A class seen at one size only gets its per-kernel overhead from --gpu (else 0) and its rate "
-    "fitted; what the trace does not identify keeps --gpu's values.\n\n"
+    "TRACE.json: the Kineto JSON of torch.profiler.profile(record_shapes=True, "
+    "schedule=torch.profiler.schedule(wait=1, warmup=1, active=3)) with prof.step() after each "
+    "training step, then .export_chrome_trace(PATH) (.json.gz too). The schedule keeps the "
+    "profiler's start-up and the first calls (2-3x slower on a CPU) out of the trace; without it "
+    "a ProfilerStep#0, or a first step that creates the optimizer's state, is dropped when later "
+    "steps follow. A CPU trace is timed by its ops: profile it with torch.set_num_threads(N) at "
+    "most the idle cores (an intra-op thread that another process deschedules stalls every op: "
+    "a GEMM's time then reads as a millisecond overhead). A GPU trace is timed by its kernels, "
+    "linked to their ops by External id / correlation. Its GEMMs, attention, memory-bound ops, "
+    "Adam step and NCCL kernels become the rows `calibrate fit` fits (sim.calibrate.trace). Ops "
+    "that launch no kernel and move no data (views, empty, p=0 / eval dropout, their autograd "
+    "nodes) are ignored, named in one line on stderr. A class seen at one size only gets its "
+    "per-kernel overhead from --gpu (else 0) and its rate fitted; what the trace does not "
+    "identify keeps --gpu's values.\n\n"
     "Refused with exit 2, nothing written: not JSON, no ops, no shapes (record with "
-    "record_shapes=True), no GEMMs, unknown device memory, or a fitted constant outside its "
+    "record_shapes=True), no GEMMs, unknown device memory, a fitted constant outside its "
     "physical range (as `calibrate fit`).")
 
 
@@ -310,7 +318,6 @@ def trace_cmd(
     with _about(trace_file):
         tf = fit_trace(trace_file, name=name or out.stem, base=base, memory_gib=memory_gib)
     res = tf.fit
-    share = {k: v / tf.total_s for k, v in sorted(tf.identified_s.items(), key=lambda kv: -kv[1])}
     ident = sum(tf.identified_s.values()) / tf.total_s if tf.total_s else 0.0
     header = (f"# Device profile fitted by `sim5d calibrate trace {trace_file.name}"
               + (f" --gpu {gpu}" if gpu else "") + "` (sim/calibrate/trace.py) to "
@@ -324,11 +331,19 @@ def trace_cmd(
             "profile": str(out), "trace": str(trace_file), "device": tf.device, "total_s": tf.total_s,
             "identified_fraction": ident, "identified_s": tf.identified_s,
             "unidentified_s": dict(tf.unidentified),
+            "ignored": {k: {"calls": c, "s": t} for k, (c, t) in tf.ignored.items()},
             "classes": [{"class": c.name, "n": c.n, "mape": c.mape, "max_error": c.max_err,
                          "params": c.params} for c in res.report],
             "collectives": res.collectives, "notes": res.notes, "warnings": res.warnings}))
-        _warn(res.warnings)
-        return
+    else:
+        _print_trace(tf, trace_file, out, ident)
+    _trace_stderr(tf)
+
+
+def _print_trace(tf, trace_file: Path, out: Path, ident: float) -> None:
+    """`calibrate trace`'s report on stdout: the identified share, the fit, the notes."""
+    res = tf.fit
+    share = {k: v / tf.total_s for k, v in sorted(tf.identified_s.items(), key=lambda kv: -kv[1])}
     typer.echo(f"# sim5d calibrate trace {trace_file} -> {out}")
     typer.echo(f"# identified {100 * ident:.1f}% of {tf.total_s:.4g} s of "
                f"{'GPU kernel' if tf.device == 'cuda' else 'CPU op'} time: "
@@ -342,7 +357,13 @@ def trace_cmd(
                    f"{c['busbw_gbps']} GB/s, alpha-beta |err| {100 * c['mape']:.1f}%")
     for n in res.notes:
         typer.echo(f"# note: {n}")
-    _warn(res.warnings)
+
+
+def _trace_stderr(tf) -> None:
+    """On stderr: the ignored no-op ops (one line), the warnings."""
+    if tf.noop_note:
+        typer.echo(f"note: {tf.noop_note}", err=True)
+    _warn(tf.fit.warnings)
 
 
 _FORMATS_HELP = (
