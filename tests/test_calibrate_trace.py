@@ -310,3 +310,136 @@ def test_a_first_step_that_creates_the_optimizer_state_is_not_fitted(tmp_path):
     assert tf.fit.profile["extra"]["compute"]["mamf_tflops"]["fp32"] == pytest.approx(RATE / 1e12, rel=1e-3)
     assert tf.ops.step_s == [pytest.approx(0.2), pytest.approx(0.2)]     # from the first step's end
     assert [n for n in tf.fit.notes if n.startswith("the trace starts at the training's first step")]
+
+
+# a hand-built Llama-like step: 2 layers, h 64, 4 heads of 16 with 2 KV heads, gated MLP 96 (SiLU),
+# RMSNorm, no biases, embedding tied to the head, vocab 256; micro-batch 2 x seq 32, 2 micro-batches
+V, HID, NH, KVH, HD, FF, NL, MB, SQ, ACC = 256, 64, 4, 2, 16, 96, 2, 2, 32, 2
+
+
+def _forward(ts: float, kv_sdpa: int) -> list:
+    """One micro-batch's forward ops (each GEMM timed at RATE, 50 us for the rest) from `ts`;
+    the attention's keys and values with `kv_sdpa` heads."""
+    ev, t = [], ts
+    x = [MB, SQ, HID]
+
+    def add(name, dims, dur=50.0, **args):
+        nonlocal t
+        ev.append(op(name, t, dur, dims, **args))
+        t += dur + 5
+
+    def linear(n, k):
+        add("aten::linear", [[MB, SQ, k], [n, k]], 2 * MB * SQ * n * k / RATE * 1e6)
+    add("aten::embedding", [[V, HID], [MB, SQ]])
+    for _ in range(NL):
+        add("aten::rms_norm", [x, [], [HID], []])
+        linear(NH * HD, HID)
+        linear(KVH * HD, HID)
+        linear(KVH * HD, HID)
+        add("aten::scaled_dot_product_attention", [[MB, NH, SQ, HD], [MB, kv_sdpa, SQ, HD], [MB, kv_sdpa, SQ, HD],
+                                                    [], [], [], [], []],
+            **_ci("", "", "", "", "0.", "True", "", "True"))
+        linear(HID, NH * HD)
+        add("aten::rms_norm", [x, [], [HID], []])
+        linear(FF, HID)
+        linear(FF, HID)
+        add("aten::silu", [[MB, SQ, FF]])
+        linear(HID, FF)
+    add("aten::rms_norm", [x, [], [HID], []])
+    linear(V, HID)
+    add("aten::cross_entropy_loss", [[MB * SQ, V], [MB * SQ]])
+    return ev
+
+
+def llama_trace(tmp_path, steps=2, name="llama.json", kv_sdpa=KVH, **drop):
+    """`steps` ProfilerStep#1.. of ACC forward passes and an AdamW step with one addcdiv_ per
+    parameter (the tied embedding once); `drop`: event names to leave out."""
+    params = [[V, HID]] + NL * [[HID], [NH * HD, HID], [KVH * HD, HID], [KVH * HD, HID], [HID, NH * HD],
+                                [HID], [FF, HID], [FF, HID], [HID, FF]] + [[HID]]
+    events, ts = [], 0.0
+    for s in range(1, steps + 1):
+        start = ts
+        for _ in range(ACC):
+            f = _forward(ts, kv_sdpa)
+            events += f
+            ts = f[-1]["ts"] + f[-1]["dur"] + 100
+        events.append({"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "pid": 1,
+                       "tid": 1, "ts": ts, "dur": 20 * len(params), "args": {}})
+        events += [op("aten::addcdiv_", ts + 1 + 20 * i, 10, [p, p, p, []]) for i, p in enumerate(params)]
+        ts += 20 * len(params) + 100
+        events.append(_step(s, start, ts - start))
+        ts += 100
+    events = [e for e in events if e["name"] not in drop.get("names", ())]
+    return write(tmp_path, events, name=name)
+
+
+def test_scenario_of_a_hand_built_llama_step(tmp_path):
+    """Every shape of the hand-built step comes back: layers from 2 steps x 2 micro-batches of
+    attention calls, GQA, gated MLP from two h -> F GEMMs and SiLU, RMSNorm with its final norm,
+    no biases, the tied embedding (one [V, h] parameter), the batch of 2 micro-batches; only the
+    positions (rotary is not read) and the attention backend (no kernel op under the SDPA) are
+    named. It loads and runs."""
+    scen = tmp_path / "s.yaml"
+    code, out, err = run_cli("calibrate", "trace", str(llama_trace(tmp_path)), "--out", str(tmp_path / "p.yaml"),
+                             "--memory-gib", "4", "--scenario-out", str(scen), "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    data = yaml.safe_load(scen.read_text())
+    assert data["model"] == {"num_layers": NL, "hidden_size": HID, "num_attention_heads": NH,
+                             "num_query_groups": KVH, "ffn_hidden_size": FF, "vocab_size": V,
+                             "normalization": "rmsnorm", "activation": "swiglu", "add_bias_linear": False,
+                             "add_qkv_bias": False, "position_embedding_type": "learned_absolute",
+                             "max_position_embeddings": SQ, "tie_embeddings": True, "hidden_dropout": 0.0,
+                             "attention_dropout": 0.0}
+    assert data["training"] == {"seq_length": SQ, "micro_batch_size": MB, "global_batch_size": MB * ACC,
+                                "precision": "fp32", "recompute": "none", "attention_backend": "flash"}
+    assert data["cluster"] == {"topology": "cpu-local", "gpu": str((tmp_path / "p.yaml").resolve())}
+    assert [n[:20] for n in res["scenario_notes"]] == ["position embeddings:", f"{ACC} forward passes per",
+                                                       "attention backend: n"]
+    marks = [e["dur"] * 1e-6 for e in json.loads((tmp_path / "llama.json").read_text())["traceEvents"]
+             if e["name"].startswith("ProfilerStep#")]
+    assert res["profiled_step_s"] == pytest.approx(marks) and len(marks) == 2
+    code, _out, err = run_cli("run", str(scen), "--out", str(tmp_path / "run"))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("drop, words", [
+    ({"names": ("aten::scaled_dot_product_attention",)}, "no scaled_dot_product_attention in the trace's forward"),
+    ({"names": ("aten::cross_entropy_loss", "aten::embedding")}, "no LM head"),
+    ({"names": ("aten::silu",)}, None),     # a gated MLP (two h -> F GEMMs) without an activation: named
+])
+def test_scenario_out_names_what_the_trace_lacks(tmp_path, drop, words):
+    trace = llama_trace(tmp_path, **drop)
+    code, _out, err = run_cli("calibrate", "trace", str(trace), "--out", str(tmp_path / "p.yaml"),
+                              "--memory-gib", "4", "--scenario-out", str(tmp_path / "s.yaml"))
+    if words is None:
+        assert code == 0 and "note: scenario: activation: none identified in the forward: written as swiglu" in err
+        assert "not simulated" not in err and yaml.safe_load((tmp_path / "s.yaml").read_text())["model"][
+            "ffn_hidden_size"] == FF, err
+        return
+    assert code == 2 and words in err and "--scenario-out" in err and "Traceback" not in err, err
+    assert "llama.json" in err and not (tmp_path / "p.yaml").exists() and not (tmp_path / "s.yaml").exists()
+
+
+def test_scenario_out_without_steps_or_with_a_bad_path(tmp_path):
+    trace = str(cpu_gemm_trace(tmp_path))
+    code, _out, err = run_cli("calibrate", "trace", trace, "--out", str(tmp_path / "p.yaml"), "--memory-gib",
+                              "4", "--scenario-out", str(tmp_path / "s.yaml"))
+    assert code == 2 and "cannot tell the trace's steps: no ProfilerStep# marks" in err
+    assert "prof.step()" in err and not (tmp_path / "p.yaml").exists()
+    for bad, rule in (("s.txt", "must name a .yaml file"), ("p.yaml", "is --out's file")):
+        code, _out, err = run_cli("calibrate", "trace", trace, "--out", str(tmp_path / "p.yaml"), "--memory-gib",
+                                  "4", "--scenario-out", str(tmp_path / bad))
+        assert code == 2 and f"--scenario-out = '{tmp_path / bad}' " in err and rule in err, err
+
+
+def test_kv_heads_repeated_before_the_attention_come_from_the_projections(tmp_path):
+    """Hugging Face's eager Llama repeats K and V to every query head before SDPA: the KV heads
+    are the k / v projections' (2 x 16 of h 64), named on stderr."""
+    scen = tmp_path / "s.yaml"
+    code, _out, err = run_cli("calibrate", "trace", str(llama_trace(tmp_path, kv_sdpa=NH)), "--out",
+                              str(tmp_path / "p.yaml"), "--memory-gib", "4", "--scenario-out", str(scen))
+    assert code == 0, err
+    m = yaml.safe_load(scen.read_text())["model"]
+    assert (m["num_attention_heads"], m["num_query_groups"], m["ffn_hidden_size"]) == (NH, KVH, FF)
+    assert f"note: scenario: KV heads {KVH}: from the k and v projections" in err

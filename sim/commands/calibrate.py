@@ -288,9 +288,14 @@ _TRACE_HELP = (
     "nodes) are ignored, named in one line on stderr. A class seen at one size only gets its "
     "per-kernel overhead from --gpu (else 0) and its rate fitted; what the trace does not "
     "identify keeps --gpu's values.\n\n"
+    "--scenario-out S.yaml: also a scenario of the traced model (layers, hidden, heads, FFN, "
+    "vocabulary, sequence, micro-batch, batch from the ops' shapes) on one device with the "
+    "written profile, simulated and compared with the profiled steps; what it cannot read or "
+    "express is named on stderr.\n\n"
     "Refused with exit 2, nothing written: not JSON, no ops, no shapes (record with "
     "record_shapes=True), no GEMMs, unknown device memory, a fitted constant outside its "
-    "physical range (as `calibrate fit`).")
+    "physical range (as `calibrate fit`), or with --scenario-out a trace without a transformer "
+    "stack sim5d can read (attention, LM head, MLP) or without steps.")
 
 
 @calibrate_app.command("trace", help=_TRACE_HELP)
@@ -303,6 +308,9 @@ def trace_cmd(
     name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: the file stem)."),
     memory_gib: Optional[float] = typer.Option(None, "--memory-gib", help="Device memory per rank, "
                                                "GiB (default: the trace's deviceProperties, else --gpu's)."),
+    scenario_out: Optional[Path] = typer.Option(None, "--scenario-out", help="Also write a scenario "
+                                                "YAML of the traced model and batch on one device "
+                                                "with the written profile."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """`sim5d calibrate trace` (sim.calibrate.trace; help: _TRACE_HELP)."""
@@ -311,12 +319,17 @@ def trace_cmd(
     from sim.devices import load_device
     from sim.errors import ConfigError
 
-    if out.suffix.lower() not in (".yaml", ".yml"):
-        raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
+    for key, path in (("--out", out), ("--scenario-out", scenario_out)):
+        if path is not None and path.suffix.lower() not in (".yaml", ".yml"):
+            raise ConfigError(f"{key} = {str(path)!r} must name a .yaml file", key=key)
+    if scenario_out is not None and scenario_out.resolve() == out.resolve():
+        raise ConfigError(f"--scenario-out = {str(scenario_out)!r} is --out's file: name another",
+                          key="--scenario-out")
     _check_memory_gib(memory_gib)
     base = load_device(gpu, key="--gpu") if gpu else None
     with _about(trace_file):
         tf = fit_trace(trace_file, name=name or out.stem, base=base, memory_gib=memory_gib)
+        traced = _traced_scenario(tf, out, scenario_out)
     res = tf.fit
     ident = sum(tf.identified_s.values()) / tf.total_s if tf.total_s else 0.0
     header = (f"# Device profile fitted by `sim5d calibrate trace {trace_file.name}"
@@ -326,6 +339,7 @@ def trace_cmd(
         header += f"#   {c.name:<17} n={c.n:<4} mean |err| {100 * c.mape:5.1f}%  max {100 * c.max_err:5.1f}%\n"
     write_yaml(res.profile, out, header)
     load_device(str(out), key="--out")        # the written profile loads as cluster.gpu does
+    sim = _write_scenario(traced, scenario_out, trace_file) if traced is not None else None
     if as_json:
         typer.echo(json.dumps({
             "profile": str(out), "trace": str(trace_file), "device": tf.device, "total_s": tf.total_s,
@@ -334,10 +348,49 @@ def trace_cmd(
             "ignored": {k: {"calls": c, "s": t} for k, (c, t) in tf.ignored.items()},
             "classes": [{"class": c.name, "n": c.n, "mape": c.mape, "max_error": c.max_err,
                          "params": c.params} for c in res.report],
-            "collectives": res.collectives, "notes": res.notes, "warnings": res.warnings}))
+            "collectives": res.collectives, "notes": res.notes, "warnings": res.warnings,
+            **({"scenario": str(scenario_out), "scenario_notes": traced.notes,
+                "profiled_step_s": traced.step_s, "simulated_step_s": sim} if traced else {})}))
     else:
         _print_trace(tf, trace_file, out, ident)
-    _trace_stderr(tf)
+        if traced is not None:
+            _print_scenario(traced, scenario_out, sim)
+    _trace_stderr(tf, traced)
+
+
+def _traced_scenario(tf, out: Path, scenario_out: Optional[Path]):
+    """The scenario of the traced model (sim.calibrate.trace_scenario), or None without
+    --scenario-out; its profile: --out, by name in the bundled devices folder, else by path."""
+    from sim.calibrate.trace_scenario import traced_scenario
+    from sim.devices import device_dir
+
+    if scenario_out is None:
+        return None
+    try:
+        bundled = out.resolve().parent == device_dir().resolve()
+    except OSError:   # pragma: no cover
+        bundled = False
+    return traced_scenario(tf, name=scenario_out.stem, gpu=out.stem if bundled else str(out.resolve()))
+
+
+def _write_scenario(traced, path: Path, trace_file: Path) -> float:
+    """Write the traced scenario, load it as `sim5d run` does and simulate its step (seconds)."""
+    import statistics
+
+    import yaml
+
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    measured = statistics.mean(traced.step_s)
+    header = (f"# Scenario of the model and batch `sim5d calibrate trace {trace_file.name}` read from "
+              "the trace's op shapes\n# (sim/calibrate/trace_scenario.py), on one device with the "
+              f"fitted profile. Profiled step: {measured:.4g} s\n# (mean of {len(traced.step_s)}"
+              " kept steps). Not read from the trace (as written, or simulated otherwise):\n"
+              + "".join(f"#   {n}\n" for n in traced.notes) + ("#   (nothing)\n" if not traced.notes else ""))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + yaml.safe_dump(traced.scenario, sort_keys=False, width=100))
+    return simulate(load_scenario(str(path))).summary()["step_time_s"]
 
 
 def _print_trace(tf, trace_file: Path, out: Path, ident: float) -> None:
@@ -359,10 +412,27 @@ def _print_trace(tf, trace_file: Path, out: Path, ident: float) -> None:
         typer.echo(f"# note: {n}")
 
 
-def _trace_stderr(tf) -> None:
-    """On stderr: the ignored no-op ops (one line), the warnings."""
+def _print_scenario(traced, path: Path, sim: float) -> None:
+    """The written scenario's model and its simulated step against the profiled steps."""
+    import statistics
+
+    m, t = traced.scenario["model"], traced.scenario["training"]
+    measured = statistics.mean(traced.step_s)
+    typer.echo(f"# scenario {path}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
+               f"{m['num_attention_heads']} heads, ffn {m['ffn_hidden_size']}, vocab {m['vocab_size']}, "
+               f"seq {t['seq_length']}, micro-batch {t['micro_batch_size']}, batch "
+               f"{t['global_batch_size']}, {t['precision']}")
+    typer.echo(f"# simulated step {sim:.4g} s; profiled steps {measured:.4g} s (mean of "
+               f"{len(traced.step_s)}): {100 * (sim / measured - 1):+.1f}% (the simulation counts "
+               "the identified ops; what the trace spent elsewhere is not in it)")
+
+
+def _trace_stderr(tf, traced) -> None:
+    """On stderr: the ignored no-op ops (one line), what the scenario does not read, warnings."""
     if tf.noop_note:
         typer.echo(f"note: {tf.noop_note}", err=True)
+    for n in (traced.notes if traced is not None else ()):
+        typer.echo(f"note: scenario: {n}", err=True)
     _warn(tf.fit.warnings)
 
 
