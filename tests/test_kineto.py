@@ -125,6 +125,40 @@ def test_kernels_are_the_records_under_stable_names(which, request):
             assert all(a[1] <= b[0] for a, b in zip(ivs, ivs[1:]))
 
 
+def test_nccl_kernels_carry_kinetos_collective_args(run):
+    """Each NCCL kernel has Kineto's collective args (PyTorch's record_param_comms): the
+    collective's name, element counts in and out, group size and dtype, consistent with the
+    call's bytes and group (sim.engine.slice_args); a receive's counts are its sender's send:
+    one microbatch's activations, micro_batch x seq x hidden / tp elements with sequence
+    parallelism (Korthikanti et al. 2022), from the scenario by hand; compute kernels carry
+    their FLOPs instead."""
+    out, res = run
+    sc = res.scenario
+    act = sc.training.micro_batch_size * sc.training.seq_length * sc.model.hidden_size // sc.parallelism.tp
+    names = {"all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base", "all_reduce": "allreduce"}
+    seen = set()
+    for rank in res.pp_rank_of:
+        for e in _load(out / "traces" / f"rank-{rank}.json.gz")["traceEvents"]:
+            if e.get("cat") != "kernel":
+                continue
+            a = e["args"]
+            if not e["name"].startswith("nccl"):
+                assert a["flops"] >= 0 and "Collective name" not in a
+                continue
+            assert a["dtype"] == "BFloat16" and a["Group size"] >= 2
+            if a["sim5d_name"].startswith(("recv", "send")):
+                assert a["In msg nelems"] == a["Out msg nelems"] == act and a["Group size"] == 2
+                assert a["Collective name"] == a["sim5d_name"].split()[0]
+            else:
+                n = a["bytes"] // 2
+                want = {"all_gather": (n // a["group_size"], n), "reduce_scatter": (n, n // a["group_size"])}
+                assert (a["In msg nelems"], a["Out msg nelems"]) == want.get(a["op"], (n, n))
+                assert a["Group size"] == a["group_size"] == len(a["group"].split(","))
+                assert a["Collective name"] == names[a["op"]]
+            seen.add(a["Collective name"])
+    assert seen == {"recv", "send", "_allgather_base", "_reduce_scatter_base"}
+
+
 def test_the_host_launches_each_kernel_in_its_op_before_it_runs(run):
     """Each kernel has one cudaLaunchKernel (same correlation, an ac2g flow from it to the
     kernel), inside a cpu_op of the host thread, ending at or before the kernel's start; the
@@ -224,13 +258,13 @@ def test_nccl_kernel_names():
 
 
 def test_kernel_kinds_by_hand():
-    assert kineto.kernel_kind("F L15 mlp mb7") == ("F mlp", {"phase": "forward", "layer": 15, "microbatch": 7})
-    assert kineto.kernel_kind("B L3 attn mb0 column dgrad") == (
-        "B attn column dgrad", {"phase": "backward", "layer": 3, "microbatch": 0})
-    assert kineto.kernel_kind("send act s1 mb4") == ("send act", {"stage": 1, "microbatch": 4})
-    assert kineto.kernel_kind("param all-gather chunk 2") == ("param all-gather chunk", {"index": 2})
-    assert kineto.kernel_kind("F mtp0 head+loss mb3") == ("F mtp0 head+loss", {"phase": "forward", "microbatch": 3})
-    assert kineto.kernel_kind("optimizer step") == ("optimizer step", {"phase": "optimizer"})
+    assert kineto.kernel_kind("F L15 mlp mb7") == "F mlp"
+    assert kineto.kernel_kind("B L3 attn mb0 column dgrad") == "B attn column dgrad"
+    assert kineto.kernel_kind("send act s1 mb4") == "send act"
+    assert kineto.kernel_kind("param all-gather chunk 2") == "param all-gather chunk"
+    assert kineto.kernel_kind("F L2 kv ring step 1") == "F kv ring step"
+    assert kineto.kernel_kind("F mtp0 head+loss mb3") == "F mtp0 head+loss"
+    assert kineto.kernel_kind("optimizer step") == "optimizer step"
     assert kineto.aten_op("B mlp wgrad", "backward") == "aten::mm"
     assert kineto.aten_op("F embedding", "forward") == "aten::embedding"
 
@@ -373,7 +407,7 @@ def test_hta_aten_ops_and_launch_stats_match_sim5d(run, monkeypatch):
     kinds: dict = {}
     for r in _kernels_of(res, rank):
         if r.stream == "compute" and not r.cat.startswith("comm:"):
-            kind = kineto.kernel_kind(r.name)[0]
+            kind = kineto.kernel_kind(r.name)
             kinds[kind] = kinds.get(kind, 0) + 1
     table = ta.get_aten_op_kernels_and_delay(ranks=[rank])[rank]
     assert dict(zip(table["kernel_sequence"], table["occurrence_count"])) == kinds

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, write_gzip
+from sim.engine.slice_args import name_fields, name_key, slice_args
 
 HOST_PID = HOST_TID = 1000
 """The host process and thread of every file (a device index is the pid of GPU events)."""
@@ -53,11 +54,6 @@ statistics take 50 us as the default cutoff for a slow runtime call)."""
 RUNTIME_NS = 500
 """Host time of a cudaEventRecord or cudaStreamWaitEvent, and the op's own time before its
 launch (sub-microsecond API calls)."""
-
-PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
-"""The first word of a sim5d kernel's name -> its phase (args.phase)."""
-_NUMBERED = {"L": "layer", "mb": "microbatch", "s": "stage"}
-_NUMBERED_WORD = re.compile(r"(L|mb|s)(\d+)")
 
 _OPS = (("reduce-scatter", "ReduceScatter_Sum"), ("reduce_scatter", "ReduceScatter_Sum"),
         ("all-reduce", "AllReduce_Sum"), ("all_reduce", "AllReduce_Sum"),
@@ -98,29 +94,15 @@ def _c10d_op(name: str, kernel: str) -> str:
     return "c10d::alltoall_base_"
 
 
-def kernel_kind(name: str) -> tuple:
-    """(the kernel's stable name, its args) for a sim5d record name: the layer (L15), microbatch
-    (mb7), stage (s1) and other numbers (a chunk, a ring step) move to args, and the phase's
-    word (F, B, I, W, R) stays in the name and is spelled out in args.phase: "F L15 mlp mb7" ->
-    ("F mlp", {"phase": "forward", "layer": 15, "microbatch": 7})."""
-    words = name.split()
-    args: dict = {}
-    kept = []
-    for i, w in enumerate(words):
-        if i == 0 and w in PHASES:
-            args["phase"] = PHASES[w]
-            kept.append(w)
-            continue
-        m = _NUMBERED_WORD.fullmatch(w)
-        if m and m.group(1) not in args:
-            args[_NUMBERED[m.group(1)]] = int(m.group(2))
-        elif w.isdigit():
-            args["index"] = int(w)
-        else:
-            kept.append(w)
-    if name == "optimizer step":
-        args["phase"] = "optimizer"
-    return " ".join(kept) or name, args
+_NUM_WORD = re.compile(r"(?<!\S)(?:L|mb|s)?\d+(?!\S)")
+"""A numbered word of a record's name (L15, mb7, s1, 3)."""
+
+
+def kernel_kind(name: str) -> str:
+    """A kernel's stable name: its record's name without the numbered words (layer L15,
+    microbatch mb7, stage s1, a chunk's or ring step's number), which its args carry
+    (sim.engine.slice_args); the phase's letter stays: "F L15 mlp mb7" -> "F mlp"."""
+    return " ".join(_NUM_WORD.sub("", name).split()) or name
 
 
 def aten_op(kind: str, phase: str) -> str:
@@ -139,60 +121,44 @@ def _is_comm(rec) -> bool:
     return rec.stream != "compute" or rec.cat.startswith("comm:")
 
 
-_NUM_WORD = re.compile(r"(?<!\S)(L|mb|s)?(\d+)(?!\S)")
-"""A numbered word of a record's name (L15, mb7, s1, 3): what `kernel_kind` moves to args."""
-
-
 class _Kinds:
-    """`kernel_kind`, the kernel's name and its cpu_op for each record, worked out once per
-    template (the name with its numbered words as "#" and their prefixes, the stream, whether
-    it is communication): a step's million records have a few dozen templates."""
+    """The kernel's name and its cpu_op of each record, worked out once per template (the name
+    with its numbered words as "#", the stream, whether it is communication): a step's million
+    records have a few dozen templates."""
 
     def __init__(self, zero_stage: int):
         self.zero_stage = zero_stage
         self.cache: dict = {}
 
     def of(self, rec) -> tuple:
-        """(the kernel's name as JSON text, its cpu_op's as JSON text, its args as JSON text
-        to follow a comma)."""
-        name = rec.name
-        nums = _NUM_WORD.findall(name)
+        """(the kernel's name, its cpu_op's name), each as JSON text."""
         comm = rec.stream != "compute" or rec.cat.startswith("comm:")
-        key = (_NUM_WORD.sub("#", name), "".join([p for p, _ in nums]), rec.stream, comm) if nums \
-            else (name, "", rec.stream, comm)
+        key = (_NUM_WORD.sub("#", rec.name), rec.stream, comm)
         hit = self.cache.get(key)
         if hit is None:
-            hit = self.cache[key] = self._make(name, rec.stream, comm)
-        kname, op, fmt = hit
-        return kname, op, fmt.format(*[d for _, d in nums]) if nums else fmt
+            hit = self.cache[key] = self._make(rec.name, rec.stream, comm)
+        return hit
 
     def _make(self, name: str, stream: str, comm: bool) -> tuple:
-        kind, args = kernel_kind(name)
-        phase = args.get("phase", "")
         if comm:
             kname = nccl_kernel(name, stream, self.zero_stage)
-            op = _c10d_op(name, kname)
-        else:
-            kname, op = kind, aten_op(kind, phase)
-        fmt = f',"phase":"{phase}"' if phase else ""
-        seen = set()
-        for prefix, _ in _NUM_WORD.findall(name):
-            key = _NUMBERED.get(prefix, "index")
-            fmt += "{:.0}" if key in seen else f',"{key}":{{}}'      # a repeated key: kept in the name only
-            seen.add(key)
-        return _enc(kname), _enc(op), fmt
+            return _enc(kname), _enc(_c10d_op(name, kname))
+        kind = kernel_kind(name)
+        return _enc(kind), _enc(aten_op(kind, name_fields(name_key(name)[0]).get("phase", "")))
 
 
 class _Item(NamedTuple):
     """One thing the host does, an op that launches one kernel, placed on the host thread by
     `_place`: `due` is the latest it may end (its kernel's start; for a communication kernel,
-    the time its compute stream reached the call), `calls` its runtime calls in order."""
+    the time its compute stream reached the call)."""
 
     due: int
     prio: int
     seq: int
     calls: tuple
-    """(runtime name, key): "launch" calls carry the record, the others what they sync."""
+    """(runtime name, record) pairs: "launch" the kernel's record, the others what they sync."""
+    launch: object
+    """The record of the kernel it launches."""
 
 
 def _binding_sources(comp, mine, recvs) -> dict:
@@ -245,12 +211,12 @@ def _items(mine, comp, recvs, waits: dict) -> list:
     waited = {id(src) for src in waits.values()}
     items = []
     for i, r in enumerate(comp):
-        items.append(_Item(r.start_ns, 1, len(items), ((("wait", waits[i]),) if i in waits else ()) + (("launch", r),)))
+        items.append(_Item(r.start_ns, 1, len(items), ((("wait", waits[i]),) if i in waits else ()) + (("launch", r),), r))
     for r in sorted([x for x in mine if x.stream != "compute"] + recvs, key=lambda x: (x.start_ns, x.stream)):
         j = bisect.bisect_right(ends, r.start_ns) - 1
         calls = (("record", comp[j]), ("wait", comp[j])) if j >= 0 else ()
         calls += (("launch", r),) + ((("record", r),) if id(r) in waited else ())
-        items.append(_Item(ends[j] if j >= 0 else r.start_ns, 0, len(items), calls))
+        items.append(_Item(ends[j] if j >= 0 else r.start_ns, 0, len(items), calls, r))
     items.sort(key=lambda it: (it.due, it.prio, it.seq))
     return items
 
@@ -339,58 +305,118 @@ def _sync(kind: str, device: int, sid: int, t: int, dur: int, corr: int, wait_si
             f'"device":{device}{wait}}}}}')
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, payload) -> tuple:
-    """(host events, GPU events, the CUDA streams used) of the placed items, as JSON text (no
-    spaces: a large step's traces are gigabytes of text): each item's cpu_op and its runtime
-    calls; each kernel (stable name, its record's details in args) with the ac2g flow from its
-    launch; each stream wait as the GPU's sync event."""
-    host, gpu, used = [], [], set()
+COLLECTIVE_NAMES = {"all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
+                    "all_reduce": "allreduce", "all_to_all": "all_to_allv", "moe_dispatch": "all_to_allv",
+                    "broadcast": "broadcast"}
+"""PyTorch's name of each call (args "Collective name", as ProcessGroupNCCL's RECORD_PARAM_COMMS
+records it: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp); send_recv is "send" or "recv"."""
+
+
+def _nccl_args(info, collective: str, dtype: bool) -> str:
+    """An NCCL kernel's args as Kineto writes them (from PyTorch's record_param_comms), after a
+    comma: element counts in and out by nccl-tests' buffer convention (sim5d's size_bytes is the
+    output of an all-gather and the input of a reduce-scatter), the group's size, and (`dtype`,
+    where slice_args has not given it) the element type."""
+    n, g = info.nelems, len(info.ranks)
+    i, o = {"all_gather": (n // g, n), "reduce_scatter": (n, n // g)}.get(info.op, (n, n))
+    return (f',"Collective name":"{collective}","In msg nelems":{i},"Out msg nelems":{o},"Group size":{g}'
+            + (f',"dtype":"{info.dtype}"' if dtype else ""))
+
+
+def _details(launched, args, p2p: dict | None, zero_stage: int) -> dict:
+    """{id(record): the JSON text its kernel's args add, after a comma}: sim.engine.slice_args'
+    fields (layer, microbatch, phase, block, stage, FLOPs or the call's op, bytes, dtype, group)
+    and for an NCCL kernel Kineto's own (`_nccl_args`); a receive's call is its sender's send."""
+    from sim.engine.core import Record
+
+    if args is None:
+        texts = [json.dumps({k: (int(name_key(r.name)[1]) if v == "\x00" else v)
+                             for k, v in name_fields(name_key(r.name)[0]).items()}, separators=(",", ":"))
+                 for r in launched]
+    else:
+        texts = args.texts(launched)
+    senders = {}
+    for key, info in (p2p or {}).items():
+        if "src" in info:
+            senders[f"recv {key[0]} s{key[1]} mb{key[2]}"] = Record(
+                info["src"], "pp", f"send {key[0]} s{key[1]} mb{key[2]}", "pp", 0, 0)
+    out = {}
+    cache: dict = {}             # (rank, name's key) -> its NCCL args, where the name is one call
+    for r, text in zip(launched, texts):
+        extra = ""
+        if args is not None and (r.stream != "compute" or r.cat.startswith("comm:")):
+            key = (r.rank, name_key(r.name)[0])
+            extra = cache.get(key)
+            if extra is None:
+                extra = _nccl_text(args, r, senders, '"dtype":' not in text)
+                entry = args.table(r.rank).get(key[1])
+                if entry is None or len(entry[3]) <= 1:
+                    cache[key] = extra
+        out[id(r)] = ("," + text[1:-1] if len(text) > 2 else "") + extra
+    return out
+
+
+def _nccl_text(args, rec, senders: dict, dtype: bool) -> str:
+    """`_nccl_args` of a communication record (a receive's from its sender's send), or ""."""
+    recv = rec.stream == "pp-recv"
+    info = (args.comm(senders[rec.name]) if rec.name in senders else None) if recv else args.comm(rec)
+    if info is None:
+        return ""
+    coll = ("recv" if recv else "send") if info.op == "send_recv" else COLLECTIVE_NAMES.get(info.op, info.op)
+    return _nccl_args(info, coll, dtype)
+
+
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: dict) -> tuple:
+    """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
+    step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
+    (stable name, `details[id(record)]` in args) with the ac2g flow from its launch; each stream
+    wait as the GPU's sync event. A launch's four events are made as one string."""
+    ev, used = [], set()
     corr = 0
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
     T, fr, lim = _T, US_FRACTION, US_TEXT_LIMIT_NS      # times >= 0 written inline (`_Fmt`)
     launch_dur, gpu_head = T[LAUNCH_NS], f'"pid":{device},"tid":'
     for ext, (item, t, cost) in enumerate(zip(items, *placed), 1):
-        launch = next(r for c, r in item.calls if c == "launch")        # the kernel the item launches
-        kname, op, argtext = kinds.of(launch)
-        host.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},"ts":{T[t]},"dur":{T[cost]},'
-                    f'"args":{{"External id":{ext}}}}}')
+        kname, op = kinds.of(item.launch)
+        ev.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},'
+                  f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]},"dur":{T[cost]},'
+                  f'"args":{{"External id":{ext}}}}}')
         t += RUNTIME_NS
         for call, rec in item.calls:
             corr += 1
             if call != "launch":
-                host.append(_runtime("cudaEventRecord" if call == "record" else "cudaStreamWaitEvent",
-                                     t, RUNTIME_NS, corr, ext))
+                ev.append(_runtime("cudaEventRecord" if call == "record" else "cudaStreamWaitEvent",
+                                   t, RUNTIME_NS, corr, ext))
                 t += RUNTIME_NS
                 if call == "record":
                     recorded[id(rec)] = corr
                 else:
-                    gpu.append(_sync("Stream Wait Event", device, streams[launch.stream], t, 0, corr,
-                                     streams[rec.stream], recorded.get(id(rec), -1)))
+                    ev.append(_sync("Stream Wait Event", device, streams[item.launch.stream], t, 0, corr,
+                                    streams[rec.stream], recorded.get(id(rec), -1)))
                 continue
             sid = streams[rec.stream]
             used.add(sid)
             ts, dur = rec.start_ns, rec.end_ns - rec.start_ns
             ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T[ts]
             dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T[dur]
-            extra = "".join([f",{_enc(k)}:{json.dumps(v)}" for k, v in payload(rec).items()]) if payload else ""
             tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]
-            host.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel",{_HOST},"ts":{tt},'
-                        f'"dur":{launch_dur},"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}}')
-            host.append(f'{{"ph":"s","id":{corr},{_HOST},"ts":{tt},"cat":"ac2g","name":"ac2g"}}')
-            gpu.append(f'{{"ph":"X","cat":"kernel","name":{kname},{gpu_head}{sid},"ts":{ts},"dur":{dur},'
-                       f'"args":{{"External id":{ext},"device":{device},"stream":{sid},"correlation":{corr}'
-                       f'{argtext},"sim5d_name":{_enc(rec.name)}{extra}}}}}')
-            gpu.append(f'{{"ph":"f","id":{corr},{gpu_head}{sid},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
+            ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel",{_HOST},"ts":{tt},'
+                      f'"dur":{launch_dur},"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}},'
+                      f'{{"ph":"s","id":{corr},{_HOST},"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
+                      f'{{"ph":"X","cat":"kernel","name":{kname},{gpu_head}{sid},"ts":{ts},"dur":{dur},'
+                      f'"args":{{"External id":{ext},"device":{device},"stream":{sid},"correlation":{corr}'
+                      f'{details[id(rec)]},"sim5d_name":{_enc(rec.name)}}}}},'
+                      f'{{"ph":"f","id":{corr},{gpu_head}{sid},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
             t += LAUNCH_NS
-    return host, gpu, used
+    return ev, used
 
 
 def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-                    zero_stage: int, device_props: dict, p2p: dict | None = None, payload=None) -> str:
+                    zero_stage: int, device_props: dict, p2p: dict | None = None, args=None) -> str:
     """The Kineto trace of one simulated rank (module docstring) as JSON text, from its engine
     records and its receives, the entries of the engine's send/receive log `p2p` whose
-    receiver it is (or its representative, under `ranks: all` symmetry);
-    `payload(record)`: more args for a kernel (a dict)."""
+    receiver it is (or its representative, under `ranks: all` symmetry); `args`: the step's
+    sim.engine.slice_args.SliceArgs (FLOPs, bytes, groups; without it only what names carry)."""
     from sim.engine.core import Record
 
     mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
@@ -402,15 +428,17 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     streams = dict(STREAMS)
     for s in sorted({r.stream for r in mine} - set(streams)):
         streams[s] = max(streams.values()) + 4
-    host, gpu, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), payload)
+    launched = [it.launch for it in items]
+    details = _details(launched, args, p2p, zero_stage)
+    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details)
     end = starts[-1] + costs[-1] if items else 0
     if end < makespan_ns:       # the step ends with the host waiting for the device (e.g. loss.item())
         corr = sum(len(it.calls) for it in items) + 1
-        host.append(_runtime("cudaDeviceSynchronize", end, makespan_ns - end, corr, len(items) + 1))
-        gpu.append(_sync("Context Sync", device, STREAMS["compute"], end, makespan_ns - end, corr, None, -1))
+        ev.append(_runtime("cudaDeviceSynchronize", end, makespan_ns - end, corr, len(items) + 1))
+        ev.append(_sync("Context Sync", device, STREAMS["compute"], end, makespan_ns - end, corr, None, -1))
     top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [0]),
                        makespan_ns=makespan_ns, device_props=device_props, streams=streams, used=used)
-    events = [json.dumps(e, separators=(",", ":")) for e in head] + host + gpu
+    events = [json.dumps(e, separators=(",", ":")) for e in head] + ev
     return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ",".join(events) + "]}"
 
 
@@ -448,12 +476,13 @@ def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, c
     received: dict = {}
     for key, info in (result.p2p or {}).items():
         received.setdefault(info.get("dst"), {})[key] = info
+    sa = slice_args(result, [r for rs in by_rank.values() for r in rs])
     paths = []
     for rank in sorted(by_rank):
         text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,
                                device=layout.local_gpu_of(rank), label=labels.get(rank, f"rank {rank}"),
                                makespan_ns=result.makespan_ns, zero_stage=sc.parallelism.zero_stage,
-                               device_props=props, p2p=received.get(rep[rank], {}))
+                               device_props=props, p2p=received.get(rep[rank], {}), args=sa)
         path = folder / f"rank-{rank}.json.gz"
         write_gzip(path, text.encode())
         paths.append(path)
