@@ -170,6 +170,18 @@ def test_csv_round_trip_cli(capsys, tmp_path):
     assert code == 2 and "--pp (2) does not match" in err
 
 
+def test_a_dualpipe_csv_export_says_torch_cannot_run_it(capsys, tmp_path):
+    """DualPipe's two directions validate in torch but its runtime's _load_csv rejects them
+    (tests/test_schedules_torch.py shows both): the export says so on stderr, and only for
+    dualpipe (dualpipev, which torch runs, gets no note)."""
+    code, _, err = run_cli(capsys, "schedule", "dualpipe", "--pp", "4", "--microbatches", "8",
+                           "--csv", str(tmp_path / "dp.csv"))
+    assert code == 0 and "torch.distributed.pipelining cannot run this CSV" in err and "dualpipev" in err
+    code, _, err = run_cli(capsys, "schedule", "dualpipev", "--pp", "4", "--microbatches", "8",
+                           "--csv", str(tmp_path / "dpv.csv"))
+    assert code == 0 and "cannot run" not in err
+
+
 def test_csv_import_skips_pytorch_comm_actions_and_validates(capsys, tmp_path):
     # torch.distributed.pipelining can dump the order "with comms"; only compute actions count
     p = tmp_path / "with_comms.csv"

@@ -146,6 +146,12 @@ def register(app: typer.Typer) -> None:
             except OSError as e:
                 raise ConfigError(f"--csv: cannot write {csv_out!r}: {e.strerror}", key="--csv") from None
             files.append(csv_out)
+            if result.schedule.name == "dualpipe":
+                # tests/test_schedules_torch.py: torch's validator accepts the order, its runtime does not
+                typer.echo("note: torch.distributed.pipelining cannot run this CSV: it has DualPipeV "
+                           "only, and its _load_csv lowers one chain of stages that every microbatch "
+                           "runs through, which DualPipe's two directions are not (use dualpipev to "
+                           "run it in torch)", err=True)
         if plot:
             from sim.schedules.plot import plot_schedule
             try:
