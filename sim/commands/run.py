@@ -78,7 +78,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     # (relative cost, writer): measured on Narayanan's 1T row (a million records), seconds
     outputs.run_writers([
         (2.4, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
-        (2.8, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
+        (4.4, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
                                           outputs.stage_layers(sc), slice_args(result, recs), result.link_load)),
         *[(4.0 * len(q) / len(ranks), lambda q=q: kineto.write_traces(result, out / "traces", labels, recs, q,
                                                                        clear=False)) for q in parts if q],

@@ -241,11 +241,15 @@ def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None,
     ev = [dumps(e) for e in meta]
     cats = {c: enc(c) for c in {r.cat for r in shown}}
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
-    texts = [""] * len(shown) if args is None else [',"args":' + t for t in args.texts(shown)]
-    ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-           f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-           f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{a}}}'
-           for r, a in zip(shown, texts)]
+    if args is None:
+        ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+               f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+               f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in shown]
+    else:
+        ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+               f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+               f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]},"args":{a}}}'
+               for r, a in zip(shown, args.texts(shown))]
     ev += _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
     if links is None:
         return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
