@@ -337,6 +337,24 @@ def test_trace_written_as_text_is_json_dumps_of_the_trace(name):
     assert len({e["name"] for e in counters}) == (0 if network else outputs.BUSIEST_LINKS)
 
 
+@pytest.mark.parametrize("chunk", [1, 997, 1 << 20])
+def test_trace_file_written_in_pieces_is_the_whole_texts_gzip(chunk, tmp_path, monkeypatch):
+    """write_trace compresses chrome_trace_parts' pieces as they come: its file has exactly the
+    bytes of write_gzip of the whole text (chrome_trace_json), whatever the pieces' size."""
+    from sim.engine.slice_args import slice_args
+
+    res = simulate(load_scenario("mixtral-8x7b-h100x64-dualpipe"), link_load=True)
+    labels = {rank: f"rank {rank}" for rank in res.pp_rank_of}
+    mem = outputs.memory_series(res.records, {rank: 1 << 30 for rank in res.pp_rank_of})
+    extra = (res.p2p, outputs.stage_layers(res.scenario), slice_args(res), res.link_load)
+    monkeypatch.setattr(outputs, "TRACE_CHUNK", chunk)
+    outputs.write_trace(res.records, labels, mem, tmp_path / "pieces.json.gz", *extra)
+    outputs.write_gzip(tmp_path / "whole.json.gz", outputs.chrome_trace_json(res.records, labels, mem, *extra).encode())
+    assert (tmp_path / "pieces.json.gz").read_bytes() == (tmp_path / "whole.json.gz").read_bytes()
+    if chunk == 1:                                  # (a piece per slice: the cut did happen)
+        assert len(list(outputs.chrome_trace_parts(res.records, labels, mem, *extra))) > 1000
+
+
 def test_microsecond_text_is_the_floats_repr():
     """outputs.us_text(n) writes n ns as json.dumps writes n / 1000.0 (the traces' timestamps)."""
     import random

@@ -17,6 +17,7 @@ says why there is none (the analytical network shares no link).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import json
 import os
@@ -233,29 +234,48 @@ def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None,
                       stage_layers: dict | None = None, args=None, links=None) -> str:
     """`json.dumps(chrome_trace(...), separators=(",", ":"))`, the same text, with each
     kernel's event written as text instead of through a dict (tests/test_charts.py compares)."""
+    return "".join(chrome_trace_parts(records, labels, mem, p2p, stage_layers, args, links))
+
+
+TRACE_CHUNK = 65_536
+"""Complete events per piece of `chrome_trace_parts`."""
+
+
+def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None,
+                       stage_layers: dict | None = None, args=None, links=None):
+    """`chrome_trace_json`'s text in pieces that join to it, the complete events TRACE_CHUNK at
+    a time: `write_trace` compresses each as it comes, so that the text of a million slices with
+    their args (250 MB) is never held whole, nor its bytes."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     if any(r.end_ns >= US_TEXT_LIMIT_NS for r in shown):
-        return json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers, args, links), separators=(",", ":"))
+        yield json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers, args, links), separators=(",", ":"))
+        return
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
-    ev = [dumps(e) for e in meta]
+    head = [dumps(e) for e in meta]
+    yield '{"traceEvents":[' + ",".join(head)
+    sep = "," if head else ""
     cats = {c: enc(c) for c in {r.cat for r in shown}}
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
-    if args is None:
-        ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-               f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-               f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in shown]
-    else:
-        ev += [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-               f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-               f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]},"args":{a}}}'
-               for r, a in zip(shown, args.texts(shown))]
-    ev += _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
-    if links is None:
-        return '{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns"}'
-    ev += link_events_json(links)
-    return ('{"traceEvents":[' + ",".join(ev) + '],"displayTimeUnit":"ns","otherData":'
-            + dumps({"link_load": links.note}) + "}")
+    for i in range(0, len(shown), TRACE_CHUNK):
+        part = shown[i:i + TRACE_CHUNK]
+        if args is None:
+            ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+                  f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+                  f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in part]
+        else:
+            ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+                  f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+                  f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]},"args":{a}}}'
+                  for r, a in zip(part, args.texts(part))]
+        yield sep + ",".join(ev)
+        sep = ","
+    tail = _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
+    if links is not None:
+        tail += link_events_json(links)
+    if tail:
+        yield sep + ",".join(tail)
+    yield '],"displayTimeUnit":"ns"' + ("" if links is None else ',"otherData":' + dumps({"link_load": links.note})) + "}"
 
 
 def _trace_tail_json(mem: dict, p2p: dict | None, ends: dict) -> list:
@@ -318,7 +338,11 @@ def link_events_json(links, top: int = BUSIEST_LINKS) -> list:
 
 def write_trace(records, labels, mem, path: Path, p2p: dict | None = None,
                 stage_layers: dict | None = None, args=None, links=None) -> None:
-    write_gzip(path, chrome_trace_json(records, labels, mem, p2p, stage_layers, args, links).encode())
+    """trace.json.gz: `chrome_trace_json`'s text gzipped as `write_gzip` does, piece by piece
+    (`chrome_trace_parts`; deflate's output does not depend on how its input is cut)."""
+    with gzip_file(path) as f:
+        for piece in chrome_trace_parts(records, labels, mem, p2p, stage_layers, args, links):
+            f.write(piece.encode())
 
 
 def stage_layers(sc) -> dict:
@@ -332,9 +356,16 @@ def write_gzip(path: Path, data: bytes) -> None:
     """Write `data` gzipped, the same bytes every run: mtime 0 and no file name in the header
     (gzip stores a time stamp otherwise); level 3: on a 1T-parameter step's 125 MB trace 0.5 s
     instead of level 6's 1.35 s, for a file 17% larger (15.3 MB instead of 13.1)."""
+    with gzip_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def gzip_file(path: Path):
+    """`write_gzip`'s file, open for writes."""
     with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0,
                                                    filename="") as f:
-        f.write(data)
+        yield f
 
 
 # ----------------------------------------------------------------------------------------------
