@@ -242,6 +242,19 @@ def test_busiest_link_series_stay_within_capacity(llama):
         assert integral == pytest.approx(s.bytes, rel=1e-9)
 
 
+@pytest.mark.parametrize("name, ranks", [("mixtral-8x7b-h100x64-dualpipe", "representative"),
+                                         ("llama3-8b-h100x16-1f1b", "all")])
+def test_keeping_link_loads_changes_no_result(name, ranks):
+    """The rates are only read: with and without link_load the same records and summary (under
+    ranks: all by symmetry too, where every rank's calls share the network)."""
+    sc = load_scenario(name, overrides=[f"simulation.ranks={ranks}"])
+    a, b = simulate(sc), simulate(sc, link_load=True)
+    assert a.link_load is None and b.link_load.log.shared and b.link_load.log.alone
+    sa, sb = a.summary(), b.summary()
+    sa.pop("sim_wall_s"), sb.pop("sim_wall_s")
+    assert sa == sb and a.records == b.records and a.p2p == b.p2p
+
+
 def test_analytical_network_has_no_link_loads():
     res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe", overrides=["simulation.network=analytical"]),
                    link_load=True)
