@@ -323,8 +323,8 @@ def _nccl_args(info, collective: str, dtype: bool) -> str:
             + (f',"dtype":"{info.dtype}"' if dtype else ""))
 
 
-def _details(launched, args, p2p: dict | None, zero_stage: int) -> dict:
-    """{id(record): the JSON text its kernel's args add, after a comma}: sim.engine.slice_args'
+def _details(launched, args, p2p: dict | None) -> list:
+    """[the JSON text each record's kernel's args add, after a comma]: sim.engine.slice_args'
     fields (layer, microbatch, phase, block, stage, FLOPs or the call's op, bytes, dtype, group)
     and for an NCCL kernel Kineto's own (`_nccl_args`); a receive's call is its sender's send."""
     from sim.engine.core import Record
@@ -340,7 +340,7 @@ def _details(launched, args, p2p: dict | None, zero_stage: int) -> dict:
         if "src" in info:
             senders[f"recv {key[0]} s{key[1]} mb{key[2]}"] = Record(
                 info["src"], "pp", f"send {key[0]} s{key[1]} mb{key[2]}", "pp", 0, 0)
-    out = {}
+    out = []
     cache: dict = {}             # (rank, name's key) -> its NCCL args, where the name is one call
     for r, text in zip(launched, texts):
         extra = ""
@@ -352,7 +352,7 @@ def _details(launched, args, p2p: dict | None, zero_stage: int) -> dict:
                 entry = args.table(r.rank).get(key[1])
                 if entry is None or len(entry[3]) <= 1:
                     cache[key] = extra
-        out[id(r)] = ("," + text[1:-1] if len(text) > 2 else "") + extra
+        out.append(("," + text[1:-1] if len(text) > 2 else "") + extra)
     return out
 
 
@@ -366,17 +366,18 @@ def _nccl_text(args, rec, senders: dict, dtype: bool) -> str:
     return _nccl_args(info, coll, dtype)
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: dict) -> tuple:
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
-    (stable name, `details[id(record)]` in args) with the ac2g flow from its launch; each stream
+    (stable name, the item's `details` in args) with the ac2g flow from its launch; each stream
     wait as the GPU's sync event. A launch's four events are made as one string."""
     ev, used = [], set()
     corr = 0
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
     T, fr, lim = _T, US_FRACTION, US_TEXT_LIMIT_NS      # times >= 0 written inline (`_Fmt`)
-    launch_dur, gpu_head = T[LAUNCH_NS], f'"pid":{device},"tid":'
-    for ext, (item, t, cost) in enumerate(zip(items, *placed), 1):
+    assert (HOST_PID, HOST_TID, T[LAUNCH_NS]) == (1000, 1000, "2.0")     # written out below
+    gpu_head, dev_args = f'"pid":{device},"tid":', f'"device":{device},"stream":'
+    for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
         kname, op = kinds.of(item.launch)
         ev.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},'
                   f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]},"dur":{T[cost]},'
@@ -400,12 +401,13 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
             ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T[ts]
             dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T[dur]
             tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]
-            ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel",{_HOST},"ts":{tt},'
-                      f'"dur":{launch_dur},"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}},'
-                      f'{{"ph":"s","id":{corr},{_HOST},"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
+            # (HOST_PID/HOST_TID and LAUNCH_NS written out: this string is made a million times)
+            ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1000,"tid":1000,'
+                      f'"ts":{tt},"dur":2.0,"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}},'
+                      f'{{"ph":"s","id":{corr},"pid":1000,"tid":1000,"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
                       f'{{"ph":"X","cat":"kernel","name":{kname},{gpu_head}{sid},"ts":{ts},"dur":{dur},'
-                      f'"args":{{"External id":{ext},"device":{device},"stream":{sid},"correlation":{corr}'
-                      f'{details[id(rec)]},"sim5d_name":{_enc(rec.name)}}}}},'
+                      f'"args":{{"External id":{ext},{dev_args}{sid},"correlation":{corr}'
+                      f'{detail},"sim5d_name":{_enc(rec.name)}}}}},'
                       f'{{"ph":"f","id":{corr},{gpu_head}{sid},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
             t += LAUNCH_NS
     return ev, used
@@ -429,7 +431,7 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     for s in sorted({r.stream for r in mine} - set(streams)):
         streams[s] = max(streams.values()) + 4
     launched = [it.launch for it in items]
-    details = _details(launched, args, p2p, zero_stage)
+    details = _details(launched, args, p2p)
     ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details)
     end = starts[-1] + costs[-1] if items else 0
     if end < makespan_ns:       # the step ends with the host waiting for the device (e.g. loss.item())
