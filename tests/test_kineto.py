@@ -41,6 +41,15 @@ def _load(path) -> dict:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
+def _events(path) -> tuple:
+    """(a trace's events, where the step's 0 is in it: sim5d.step_start_ns, a whole millisecond
+    after the host's first launch, as Perfetto refuses negative times)."""
+    trace = _load(path)
+    off = trace["sim5d"]["step_start_ns"]
+    assert off >= 0 and off % 1_000_000 == 0
+    return trace["traceEvents"], off
+
+
 def _ns(us: float) -> int:
     """A trace time back in ns, exactly (the file holds ns / 1000 as its shortest float)."""
     ns = Decimal(repr(us)) * 1000
@@ -93,10 +102,12 @@ def test_kernels_are_the_records_under_stable_names(which, request):
     out, res = request.getfixturevalue(which)
     phases = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
     for rank in res.pp_rank_of:
-        kernels = [e for e in _load(out / "traces" / f"rank-{rank}.json.gz")["traceEvents"] if e.get("cat") == "kernel"]
+        ev, off = _events(out / "traces" / f"rank-{rank}.json.gz")
+        kernels = [e for e in ev if e.get("cat") == "kernel"]
         got, recv, lanes = [], [], {}
         for e in kernels:
-            a, start, end = e["args"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])
+            a, start = e["args"], _ns(e["ts"]) - off
+            end = start + _ns(e["dur"])
             lanes.setdefault(e["tid"], []).append((start, end))
             assert e["pid"] == a["device"] == res.layout.local_gpu_of(rank) and e["tid"] == a["stream"]
             name = a["sim5d_name"]
@@ -167,7 +178,8 @@ def test_the_host_launches_each_kernel_in_its_op_before_it_runs(run):
     GPU reaches them (sim5d's host model: a run's host issue starts with the run)."""
     out, res = run
     for rank in res.pp_rank_of:
-        ev = _load(out / "traces" / f"rank-{rank}.json.gz")["traceEvents"]
+        ev, off = _events(out / "traces" / f"rank-{rank}.json.gz")
+        assert min(e["ts"] for e in ev if "ts" in e) >= 0 and off > 0      # launches before the first kernel
         kernels = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "kernel"}
         launches = {e["args"]["correlation"]: e for e in ev if e.get("name") == "cudaLaunchKernel"}
         assert launches.keys() == kernels.keys()
@@ -176,10 +188,10 @@ def test_the_host_launches_each_kernel_in_its_op_before_it_runs(run):
         assert len(ops) == len(kernels)
         assert all(_ns(a["ts"]) + _ns(a["dur"]) <= _ns(b["ts"]) for a, b in zip(ops, ops[1:]))
         (step,) = [e for e in ev if e["name"].startswith("ProfilerStep")]
-        assert step["name"] == "ProfilerStep#1" and step["ts"] == ops[0]["ts"] <= 0
-        assert _ns(step["ts"]) + _ns(step["dur"]) == res.makespan_ns
+        assert step["name"] == "ProfilerStep#1" and step["ts"] == ops[0]["ts"] <= off / 1000
+        assert _ns(step["ts"]) + _ns(step["dur"]) == res.makespan_ns + off
         (sync,) = [e for e in ev if e.get("name") == "cudaDeviceSynchronize"]
-        assert _ns(sync["ts"]) + _ns(sync["dur"]) == res.makespan_ns
+        assert _ns(sync["ts"]) + _ns(sync["dur"]) == res.makespan_ns + off
         ops_at = [(_ns(o["ts"]), _ns(o["ts"]) + _ns(o["dur"]), o) for o in ops]
         prompt = 0
         for corr, k in kernels.items():
@@ -290,9 +302,9 @@ def test_traces_of_other_layouts_hold_every_record(name, tmp_path):
     kernel under its own name, every launch precedes its kernel, and the text is JSON."""
     res = api.simulate(name, out=tmp_path).run
     for rank in res.pp_rank_of:
-        ev = _load(tmp_path / "traces" / f"rank-{rank}.json.gz")["traceEvents"]
+        ev, off = _events(tmp_path / "traces" / f"rank-{rank}.json.gz")
         kernels = [e for e in ev if e.get("cat") == "kernel" and not e["args"]["sim5d_name"].startswith("recv ")]
-        assert sorted((e["args"]["sim5d_name"], _ns(e["ts"])) for e in kernels) == \
+        assert sorted((e["args"]["sim5d_name"], _ns(e["ts"]) - off) for e in kernels) == \
             sorted((r.name, r.start_ns) for r in _kernels_of(res, rank))
         launch = {e["args"]["correlation"]: _ns(e["ts"]) + _ns(e["dur"]) for e in ev if e.get("name") == "cudaLaunchKernel"}
         assert all(launch[e["args"]["correlation"]] <= _ns(e["ts"]) for e in ev if e.get("cat") == "kernel")
@@ -416,13 +428,13 @@ def test_hta_aten_ops_and_launch_stats_match_sim5d(run, monkeypatch):
     assert table["avg_aten_op_launch_delay"].between(0.5, 1.0).all()
 
     stats = ta.get_cuda_kernel_launch_stats(ranks=[rank], visualize=False)[rank].set_index("correlation")
-    ev = _load(out / "traces" / f"rank-{rank}.json.gz")["traceEvents"]
+    ev, off = _events(out / "traces" / f"rank-{rank}.json.gz")
     comp_ends = sorted(r.end_ns for r in _kernels_of(res, rank) if r.stream == "compute")
     checked = 0
     for e in ev:
         if e.get("cat") != "kernel":
             continue
-        start = _ns(e["ts"])
+        start = _ns(e["ts"]) - off
         if e["tid"] == kineto.STREAMS["compute"]:
             want = 0
         else:           # queued: from when the compute stream reached the call to the kernel's start

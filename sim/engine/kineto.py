@@ -21,7 +21,8 @@ issue starts with the run, host-bound time is inside the kernels): each op ends 
 kernel can start, ops one after another on the thread (a few that fall together move earlier).
 So HTA's critical path runs on the GPU and splits the step as sim5d's breakdown does.
 Times are in microseconds (Kineto's unit) as ns / 1000, written exactly (shortest round-trip
-float). HTA rounds fractional timestamps inward to whole microseconds (its workaround for
+float), from a 0 a whole millisecond before the step's (top-level `sim5d.step_start_ns`: the
+first kernels' launches come before the step starts, and Perfetto refuses negative times). HTA rounds fractional timestamps inward to whole microseconds (its workaround for
 nanosecond-resolution traces, pytorch/pytorch#122425) unless HTA_DISABLE_NS_ROUNDING=1; with it
 set, its breakdowns equal sim5d's to the nanosecond. Zero-length records (a collective over one
 GPU) are left out, as sim5d's breakdown ignores them. Written deterministically: fixed event
@@ -241,7 +242,8 @@ def _place(items) -> tuple:
 
 def _frame(rank: int, *, world_size: int, device: int, label: str, start_ns: int, makespan_ns: int,
            device_props: dict, streams: dict, used: set) -> tuple:
-    """(the file's top level without its events, the metadata and profiler-step events)."""
+    """(the file's top level without its events, the metadata and profiler-step events: the step
+    from `start_ns`, the host's first event, to `makespan_ns`, both in the file's times)."""
     host = {"pid": HOST_PID, "tid": HOST_TID}
     meta = [{"ph": "M", "name": "process_name", "pid": HOST_PID, "tid": 0, "args": {"name": f"host of {label}"}},
             {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
@@ -263,8 +265,8 @@ first, and HTA 0.5.0's straggler analysis leaves iteration 0 out as a warm-up
 
 
 class _Fmt:
-    """Microseconds as the text json.dumps writes for ns / 1000 (`US_FRACTION`), negative host
-    times (the launches of the step's first kernels) included."""
+    """Microseconds as the text json.dumps writes for ns / 1000 (`US_FRACTION`); a time past
+    US_TEXT_LIMIT_NS (or below 0) as the float's repr."""
 
     __slots__ = ()
 
@@ -366,11 +368,12 @@ def _nccl_text(args, rec, senders: dict, dtype: bool) -> str:
     return _nccl_args(info, coll, dtype)
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list) -> tuple:
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
     (stable name, the item's `details` in args) with the ac2g flow from its launch; each stream
-    wait as the GPU's sync event. A launch's four events are made as one string."""
+    wait as the GPU's sync event. A launch's four events are made as one string. Kernels are
+    placed at their records' times + `off` (the placed host times already include it)."""
     ev, used = [], set()
     corr = 0
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
@@ -397,7 +400,7 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
                 continue
             sid = streams[rec.stream]
             used.add(sid)
-            ts, dur = rec.start_ns, rec.end_ns - rec.start_ns
+            ts, dur = rec.start_ns + off, rec.end_ns - rec.start_ns
             ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T[ts]
             dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T[dur]
             tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]
@@ -427,19 +430,24 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     recvs = _receives(comp, p2p, rank, Record)
     items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
     starts, costs = _place(items)
+    # The first kernels' launches come before the step's 0; Perfetto refuses negative times, so
+    # the step's 0 is put at a whole millisecond after them (top-level sim5d.step_start_ns).
+    off = -(min(starts[:1] + [0]) // 1_000_000) * 1_000_000
+    starts = [t + off for t in starts]
     streams = dict(STREAMS)
     for s in sorted({r.stream for r in mine} - set(streams)):
         streams[s] = max(streams.values()) + 4
     launched = [it.launch for it in items]
     details = _details(launched, args, p2p)
-    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details)
-    end = starts[-1] + costs[-1] if items else 0
-    if end < makespan_ns:       # the step ends with the host waiting for the device (e.g. loss.item())
+    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details, off)
+    end, stop = (starts[-1] + costs[-1] if items else off), makespan_ns + off
+    if end < stop:          # the step ends with the host waiting for the device (e.g. loss.item())
         corr = sum(len(it.calls) for it in items) + 1
-        ev.append(_runtime("cudaDeviceSynchronize", end, makespan_ns - end, corr, len(items) + 1))
-        ev.append(_sync("Context Sync", device, STREAMS["compute"], end, makespan_ns - end, corr, None, -1))
-    top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [0]),
-                       makespan_ns=makespan_ns, device_props=device_props, streams=streams, used=used)
+        ev.append(_runtime("cudaDeviceSynchronize", end, stop - end, corr, len(items) + 1))
+        ev.append(_sync("Context Sync", device, STREAMS["compute"], end, stop - end, corr, None, -1))
+    top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [off]),
+                       makespan_ns=stop, device_props=device_props, streams=streams, used=used)
+    top["sim5d"] = {"step_start_ns": off}
     events = [json.dumps(e, separators=(",", ":")) for e in head] + ev
     return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ",".join(events) + "]}"
 
