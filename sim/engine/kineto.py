@@ -49,12 +49,13 @@ STREAMS = {"compute": 7, "tp": 13, "dp": 17, "pp": 21, "cp": 25, "ep": 29, "pp-r
 they get a stream of their own, "pp-recv") get fixed ids; any other sim5d stream the next free ids."""
 
 LAUNCH_NS = 2_000
-"""Host time of one cudaLaunchKernel: a few microseconds on current CPUs (NVIDIA's CUDA C++
-Best Practices Guide puts a kernel launch's overhead at a few microseconds; HTA's launch
-statistics take 50 us as the default cutoff for a slow runtime call)."""
+"""Host time shown for one cudaLaunchKernel: the low end of the few microseconds a launch takes
+in profiles of eager PyTorch (HTA's launch statistics flag only runtime calls over 50 us). A
+presentation value: it moves no kernel (the GPU times are the engine's; sim5d's host cost is
+`host_overhead_us`, inside the kernels it stretches), only where the host's events sit."""
 RUNTIME_NS = 500
-"""Host time of a cudaEventRecord or cudaStreamWaitEvent, and the op's own time before its
-launch (sub-microsecond API calls)."""
+"""Host time shown for a cudaEventRecord or cudaStreamWaitEvent, and for the op's own work
+before its launch (presentation values, as LAUNCH_NS)."""
 
 _OPS = (("reduce-scatter", "ReduceScatter_Sum"), ("reduce_scatter", "ReduceScatter_Sum"),
         ("all-reduce", "AllReduce_Sum"), ("all_reduce", "AllReduce_Sum"),
