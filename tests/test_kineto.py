@@ -8,6 +8,7 @@ against sim5d's own numbers, computed here from the engine's records."""
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -192,14 +193,15 @@ def test_the_host_launches_each_kernel_in_its_op_before_it_runs(run):
         assert _ns(step["ts"]) + _ns(step["dur"]) == res.makespan_ns + off
         (sync,) = [e for e in ev if e.get("name") == "cudaDeviceSynchronize"]
         assert _ns(sync["ts"]) + _ns(sync["dur"]) == res.makespan_ns + off
-        ops_at = [(_ns(o["ts"]), _ns(o["ts"]) + _ns(o["dur"]), o) for o in ops]
+        op_starts = [_ns(o["ts"]) for o in ops]         # (disjoint and sorted: checked above)
         prompt = 0
         for corr, k in kernels.items():
             launch = launches[corr]
             l0, l1 = _ns(launch["ts"]), _ns(launch["ts"]) + _ns(launch["dur"])
             assert l1 <= _ns(k["ts"]) and launch["args"]["cbid"] == 211
             assert flows[("s", corr)]["ts"] == launch["ts"] and flows[("f", corr)]["ts"] == k["ts"]
-            (op,) = [o for s, e, o in ops_at if s <= l0 and l1 <= e]
+            op = ops[bisect.bisect_right(op_starts, l0) - 1]        # the op that starts last at or before it
+            assert _ns(op["ts"]) <= l0 and l1 <= _ns(op["ts"]) + _ns(op["dur"])
             assert op["args"]["External id"] == launch["args"]["External id"] == k["args"]["External id"]
             if k["tid"] == kineto.STREAMS["compute"] and not k["name"].startswith("nccl"):
                 assert op["name"].startswith("aten::")
