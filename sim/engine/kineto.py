@@ -119,10 +119,6 @@ def aten_op(kind: str, phase: str) -> str:
     return "aten::linear" if phase in ("forward", "recompute", "") else "aten::mm"
 
 
-def _is_comm(rec) -> bool:
-    return rec.stream != "compute" or rec.cat.startswith("comm:")
-
-
 class _Kinds:
     """The kernel's name and its cpu_op of each record, worked out once per template (the name
     with its numbered words as "#", the stream, whether it is communication): a step's million
