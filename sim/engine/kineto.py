@@ -37,7 +37,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, write_gzip
+from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, us_text, write_gzip
+from sim.engine.parallel.pp import p2p_name
 from sim.engine.slice_args import name_fields, name_key, slice_args
 
 HOST_PID = HOST_TID = 1000
@@ -195,8 +196,7 @@ def _receives(comp, p2p: dict, rank: int, rec_type) -> list:
         posted = max(ends[i] if i >= 0 else 0, last)      # two receives in one wait: one after the other
         if t > posted:
             last = t
-            what, stage, mb = key[0], key[1], key[2]
-            out.append(rec_type(rank, "pp-recv", f"recv {what} s{stage} mb{mb}", "pp", posted, t))
+            out.append(rec_type(rank, "pp-recv", p2p_name("recv", key), "pp", posted, t))
     return out
 
 
@@ -247,8 +247,8 @@ def _frame(rank: int, *, world_size: int, device: int, label: str, start_ns: int
             {"ph": "M", "name": "process_name", "pid": device, "tid": 0, "args": {"name": f"GPU {device}: {label}"}}]
     meta += [{"ph": "M", "name": "thread_name", "pid": device, "tid": sid, "args": {"name": f"stream {sid} ({s})"}}
              for s, sid in sorted(streams.items(), key=lambda kv: kv[1]) if sid in used]
-    step = {"ph": "X", "cat": "user_annotation", "name": STEP_NAME, **host, "ts": _us(start_ns),
-            "dur": _us(makespan_ns - start_ns), "args": {}}
+    step = {"ph": "X", "cat": "user_annotation", "name": STEP_NAME, **host, "ts": float(us_text(start_ns)),
+            "dur": float(us_text(makespan_ns - start_ns)), "args": {}}
     top = {"schemaVersion": 1,
            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world_size},
            "deviceProperties": [{"id": device, **device_props}],
@@ -262,26 +262,6 @@ first, and HTA 0.5.0's straggler analysis leaves iteration 0 out as a warm-up
 (hta/analyzers/straggler.py)."""
 
 
-class _Fmt:
-    """Microseconds as the text json.dumps writes for ns / 1000 (`US_FRACTION`); a time past
-    US_TEXT_LIMIT_NS (or below 0) as the float's repr."""
-
-    __slots__ = ()
-
-    def __getitem__(self, ns: int) -> str:
-        if 0 <= ns < US_TEXT_LIMIT_NS:
-            return f"{ns // 1000}{US_FRACTION[ns % 1000]}"
-        return repr(ns / 1000.0)
-
-
-_T = _Fmt()
-
-
-def _us(ns: int) -> float:
-    """`_T[ns]` as the number it stands for."""
-    return float(_T[ns])
-
-
 _enc = json.encoder.encode_basestring_ascii            # json.dumps' strings (ensure_ascii)
 _HOST = f'"pid":{HOST_PID},"tid":{HOST_TID}'
 _CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147,
@@ -290,7 +270,7 @@ _CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent":
 
 
 def _runtime(name: str, t: int, dur: int, corr: int, ext: int) -> str:
-    return (f'{{"ph":"X","cat":"cuda_runtime","name":"{name}",{_HOST},"ts":{_T[t]},"dur":{_T[dur]},'
+    return (f'{{"ph":"X","cat":"cuda_runtime","name":"{name}",{_HOST},"ts":{us_text(t)},"dur":{us_text(dur)},'
             f'"args":{{"cbid":{_CBID[name]},"correlation":{corr},"External id":{ext}}}}}')
 
 
@@ -300,8 +280,8 @@ def _sync(kind: str, device: int, sid: int, t: int, dur: int, corr: int, wait_si
     wait = (f',"wait_on_stream":{wait_sid},"wait_on_cuda_event_record_corr_id":{rec_corr}'
             if wait_sid is not None else "")
     stream = sid if kind == "Stream Wait Event" else -1
-    return (f'{{"ph":"X","cat":"cuda_sync","name":"{kind}","pid":{device},"tid":{sid},"ts":{_T[t]},'
-            f'"dur":{_T[dur]},"args":{{"cuda_sync_kind":"{kind}","stream":{stream},"correlation":{corr},'
+    return (f'{{"ph":"X","cat":"cuda_sync","name":"{kind}","pid":{device},"tid":{sid},"ts":{us_text(t)},'
+            f'"dur":{us_text(dur)},"args":{{"cuda_sync_kind":"{kind}","stream":{stream},"correlation":{corr},'
             f'"device":{device}{wait}}}}}')
 
 
@@ -329,41 +309,24 @@ def _details(launched, args, p2p: dict | None) -> list:
     and for an NCCL kernel Kineto's own (`_nccl_args`); a receive's call is its sender's send."""
     from sim.engine.core import Record
 
-    if args is None:
-        texts = [json.dumps({k: (int(name_key(r.name)[1]) if v == "\x00" else v)
-                             for k, v in name_fields(name_key(r.name)[0]).items()}, separators=(",", ":"))
-                 for r in launched]
-    else:
-        texts = args.texts(launched)
-    senders = {}
-    for key, info in (p2p or {}).items():
-        if "src" in info:
-            senders[f"recv {key[0]} s{key[1]} mb{key[2]}"] = Record(
-                info["src"], "pp", f"send {key[0]} s{key[1]} mb{key[2]}", "pp", 0, 0)
+    senders = {p2p_name("recv", key): Record(info["src"], "pp", p2p_name("send", key), "pp", 0, 0)
+               for key, info in (p2p or {}).items() if "src" in info}
     out = []
-    cache: dict = {}             # (rank, name's key) -> its NCCL args, where the name is one call
-    for r, text in zip(launched, texts):
+    cache: dict = {}             # what `_nccl_args` reads of a call -> its text
+    for r, text in zip(launched, args.texts(launched)):
         extra = ""
-        if args is not None and (r.stream != "compute" or r.cat.startswith("comm:")):
-            key = (r.rank, name_key(r.name)[0])
-            extra = cache.get(key)
-            if extra is None:
-                extra = _nccl_text(args, r, senders, '"dtype":' not in text)
-                entry = args.table(r.rank).get(key[1])
-                if entry is None or len(entry[3]) <= 1:
-                    cache[key] = extra
+        if r.stream != "compute" or r.cat.startswith("comm:"):
+            recv = r.stream == "pp-recv"
+            info = (args.comm(senders[r.name]) if r.name in senders else None) if recv else args.comm(r)
+            if info is not None:
+                key = (info.op, info.size_bytes, len(info.ranks), info.dtype, recv, '"dtype":' not in text)
+                extra = cache.get(key)
+                if extra is None:
+                    coll = ("recv" if recv else "send") if info.op == "send_recv" else \
+                        COLLECTIVE_NAMES.get(info.op, info.op)
+                    extra = cache[key] = _nccl_args(info, coll, key[-1])
         out.append(("," + text[1:-1] if len(text) > 2 else "") + extra)
     return out
-
-
-def _nccl_text(args, rec, senders: dict, dtype: bool) -> str:
-    """`_nccl_args` of a communication record (a receive's from its sender's send), or ""."""
-    recv = rec.stream == "pp-recv"
-    info = (args.comm(senders[rec.name]) if rec.name in senders else None) if recv else args.comm(rec)
-    if info is None:
-        return ""
-    coll = ("recv" if recv else "send") if info.op == "send_recv" else COLLECTIVE_NAMES.get(info.op, info.op)
-    return _nccl_args(info, coll, dtype)
 
 
 def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
@@ -375,13 +338,13 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     ev, used = [], set()
     corr = 0
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
-    T, fr, lim = _T, US_FRACTION, US_TEXT_LIMIT_NS      # times >= 0 written inline (`_Fmt`)
-    assert (HOST_PID, HOST_TID, T[LAUNCH_NS]) == (1000, 1000, "2.0")     # written out below
+    T, fr, lim = us_text, US_FRACTION, US_TEXT_LIMIT_NS      # us_text, inlined where the time is >= 0
+    assert (HOST_PID, HOST_TID, T(LAUNCH_NS)) == (1000, 1000, "2.0")     # written out below
     gpu_head, dev_args = f'"pid":{device},"tid":', f'"device":{device},"stream":'
     for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
         kname, op = kinds.of(item.launch)
         ev.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},'
-                  f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]},"dur":{T[cost]},'
+                  f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)},"dur":{T(cost)},'
                   f'"args":{{"External id":{ext}}}}}')
         t += RUNTIME_NS
         for call, rec in item.calls:
@@ -399,9 +362,9 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
             sid = streams[rec.stream]
             used.add(sid)
             ts, dur = rec.start_ns + off, rec.end_ns - rec.start_ns
-            ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T[ts]
-            dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T[dur]
-            tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T[t]
+            ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T(ts)
+            dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T(dur)
+            tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)
             # (HOST_PID/HOST_TID and LAUNCH_NS written out: this string is made a million times)
             ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1000,"tid":1000,'
                       f'"ts":{tt},"dur":2.0,"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}},'
@@ -415,11 +378,11 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
 
 
 def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-                    zero_stage: int, device_props: dict, p2p: dict | None = None, args=None) -> str:
+                    zero_stage: int, device_props: dict, args, p2p: dict | None = None) -> str:
     """The Kineto trace of one simulated rank (module docstring) as JSON text, from its engine
     records and its receives, the entries of the engine's send/receive log `p2p` whose
     receiver it is (or its representative, under `ranks: all` symmetry); `args`: the step's
-    sim.engine.slice_args.SliceArgs (FLOPs, bytes, groups; without it only what names carry)."""
+    sim.engine.slice_args.SliceArgs (what each kernel is and did)."""
     from sim.engine.core import Record
 
     mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),

@@ -201,6 +201,7 @@ class SliceArgs:
         self._tables: dict = {}          # rank -> {key: (args dict, text before, text after, calls)}
         self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
         self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
+        self._comms: dict = {}           # (rank, name's key) -> `comm`'s answer, where the name is one call
 
     def _walked(self, rank: int) -> tuple:
         hit = self._programs.get(rank)
@@ -328,12 +329,19 @@ class SliceArgs:
     def comm(self, rec) -> CommInfo | None:
         """The call a communication record is (op, bytes per rank, member ranks, element type),
         or None for a kernel or a name the rank's program does not have."""
+        ck = (rec.rank, name_key(rec.name)[0])
+        hit = self._comms.get(ck, False)
+        if hit is not False:
+            return hit
         e, _ = self._resolved(rec)
-        if e is None or not e[3]:
-            return None
-        s = e[3][0]
-        key = name_key(rec.name)[0]
-        return CommInfo(s.op, s.size_bytes, s.ranks, comm_dtype(key, s.tag, self.sc.training.precision))
+        info = None
+        if e is not None and e[3]:
+            s = e[3][0]
+            info = CommInfo(s.op, s.size_bytes, s.ranks, comm_dtype(ck[1], s.tag, self.sc.training.precision))
+        named = self.table(rec.rank).get(ck[1])
+        if named is None or len(named[3]) <= 1:           # one call (or none) for every record of the name
+            self._comms[ck] = info
+        return info
 
 
 def slice_args(result, records=None) -> SliceArgs:

@@ -82,6 +82,13 @@ def overlap_pair(first: list, second: list, tag) -> list:
     return out + tail_f + tail_b
 
 
+def p2p_name(verb: str, key) -> str:
+    """The name of a pipeline transfer's send or receive ("send" | "recv"), from its key (what,
+    receiving stage, microbatch, receiving rank): "send act s1 mb4". The engine's p2p log is keyed
+    the same way (the Kineto traces name a receive, and find its send, by it)."""
+    return f"{verb} {key[0]} s{key[1]} mb{key[2]}"
+
+
 class PipelineParallel:
     """Stage-to-stage transfers and overlapped pairs (ProgramBuilder: `sc`, `sched`, `sp`,
     `act_bytes`, `me`, `blocks`, `_specs`, `_templates`, `_serial`, `_recipe`, `_peer`)."""
@@ -110,7 +117,8 @@ class PipelineParallel:
         src = self.sched.prev_stage(s, mb) if kind == "F" else self.sched.next_stage(s, mb)
         if src is not None and self.sched.stage_rank(src) != r:
             what = "act" if kind == "F" else "grad"
-            prog.append(Recv((what, s, mb, self.me), f"recv {what} s{s} mb{mb}"))
+            key = (what, s, mb, self.me)
+            prog.append(Recv(key, p2p_name("recv", key)))
 
     def _send_output(self, prog, r, s, mb, kind):
         """The send after an action whose output (activation for F, input gradient for B / I)
@@ -119,7 +127,8 @@ class PipelineParallel:
         if dst is not None and self.sched.stage_rank(dst) != r:
             what = "act" if kind == "F" else "grad"
             spec = self._send_spec(self.sched.stage_rank(dst))
-            prog.append(Send((what, dst, mb, spec.ranks[1]), spec, f"send {what} s{dst} mb{mb}"))
+            key = (what, dst, mb, spec.ranks[1])
+            prog.append(Send(key, spec, p2p_name("send", key)))
 
     def _pair(self, fwd: list, bwd: list, r, f) -> list:
         """An overlapped F&B pair (`overlap_pair`) of the forward's and the backward's
