@@ -25,6 +25,7 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
+from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 
@@ -259,15 +260,11 @@ def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
     for i in range(0, len(shown), TRACE_CHUNK):
         part = shown[i:i + TRACE_CHUNK]
-        if args is None:
-            ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-                  f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-                  f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}}}' for r in part]
-        else:
-            ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-                  f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-                  f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]},"args":{a}}}'
-                  for r, a in zip(part, args.texts(part))]
+        tails = repeat("}") if args is None else [f',"args":{a}}}' for a in args.texts(part)]
+        ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+              f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+              f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{tail}'
+              for r, tail in zip(part, tails)]
         yield sep + ",".join(ev)
         sep = ","
     tail = _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
