@@ -68,22 +68,24 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     kineto.clear_traces(out / "traces")
     # the Kineto traces in sixteen writers (of about equal numbers of ranks: the largest output,
     # in pieces small enough for the list scheduling to even out the CPUs); the three charts in
-    # one (one import of matplotlib, 0.3 s)
+    # two, the pipeline chart and the other two (each writer that draws imports matplotlib, 0.25 s:
+    # on a small step the charts are the longest writer, and two of them run side by side)
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
+    by_rank = kineto.records_by_rank(recs, ranks)
 
     def charts():
-        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)
         outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
         outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png", title)
 
     # (relative cost, writer): measured on Narayanan's 1T row (a million records), CPU seconds
     outputs.run_writers([
-        (3.0, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
-        (5.3, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
+        (2.5, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
+        (5.4, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
                                           outputs.stage_layers(sc), slice_args(result, recs), result.link_load)),
-        *[(16.3 * len(q) / len(ranks), lambda q=q: kineto.write_traces(result, out / "traces", labels, recs, q,
+        *[(14.4 * len(q) / len(ranks), lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q,
                                                                         clear=False)) for q in parts if q],
-        (3.6, charts),
+        (3.0, lambda: outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)),
+        (1.1, charts),
         *([(2.0, lambda: _write_report(result, summary, recs, pp_of, mem, html))] if html is not None else []),
     ], len(recs))
     return summary

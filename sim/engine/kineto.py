@@ -128,9 +128,21 @@ class _Kinds:
     def __init__(self, zero_stage: int):
         self.zero_stage = zero_stage
         self.cache: dict = {}
+        self.by_name: dict = {}      # (name without its microbatch number, stream, cat) -> `of`
 
     def of(self, rec) -> tuple:
         """(the kernel's name, its cpu_op's name), each as JSON text."""
+        # first by the name without its microbatch number (a cheap split; neither name depends
+        # on the number), then by the template
+        head, sep, tail = rec.name.partition(" mb")
+        mb, _, rest = tail.partition(" ")
+        key1 = (head, rest, rec.stream, rec.cat) if sep and mb.isdigit() else (rec.name, None, rec.stream, rec.cat)
+        hit = self.by_name.get(key1)
+        if hit is None:
+            hit = self.by_name[key1] = self._of(rec)
+        return hit
+
+    def _of(self, rec) -> tuple:
         comm = rec.stream != "compute" or rec.cat.startswith("comm:")
         key = (_NUM_WORD.sub("#", rec.name), rec.stream, comm)
         hit = self.cache.get(key)
@@ -340,9 +352,12 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
     T, fr, lim = us_text, US_FRACTION, US_TEXT_LIMIT_NS      # us_text, inlined where the time is >= 0
     assert (HOST_PID, HOST_TID, T(LAUNCH_NS)) == (1000, 1000, "2.0")     # written out below
-    gpu_head, dev_args = f'"pid":{device},"tid":', f'"device":{device},"stream":'
+    # the fixed text around a kernel's numbers, per stream id and (kernel name, stream id)
+    sid_text: dict = {}          # sid -> (its args' device and stream, the flow end's pid and tid)
+    heads: dict = {}             # (kernel name, sid) -> the kernel event's text up to its ts
     for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
         kname, op = kinds.of(item.launch)
+        ext = str(ext)
         ev.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},'
                   f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)},"dur":{T(cost)},'
                   f'"args":{{"External id":{ext}}}}}')
@@ -360,19 +375,24 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
                                     streams[rec.stream], recorded.get(id(rec), -1)))
                 continue
             sid = streams[rec.stream]
-            used.add(sid)
+            head = heads.get((kname, sid))
+            if head is None:
+                used.add(sid)
+                sid_text[sid] = (f'"device":{device},"stream":{sid},"correlation":', f'"pid":{device},"tid":{sid}')
+                head = heads[kname, sid] = f'{{"ph":"X","cat":"kernel","name":{kname},"pid":{device},"tid":{sid},"ts":'
+            dev_args, gpu = sid_text[sid]
             ts, dur = rec.start_ns + off, rec.end_ns - rec.start_ns
             ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T(ts)
             dur = f"{dur // 1000}{fr[dur % 1000]}" if dur < lim else T(dur)
             tt = f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)
+            c = str(corr)
             # (HOST_PID/HOST_TID and LAUNCH_NS written out: this string is made a million times)
             ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1000,"tid":1000,'
-                      f'"ts":{tt},"dur":2.0,"args":{{"cbid":211,"correlation":{corr},"External id":{ext}}}}},'
-                      f'{{"ph":"s","id":{corr},"pid":1000,"tid":1000,"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
-                      f'{{"ph":"X","cat":"kernel","name":{kname},{gpu_head}{sid},"ts":{ts},"dur":{dur},'
-                      f'"args":{{"External id":{ext},{dev_args}{sid},"correlation":{corr}'
+                      f'"ts":{tt},"dur":2.0,"args":{{"cbid":211,"correlation":{c},"External id":{ext}}}}},'
+                      f'{{"ph":"s","id":{c},"pid":1000,"tid":1000,"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
+                      f'{head}{ts},"dur":{dur},"args":{{"External id":{ext},{dev_args}{c}'
                       f'{detail},"sim5d_name":{_enc(rec.name)}}}}},'
-                      f'{{"ph":"f","id":{corr},{gpu_head}{sid},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
+                      f'{{"ph":"f","id":{c},{gpu},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
             t += LAUNCH_NS
     return ev, used
 
@@ -420,22 +440,35 @@ def clear_traces(folder: Path) -> None:
         old.unlink()
 
 
+def records_by_rank(records, ranks) -> dict:
+    """{rank: its records, in order} for each of `ranks`, from a list holding at least theirs
+    (`sim5d run` groups its records once for its Kineto writers instead of each writer
+    scanning them all again)."""
+    by_rank: dict = {rank: [] for rank in ranks}
+    for r in records:
+        mine = by_rank.get(r.rank)
+        if mine is not None:
+            mine.append(r)
+    return by_rank
+
+
 def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, clear: bool = True) -> list:
     """`folder`/rank-N.json.gz for each simulated rank N of a RunResult (`labels[N]` names its
     GPU process, as in trace.json.gz), replacing an earlier run's files (`clear`; false when
     several writers share the folder and it was cleared before them); returns the paths.
-    `ranks` (with `records`, a list holding at least theirs): only those ranks (sim5d run
-    --trace-ranks)."""
+    `ranks` (with `records`, a list holding at least theirs, or `records_by_rank`'s dict):
+    only those ranks (sim5d run --trace-ranks)."""
     sc, layout = result.scenario, result.layout
     gpu = sc.cluster.gpu
     props = {"name": gpu.name, "totalGlobalMem": int(gpu.memory_bytes)}
     sms = (gpu.extra.get("compute") or {}).get("sm_count")
     if sms:
         props["numSms"] = int(sms)
-    by_rank: dict = {rank: [] for rank in (result.pp_rank_of if ranks is None else ranks)}
-    for r in (result.records if records is None else records):
-        if ranks is None or r.rank in by_rank:
-            by_rank.setdefault(r.rank, []).append(r)
+    want = result.pp_rank_of if ranks is None else ranks
+    if isinstance(records, dict):
+        by_rank = {rank: records[rank] for rank in want}
+    else:
+        by_rank = records_by_rank(result.records if records is None else records, want)
     if clear:
         clear_traces(folder)
     else:
