@@ -887,6 +887,7 @@ class Engine:
         out = []
         add = out.append
         members = self.orbits.members if self.orbits is not None else {}
+        new = tuple.__new__       # Record(...) without its Python-level __new__: 2.4x faster, same tuple
         for x in self._log:
             if type(x) is Record:
                 for q in members.get(x.rank, (x.rank,)):
@@ -899,12 +900,12 @@ class Engine:
                     continue
                 for stream, name, cat, a, b, value in run.parts:
                     if stream is not None:
-                        add(Record(q, stream, name, cat, start + a, start + b, value))
+                        add(new(Record, (q, stream, name, cat, start + a, start + b, value)))
                         continue
                     pre, at, mb = name, start + cat, a               # a Block's parts
                     for stream, name, cat, a, b, value in pre.parts:
-                        add(Record(q, stream, name if type(name) is str else mb.join(name)
-                                   if type(mb) is str else _join_name(name, mb), cat, at + a, at + b, value))
+                        add(new(Record, (q, stream, name if type(name) is str else mb.join(name)
+                                         if type(mb) is str else _join_name(name, mb), cat, at + a, at + b, value)))
         return out
 
     def busy_intervals(self) -> dict:
