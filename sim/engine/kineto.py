@@ -289,12 +289,16 @@ def _runtime(name: str, t: int, dur: int, corr: int, ext: int) -> str:
 def _sync(kind: str, device: int, sid: int, t: int, dur: int, corr: int, wait_sid, rec_corr: int) -> str:
     """A GPU-side synchronisation as Kineto records it (cat cuda_sync, PyTorch PR 105187): a
     stream's wait for an event another stream recorded, or the host's wait for the device."""
-    wait = (f',"wait_on_stream":{wait_sid},"wait_on_cuda_event_record_corr_id":{rec_corr}'
-            if wait_sid is not None else "")
+    head, mid, args, wait = _sync_text(kind, device, sid, wait_sid)
+    return f'{head}{us_text(t)}{mid}{us_text(dur)}{args}{corr}{wait}{"" if wait_sid is None else rec_corr}}}}}'
+
+
+def _sync_text(kind: str, device: int, sid: int, wait_sid) -> tuple:
+    """`_sync`'s text around its time, duration, correlation and waited event's correlation."""
     stream = sid if kind == "Stream Wait Event" else -1
-    return (f'{{"ph":"X","cat":"cuda_sync","name":"{kind}","pid":{device},"tid":{sid},"ts":{us_text(t)},'
-            f'"dur":{us_text(dur)},"args":{{"cuda_sync_kind":"{kind}","stream":{stream},"correlation":{corr},'
-            f'"device":{device}{wait}}}}}')
+    wait = (f',"wait_on_stream":{wait_sid},"wait_on_cuda_event_record_corr_id":' if wait_sid is not None else "")
+    return (f'{{"ph":"X","cat":"cuda_sync","name":"{kind}","pid":{device},"tid":{sid},"ts":', ',"dur":',
+            f',"args":{{"cuda_sync_kind":"{kind}","stream":{stream},"correlation":', f',"device":{device}{wait}')
 
 
 COLLECTIVE_NAMES = {"all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
@@ -355,24 +359,38 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     # the fixed text around a kernel's numbers, per stream id and (kernel name, stream id)
     sid_text: dict = {}          # sid -> (its args' device and stream, the flow end's pid and tid)
     heads: dict = {}             # (kernel name, sid) -> the kernel event's text up to its ts
+    ops: dict = {}               # (cpu_op name, host time) -> its event's text around its ts
+    # `_runtime`'s and `_sync`'s events of a stream wait, as text around their numbers
+    record_text, wait_text = ((f'{{"ph":"X","cat":"cuda_runtime","name":"{c}",{_HOST},"ts":',
+                               f',"dur":{T(RUNTIME_NS)},"args":{{"cbid":{_CBID[c]},"correlation":')
+                              for c in ("cudaEventRecord", "cudaStreamWaitEvent"))
+    syncs: dict = {}             # (waiting sid, waited sid) -> the Stream Wait Event's text (it lasts 0)
     for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
         kname, op = kinds.of(item.launch)
         ext = str(ext)
-        ev.append(f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},'
-                  f'"ts":{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)},"dur":{T(cost)},'
-                  f'"args":{{"External id":{ext}}}}}')
+        head = ops.get((op, cost))
+        if head is None:
+            head = ops[op, cost] = (f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},"ts":',
+                                    f',"dur":{T(cost)},"args":{{"External id":')
+        ev.append(f'{head[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{head[1]}{ext}}}}}')
         t += RUNTIME_NS
         for call, rec in item.calls:
             corr += 1
             if call != "launch":
-                ev.append(_runtime("cudaEventRecord" if call == "record" else "cudaStreamWaitEvent",
-                                   t, RUNTIME_NS, corr, ext))
+                rt = record_text if call == "record" else wait_text
+                ev.append(f'{rt[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{rt[1]}{corr},'
+                          f'"External id":{ext}}}}}')
                 t += RUNTIME_NS
                 if call == "record":
                     recorded[id(rec)] = corr
                 else:
-                    ev.append(_sync("Stream Wait Event", device, streams[item.launch.stream], t, 0, corr,
-                                    streams[rec.stream], recorded.get(id(rec), -1)))
+                    key = (streams[item.launch.stream], streams[rec.stream])
+                    sync = syncs.get(key)
+                    if sync is None:
+                        head, mid, args, wait = _sync_text("Stream Wait Event", device, key[0], key[1])
+                        sync = syncs[key] = (head, mid + T(0) + args, wait)
+                    ev.append(f'{sync[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{sync[1]}'
+                              f'{corr}{sync[2]}{recorded.get(id(rec), -1)}}}}}')
                 continue
             sid = streams[rec.stream]
             head = heads.get((kname, sid))
