@@ -368,11 +368,11 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
         kname, op = kinds.of(item.launch)
         ext = str(ext)
-        head = ops.get((op, cost))
-        if head is None:
-            head = ops[op, cost] = (f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},"ts":',
-                                    f',"dur":{T(cost)},"args":{{"External id":')
-        ev.append(f'{head[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{head[1]}{ext}}}}}')
+        op_text = ops.get((op, cost))
+        if op_text is None:
+            op_text = ops[op, cost] = (f'{{"ph":"X","cat":"cpu_op","name":{op},{_HOST},"ts":',
+                                       f',"dur":{T(cost)},"args":{{"External id":')
+        ev.append(f'{op_text[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{op_text[1]}{ext}}}}}')
         t += RUNTIME_NS
         for call, rec in item.calls:
             corr += 1
@@ -387,17 +387,17 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
                     key = (streams[item.launch.stream], streams[rec.stream])
                     sync = syncs.get(key)
                     if sync is None:
-                        head, mid, args, wait = _sync_text("Stream Wait Event", device, key[0], key[1])
-                        sync = syncs[key] = (head, mid + T(0) + args, wait)
+                        s_head, s_mid, s_args, s_wait = _sync_text("Stream Wait Event", device, key[0], key[1])
+                        sync = syncs[key] = (s_head, s_mid + T(0) + s_args, s_wait)
                     ev.append(f'{sync[0]}{f"{t // 1000}{fr[t % 1000]}" if 0 <= t < lim else T(t)}{sync[1]}'
                               f'{corr}{sync[2]}{recorded.get(id(rec), -1)}}}}}')
                 continue
             sid = streams[rec.stream]
-            head = heads.get((kname, sid))
-            if head is None:
+            k_head = heads.get((kname, sid))
+            if k_head is None:
                 used.add(sid)
                 sid_text[sid] = (f'"device":{device},"stream":{sid},"correlation":', f'"pid":{device},"tid":{sid}')
-                head = heads[kname, sid] = f'{{"ph":"X","cat":"kernel","name":{kname},"pid":{device},"tid":{sid},"ts":'
+                k_head = heads[kname, sid] = f'{{"ph":"X","cat":"kernel","name":{kname},"pid":{device},"tid":{sid},"ts":'
             dev_args, gpu = sid_text[sid]
             ts, dur = rec.start_ns + off, rec.end_ns - rec.start_ns
             ts = f"{ts // 1000}{fr[ts % 1000]}" if ts < lim else T(ts)
@@ -408,7 +408,7 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
             ev.append(f'{{"ph":"X","cat":"cuda_runtime","name":"cudaLaunchKernel","pid":1000,"tid":1000,'
                       f'"ts":{tt},"dur":2.0,"args":{{"cbid":211,"correlation":{c},"External id":{ext}}}}},'
                       f'{{"ph":"s","id":{c},"pid":1000,"tid":1000,"ts":{tt},"cat":"ac2g","name":"ac2g"}},'
-                      f'{head}{ts},"dur":{dur},"args":{{"External id":{ext},{dev_args}{c}'
+                      f'{k_head}{ts},"dur":{dur},"args":{{"External id":{ext},{dev_args}{c}'
                       f'{detail},"sim5d_name":{_enc(rec.name)}}}}},'
                       f'{{"ph":"f","id":{c},{gpu},"ts":{ts},"cat":"ac2g","name":"ac2g","bp":"e"}}')
             t += LAUNCH_NS
