@@ -219,6 +219,22 @@ def test_memory_chart_starts_at_zero(figures, tmp_path):
     assert not _extent(fig, fig.legends[0]).overlaps(_extent(fig, ax))
 
 
+def test_kernel_parsing_remembered_without_the_microbatch_equals_parsing_each_name():
+    """The pipeline chart parses a kernel's name once per name without its microbatch number
+    (outputs._parse_kernel): its roles and microbatch equal parsing the whole name each time
+    (_parse_name), the microbatch as the first word "mb" and digits (_MB_WORD), on names whose
+    "mb" word is missing, not a number, first, or followed by another."""
+    names = ["F L15 mlp mb7", "F L15 mlp mb8", "B L3 attn mb12 column dgrad", "I L2 mlp mb3", "W L2 mlp mb3",
+             "R L5 attn mb1", "F head+loss mb4", "I head mb4", "W head mb4", "F embedding mb0",
+             "optimizer step", "F L1 mbx mb3", "F L1 mb3x mb4", "mb3 F L1", "F L1 mb", "F mb3", "B mb3 L1"]
+    for name in names:
+        for cat in ("compute", "optimizer"):
+            m = outputs._MB_WORD.search(name)
+            whole = outputs._parse_name(name, cat)
+            assert outputs._parse_kernel(name, cat) == whole[:3] + (m.group(1) if m else "",), (name, cat)
+            assert outputs._parse_kernel(name, cat) == whole[:3] + (m.group(1) if m else "",), (name, cat)
+
+
 def test_memory_series_per_rank_hand_worked():
     """Each rank's series: its static bytes at 0, then its own marks in time order (at one time,
     allocations before frees), summed; ranks not asked for are left out; records of one pass

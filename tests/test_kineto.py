@@ -283,6 +283,26 @@ def test_kernel_kinds_by_hand():
     assert kineto.aten_op("F embedding", "forward") == "aten::embedding"
 
 
+def test_kernel_and_op_names_looked_up_by_name_without_microbatch_are_the_templates():
+    """_Kinds.of remembers a record's names by its name without the microbatch number: for
+    every record it equals the template lookup (_of, a fresh _Kinds per record), including
+    names whose "mb" word is not a number, names that differ only in it, and streams and
+    categories that make the same name a kernel or a collective."""
+    from sim.engine.core import Record
+
+    names = ["F L15 mlp mb7", "F L15 mlp mb8", "B L3 attn mb0 column dgrad", "B L3 attn mb12 column dgrad",
+             "send act s1 mb4", "recv act s1 mb4", "F L2 kv ring step 1 mb3", "F mtp0 head+loss mb3",
+             "optimizer step", "F L1 mbx mb3", "F L1 mb3x", "mb3 F L1", "F L1 mb", "grad reduce L3",
+             "F L3 attn all-gather mb2", "W L4 mlp mb9", "R L5 attn mb1", "F embedding mb0"]
+    cached = kineto._Kinds(1)
+    for name in names:
+        for stream, cat in (("compute", "compute"), ("compute", "comm:tp"), ("tp", "tp"), ("pp", "pp"),
+                            ("pp-recv", "pp"), ("dp", "dp")):
+            rec = Record(0, stream, name, cat, 0, 1)
+            assert cached.of(rec) == kineto._Kinds(1)._of(rec), (name, stream, cat)
+    assert len(cached.by_name) < len(names) * 6       # names differing in the number share an entry
+
+
 def test_same_bytes_every_run_and_an_earlier_runs_files_replaced(run, tmp_path):
     """`sim5d run` (a second simulation) gives byte-identical traces; a file of a rank the run
     does not simulate, left in the folder by an earlier run, is removed."""
