@@ -136,7 +136,7 @@ class _Kinds:
         # on the number), then by the template
         head, sep, tail = rec.name.partition(" mb")
         mb, _, rest = tail.partition(" ")
-        key1 = (head, rest, rec.stream, rec.cat) if sep and mb.isdigit() else (rec.name, None, rec.stream, rec.cat)
+        key1 = (head, rest, rec.stream, rec.cat) if sep and mb.isdecimal() else (rec.name, None, rec.stream, rec.cat)
         hit = self.by_name.get(key1)
         if hit is None:
             hit = self.by_name[key1] = self._of(rec)

@@ -538,7 +538,7 @@ def _parse_kernel(name: str, cat: str) -> tuple:
     (which the rest does not depend on) where that word is found by one cheap split."""
     head, sep, tail = name.partition(" mb")
     mb, sp, rest = tail.partition(" ")
-    if not sep or not head or not mb.isdigit() or head.startswith("mb"):
+    if not sep or not head or not mb.isdecimal() or head.startswith("mb"):
         return _parse_name(name, cat)
     key = (head, sp + rest, cat)
     hit = _PARSED.get(key)
