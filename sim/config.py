@@ -28,6 +28,7 @@ from sim.pipeline_layout import LayoutError
 from sim.presets import PRESETS
 from sim.suggest import did_you_mean
 from sim.topology import TopologySpec, load_topology, with_domain_nodes
+from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from sim.yamlio import is_file, load_yaml_with_lines
 
 # ----------------------------------------------------------------------------------------------
@@ -269,6 +270,10 @@ class TrainingIn(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none | selective (core attention, Korthikanti et al.) | full
     (every layer's input kept, the layer recomputed in backward). Default none."""
+    recompute_modules: Optional[list[str]] = None
+    """With recompute selective: the modules recomputed in the backward, Megatron-Core's
+    recompute_modules (transformer_config.py): core_attn, layernorm, mla_up_proj, mlp, moe, moe_act,
+    shared_experts (sim.workload.ops, sim.memory). Default [core_attn]."""
     precision: Literal["bf16", "fp16", "fp8", "mxfp8", "nvfp4", "fp32"] = "bf16"
     """Compute precision of the GEMMs (mixed precision with fp32 master weights below 32 bit).
     fp8: Transformer Engine's per-tensor scaled FP8 (E4M3, E5M2 gradients; see fp8_recipe);
@@ -459,6 +464,9 @@ class Training:
     fp8_amax_reduction: Optional[str] = None
     """tp-dp-cp | tp | none with fp8 delayed scaling (resolved: tp-dp-cp when not given), else
     None."""
+    recompute_modules: Optional[tuple] = None
+    """With recompute selective, the recomputed modules (resolved: ("core_attn",) when not
+    given), else None."""
 
 
 @dataclass(frozen=True)
@@ -1219,6 +1227,7 @@ def _check_where_they_apply(model: ModelSpec, p: ParallelIn, t: TrainingIn, ep: 
                   "needs training.moe_expert_capacity_factor (Megatron-Core raises the same)")
     _check_moe_dispatch(model, t, ep, etp, err)
     _check_ep_overlap(model, t, ep, pp, schedule, err)
+    _check_recompute_modules(model, t, err)
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1355,7 +1364,9 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                              "fp8_amax_reduction": (t.fp8_amax_reduction or "tp-dp-cp")
                              if t.precision == "fp8" and t.fp8_recipe != "current" else None,
                              "moe_flex_dispatcher_backend": (t.moe_flex_dispatcher_backend or "deepep")
-                             if t.moe_token_dispatcher == "flex" else None}),
+                             if t.moe_token_dispatcher == "flex" else None,
+                             "recompute_modules": tuple(t.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
+                             if t.recompute == "selective" else None}),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
                         num_microbatches=m, num_virtual_stages=len(layers_vs),
@@ -1407,6 +1418,56 @@ def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:
     if t.moe_pad_expert_input_to_capacity and (t.moe_flex_dispatcher_backend or "deepep") == "deepep":
         raise err("training.moe_pad_expert_input_to_capacity", "the deepep flex dispatcher does not "
                   "support moe_pad_expert_input_to_capacity (Megatron-Core raises the same)")
+
+
+def _check_recompute_modules(model: ModelSpec, t, err) -> None:
+    """training.recompute_modules: Megatron-Core's recompute_modules (transformer_config.py
+    __post_init__ rules), each one where it recomputes something in sim5d's model
+    (sim.workload.ops.module_ops)."""
+    mods = t.recompute_modules
+    if mods is None:
+        return
+    key = "training.recompute_modules"
+    if t.recompute != "selective":
+        raise err(key, f"recompute_modules ({mods}) applies only with recompute: selective (recompute is "
+                  f"{t.recompute}; Megatron-Core reads it with recompute_granularity selective only)")
+    if not mods:
+        raise err(key, "recompute_modules is empty: give at least one module, or recompute: none")
+    for m in mods:
+        if m not in RECOMPUTE_MODULES:
+            raise err(key, f"recompute_modules value {m!r} is not one of {', '.join(RECOMPUTE_MODULES)} "
+                      "(Megatron-Core's modules that sim5d models)")
+    dup = sorted({m for m in mods if mods.count(m) > 1})
+    if dup:
+        raise err(key, f"recompute_modules lists {', '.join(dup)} more than once; give each module once")
+    dense = any(not model.is_moe_layer(i) for i in range(model.num_layers))
+    rules = {
+        "mla_up_proj": (model.multi_latent_attention, "needs multi_latent_attention (Megatron-Core "
+                        "raises the same)"),
+        "moe_act": (model.is_moe, "applies only to MoE models (the routed experts' activation)"),
+        "moe": (model.is_moe, "applies only to MoE models (the whole MoE layer)"),
+        "shared_experts": (model.is_moe and bool(model.moe_shared_experts),
+                           "applies only to MoE models with shared experts (moe_shared_experts > 0)"),
+        "mlp": (dense, "recomputes the dense MLP, and every layer of the model is an MoE layer "
+                "(Megatron-Core skips it on MoE layers)"),
+        "layernorm": (model.multi_latent_attention or model.is_moe,
+                      "recomputes only the norms that are modules of their own in Megatron-Core's "
+                      "Transformer Engine layer spec (MLA's input_layernorm, MoE layers' "
+                      "pre_mlp_layernorm); this model's norms are fused into TE's LayerNormLinear"),
+    }
+    for m in mods:
+        ok, why = rules.get(m, (True, ""))
+        if not ok:
+            raise err(key, f"recompute_modules value {m!r} {why}; {model.name} has none to recompute")
+    # Megatron-Core's TransformerConfig rules that a scenario can break
+    if t.precision == "fp8" and (t.fp8_recipe or "delayed") == "delayed":
+        for m in ("moe_act", "layernorm"):
+            if m in mods:
+                raise err(key, f"recompute_modules value {m!r} with precision fp8 needs fp8_recipe current "
+                          "(Megatron-Core: delayed scaling does not support moe_act and layernorm recompute)")
+    if "moe" in mods and t.overlap_moe_expert_parallel_comm:
+        raise err(key, "recompute_modules value 'moe' with overlap_moe_expert_parallel_comm (Megatron-Core: "
+                  "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm)")
 
 
 def _check_ep_overlap(model: ModelSpec, t, ep: int, pp: int, schedule: str, err) -> None:
@@ -1512,7 +1573,8 @@ def resolved_dict(sc: Scenario) -> dict:
             "pipeline_model_parallel_layout": p.pipeline_model_parallel_layout,
             "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
             "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split},
-        "training": asdict(sc.training),
+        "training": {**asdict(sc.training), "recompute_modules": (
+            list(sc.training.recompute_modules) if sc.training.recompute_modules is not None else None)},
         "simulation": asdict(sc.simulation),
         "derived": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(sc.derived).items()},
     }

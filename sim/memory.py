@@ -117,7 +117,8 @@ def does_not_fit_message(name: str, gpu: str, peak_gib: float, capacity_gib: flo
 def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp: int, cp: int,
                            sequence_parallel: bool, recompute: str, attention_backend: str,
                            precision: str = "bf16", routing_imbalance: float = 1.0,
-                           etp: int | None = None) -> float:
+                           etp: int | None = None,
+                           recompute_modules: tuple = ("core_attn",)) -> float:
     """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
     `routing_imbalance` (MoE): the busiest expert rank's token share relative to the mean
     (training.moe_routing_imbalance); its expert activations scale with it. `etp` (MoE): the
@@ -140,7 +141,11 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     For GPT (MHA, GELU, f = 4h, dropout) this is Korthikanti's 34*s*b*h + 5*a*s^2*b, and with
     TP it is Table 2's s*b*h*(10 + 24/t + 5*a*s/(h*t)) (SP: s*b*h/t*(34 + 5*a*s/h)).
     Selective recompute drops the s^2 terms (core attention recomputed); full recompute keeps
-    only the layer input, 2*s*b*h (SP: / t).
+    only the layer input, 2*s*b*h (SP: / t). Selective with `recompute_modules` (Megatron-Core's;
+    sim.workload.ops.module_ops) drops each module's terms as its checkpointing does: normal
+    (core_attn, mlp, moe, shared_experts; tensor_parallel.checkpoint) keeps only the module's input,
+    output-discarding (layernorm, mla_up_proj, moe_act; CheckpointWithoutOutput) frees the
+    module's output; the terms in _attention_activation_bytes and _mlp_activation_bytes.
     """
     p = ACT_BYTES[precision]
     s = seq // cp
@@ -150,13 +155,16 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     sbh = s * b * h
     if recompute == "full":
         return p * sbh * rep
-    act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend)
-    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp)
+    mods = tuple(recompute_modules) if recompute == "selective" else ()
+    act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend, mods)
+    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods)
 
 
 def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: float, sbh: int,
-                                recompute: str, attention_backend: str) -> float:
-    """The norm and attention terms of `layer_activation_bytes` (MLA or grouped-query widths)."""
+                                recompute: str, attention_backend: str,
+                                mods: tuple = ("core_attn",)) -> float:
+    """The norm and attention terms of `layer_activation_bytes` (MLA or grouped-query widths);
+    `mods` the selective recompute's modules (() without selective recompute)."""
     a = model.num_attention_heads
     hidden_drop = model.hidden_dropout > 0
     attn_drop = model.attention_dropout > 0
@@ -174,15 +182,26 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
         latent = 0
     act = 0.0
     act += 2 * p * sbh * rep                                   # two norm inputs
-    act += p * sbh * rep                                       # QKV (or latent down-proj) input
+    # layernorm (MLA): input_layernorm is a module of its own (Megatron-Core gpt_layer_specs.py,
+    # MLA without down-projection fusion) checkpointed output-discarding (transformer_layer.py
+    # TransformerLayer._forward_attention: input_layernorm_checkpoint
+    # .discard_output_and_register_recompute): its output, the down-projections' input, is freed
+    if not (model.multi_latent_attention and "layernorm" in mods):
+        act += p * sbh * rep                                   # QKV (or latent down-proj) input
     act += p * s * b * latent                                  # MLA compressed latents (replicated)
-    act += p * s * b * (q_dim + k_dim + v_dim) / t             # Q, K, V
+    # mla_up_proj: multi_latent_attention.py get_query_key_value_tensors runs the up-projections
+    # and RoPE in a CheckpointWithoutOutput (qkv_up_checkpoint) whose outputs (query, key, value)
+    # are discarded after the core attention (discard_output_and_register_recompute)
+    if not (model.multi_latent_attention and "mla_up_proj" in mods):
+        act += p * s * b * (q_dim + k_dim + v_dim) / t         # Q, K, V
     act += p * s * b * attn_out_dim / t                        # output-projection input
     if hidden_drop:
         act += 2 * sbh * rep                                   # two 1-byte dropout masks
     if attention_backend == "flash":
         act += 4 * a * s * b / t                               # fp32 log-sum-exp per head/row
-    elif recompute != "selective":
+    elif "core_attn" not in mods:
+        # core_attn: attention.py Attention._checkpointed_attention_forward runs the core attention
+        # in tensor_parallel.checkpoint, keeping only its inputs Q, K, V (counted above)
         scores = a * s * s * b / t
         act += p * scores                                      # softmax output
         if attn_drop:
@@ -191,11 +210,23 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
 
 
 def _mlp_activation_bytes(model, layer: int, act: float, p: int, s: int, b: int, t: int, rep: float,
-                          sbh: int, routing_imbalance: float, etp: int | None) -> float:
-    """The MLP or MoE terms of `layer_activation_bytes`, added in order to the attention's `act`."""
-    act += p * sbh * rep                                       # fc1 / router input
+                          sbh: int, routing_imbalance: float, etp: int | None,
+                          mods: tuple = ()) -> float:
+    """The MLP or MoE terms of `layer_activation_bytes`, added in order to the attention's `act`;
+    `mods` the selective recompute's modules."""
+    moe = model.is_moe_layer(layer)
+    # layernorm (MoE layers): pre_mlp_layernorm is a module of its own (Megatron-Core
+    # gpt_layer_specs.py: a TE norm when num_experts, else fused into LayerNormMLP) checkpointed
+    # output-discarding (transformer_layer.py _forward_pre_mlp_layernorm, pre_mlp_norm_checkpoint
+    # .discard_output_and_register_recompute): its output, the router's input, is freed
+    if not (moe and "layernorm" in mods):
+        act += p * sbh * rep                                   # fc1 / router input
     gated = 2 if model.activation == "swiglu" else 1
-    if model.is_moe_layer(layer):
+    if moe and "moe" in mods:
+        # moe: moe_layer.py MoELayer.forward runs the whole layer in tensor_parallel.checkpoint
+        # (moe_layer_recompute), keeping only its input (the router's, counted above)
+        return act
+    if moe:
         k = model.moe_router_topk
         fe = model.moe_ffn_hidden_size
         act += 4 * s * b * model.num_experts                   # router probabilities (fp32)
@@ -204,11 +235,20 @@ def _mlp_activation_bytes(model, layer: int, act: float, p: int, s: int, b: int,
         # dispatched (permuted) tokens: each of the k copies is an expert fc1 input (tp-sharded
         # sequence after the all-to-all when SP, replicated otherwise)
         act += tokens * p * sbh * (rep if etp is None or etp == t else etp / t)
-        act += tokens * p * s * b * (gated * fe + fe) / t      # expert activation and fc2 inputs
-        if model.moe_shared_experts:
+        # moe_act: experts.py TEGroupedMLP.forward runs the activation in a CheckpointWithoutOutput
+        # (activation_checkpoint) and discards its output, the expert fc2 input
+        if "moe_act" in mods:
+            act += tokens * p * s * b * gated * fe / t         # expert activation inputs only
+        else:
+            act += tokens * p * s * b * (gated * fe + fe) / t  # expert activation and fc2 inputs
+        # shared_experts: moe_layer.py MoELayer.shared_experts_compute runs the shared experts in
+        # tensor_parallel.checkpoint, keeping only their input (the router's, counted above)
+        if model.moe_shared_experts and "shared_experts" not in mods:
             fs = model.moe_shared_experts * fe
             act += p * s * b * (gated * fs + fs) / t
-    else:
+    elif "mlp" not in mods:
+        # mlp: transformer_layer.py TransformerLayer._forward_mlp runs the dense MLP in
+        # tensor_parallel.checkpoint (recompute_mlp), keeping only its input (fc1's, counted above)
         f = model.ffn_hidden_size
         act += p * s * b * (gated * f + f) / t                 # activation input, fc2 input
     return act
@@ -316,7 +356,8 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
         if moe not in kinds:
             kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
                                                 attention_backend=t.attention_backend, precision=t.precision,
-                                                routing_imbalance=d.moe_expert_load, etp=p.etp, **kw)
+                                                routing_imbalance=d.moe_expert_load, etp=p.etp,
+                                                recompute_modules=t.recompute_modules or ("core_attn",), **kw)
         return kinds[moe]
 
     for s in range(d.num_virtual_stages):

@@ -80,12 +80,29 @@ class DeviceCostModel(CostModel):
         ops = self._layer_ops(layer)
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
+        t = self.sc.training
+        mods = t.recompute_modules or workload.DEFAULT_RECOMPUTE_MODULES
         for block in (ops[:split], ops[split:]):
             d = {ph: self._time(block, ph) for ph in ("fwd", "dgrad", "wgrad")}
-            d["recompute"] = (self._time(workload.recompute_ops(block, "selective"), "fwd")
-                              if self.sc.training.recompute == "selective" else 0)
+            d["recompute"] = (self._time(workload.recompute_ops(block, "selective", mods), "fwd")
+                              if t.recompute == "selective" else 0)
             d.update(self._column_gemm_ns(block))
             blocks.append(d)
+        if t.recompute == "selective" and tuple(mods) != workload.DEFAULT_RECOMPUTE_MODULES:
+            # the recomputed modules other than the core attention (layernorm, mla_up_proj of the
+            # attention block), which context parallelism's core re-run leaves out
+            rest = [m for m in mods if m != "core_attn"]
+            blocks[0]["recompute_pre"] = self._time(
+                workload.recompute_ops(ops[:split], "selective", rest), "fwd") if rest else 0
+            # the recomputed modules with the MLP block's TP collectives (the dense MLP, the
+            # shared experts: their forward re-gathers and re-reduces over the TP group)
+            tp_mods = [m for m in mods if m in ("mlp", "shared_experts")]
+            blocks[1]["recompute_tp"] = bool(tp_mods) and bool(
+                workload.recompute_ops(ops[split:], "selective", tp_mods))
+            # the routed-expert part of the MLP block's recompute (moe_act, moe), which the
+            # routing imbalance scales as the forward's (sim.engine.parallel.ep._mlp_ns)
+            rec_experts = [op for op in workload.recompute_ops(ops[split:], "selective", mods) if op.expert]
+            blocks[1]["recompute_expert"] = self._time(rec_experts, "fwd") if rec_experts else 0
         attn = ops[:split]
         first_core = next(i for i, op in enumerate(attn) if op.name == "attn_scores")
         last_core = next(i for i, op in enumerate(attn) if op.name == "attn_values")

@@ -9,7 +9,9 @@ module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp, fp8); this module compo
   reduce, TP gather, EP dispatch, expert-TP gather, MLP, expert-TP reduce-scatter, EP combine,
   TP reduce;
 - a backward layer (`_backward_layer`): the recompute (`full` re-runs the layer's forward with
-  its TP collectives, `selective` the core attention), then the MLP block and the attention
+  its TP collectives, `selective` its recompute_modules: the core attention by default, the
+  dense MLP and shared experts with their TP collectives, the MoE layer with its dispatch and
+  combine), then the MLP block and the attention
   block in reverse, each: the TP output-gradient gather, the input gradient, the TP reduction
   (or the async column-parallel backward), the weight gradient; EP's combine-grad before the
   MLP, dispatch-grad after it;
@@ -220,6 +222,31 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             prog.append(Compute((self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"])
                                 - hold_back, f"{ik} {name} dgrad"))
 
+    def _mlp_recompute(self, prog, r, layer, name, c):
+        """The MLP block's selective recompute (recompute_modules layernorm on MoE layers, mlp, moe,
+        moe_act, shared_experts), each module's forward re-run whole as Megatron-Core's
+        checkpoints do: the dense MLP and the shared experts with their TP collectives, the MoE
+        layer (moe) with its TP gather, dispatch, expert-TP collectives, combine and TP
+        reduction, as the forward (`_forward_layer`). The routed-expert part is scaled by the
+        routing imbalance as the forward's (_mlp_ns)."""
+        ns = c["recompute"]
+        if self.imbalance != 1.0 and c.get("recompute_expert"):
+            ns += int(round((self.imbalance - 1.0) * c["recompute_expert"]))
+        ag, rs = ("all_gather", "reduce_scatter") if self.sp else (None, "all_reduce")
+        moe = self.sc.model.is_moe_layer(layer) and "moe" in (self.sc.training.recompute_modules or ())
+        tp = (moe or c.get("recompute_tp")) and self._tp_mlp(layer)
+        if tp and ag:
+            self._tp(prog, r, f"R L{layer} mlp all-gather", ag)
+        if moe:
+            self._a2a(prog, r, layer, f"R L{layer} dispatch", "dispatch")
+            self._etp(prog, r, layer, f"R L{layer} expert all-gather", "all_gather")
+        prog.append(Compute(ns, f"R {name}", "recompute"))
+        if moe:
+            self._etp(prog, r, layer, f"R L{layer} expert reduce-scatter", "reduce_scatter")
+            self._a2a(prog, r, layer, f"R L{layer} combine")
+        if tp:
+            self._tp(prog, r, f"R L{layer} mlp {rs}", rs)
+
     def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight, lc):
         name = f"L{layer} {block} mb{mb}"
         ik, wk = ("B", "B") if (do_input and do_weight) else ("I", "W")  # a full B or split I / W
@@ -227,10 +254,16 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         if do_input:
             if rec == "selective" and block == "attn" and c["recompute"]:
                 if self.sc.parallelism.cp > 1:
-                    # the core attention re-run includes its CP exchange (ring or all-to-all)
-                    self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
+                    if c.get("recompute_pre"):
+                        # recompute_modules layernorm / mla_up_proj: before the core attention
+                        prog.append(Compute(c["recompute_pre"], f"R {name}", "recompute"))
+                    if "core_attn" in (self.sc.training.recompute_modules or ("core_attn",)):
+                        # the core attention re-run includes its CP exchange (ring or all-to-all)
+                        self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
                 else:
                     prog.append(Compute(c["recompute"], f"R {name}", "recompute"))
+            elif rec == "selective" and block == "mlp" and c["recompute"]:
+                self._mlp_recompute(prog, r, layer, name, c)
             tp = block == "attn" or self._tp_mlp(layer)
             if block == "mlp":
                 # etp != tp: the backward of the combine's reduce-scatter

@@ -75,7 +75,9 @@ class RunResult:
                                                     sc.training.seq_length, causal=False)
         hw_flops = workload.hardware_flops_per_step(sc.model, sc.training.global_batch_size,
                                                     sc.training.seq_length,
-                                                    recompute=sc.training.recompute, causal=False)
+                                                    recompute=sc.training.recompute, causal=False,
+                                                    recompute_modules=sc.training.recompute_modules
+                                                    or workload.DEFAULT_RECOMPUTE_MODULES)
         peak = sc.cluster.gpu.peak_flops(sc.training.precision)
         n = len(self.breakdowns)
         frac = lambda attr: sum(getattr(b, attr) for b in self.breakdowns.values()) / (n * self.makespan_ns)

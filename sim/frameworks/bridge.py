@@ -556,7 +556,7 @@ _FROM_MEGATRON = {"--make-vocab-size-divisible-by", "--max-position-embeddings",
 
 def _export_value(flag: str, value):
     """A flag's text as the field's YAML value: numbers as numbers, --cp-comm-type's list as it is."""
-    if flag == "--cp-comm-type":
+    if flag in ("--cp-comm-type", "--recompute-modules"):
         return value
     for kind in (int, float):
         try:

@@ -25,6 +25,7 @@ import shlex
 
 from sim.errors import ConfigError
 from sim.frameworks import unread_notes
+from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 
 # flags that do not change one step's time: reported as such, never silently dropped
 NOT_STEP_TIME = (
@@ -72,7 +73,7 @@ _SWITCHES = {
     "--overlap-p2p-communication", "--bf16-main-params", "--log-timers-to-tensorboard",
     "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens",
 }
-_NARGS = {"--data-path", "--cp-comm-type", "--split"}
+_NARGS = {"--data-path", "--cp-comm-type", "--split", "--recompute-modules"}
 
 _INT = {
     "--num-layers": "model.num_layers", "--hidden-size": "model.hidden_size",
@@ -383,10 +384,25 @@ def _recompute(f: Flags, d: dict) -> None:
                           "models full recompute of every layer (uniform 1, or block over a stage's layers)")
     elif f.has("--recompute-modules"):
         mods = f.get("--recompute-modules")
-        if mods != "core_attn":
-            raise f.error("--recompute-modules", f"--recompute-modules {mods!r}: sim5d's selective recompute is "
-                          "core_attn (the core attention)")
+        mods = mods.split() if isinstance(mods, str) else list(mods)   # Bridge gives one string
+        for m in mods:
+            if m in _UNMODELLED_RECOMPUTE:
+                raise f.error("--recompute-modules", f"--recompute-modules {m}: {_UNMODELLED_RECOMPUTE[m]}")
+            if m not in RECOMPUTE_MODULES:
+                raise f.error("--recompute-modules", f"--recompute-modules {m!r} is not one of Megatron-Core's "
+                              f"modules that sim5d models ({', '.join(RECOMPUTE_MODULES)})")
+        if tuple(mods) != DEFAULT_RECOMPUTE_MODULES:     # Megatron-Core's default: nothing to write
+            _set(d, "training.recompute_modules", mods)
     _set(d, "training.recompute", g)
+
+
+_UNMODELLED_RECOMPUTE = {
+    "gdn_norm_out": "sim5d does not model GatedDeltaNet attention",
+    "gdp_in_proj": "sim5d does not model GatedDeltaProduct attention",
+    "gdp_qkv": "sim5d does not model GatedDeltaProduct attention",
+    "mhc": "sim5d does not model hyper-connections (enable_mhc_connections)",
+}
+"""Megatron-Core recompute_modules (transformer_config.py) that sim5d refuses, with the reason."""
 
 
 def _vocab(f: Flags, d: dict, notes: list, tp: int) -> None:
@@ -663,6 +679,8 @@ def _training_flags(t) -> list[str]:
         out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif t.recompute == "selective":
         out.append("--recompute-granularity selective")
+        if t.recompute_modules and tuple(t.recompute_modules) != DEFAULT_RECOMPUTE_MODULES:
+            out.append("--recompute-modules " + " ".join(t.recompute_modules))
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [],
             "fp8": ["--bf16", "--fp8-format hybrid",
                     f"--fp8-recipe {'delayed' if t.fp8_recipe == 'delayed' else 'tensorwise'}",

@@ -46,12 +46,13 @@ executes and what ops.layer_ops uses by default for kernel timing.
 from __future__ import annotations
 
 from sim.models import ModelSpec
-from sim.workload.ops import RECOMPUTE, layer_ops, mtp_ops, output_ops, recompute_flops, sum_flops
+from sim.workload.ops import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE, layer_ops, mtp_ops, output_ops,
+                              recompute_flops, sum_flops)
 from sim.workload.params import active_params, attention_dims
 
 
 def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: str,
-                  include_lm_head: bool) -> tuple[float, float]:
+                  include_lm_head: bool, modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> tuple[float, float]:
     """(model FLOPs, extra recompute FLOPs) of one sequence through the whole model."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
@@ -62,7 +63,7 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
         if kind not in by_kind:
             ops = layer_ops(model, layer, micro_batch_size=1, seq_length=seq_length, causal=causal,
                             flash_attention=True)
-            by_kind[kind] = (sum_flops(ops), recompute_flops(ops, recompute))
+            by_kind[kind] = (sum_flops(ops), recompute_flops(ops, recompute, modules))
         f, r = by_kind[kind]
         model_f += f
         extra_f += r
@@ -77,7 +78,7 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
                + (sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
                   if include_lm_head else 0.0))
         model_f += model.mtp_num_layers * per
-        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute)
+        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute, modules)
     return model_f, extra_f
 
 
@@ -99,12 +100,14 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_length: int, *
 
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_length: int, *,
                             recompute: str = "none", causal: bool = False,
-                            include_lm_head: bool = True) -> float:
+                            include_lm_head: bool = True,
+                            recompute_modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> float:
     """Model FLOPs plus the forward FLOPs that activation recomputation re-runs ('none',
     'selective': core attention, 'full': every layer's forward); the HFU numerator. With
-    recompute='full' and causal=False this is Narayanan eq. 3 for a GPT (convention (a))."""
+    recompute='full' and causal=False this is Narayanan eq. 3 for a GPT (convention (a)).
+    recompute_modules: selective's modules (Megatron-Core's recompute_modules; sim.workload.ops)."""
     _check_batch(global_batch, seq_length)
-    f, r = _per_sequence(model, seq_length, causal, recompute, include_lm_head)
+    f, r = _per_sequence(model, seq_length, causal, recompute, include_lm_head, tuple(recompute_modules))
     return global_batch * (f + r)
 
 

@@ -90,6 +90,21 @@ Recomputation (Korthikanti et al. 2022): `recompute_ops(ops, 'selective')` are t
 ops (scores, softmax, dropout, values; `selective_recompute=True`), whose forward is re-run in
 the backward; 'full' re-runs the whole layer's forward (all its ops). Megatron checkpoints the
 transformer layers only, so embedding and output ops are never recomputed.
+Selective recompute takes Megatron-Core's `recompute_modules` (TransformerConfig, default
+["core_attn"]); `recompute_ops(ops, 'selective', modules)` are the ops of each module
+(`module_ops`): core_attn the core-attention ops; layernorm the norms that are modules of their
+own in Megatron-Core's Transformer Engine layer spec (gpt_layer_specs.py: input_layernorm with
+MLA, whose down-projections take no fused norm; pre_mlp_layernorm of MoE layers; elsewhere the
+norm is fused into TE's LayerNormLinear / LayerNormMLP, an IdentityOp that
+TransformerLayer.__init__ does not checkpoint); mla_up_proj the MLA up-projections and RoPE
+(multi_latent_attention.py, qkv_up_proj_and_rope_apply); mlp the dense MLP (fc1, act, fc2;
+TransformerLayer sets recompute_mlp only when not is_moe_layer); moe_act the routed experts'
+activation (experts.py, TEGroupedMLP activation_checkpoint); shared_experts the shared expert
+MLP (moe_layer.py, shared_experts_recompute); moe the whole MoE layer, router to unpermute and the
+shared experts (moe_layer.py MoELayer.forward, moe_layer_recompute; the engine re-runs its
+dispatch and combine too). A quantised GEMM's cast op goes with its GEMM. With moe, moe_act and
+shared_experts are checkpoints inside the MoE layer's: its re-run forward checkpoints them again,
+so their ops are re-run twice (listed twice by `recompute_ops`).
 """
 
 from __future__ import annotations
@@ -675,21 +690,73 @@ def mtp_ops(model: ModelSpec, *, micro_batch_size: int, seq_length: int,
 
 
 # ----------------------------------------------------------------------------------------------
-def recompute_ops(ops: list[Op], recompute: str) -> list[Op]:
-    """The ops of a layer whose forward is re-run during its backward: none; selective (core
-    attention, Korthikanti et al. 2022 sec. 5); full (the whole layer)."""
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
+"""Megatron-Core's recompute_modules that sim5d models (transformer_config.py; module docstring)."""
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""Megatron-Core's default recompute_modules (TransformerConfig.__post_init__)."""
+
+_GEMM_OF_CAST = {f"{g}_{suffix}": g for g in FP8_GEMMS for suffix in set(CAST_SUFFIX.values())}
+"""A quantisation op's name -> its GEMM's (the cast is recomputed with the GEMM)."""
+
+
+MOE_LAYER_OPS = {"router", "router_topk", "moe_preprocess", "moe_permute", "moe_sort_chunks", "expert_fc1",
+                 "expert_act", "expert_fc2", "moe_unsort_chunks", "moe_unpermute", "shared_fc1",
+                 "shared_act", "shared_fc2"}
+"""The ops of Megatron-Core's MoELayer (router, dispatcher, experts, shared experts): between
+pre_mlp_norm and mlp_bias_dropout_add of an MoE layer (_moe_block)."""
+
+
+def module_ops(ops: list[Op], module: str) -> list[Op]:
+    """The ops of `ops` (a layer's, or a block of it) that belong to one of Megatron-Core's
+    recompute modules (module docstring), in order."""
+    names = {op.name for op in ops}
+    mla, moe = "kv_down_proj" in names, "router" in names
+    if module == "core_attn":
+        return [op for op in ops if op.selective_recompute]
+    if module == "layernorm":
+        want = {"input_norm"} if mla else set()
+        want |= {"pre_mlp_norm"} if moe else set()
+    elif module == "mla_up_proj":
+        want = {"q_up_proj", "q_proj", "kv_up_proj", "rotary_emb"} if mla else set()
+    elif module == "mlp":
+        want = set() if moe else {"fc1", "act", "fc2"}
+    elif module == "moe_act":
+        want = {"expert_act"}
+    elif module == "shared_experts":
+        want = {"shared_fc1", "shared_act", "shared_fc2"}
+    elif module == "moe":
+        want = MOE_LAYER_OPS if moe else set()
+    else:
+        raise ValueError(f"recompute module must be one of {RECOMPUTE_MODULES}, got {module!r}")
+    return [op for op in ops if _GEMM_OF_CAST.get(op.name, op.name) in want]
+
+
+def recompute_ops(ops: list[Op], recompute: str,
+                  modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> list[Op]:
+    """The ops of a layer whose forward is re-run during its backward: none; selective (the ops
+    of each of `modules`, Megatron-Core's recompute_modules; default core attention,
+    Korthikanti et al. 2022 sec. 5); full (the whole layer)."""
     if recompute == "none":
         return []
     if recompute == "selective":
-        return [op for op in ops if op.selective_recompute]
+        if tuple(modules) == DEFAULT_RECOMPUTE_MODULES:
+            return [op for op in ops if op.selective_recompute]
+        chosen = {id(op) for m in modules for op in module_ops(ops, m)}
+        out = [op for op in ops if id(op) in chosen]
+        if "moe" in modules:
+            # checkpoints nested in the MoE layer's run again in its re-run forward's backward
+            nested = {id(op) for m in ("moe_act", "shared_experts") if m in modules
+                      for op in module_ops(ops, m)}
+            out += [op for op in ops if id(op) in nested]
+        return out
     if recompute == "full":
         return list(ops)
     raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
 
 
-def recompute_flops(ops: list[Op], recompute: str) -> float:
+def recompute_flops(ops: list[Op], recompute: str, modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> float:
     """Extra forward FLOPs that recomputation adds to a layer's backward."""
-    return sum(op.flops_fwd for op in recompute_ops(ops, recompute))
+    return sum(op.flops_fwd for op in recompute_ops(ops, recompute, modules))
 
 
 def sum_flops(ops: list[Op]) -> float:
