@@ -8,7 +8,8 @@ sustained_matmul_fraction: in sample, reported with each run's leave-one-out err
 h100_published.yaml (ten other H100 steps of the same collection: FP8, Nemotron-4 340B, up to
 2,048 GPUs; out of sample) and gb200_calibration.yaml (two GB200 NVL72 steps of
 NVIDIA/dgxc-benchmarking v25.05.01, the fit of GB200's sustained_matmul_fraction, which the other
-Blackwell profiles carry over: in sample, with leave-one-out errors).
+Blackwell profiles carry over: in sample, with leave-one-out errors) and bridge_moe.yaml (22 MoE
+steps of Megatron-Bridge's performance summary on H100, GB200 and B200; out of sample).
 
 Each set turns its rows into scenarios with the settings its source states (listed per set
 below); nothing is tuned per case. Predicted vs measured, the error per case and the MAPE per
@@ -28,7 +29,7 @@ import yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
 SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration",
-        "h100-published", "gb200-calibration")
+        "h100-published", "gb200-calibration", "bridge-moe")
 CALIBRATION_SETS = {"h100-calibration": "h100_calibration.yaml", "gb200-calibration": "gb200_calibration.yaml"}
 """Sets of measured steps a device constant is fitted to (sim.calibrate.step_fit): in sample."""
 KORTHIKANTI_FIT_VARIANTS = ("baseline_no_recompute", "full_recompute", "selective_recompute")
@@ -210,6 +211,15 @@ def h100_published_cases() -> list[Case]:
             for r in load_runs(DATA / "h100_published.yaml")]
 
 
+def bridge_moe_cases() -> list[Case]:
+    """MoE steps of Megatron-Bridge's performance summary (bridge_moe.yaml: Qwen3-235B-A22B,
+    DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B on H100, GB200 and B200, each with its recipe's
+    layout and settings): out of sample."""
+    from sim.calibrate.step_fit import load_runs
+
+    return [Case("bridge-moe", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_moe.yaml")]
+
+
 LOO = {s: partial(calibration_loo, s) for s in CALIBRATION_SETS}
 """Sets whose cases were fitted to, with their leave-one-out errors."""
 
@@ -221,7 +231,7 @@ def cases(sets=SETS) -> list[Case]:
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
                 "vtrain-multi": lambda: vtrain_cases("multi"),
                 **{c: partial(calibration_cases, c) for c in CALIBRATION_SETS},
-                "h100-published": h100_published_cases}[s]()
+                "h100-published": h100_published_cases, "bridge-moe": bridge_moe_cases}[s]()
     return out
 
 

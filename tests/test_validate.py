@@ -83,6 +83,36 @@ def test_h100_published_set_is_out_of_sample_within_10_percent():
     assert speedup == pytest.approx(4.61 / 3.16, rel=0.05)
 
 
+def test_bridge_moe_set_transcribes_its_rows_and_holds_the_large_models_within_15_percent():
+    """22 MoE steps of Megatron-Bridge's performance summary (bridge_moe.yaml), out of sample.
+    Each step time is its row's tokens/s/GPU (the comment above it) as GBS x seq / (tokens/s x
+    GPUs). Qwen3-235B-A22B and DeepSeek-V3 are within 15% each (B200's PP8 EP8 Qwen3-235B row
+    aside, -34%); every row of the two small models (Qwen3-30B-A3B, GPT-OSS-120B) is optimistic
+    (docs/accuracy.md: host time and small kernels): when a mechanism closes that, this test
+    must change with it."""
+    import re
+
+    from sim.config import build_scenario
+
+    text = (validate.DATA / "bridge_moe.yaml").read_text()
+    measured = dict(zip(re.findall(r"- name: (\S+)", text), map(float, re.findall(r"measured (\d+) -> step", text))))
+    cases = {c.id: c for c in validate.bridge_moe_cases()}
+    assert len(cases) == len(measured) == 22
+    for name, tps in measured.items():
+        t = cases[name].scenario["training"]
+        gpus = build_scenario(cases[name].scenario).derived.num_gpus
+        assert cases[name].measured_s == pytest.approx(t["global_batch_size"] * t["seq_length"] / (tps * gpus),
+                                                       rel=1e-4)
+    d = validate.run(("bridge-moe",), workers=2)["sets"]["bridge-moe"]
+    assert d["n"] == 22 and d["n_fitted"] == 0
+    err = {r["id"]: r["error_pct"] for r in d["cases"]}
+    large = {k: v for k, v in err.items() if ("-q235-" in k or "-dsv3-" in k) and not k.startswith("b2-")}
+    assert len(large) == 11 and all(abs(v) < 15.0 for v in large.values()), large
+    small = {k: v for k, v in err.items() if "-q30-" in k or "-gptoss-" in k}
+    assert len(small) == 10 and all(v < -15.0 for v in small.values()), small
+    assert d["mape_pct"] <= 20.0
+
+
 def test_vtrain_cases_run_on_the_cluster_vtrain_states():
     """vTrain's validation configs: 8 GPUs per node and 800 Gb/s inter-node per node (4 HDR NICs)."""
     from sim.config import build_scenario
