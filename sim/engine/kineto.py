@@ -121,9 +121,10 @@ def aten_op(kind: str, phase: str) -> str:
 
 
 class _Kinds:
-    """The kernel's name and its cpu_op of each record, worked out once per template (the name
-    with its numbered words as "#", the stream, whether it is communication): a step's million
-    records have a few dozen templates."""
+    """The kernel's name and its cpu_op of each record, looked up by its name without the
+    microbatch number (sim.engine.slice_args.name_key) and worked out once per template (the
+    name with its numbered words as "#", the stream, whether it is communication): a step's
+    million records have a few dozen templates."""
 
     def __init__(self, zero_stage: int):
         self.zero_stage = zero_stage
@@ -132,11 +133,9 @@ class _Kinds:
 
     def of(self, rec) -> tuple:
         """(the kernel's name, its cpu_op's name), each as JSON text."""
-        # first by the name without its microbatch number (a cheap split; neither name depends
-        # on the number), then by the template
-        head, sep, tail = rec.name.partition(" mb")
-        mb, _, rest = tail.partition(" ")
-        key1 = (head, rest, rec.stream, rec.cat) if sep and mb.isdecimal() else (rec.name, None, rec.stream, rec.cat)
+        # first by the name without its microbatch number (neither name depends on it), then
+        # by the template
+        key1 = (name_key(rec.name)[0], rec.stream, rec.cat)
         hit = self.by_name.get(key1)
         if hit is None:
             hit = self.by_name[key1] = self._of(rec)

@@ -29,6 +29,7 @@ from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 
+from sim.engine.slice_args import name_key
 from sim.units import GiB
 
 STREAM_TIDS = {"compute": 1, "pp": 2, "dp": 3, "tp": 4, "cp": 5, "ep": 6}
@@ -529,18 +530,17 @@ _MB_WORD = re.compile(r"(?:^|\s)mb(\d+)(?=\s|$)")
 
 
 _PARSED: dict = {}
-"""`_parse_kernel`'s answers without the microbatch, by (the name around its microbatch word, cat)."""
+"""`_parse_kernel`'s answers without the microbatch, by (the name without its microbatch number, cat)."""
 
 
 def _parse_kernel(name: str, cat: str) -> tuple:
     """(`_roles`, its compat as a frozenset, `_mb`) of a compute kernel (the chart's per-kernel
     work on a million-kernel step): remembered by the name without its microbatch number
-    (which the rest does not depend on) where that word is found by one cheap split."""
-    head, sep, tail = name.partition(" mb")
-    mb, sp, rest = tail.partition(" ")
-    if not sep or not head or not mb.isdecimal() or head.startswith("mb"):
+    (sim.engine.slice_args.name_key; the rest does not depend on it)."""
+    key, mb = name_key(name)
+    if not mb or name.startswith("mb"):         # (_MB_WORD reads a first word mb<digits> too)
         return _parse_name(name, cat)
-    key = (head, sp + rest, cat)
+    key = (key, cat)
     hit = _PARSED.get(key)
     if hit is None:
         hit = _PARSED[key] = _parse_name(name, cat)[:3]

@@ -77,12 +77,11 @@ class FlopsCostModel(DeviceCostModel):
 def name_key(name: str) -> tuple:
     """(the name with its microbatch number replaced by NUL, the number's text or ''): a slice's
     key in the tables (a template's names have NUL there, or U+0001 for a pair's second action)."""
-    i = name.find(" mb")
-    if i >= 0:
-        j = name.find(" ", i + 3)
-        mb = name[i + 3:] if j < 0 else name[i + 3:j]
-        if mb.isdigit():
-            return name[:i + 3] + "\x00" + ("" if j < 0 else name[j:]), mb
+    head, sep, tail = name.partition(" mb")
+    if sep:
+        mb, space, rest = tail.partition(" ")
+        if mb.isdecimal():                  # the digits int() and the regular expressions' \d read
+            return head + " mb\x00" + space + rest, mb
     return name.replace("\x01", "\x00"), ""
 
 
