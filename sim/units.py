@@ -22,6 +22,12 @@ def gib_to_bytes(gib: float) -> float:
     return gib * GiB
 
 
+TORCH_DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Int": 4, "Long": 8,
+                     "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+"""Bytes per element of PyTorch's scalar types by the names its profiler writes (Kineto's NCCL
+`dtype` arg: c10::ScalarType names): what sim5d's traces write and `calibrate trace` reads."""
+
+
 MAX_NS = 1 << 62
 """Longest simulated interval (about 146 years): int64 arithmetic on times stays exact below it."""
 

@@ -49,6 +49,7 @@ from sim.calibrate import csvio
 from sim.calibrate.shapes import attention_counts, elementwise_bytes, gemm_counts
 from sim.calibrate.trace_filter import dropout_is_identity, mark_noops, noop_note, select_steps
 from sim.errors import ConfigError
+from sim.units import TORCH_DTYPE_BYTES
 
 HOW = ("profile the step with torch.profiler.profile(activities=[ProfilerActivity.CPU(, CUDA)], "
        "record_shapes=True) and write it with prof.export_chrome_trace(PATH)")
@@ -96,9 +97,6 @@ COLLECTIVES = {"allreduce": "all_reduce", "all_reduce": "all_reduce", "allgather
                "reduce_scatter_tensor_coalesced": "reduce_scatter", "broadcast": "broadcast",
                "all_to_all": "all_to_all", "all_to_allv": "all_to_all", "alltoall": "all_to_all",
                "alltoall_base": "all_to_all", "send": "send_recv", "recv": "send_recv"}
-# c10 ScalarType names in record_param_comms' "dtype" -> bytes (HTA's _dtype_size_map)
-COMM_DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Int": 4, "Long": 8,
-                    "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 COMM_WORDS = ("c10d::", "nccl", "gloo", "record_param_comms", "barrier")
 KERNEL_CATS = ("kernel", "Kernel")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "Runtime")
@@ -378,7 +376,7 @@ def _collective(kernel, op) -> dict | None:
         coll = COLLECTIVES.get(str(args.get("Collective name", "")))
         if coll is None:
             continue
-        es = COMM_DTYPE_BYTES.get(str(args.get("dtype")))
+        es = TORCH_DTYPE_BYTES.get(str(args.get("dtype")))
         ranks = args.get("Group size")
         nel = max(args.get("In msg nelems") or 0, args.get("Out msg nelems") or 0)
         if es and isinstance(ranks, int) and ranks >= 2 and nel > 0:

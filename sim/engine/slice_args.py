@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sim import compute
 from sim.engine.core import Block, Comm, Compute, Launch, Send
 from sim.engine.costs import COLUMN_GEMMS, DeviceCostModel
+from sim.units import TORCH_DTYPE_BYTES
 
 PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
 """The phase of a slice whose name starts with an action's letter (sim.schedules' kinds)."""
@@ -37,7 +38,7 @@ PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"
 GROUP_LISTED = 16
 """A group of up to this many ranks is listed whole in `group`; a larger one by its first 8."""
 
-TORCH_DTYPES = {"BFloat16": 2, "Half": 2, "Float": 4, "Long": 8}
+TORCH_DTYPES = {t: TORCH_DTYPE_BYTES[t] for t in ("BFloat16", "Half", "Float", "Long")}
 """The element types of sim5d's calls, as PyTorch names them (Kineto's `dtype`), and their bytes."""
 
 _MB_TEXT = '"<mb>"'
@@ -205,7 +206,6 @@ class SliceArgs:
     def _walked(self, rank: int) -> tuple:
         hit = self._programs.get(rank)
         if hit is None:
-            self._builder.reset_rank_state()
             hit = self._programs[rank] = _walk(self._builder.program_of(rank))
         return hit
 
@@ -311,10 +311,8 @@ class SliceArgs:
             name = r.name
             e = table.get(name)                 # a name without a microbatch is its own key
             if e is None:
-                head, sep, tail = name.partition(" mb")
-                mb, sep2, rest = tail.partition(" ")
-                if sep and mb.isdigit():
-                    e = table.get(head + " mb\x00" + sep2 + rest)
+                key, mb = name_key(name)
+                e = table.get(key) if mb else None
                 if e is None or len(e[3]) > 1:
                     add(self.text(r))
                 else:
