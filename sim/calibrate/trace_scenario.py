@@ -24,12 +24,12 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sim.calibrate.trace_filter import IDENTITY_DROPOUT_OPS, concrete_inputs, scalar
+from sim.calibrate.runner import DTYPE_PRECISION as PRECISION   # the GEMMs' dtype -> training.precision
+from sim.calibrate.trace import COMM_WORDS
+from sim.calibrate.trace_filter import IDENTITY_DROPOUT_OPS, SCHEDULE_HINT, concrete_inputs, scalar
 from sim.errors import ConfigError
 
 KEY = "--scenario-out"
-PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""The GEMMs' dtype -> training.precision."""
 FUSED_SDPA = ("flash", "efficient", "cudnn")
 """Children of an SDPA op that are a fused kernel (sim5d's attention_backend flash)."""
 
@@ -153,9 +153,7 @@ def _per(count: int, div: int, what: str) -> int:
 def _count_steps(step_s: list) -> int:
     n = len(step_s)
     if n == 0:
-        raise _err("cannot tell the trace's steps: no ProfilerStep# marks and no Optimizer.step#: "
-                   "profile with schedule(wait=1, warmup=1, active=3) and call prof.step() after "
-                   "each training step")
+        raise _err(f"cannot tell the trace's steps: no ProfilerStep# marks and no Optimizer.step#: {SCHEDULE_HINT}")
     return n
 
 
@@ -381,8 +379,7 @@ def _context_notes(ops: list, att: dict, device: str, notes: list) -> None:
         notes.append("optimizer: no Optimizer.step# in the trace: sim5d simulates Adam's step")
     elif not all(n.split("#", 1)[1].split(".")[0] in ("Adam", "AdamW") for n in steps):
         notes.append(f"optimizer: {', '.join(sorted(steps))}: sim5d simulates Adam's step")
-    if any(any(w in e["name"].lower() for w in ("record_param_comms", "nccl", "gloo", "c10d::"))
-           for e in ops):
+    if any(any(w in e["name"].lower() for w in COMM_WORDS[:4]) for e in ops):   # not "barrier"
         notes.append("collectives: the trace is one rank of a distributed run: the scenario "
                      "simulates one device, without data parallelism")
     if device != "cpu":
@@ -425,11 +422,4 @@ def traced_scenario(tf, *, name: str, gpu: str) -> TracedScenario:
     return TracedScenario(scenario=scenario, notes=notes, step_s=list(t.step_s))
 
 
-def optimizer_params(tf) -> int | None:
-    """Parameters one optimizer step of the trace updates (per-tensor Adam), None if unknown."""
-    counts = [e["_params"] for e in tf.ops.ops if e["_anchor"] is e
-              and e["_spec"]["kind"] == "optimizer" and e.get("_params")]
-    return counts[0] if counts else None
-
-
-__all__ = ["TracedScenario", "optimizer_params", "traced_scenario"]
+__all__ = ["TracedScenario", "traced_scenario"]

@@ -108,7 +108,6 @@ def fit_cmd(
     """`sim5d calibrate fit` (sim.calibrate.fit; help: _FIT_HELP)."""
     from sim.calibrate import csvio
     from sim.calibrate.fit import HOST_TEMPLATE, fit_file, write_yaml
-    from sim.devices import device_dir
     from sim.errors import ConfigError
 
     if out.suffix.lower() not in (".yaml", ".yml"):
@@ -129,12 +128,7 @@ def fit_cmd(
                                   "topology whose intra-node links are fitted)", key="--topology")
             # the measured host: its ranks over the loopback, not a GPU cluster's topology
             base, match_host = HOST_TEMPLATE, True
-    # a profile written into the bundled devices folder is referred to by name, else by path
-    try:
-        bundled = out.resolve().parent == device_dir().resolve()
-    except OSError:   # pragma: no cover
-        bundled = False
-    gpu_ref = topology_gpu or (out.stem if bundled else str(out.resolve()))
+    gpu_ref = topology_gpu or _profile_ref(out)
     with _about(csv_file):
         res = fit_file(csv_file, name=name, memory_gib=memory_gib, topology_base=base, gpu_ref=gpu_ref,
                        topology_name=topology_out.stem if topology_out else None, match_host=match_host)
@@ -362,23 +356,29 @@ def _traced_scenario(tf, out: Path, scenario_out: Optional[Path]):
     """The scenario of the traced model (sim.calibrate.trace_scenario), or None without
     --scenario-out; its profile: --out, by name in the bundled devices folder, else by path."""
     from sim.calibrate.trace_scenario import traced_scenario
-    from sim.devices import device_dir
 
     if scenario_out is None:
         return None
+    return traced_scenario(tf, name=scenario_out.stem, gpu=_profile_ref(out))
+
+
+def _profile_ref(out: Path) -> str:
+    """How a scenario names the profile written to `out`: by name when it is written into the
+    bundled devices folder, else by its path."""
+    from sim.devices import device_dir
+
     try:
         bundled = out.resolve().parent == device_dir().resolve()
     except OSError:   # pragma: no cover
         bundled = False
-    return traced_scenario(tf, name=scenario_out.stem, gpu=out.stem if bundled else str(out.resolve()))
+    return out.stem if bundled else str(out.resolve())
 
 
 def _write_scenario(traced, path: Path, trace_file: Path) -> float:
     """Write the traced scenario, load it as `sim5d run` does and simulate its step (seconds)."""
     import statistics
 
-    import yaml
-
+    from sim.calibrate.fit import write_yaml
     from sim.config import load_scenario
     from sim.engine.simulate import simulate
 
@@ -388,8 +388,7 @@ def _write_scenario(traced, path: Path, trace_file: Path) -> float:
               f"fitted profile. Profiled step: {measured:.4g} s\n# (mean of {len(traced.step_s)}"
               " kept steps). Not read from the trace (as written, or simulated otherwise):\n"
               + "".join(f"#   {n}\n" for n in traced.notes) + ("#   (nothing)\n" if not traced.notes else ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + yaml.safe_dump(traced.scenario, sort_keys=False, width=100))
+    write_yaml(traced.scenario, path, header)
     return simulate(load_scenario(str(path))).summary()["step_time_s"]
 
 
