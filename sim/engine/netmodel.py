@@ -65,15 +65,17 @@ class ClusterNetwork:
         self.prepared = False
         """Whether `prepare_symmetric` has readied the network for the run (Engine.run then does
         not prepare it again)."""
+        self.keep_loads = False
+        """Whether each run keeps its flow network's rates (`simulate(..., link_load=True)`)."""
         self.loads = None
-        """A sim.network.link_load.LoadLog for the rates of the run's flow network (flow mode;
-        `simulate(..., link_load=True)`), made anew by each `bind`; None: none kept."""
+        """The sim.network.link_load.LoadLog of the rates of the run's flow network (flow mode,
+        `keep_loads`), made anew by each `bind`; None: none kept."""
 
     def bind(self, env) -> None:
         """Attach to the engine's SimPy environment (the flow model keeps state there)."""
         self.net = FlowNetwork(env, self.graph, mode=self.mode)
-        if self.loads is not None and self.mode == "flow":
-            self.loads = self.net.loads = LoadLog()    # (a run tried before this one is not kept)
+        # (each run its own: a run tried before this one is not kept)
+        self.loads = self.net.loads = LoadLog() if self.keep_loads and self.mode == "flow" else None
 
     def gpu(self, rank: int) -> str:
         return gpu_name(self.layout.node_of(rank), self.layout.local_gpu_of(rank))

@@ -182,9 +182,8 @@ def _simulate(sc, costs, network, by_symmetry=True, link_load=False) -> RunResul
     if network is None:
         from sim.engine.netmodel import network_for
         network = network_for(sc, layout)
-    if link_load and hasattr(network, "loads"):
-        from sim.network.link_load import LoadLog
-        network.loads = LoadLog()           # (bind makes each run's own)
+    if link_load and hasattr(network, "keep_loads"):
+        network.keep_loads = True           # (bind makes each run's LoadLog)
     engine = orbits = None
     if by_symmetry and sc.simulation.ranks == "all" and hasattr(network, "prepare_symmetric"):
         # every rank of a stage like its representative, when that is exact (sim.engine.symmetry)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.network.flow import FlowNetwork
+
 
 class LoadLog:
     """The rates a FlowNetwork assigned (sim.network.flow: `_log_shared`, `_start_alone`)."""
@@ -49,8 +51,7 @@ def _shared_loads(entry) -> tuple:
     if paths is None:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     if lens is None:                                    # the lists: paths and rates
-        lens = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
-        edges = np.fromiter((e for p in paths for e in p), dtype=np.int64, count=int(lens.sum()))
+        lens, edges = FlowNetwork._incidence(paths)
         rates = np.asarray(rates, dtype=np.float64)
     else:
         edges = paths
@@ -149,9 +150,9 @@ class LinkLoad:
         """`busiest_links` of the log (none without one); links named "u -> v" by the graph."""
         if self.log is None:
             return []
-        edges = self.graph.graph.get("edge_list") or [
-            (u, v) for u, v, _ in sorted(self.graph.edges(data=True), key=lambda x: x[2]["eid"])]
-        return busiest_links(self.log, self.capacity, _Names(edges), self.end_ns, top)
+        from sim.topology.routing import edge_list
+
+        return busiest_links(self.log, self.capacity, _Names(edge_list(self.graph)), self.end_ns, top)
 
 
 class _Names:

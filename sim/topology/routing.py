@@ -29,6 +29,12 @@ def ecmp_hash(src: str, dst: str, key: int) -> int:
     return zlib.crc32(f"{src}>{dst}#{key}".encode())
 
 
+def edge_list(G: nx.DiGraph) -> list:
+    """The graph's edges (u, v) in edge-id order: the builder's list (sim.topology.graph), else
+    sorted by each edge's `eid`."""
+    return G.graph.get("edge_list") or [(u, v) for u, v, _ in sorted(G.edges(data=True), key=lambda x: x[2]["eid"])]
+
+
 class Router:
     """Paths on one graph, cached. `path(src, dst, rail=None, key=0)` -> tuple of edge ids."""
 
@@ -36,8 +42,7 @@ class Router:
         self.G = G
         # the builder's edge list is in edge-id order (sim.topology.graph); read each edge's
         # attributes where they live now (a caller may have changed them since)
-        edges = G.graph.get("edge_list") or [(u, v) for u, v, _ in sorted(
-            G.edges(data=True), key=lambda x: x[2]["eid"])]
+        edges = edge_list(G)
         succ = self._succ = dict(G.adjacency())   # node -> neighbour -> edge attributes (dicts)
         data = [succ[u][v] for u, v in edges]
         if len(data) != G.number_of_edges() or any(d["eid"] != i for i, d in enumerate(data)):
