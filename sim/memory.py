@@ -118,7 +118,7 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
                            sequence_parallel: bool, recompute: str, attention_backend: str,
                            precision: str = "bf16", routing_imbalance: float = 1.0,
                            etp: int | None = None,
-                           recompute_modules: tuple = ("core_attn",)) -> float:
+                           recompute_modules: tuple = workload.DEFAULT_RECOMPUTE_MODULES) -> float:
     """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
     `routing_imbalance` (MoE): the busiest expert rank's token share relative to the mean
     (training.moe_routing_imbalance); its expert activations scale with it. `etp` (MoE): the
@@ -162,7 +162,7 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
 
 def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: float, sbh: int,
                                 recompute: str, attention_backend: str,
-                                mods: tuple = ("core_attn",)) -> float:
+                                mods: tuple = workload.DEFAULT_RECOMPUTE_MODULES) -> float:
     """The norm and attention terms of `layer_activation_bytes` (MLA or grouped-query widths);
     `mods` the selective recompute's modules (() without selective recompute)."""
     a = model.num_attention_heads
@@ -357,7 +357,7 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
             kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
                                                 attention_backend=t.attention_backend, precision=t.precision,
                                                 routing_imbalance=d.moe_expert_load, etp=p.etp,
-                                                recompute_modules=t.recompute_modules or ("core_attn",), **kw)
+                                                recompute_modules=t.recompute_modules or workload.DEFAULT_RECOMPUTE_MODULES, **kw)
         return kinds[moe]
 
     for s in range(d.num_virtual_stages):

@@ -41,6 +41,7 @@ from sim.engine.parallel.groups import Groups
 from sim.engine.parallel.pp import PipelineParallel, overlap_pair
 from sim.engine.parallel.tp import TensorParallel, pair_tp_waits
 from sim.layout import Layout
+from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES
 
 __all__ = ["CostModel", "LayerCost", "ProgramBuilder", "cp_bytes", "overlap_pair", "pair_tp_waits"]
 
@@ -257,7 +258,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                     if c.get("recompute_pre"):
                         # recompute_modules layernorm / mla_up_proj: before the core attention
                         prog.append(Compute(c["recompute_pre"], f"R {name}", "recompute"))
-                    if "core_attn" in (self.sc.training.recompute_modules or ("core_attn",)):
+                    if "core_attn" in (self.sc.training.recompute_modules or DEFAULT_RECOMPUTE_MODULES):
                         # the core attention re-run includes its CP exchange (ring or all-to-all)
                         self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
                 else:
