@@ -1,9 +1,11 @@
-"""Build hook (hatchling): compile the flow network's max-min kernel, sim/network/_maxmin.c.
+"""Build hook (hatchling): compile sim5d's two C modules, the flow network's max-min kernel
+(sim/network/_maxmin.c) and the text of `sim5d run`'s largest outputs (sim/engine/_textout.c).
 
-The kernel is optional: where no C compiler is found the build says so and the package runs the
-numpy filling instead (the same rates bit for bit, 10-100x slower on thousands of flows;
-`sim.network.flow.KERNEL` tells which one runs). Both a wheel and an editable install get the
-compiled module next to its source, sim/network/_maxmin.<platform suffix>.
+Both are optional: where no C compiler is found the build says so and the package runs its
+Python instead (the same rates bit for bit, 10-100x slower on thousands of flows; the same
+output bytes, slower on a large step; `sim.network.flow.KERNEL` and `sim.engine.outputs.TEXT`
+tell which one runs). Both a wheel and an editable install get each compiled module next to its
+source, e.g. sim/network/_maxmin.<platform suffix>.
 
 `-ffp-contract=off` (`/fp:strict` on MSVC) keeps each multiply and add rounded on its own, as
 numpy rounds them: a fused multiply-add would change the last bit of some rates.
@@ -16,17 +18,21 @@ import sys
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = "sim/network/_maxmin.c"
-MODULE = "sim.network._maxmin"
+MODULES = {"sim.network._maxmin": ("sim/network/_maxmin.c", "the flow network's compiled max-min kernel",
+                                    "the numpy filling (the same results, slower on thousands of "
+                                    "concurrent flows)"),
+           "sim.engine._textout": ("sim/engine/_textout.c", "the compiled output text writer",
+                                   "the Python writers (the same files, slower on a large step)")}
+"""module -> (its C source, what it is, what runs without it)"""
 
 
-def compile_kernel(root: str) -> str:
-    """Build the extension in place under `root`; the path of the built module, relative."""
+def compile_kernel(root: str, module: str = "sim.network._maxmin") -> str:
+    """Build the extension `module` in place under `root`; the path of the built module, relative."""
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
     flags = ["/O2", "/fp:strict"] if sys.platform == "win32" else ["-O3", "-ffp-contract=off"]
-    ext = Extension(MODULE, [SOURCE], extra_compile_args=flags)
+    ext = Extension(module, [MODULES[module][0]], extra_compile_args=flags)
     here = os.getcwd()
     os.chdir(root)
     try:
@@ -34,7 +40,7 @@ def compile_kernel(root: str) -> str:
         cmd.inplace = True
         cmd.ensure_finalized()
         cmd.run()
-        return os.path.relpath(cmd.get_ext_fullpath(MODULE), root)
+        return os.path.relpath(cmd.get_ext_fullpath(module), root)
     finally:
         os.chdir(here)
 
@@ -43,13 +49,13 @@ class KernelHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict) -> None:
-        try:
-            built = compile_kernel(self.root)
-        except Exception as exc:            # no compiler, no headers: the numpy filling runs
-            self.app.display_warning(f"sim5d: the flow network's compiled max-min kernel was not built "
-                                     f"({type(exc).__name__}: {exc}); it runs the numpy filling instead "
-                                     "(the same results, slower on thousands of concurrent flows)")
-            return
-        build_data["pure_python"] = False
-        build_data["infer_tag"] = True
-        build_data["artifacts"].append(built.replace(os.sep, "/"))
+        for module, (_, what, instead) in MODULES.items():
+            try:
+                built = compile_kernel(self.root, module)
+            except Exception as exc:        # no compiler, no headers: the Python runs
+                self.app.display_warning(f"sim5d: {what} was not built ({type(exc).__name__}: {exc}); "
+                                         f"it runs {instead} instead")
+                continue
+            build_data["pure_python"] = False
+            build_data["infer_tag"] = True
+            build_data["artifacts"].append(built.replace(os.sep, "/"))

@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, us_text, write_gzip
 from sim.engine.parallel.pp import p2p_name
-from sim.engine.slice_args import name_fields, name_key, slice_args
+from sim.engine.slice_args import _textout, name_fields, name_key, slice_args
 
 HOST_PID = HOST_TID = 1000
 """The host process and thread of every file (a device index is the pid of GPU events)."""
@@ -345,6 +345,19 @@ def _details(launched, args, p2p: dict | None) -> list:
 
 
 def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
+    """`_host_and_gpu_py`'s answer, its events as one text (one list item) where the compiled
+    module (sim/engine/_textout.c) is built and the times are ones it writes."""
+    if _textout is not None and items:
+        got = _textout.kineto_events(
+            items, placed[0], placed[1], details, [kinds.of(it.launch) for it in items], streams, device, off,
+            RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
+            (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
+        if got is not None:
+            return [got[0]], got[1]
+    return _host_and_gpu_py(items, placed, streams, device, kinds, details, off)
+
+
+def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
     (stable name, the item's `details` in args) with the ac2g flow from its launch; each stream

@@ -29,7 +29,7 @@ from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
 
-from sim.engine.slice_args import name_key
+from sim.engine.slice_args import _textout, name_key
 from sim.units import GiB
 
 STREAM_TIDS = {"compute": 1, "pp": 2, "dp": 3, "tp": 4, "cp": 5, "ep": 6}
@@ -80,11 +80,15 @@ def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
     pp = {rank: "" if v is None else str(v) for rank, v in pp_rank_of.items()}
     rows = sorted(records, key=lambda x: (x.rank, x.start_ns, x.end_ns, x.stream, x.name))
     q = _csv_fields({x for r in rows for x in (r.stream, r.name, r.cat)})
+    text = None if _textout is None else _textout.timeline_rows(rows, pp, None if isinstance(q, _Same) else q,
+                                                                  round)
+    if text is None:
+        text = "".join(
+            f"{r.rank},{pp.get(r.rank, '')},{q[r.stream]},{q[r.name]},{q[r.cat]},{r.start_ns},{r.end_ns},"
+            f"{r.end_ns - r.start_ns},{round(r.value) if r.stream == 'mark' else ''}\r\n" for r in rows)
     with open(path, "w", newline="") as f:
         f.write(",".join(TIMELINE_COLUMNS) + "\r\n")
-        f.write("".join(
-            f"{r.rank},{pp.get(r.rank, '')},{q[r.stream]},{q[r.name]},{q[r.cat]},{r.start_ns},{r.end_ns},"
-            f"{r.end_ns - r.start_ns},{round(r.value) if r.stream == 'mark' else ''}\r\n" for r in rows))
+        f.write(text)
 
 
 def memory_series(records, static_bytes: dict) -> dict:
@@ -261,12 +265,15 @@ def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
     for i in range(0, len(shown), TRACE_CHUNK):
         part = shown[i:i + TRACE_CHUNK]
-        tails = repeat("}") if args is None else [f',"args":{a}}}' for a in args.texts(part)]
-        ev = [f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
-              f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
-              f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{tail}'
-              for r, tail in zip(part, tails)]
-        yield sep + ",".join(ev)
+        tails = None if args is None else [f',"args":{a}}}' for a in args.texts(part)]
+        text = None if _textout is None else _textout.chrome_events(part, tails, cats, tids)
+        if text is None:
+            text = ",".join(
+                f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
+                f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
+                f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{tail}'
+                for r, tail in zip(part, repeat("}") if tails is None else tails))
+        yield sep + text
         sep = ","
     tail = _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
     if links is not None:

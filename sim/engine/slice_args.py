@@ -32,6 +32,15 @@ from sim.engine.core import Block, Comm, Compute, Launch, Send
 from sim.engine.costs import COLUMN_GEMMS, DeviceCostModel
 from sim.units import TORCH_DTYPE_BYTES
 
+try:
+    import sim.engine._textout as _textout   # the compiled text loops (sim/engine/_textout.c)
+except ImportError:                          # not built (no C compiler): the Python loops
+    _textout = None
+TEXT = "compiled" if _textout is not None else "python"
+"""Which makes the outputs' per-record text (`name_key`, `SliceArgs.texts` and the trace and
+timeline writers' loops, sim.engine.outputs and sim.engine.kineto): the compiled module or the
+Python loops, the same text either way (tests/test_textout.py compares them)."""
+
 PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
 """The phase of a slice whose name starts with an action's letter (sim.schedules' kinds)."""
 
@@ -75,15 +84,20 @@ class FlopsCostModel(DeviceCostModel):
         return 0
 
 
-def name_key(name: str) -> tuple:
+def name_key_py(name: str) -> tuple:
     """(the name with its microbatch number replaced by NUL, the number's text or ''): a slice's
-    key in the tables (a template's names have NUL there, or U+0001 for a pair's second action)."""
+    key in the tables (a template's names have NUL there, or U+0001 for a pair's second action).
+    `name_key` is the compiled module's copy where it is built (called per record by every
+    writer)."""
     head, sep, tail = name.partition(" mb")
     if sep:
         mb, space, rest = tail.partition(" ")
         if mb.isdecimal():                  # the digits int() and the regular expressions' \d read
             return head + " mb\x00" + space + rest, mb
     return name.replace("\x01", "\x00"), ""
+
+
+name_key = _textout.name_key if _textout is not None else name_key_py
 
 
 def name_fields(key: str) -> dict:
@@ -301,7 +315,14 @@ class SliceArgs:
 
     def texts(self, records) -> list:
         """`text` of each record, in order (the trace writer's per-slice work on a million slices:
-        one lookup and one concatenation each)."""
+        one lookup and one concatenation each), by the compiled module's copy of `texts_py`
+        where it is built."""
+        if _textout is not None and isinstance(records, list):
+            return _textout.slice_texts(records, self.table, self.text)
+        return self.texts_py(records)
+
+    def texts_py(self, records) -> list:
+        """`texts` in Python."""
         out = []
         add = out.append
         rank, table = None, {}

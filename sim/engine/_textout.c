@@ -1,0 +1,587 @@
+/* The text of `sim5d run`'s largest outputs, compiled: the per-record loops of the Kineto
+ * traces (sim.engine.kineto._host_and_gpu_py), the Chrome trace's complete events
+ * (sim.engine.outputs.chrome_trace_parts) and timeline.csv's rows (outputs.write_timeline_csv),
+ * writing the same characters as those Python loops (tests/test_textout.py compares the files
+ * byte for byte with the module and without it). A million-record step spends most of its output
+ * time making these strings one f-string at a time; here each is appended to one buffer.
+ *
+ * Times are integer nanoseconds written as microseconds the way `us_text` writes them (the
+ * integer part, then the three decimals without trailing zeros, ".0" for none). It is exact only
+ * for 0 <= ns < 10^15 (US_TEXT_LIMIT_NS): for anything else, or an integer that does not fit in
+ * 64 bits, a function returns None and its caller runs the Python loop, which writes the float's
+ * repr as json.dumps does. Strings are written as json.dumps writes them with ensure_ascii
+ * (CPython's Modules/_json.c, ascii_escape_unichar) or, in the CSV, as given (the caller quotes
+ * the fields that need it).
+ *
+ * Built by hatch_build.py where a C compiler is present; without it the Python loops run. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define US_LIMIT 1000000000000000LL  /* sim.engine.outputs.US_TEXT_LIMIT_NS */
+
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int grow(Buf *b, Py_ssize_t need) {
+    if (b->n + need <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->n + need) cap *= 2;
+    char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int put(Buf *b, const char *s, Py_ssize_t n) {
+    if (grow(b, n)) return -1;
+    memcpy(b->p + b->n, s, (size_t)n);
+    b->n += n;
+    return 0;
+}
+
+#define PUT(b, lit) put((b), (lit), (Py_ssize_t)sizeof(lit) - 1)
+
+static int put_int(Buf *b, long long v) {
+    char tmp[24];
+    int i = 24;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) tmp[--i] = '-';
+    return put(b, tmp + i, 24 - i);
+}
+
+/* us_text(ns) for 0 <= ns < US_LIMIT (checked by the caller) */
+static int put_us(Buf *b, long long ns) {
+    int r = (int)(ns % 1000);
+    if (put_int(b, ns / 1000)) return -1;
+    char t[4] = {'.', (char)('0' + r / 100), (char)('0' + r / 10 % 10), (char)('0' + r % 10)};
+    if (r == 0) return PUT(b, ".0");
+    return put(b, t, r % 10 ? 4 : r % 100 ? 3 : 2);
+}
+
+/* A str's UTF-8 bytes as they are (the CSV) */
+static int put_str(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *c;
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
+        return -1;
+    }
+    c = PyUnicode_AsUTF8AndSize(s, &n);
+    return c ? put(b, c, n) : -1;
+}
+
+/* A str as a JSON string, as json.dumps writes it with ensure_ascii (Modules/_json.c) */
+static int put_json(Buf *b, PyObject *s) {
+    static const char hex[] = "0123456789abcdef";
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
+        return -1;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    if (grow(b, 2 + 12 * n)) return -1;           /* the longest escape: a surrogate pair */
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c >= ' ' && c <= '~' && c != '\\' && c != '"') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '\\': *o++ = '\\'; break;
+        case '"': *o++ = '"'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            if (c >= 0x10000) {
+                Py_UCS4 v = c - 0x10000;
+                Py_UCS4 hi = 0xd800 | ((v >> 10) & 0x3ff);
+                *o++ = 'u';
+                *o++ = hex[(hi >> 12) & 0xf];
+                *o++ = hex[(hi >> 8) & 0xf];
+                *o++ = hex[(hi >> 4) & 0xf];
+                *o++ = hex[hi & 0xf];
+                *o++ = '\\';
+                c = 0xdc00 | (v & 0x3ff);
+            }
+            *o++ = 'u';
+            *o++ = hex[(c >> 12) & 0xf];
+            *o++ = hex[(c >> 8) & 0xf];
+            *o++ = hex[(c >> 4) & 0xf];
+            *o++ = hex[c & 0xf];
+        }
+    }
+    *o++ = '"';
+    b->n = o - b->p;
+    return 0;
+}
+
+/* An int object's value; 1 where it is not an int that fits in 64 bits (the caller gives up) */
+static int get_ll(PyObject *o, long long *v) {
+    int overflow = 0;
+    if (!PyLong_Check(o)) return 1;
+    *v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) return 1;
+    if (*v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+/* An int object that is a time us_text writes positionally */
+static int get_time(PyObject *o, long long *v) {
+    return get_ll(o, v) || *v < 0 || *v >= US_LIMIT;
+}
+
+/* The value of a dict entry as an int (a stream's id) */
+static int get_id(PyObject *dict, PyObject *key, long long *v) {
+    PyObject *o = PyDict_GetItemWithError(dict, key);
+    if (!o) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    if (get_ll(o, v)) {
+        PyErr_SetString(PyExc_TypeError, "_textout: a stream id is not an int");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *done(Buf *b, int gave_up) {
+    PyObject *out = NULL;
+    if (!gave_up && !PyErr_Occurred()) out = PyUnicode_DecodeUTF8(b->p ? b->p : "", b->n, "strict");
+    else if (gave_up && !PyErr_Occurred()) out = Py_NewRef(Py_None);
+    PyMem_Free(b->p);
+    return out;
+}
+
+/* Record's fields (sim.engine.core.Record) */
+enum { R_RANK, R_STREAM, R_NAME, R_CAT, R_START, R_END, R_VALUE };
+
+#define FAIL(cond) do { if (cond) goto fail; } while (0)
+#define GIVE_UP(cond) do { if (cond) { gave_up = 1; goto fail; } } while (0)
+
+/* kineto_events(items, starts, costs, details, kinds, streams, device, off, runtime_ns,
+ *               launch_ns, host_pid, host_tid, cbids)
+ * -> (the events joined by ",", the set of stream ids of the launched kernels) or None.
+ * sim.engine.kineto._host_and_gpu_py's loop: `items` its _Items (calls at index 3, launch at 4),
+ * `kinds` each item's (kernel name, cpu_op name) as JSON strings, `details` each kernel's args
+ * text, `cbids` CUPTI's ids of (cudaLaunchKernel, cudaEventRecord, cudaStreamWaitEvent). */
+static PyObject *kineto_events(PyObject *self, PyObject *args) {
+    PyObject *items, *starts, *costs, *details, *kinds, *streams, *cbid;
+    long long device, off, runtime_ns, launch_ns, host_pid, host_tid, cb_launch, cb_record, cb_wait;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!LLLLLLO!", &PyList_Type, &items, &PyList_Type, &starts,
+                          &PyList_Type, &costs, &PyList_Type, &details, &PyList_Type, &kinds, &PyDict_Type,
+                          &streams, &device, &off, &runtime_ns, &launch_ns, &host_pid, &host_tid,
+                          &PyTuple_Type, &cbid))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (PyList_GET_SIZE(starts) != n || PyList_GET_SIZE(costs) != n || PyList_GET_SIZE(details) != n
+        || PyList_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(cbid) != 3) {
+        PyErr_SetString(PyExc_ValueError, "kineto_events: lists of different lengths");
+        return NULL;
+    }
+    if (get_ll(PyTuple_GET_ITEM(cbid, 0), &cb_launch) || get_ll(PyTuple_GET_ITEM(cbid, 1), &cb_record)
+        || get_ll(PyTuple_GET_ITEM(cbid, 2), &cb_wait) || runtime_ns < 0 || runtime_ns >= US_LIMIT
+        || launch_ns < 0 || launch_ns >= US_LIMIT)
+        Py_RETURN_NONE;
+    Buf b = {NULL, 0, 0};
+    int gave_up = 0;
+    long long corr = 0;
+    PyObject *recorded = PyDict_New();           /* id(record) -> correlation of its cudaEventRecord */
+    PyObject *used = PySet_New(NULL);
+    PyObject *text = NULL;
+    FAIL(!recorded || !used);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i), *kind = PyList_GET_ITEM(kinds, i);
+        FAIL(!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 5 || !PyTuple_Check(kind)
+             || PyTuple_GET_SIZE(kind) != 2);
+        PyObject *calls = PyTuple_GET_ITEM(item, 3), *launch = PyTuple_GET_ITEM(item, 4);
+        PyObject *kname = PyTuple_GET_ITEM(kind, 0), *op = PyTuple_GET_ITEM(kind, 1);
+        long long t, cost, ext = i + 1;
+        GIVE_UP(get_time(PyList_GET_ITEM(starts, i), &t) || get_time(PyList_GET_ITEM(costs, i), &cost));
+        FAIL(!PyTuple_Check(calls) || !PyTuple_Check(launch) || PyTuple_GET_SIZE(launch) < 6);
+        if (i) FAIL(PUT(&b, ","));
+        FAIL(PUT(&b, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":") || put_str(&b, op) || PUT(&b, ",\"pid\":")
+             || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
+             || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, cost) || PUT(&b, ",\"args\":{\"External id\":")
+             || put_int(&b, ext) || PUT(&b, "}}"));
+        t += runtime_ns;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(calls); k++) {
+            PyObject *call = PyTuple_GET_ITEM(calls, k);
+            FAIL(!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != 2);
+            PyObject *what = PyTuple_GET_ITEM(call, 0), *rec = PyTuple_GET_ITEM(call, 1);
+            FAIL(!PyUnicode_Check(what) || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 6);
+            corr++;
+            GIVE_UP(t >= US_LIMIT);
+            if (PyUnicode_CompareWithASCIIString(what, "launch") != 0) {
+                int record = PyUnicode_CompareWithASCIIString(what, "record") == 0;
+                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"")
+                     || (record ? PUT(&b, "cudaEventRecord") : PUT(&b, "cudaStreamWaitEvent"))
+                     || PUT(&b, "\",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
+                     || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t) || PUT(&b, ",\"dur\":")
+                     || put_us(&b, runtime_ns) || PUT(&b, ",\"args\":{\"cbid\":")
+                     || put_int(&b, record ? cb_record : cb_wait) || PUT(&b, ",\"correlation\":")
+                     || put_int(&b, corr) || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}}"));
+                t += runtime_ns;
+                GIVE_UP(t >= US_LIMIT);
+                PyObject *key = PyLong_FromVoidPtr(rec);
+                FAIL(!key);
+                if (record) {
+                    PyObject *c = PyLong_FromLongLong(corr);
+                    int bad = !c || PyDict_SetItem(recorded, key, c) < 0;
+                    Py_XDECREF(c);
+                    Py_DECREF(key);
+                    FAIL(bad);
+                    continue;
+                }
+                long long waiting, waited, rec_corr = -1;
+                PyObject *got = PyDict_GetItemWithError(recorded, key);
+                Py_DECREF(key);
+                FAIL(!got && PyErr_Occurred());
+                if (got) FAIL(get_ll(got, &rec_corr));
+                FAIL(get_id(streams, PyTuple_GET_ITEM(launch, R_STREAM), &waiting)
+                     || get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &waited));
+                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_sync\",\"name\":\"Stream Wait Event\",\"pid\":")
+                     || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, waiting) || PUT(&b, ",\"ts\":")
+                     || put_us(&b, t) || PUT(&b, ",\"dur\":0.0,\"args\":{\"cuda_sync_kind\":\"Stream Wait Event\","
+                                                 "\"stream\":")
+                     || put_int(&b, waiting) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                     || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"wait_on_stream\":")
+                     || put_int(&b, waited) || PUT(&b, ",\"wait_on_cuda_event_record_corr_id\":")
+                     || put_int(&b, rec_corr) || PUT(&b, "}}"));
+                continue;
+            }
+            long long sid, start, end;
+            FAIL(get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &sid));
+            PyObject *s = PyLong_FromLongLong(sid);
+            int bad = !s || PySet_Add(used, s) < 0;
+            Py_XDECREF(s);
+            FAIL(bad);
+            GIVE_UP(get_ll(PyTuple_GET_ITEM(rec, R_START), &start) || get_ll(PyTuple_GET_ITEM(rec, R_END), &end));
+            long long ts = start + off, dur = end - start;
+            GIVE_UP(ts < 0 || ts >= US_LIMIT || dur < 0 || dur >= US_LIMIT);
+            FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":")
+                 || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
+                 || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, launch_ns) || PUT(&b, ",\"args\":{\"cbid\":")
+                 || put_int(&b, cb_launch) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                 || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}},{\"ph\":\"s\",\"id\":")
+                 || put_int(&b, corr) || PUT(&b, ",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
+                 || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t)
+                 || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\"},{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":")
+                 || put_str(&b, kname) || PUT(&b, ",\"pid\":") || put_int(&b, device) || PUT(&b, ",\"tid\":")
+                 || put_int(&b, sid) || PUT(&b, ",\"ts\":") || put_us(&b, ts) || PUT(&b, ",\"dur\":")
+                 || put_us(&b, dur) || PUT(&b, ",\"args\":{\"External id\":") || put_int(&b, ext)
+                 || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"stream\":") || put_int(&b, sid)
+                 || PUT(&b, ",\"correlation\":") || put_int(&b, corr) || put_str(&b, PyList_GET_ITEM(details, i))
+                 || PUT(&b, ",\"sim5d_name\":") || put_json(&b, PyTuple_GET_ITEM(rec, R_NAME))
+                 || PUT(&b, "}},{\"ph\":\"f\",\"id\":") || put_int(&b, corr) || PUT(&b, ",\"pid\":")
+                 || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, sid) || PUT(&b, ",\"ts\":")
+                 || put_us(&b, ts) || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\",\"bp\":\"e\"}"));
+            t += launch_ns;
+        }
+    }
+    text = done(&b, 0);
+    b.p = NULL;
+    Py_DECREF(recorded);
+    if (!text) {
+        Py_DECREF(used);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, text, used);
+    Py_DECREF(text);
+    Py_DECREF(used);
+    return out;
+fail:
+    if (!gave_up && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kineto_events: unexpected item");
+    Py_XDECREF(recorded);
+    Py_XDECREF(used);
+    return done(&b, gave_up);
+}
+
+/* chrome_events(records, tails, cats, tids) -> text or None: chrome_trace_parts' complete events
+ * of `records` joined by ",": name, category (`cats`: cat -> its JSON string), pid (the rank),
+ * tid (`tids`: stream -> id), ts and dur in microseconds, then each record's `tails` entry (its
+ * args and the closing brace) or, where tails is None, "}". */
+static PyObject *chrome_events(PyObject *self, PyObject *args) {
+    PyObject *recs, *tails, *cats, *tids;
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &recs, &tails, &PyDict_Type, &cats, &PyDict_Type, &tids))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    if (tails != Py_None && (!PyList_Check(tails) || PyList_GET_SIZE(tails) != n)) {
+        PyErr_SetString(PyExc_ValueError, "chrome_events: tails is not a list of one per record");
+        return NULL;
+    }
+    Buf b = {NULL, 0, 0};
+    int gave_up = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i);
+        long long rank, start, end, tid;
+        FAIL(!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6);
+        GIVE_UP(get_ll(PyTuple_GET_ITEM(r, R_RANK), &rank) || get_ll(PyTuple_GET_ITEM(r, R_START), &start)
+                || get_ll(PyTuple_GET_ITEM(r, R_END), &end));
+        GIVE_UP(start < 0 || start >= US_LIMIT || end - start < 0 || end - start >= US_LIMIT);
+        PyObject *cat = PyDict_GetItemWithError(cats, PyTuple_GET_ITEM(r, R_CAT));
+        if (!cat && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, PyTuple_GET_ITEM(r, R_CAT));
+        FAIL(!cat || get_id(tids, PyTuple_GET_ITEM(r, R_STREAM), &tid));
+        FAIL((i && PUT(&b, ",")) || PUT(&b, "{\"ph\":\"X\",\"name\":") || put_json(&b, PyTuple_GET_ITEM(r, R_NAME))
+             || PUT(&b, ",\"cat\":") || put_str(&b, cat) || PUT(&b, ",\"pid\":") || put_int(&b, rank)
+             || PUT(&b, ",\"tid\":") || put_int(&b, tid) || PUT(&b, ",\"ts\":") || put_us(&b, start)
+             || PUT(&b, ",\"dur\":") || put_us(&b, end - start)
+             || (tails == Py_None ? PUT(&b, "}") : put_str(&b, PyList_GET_ITEM(tails, i))));
+    }
+    return done(&b, 0);
+fail:
+    if (!gave_up && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "chrome_events: not a Record");
+    return done(&b, gave_up);
+}
+
+/* timeline_rows(records, pp, fields, round) -> text or None: timeline.csv's rows of `records`
+ * (in their order), each ended by "\r\n": rank, `pp`[rank] (its pipeline rank's text; "" where
+ * absent), stream, name and category (through `fields`, text -> its CSV field, or as they are
+ * where it is None), start, end, duration, and on a mark (stream "mark") `round`(value). */
+static PyObject *timeline_rows(PyObject *self, PyObject *args) {
+    PyObject *recs, *pp, *fields, *round_fn;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyList_Type, &recs, &PyDict_Type, &pp, &fields, &round_fn))
+        return NULL;
+    if (fields != Py_None && !PyDict_Check(fields)) {
+        PyErr_SetString(PyExc_TypeError, "timeline_rows: fields is not a dict");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    Buf b = {NULL, 0, 0};
+    int gave_up = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i);
+        long long rank, start, end;
+        FAIL(!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 7);
+        GIVE_UP(get_ll(PyTuple_GET_ITEM(r, R_RANK), &rank) || get_ll(PyTuple_GET_ITEM(r, R_START), &start)
+                || get_ll(PyTuple_GET_ITEM(r, R_END), &end));
+        FAIL(put_int(&b, rank) || PUT(&b, ","));
+        PyObject *p = PyDict_GetItemWithError(pp, PyTuple_GET_ITEM(r, R_RANK));
+        FAIL(!p && PyErr_Occurred());
+        if (p) FAIL(put_str(&b, p));
+        FAIL(PUT(&b, ","));
+        for (int f = R_STREAM; f <= R_CAT; f++) {
+            PyObject *s = PyTuple_GET_ITEM(r, f);
+            if (fields != Py_None) {
+                PyObject *q = PyDict_GetItemWithError(fields, s);
+                if (!q && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, s);
+                FAIL(!q);
+                s = q;
+            }
+            FAIL(put_str(&b, s) || PUT(&b, ","));
+        }
+        FAIL(put_int(&b, start) || PUT(&b, ",") || put_int(&b, end) || PUT(&b, ",") || put_int(&b, end - start)
+             || PUT(&b, ","));
+        PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);
+        if (PyUnicode_Check(stream) && PyUnicode_CompareWithASCIIString(stream, "mark") == 0) {
+            PyObject *v = PyObject_CallOneArg(round_fn, PyTuple_GET_ITEM(r, R_VALUE));
+            FAIL(!v);
+            PyObject *s = PyObject_Str(v);
+            Py_DECREF(v);
+            FAIL(!s);
+            int bad = put_str(&b, s);
+            Py_DECREF(s);
+            FAIL(bad);
+        }
+        FAIL(PUT(&b, "\r\n"));
+    }
+    return done(&b, 0);
+fail:
+    if (!gave_up && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "timeline_rows: not a Record");
+    return done(&b, gave_up);
+}
+
+/* The concatenation of three str (an args text around its microbatch number) */
+static PyObject *concat3(PyObject *a, PyObject *b, PyObject *c) {
+    if (PyUnicode_IS_COMPACT_ASCII(a) && PyUnicode_IS_COMPACT_ASCII(b) && PyUnicode_IS_COMPACT_ASCII(c)) {
+        Py_ssize_t na = PyUnicode_GET_LENGTH(a), nb = PyUnicode_GET_LENGTH(b), nc = PyUnicode_GET_LENGTH(c);
+        PyObject *out = PyUnicode_New(na + nb + nc, 127);
+        if (!out) return NULL;
+        Py_UCS1 *o = PyUnicode_1BYTE_DATA(out);
+        memcpy(o, PyUnicode_1BYTE_DATA(a), (size_t)na);
+        memcpy(o + na, PyUnicode_1BYTE_DATA(b), (size_t)nb);
+        memcpy(o + na + nb, PyUnicode_1BYTE_DATA(c), (size_t)nc);
+        return out;
+    }
+    PyObject *ab = PyUnicode_Concat(a, b);
+    if (!ab) return NULL;
+    PyObject *out = PyUnicode_Concat(ab, c);
+    Py_DECREF(ab);
+    return out;
+}
+
+/* sim.engine.slice_args.name_key_py: (the name with the number after its first " mb" replaced by
+ * NUL, the number's text) where that number is one or more decimal characters up to the next
+ * space or the end (str.isdecimal); else (the name with U+0001 replaced by NUL, ""). New
+ * references in *key and *mb; -1 on error. */
+static int split_name(PyObject *name, PyObject **key, PyObject **mb) {
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "name_key: the name is not a str");
+        return -1;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name), i, j;
+    int kind = PyUnicode_KIND(name);
+    const void *data = PyUnicode_DATA(name);
+    for (i = 0; i + 3 <= n; i++)                      /* the first " mb" (str.partition) */
+        if (PyUnicode_READ(kind, data, i) == ' ' && PyUnicode_READ(kind, data, i + 1) == 'm'
+            && PyUnicode_READ(kind, data, i + 2) == 'b')
+            break;
+    if (i + 3 <= n) {
+        for (j = i + 3; j < n && PyUnicode_READ(kind, data, j) != ' '; j++)
+            if (!Py_UNICODE_ISDECIMAL(PyUnicode_READ(kind, data, j))) break;
+        if (j > i + 3 && (j == n || PyUnicode_READ(kind, data, j) == ' ')) {
+            *mb = PyUnicode_Substring(name, i + 3, j);
+            if (!*mb) return -1;
+            if (PyUnicode_IS_COMPACT_ASCII(name)) {     /* name[:i+3] + NUL + name[j:] */
+                *key = PyUnicode_New(n - (j - i - 3) + 1, 127);
+                if (*key) {
+                    Py_UCS1 *o = PyUnicode_1BYTE_DATA(*key);
+                    memcpy(o, data, (size_t)(i + 3));
+                    o[i + 3] = 0;
+                    memcpy(o + i + 4, (const Py_UCS1 *)data + j, (size_t)(n - j));
+                }
+            } else {
+                PyObject *head = PyUnicode_Substring(name, 0, i + 3), *rest = PyUnicode_Substring(name, j, n);
+                PyObject *nul = PyUnicode_FromOrdinal(0);
+                *key = head && rest && nul ? concat3(head, nul, rest) : NULL;
+                Py_XDECREF(head);
+                Py_XDECREF(rest);
+                Py_XDECREF(nul);
+            }
+            if (!*key) {
+                Py_CLEAR(*mb);
+                return -1;
+            }
+            return 0;
+        }
+    }
+    if (PyUnicode_FindChar(name, 1, 0, n, 1) == -1) {
+        *key = Py_NewRef(name);
+    } else {
+        PyObject *one = PyUnicode_FromOrdinal(1), *nul = PyUnicode_FromOrdinal(0);
+        *key = one && nul ? PyObject_CallMethod(name, "replace", "OO", one, nul) : NULL;
+        Py_XDECREF(one);
+        Py_XDECREF(nul);
+        if (!*key) return -1;
+    }
+    *mb = PyUnicode_New(0, 0);
+    if (!*mb) {
+        Py_CLEAR(*key);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *name_key(PyObject *self, PyObject *name) {
+    PyObject *key, *mb;
+    if (split_name(name, &key, &mb)) return NULL;
+    PyObject *out = PyTuple_Pack(2, key, mb);
+    Py_DECREF(key);
+    Py_DECREF(mb);
+    return out;
+}
+
+/* slice_texts(records, table_of, text_of) -> [str]: sim.engine.slice_args.SliceArgs.texts's loop
+ * (`table_of` its table method, `text_of` its text method, called where a name stands for
+ * several calls or is not in the table). */
+static PyObject *slice_texts(PyObject *self, PyObject *args) {
+    PyObject *recs, *table_of, *text_of, *rank = NULL, *table = NULL;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &recs, &table_of, &text_of)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i), *text = NULL, *e;
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+            PyErr_SetString(PyExc_TypeError, "slice_texts: not a Record");
+            goto fail;
+        }
+        PyObject *rk = PyTuple_GET_ITEM(r, R_RANK), *name = PyTuple_GET_ITEM(r, R_NAME);
+        int other = rank == NULL ? 1 : PyObject_RichCompareBool(rk, rank, Py_NE);
+        if (other < 0) goto fail;
+        if (other) {
+            Py_XSETREF(table, PyObject_CallOneArg(table_of, rk));
+            if (!table) goto fail;
+            if (!PyDict_Check(table)) {
+                PyErr_SetString(PyExc_TypeError, "slice_texts: a table is not a dict");
+                goto fail;
+            }
+            Py_XSETREF(rank, Py_NewRef(rk));
+        }
+        e = PyDict_GetItemWithError(table, name);      /* a name without a microbatch is its own key */
+        if (!e && PyErr_Occurred()) goto fail;
+        if (!e) {
+            PyObject *key, *mb;
+            if (split_name(name, &key, &mb)) goto fail;
+            if (PyUnicode_GET_LENGTH(mb)) {
+                e = PyDict_GetItemWithError(table, key);
+                if (!e && PyErr_Occurred()) {
+                    Py_DECREF(key);
+                    Py_DECREF(mb);
+                    goto fail;
+                }
+            }
+            Py_DECREF(key);
+            if (e && (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 3)))) {
+                Py_DECREF(mb);
+                PyErr_SetString(PyExc_TypeError, "slice_texts: a table entry is not (args, before, after, calls)");
+                goto fail;
+            }
+            if (!e || PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) > 1)
+                text = PyObject_CallOneArg(text_of, r);
+            else
+                text = concat3(PyTuple_GET_ITEM(e, 1), mb, PyTuple_GET_ITEM(e, 2));
+            Py_DECREF(mb);
+        } else {
+            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 3))) {
+                PyErr_SetString(PyExc_TypeError, "slice_texts: a table entry is not (args, before, after, calls)");
+                goto fail;
+            }
+            text = PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) > 1 ? PyObject_CallOneArg(text_of, r)
+                                                                : Py_NewRef(PyTuple_GET_ITEM(e, 1));
+        }
+        if (!text) goto fail;
+        PyList_SET_ITEM(out, i, text);
+    }
+    Py_XDECREF(rank);
+    Py_XDECREF(table);
+    return out;
+fail:
+    Py_XDECREF(rank);
+    Py_XDECREF(table);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"kineto_events", kineto_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events as one text."},
+    {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
+    {"timeline_rows", timeline_rows, METH_VARARGS, "timeline.csv's rows as one text."},
+    {"name_key", name_key, METH_O, "sim.engine.slice_args.name_key_py, compiled."},
+    {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_textout", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__textout(void) { return PyModule_Create(&module); }

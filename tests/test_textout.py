@@ -1,0 +1,182 @@
+"""The compiled output text (sim/engine/_textout.c) writes what the Python writers write: every
+file of `sim5d run` byte for byte with the module and without it (bundled scenarios with pipeline
+receives, stream waits, DualPipe pairs, MoE calls of one name and CP), and each function against
+an independent truth on awkward inputs: json.dumps for the trace events (names with quotes,
+control characters, non-ASCII and astral characters; times at the edges of `us_text`), the csv
+module for timeline.csv's rows, and the Python `name_key_py` / `texts_py` they copy. Where a time
+is one the compiled loops do not write (>= 10^15 ns, or an integer past 64 bits) they return None
+and the Python loop writes the float's repr."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine import kineto, outputs, slice_args
+from sim.engine.core import Record
+
+ROOT = Path(__file__).resolve().parents[1]
+C = slice_args._textout
+compiled = pytest.mark.skipif(C is None, reason="the compiled text module is not built here")
+
+
+def test_the_module_is_built_where_ci_requires_it():
+    """CI builds with a C compiler and sets SIM5D_REQUIRE_KERNEL: a build without the module
+    fails here rather than only writing slower."""
+    if not os.environ.get("SIM5D_REQUIRE_KERNEL"):
+        pytest.skip("SIM5D_REQUIRE_KERNEL not set")
+    assert slice_args.TEXT == "compiled" and C is not None
+
+
+_RUN = ("import sys\n"
+        "if sys.argv[1] == 'python':\n"
+        "    sys.modules['sim.engine._textout'] = None   # the import fails: the Python loops run\n"
+        "from sim.cli import console_main\n"
+        "import sim.engine.slice_args as s\n"
+        "assert s.TEXT == sys.argv[1], s.TEXT\n"
+        "sys.argv = ['sim5d', 'run', sys.argv[2], '--out', sys.argv[3]]\n"
+        "console_main()\n")
+
+
+def _run(mode: str, scenario: str, out: Path) -> None:
+    subprocess.run([sys.executable, "-c", _RUN, mode, scenario, str(out)], cwd=ROOT, check=True,
+                   capture_output=True, text=True)
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x8-zbv",
+                                      "llama3-8b-h100x64-cp4-32k", "gpt-7.5b-a100x32-zbh2"])
+def test_every_output_file_is_the_same_with_and_without_the_module(scenario, tmp_path):
+    _run("compiled", scenario, tmp_path / "c")
+    _run("python", scenario, tmp_path / "py")
+    files = sorted(p.relative_to(tmp_path / "c") for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert sorted(p.relative_to(tmp_path / "py") for p in (tmp_path / "py").rglob("*") if p.is_file()) == files
+    assert any(f.parts[0] == "traces" for f in files) and Path("timeline.csv") in files
+    for f in files:
+        a, b = (tmp_path / "c" / f).read_bytes(), (tmp_path / "py" / f).read_bytes()
+        if f.name == "summary.json":                  # the engine's own wall time differs
+            a, b = (json.loads(x) for x in (a, b))
+            a.pop("sim_wall_s"), b.pop("sim_wall_s")
+        assert a == b, f
+    if scenario == "mixtral-8x7b-h200x16-dualpipev":  # the events the compiled Kineto loop writes
+        import gzip
+
+        text = gzip.decompress((tmp_path / "c" / "traces" / "rank-0.json.gz").read_bytes()).decode()
+        for what in ("cudaStreamWaitEvent", "cudaEventRecord", "wait_on_cuda_event_record_corr_id",
+                     "ncclKernel_SendRecv", "ncclKernel_AllGather", "cudaDeviceSynchronize"):
+            assert what in text, what
+
+
+# ---------------------------------------------------------------------------------------------
+NAMES = st.text(alphabet=st.sampled_from(list(" mbLF0123456789xé٣𝟙\x00\x01\"\\\n\t\x7f/,")), max_size=14)
+
+
+@compiled
+@settings(max_examples=400, deadline=None)
+@given(NAMES)
+def test_name_key_is_the_python_one(name):
+    assert C.name_key(name) == slice_args.name_key_py(name)
+
+
+@compiled
+def test_name_key_on_hand_picked_names():
+    for name in ["F L16 attn mb3", "F L16 attn mb3 x", "mb3", "x mb", "x mb ", "x mbq 3", "a\x01b",
+                 "a mb12\x01 c", "é mb٣ z", "x mb3 y mb4", "x mbq y mb4", "F L1 mb\U0001d7d9", ""]:
+        assert C.name_key(name) == slice_args.name_key_py(name), name
+    assert C.name_key("x mb3 y mb4") == ("x mb\x00 y mb4", "3")       # the first " mb" only
+    assert C.name_key("x mbq y mb4") == ("x mbq y mb4", "")
+
+
+TIMES = st.one_of(st.sampled_from([0, 1, 9, 10, 99, 100, 101, 110, 999, 1000, 1001, 1010, 1100, 123_456_789,
+                                   10**15 - 1]), st.integers(0, 10**15 - 1))
+
+
+def _rec(rank=0, stream="compute", name="F L0 mb1", cat="compute", start=0, end=0, value=0.0):
+    return Record(rank, stream, name, cat, start, end, value)
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(max_size=12), cat=st.sampled_from(["compute", "comm:pp", 'odd "cat"']),
+       start=TIMES, dur=TIMES, rank=st.integers(0, 10**6))
+def test_a_complete_event_is_json_dumps_of_its_dict(name, cat, start, dur, rank):
+    """chrome_trace_parts' event text is json.dumps of chrome_trace's dict (the float
+    microseconds' repr; json.dumps' string escapes with ensure_ascii)."""
+    r = _rec(rank, "dp", name, cat, start, start + dur)
+    tids = {"dp": 3}
+    got = C.chrome_events([r], None, {cat: json.dumps(cat)}, tids)
+    want = json.dumps({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 3, "ts": start / 1000.0,
+                       "dur": dur / 1000.0}, separators=(",", ":"))
+    assert got == want
+    tail = ',"args":{"layer":1}}'
+    assert C.chrome_events([r, r], [tail, tail], {cat: json.dumps(cat)}, tids) == ",".join([want[:-1] + tail] * 2)
+
+
+@compiled
+def test_times_the_compiled_loops_do_not_write_are_left_to_python():
+    cats, tids = {"compute": '"compute"'}, {"compute": 1}
+    for start, end in [(10**15, 10**15 + 1), (0, 10**15), (-1, 5), (2**70, 2**70 + 1), (5, 4)]:
+        assert C.chrome_events([_rec(start=start, end=end)], None, cats, tids) is None
+    # the CSV writes integers as they are: only one past 64 bits is left to Python
+    assert C.timeline_rows([_rec(start=-1, end=5)], {0: "3"}, None, round) == "0,3,compute,F L0 mb1,compute,-1,5,6,\r\n"
+    assert C.timeline_rows([_rec(start=2**70, end=2**70 + 1)], {}, None, round) is None
+    # the whole trace then comes from the dict path: the float's repr past 10^15 ns
+    text = outputs.chrome_trace_json([_rec(start=10**15, end=10**15 + 1500)], {0: "rank 0"}, {})
+    assert '"ts":1000000000000.0,"dur":1.5' in text
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp"]),
+                               st.text(max_size=8), st.integers(0, 10**12), st.integers(0, 10**9),
+                               st.floats(-1e12, 1e12, allow_nan=False)), max_size=6))
+def test_timeline_rows_are_the_csv_modules(rows, tmp_path_factory):
+    """write_timeline_csv's bytes are csv.writer's (default dialect) for `timeline_rows`."""
+    recs = [_rec(rank, stream, name, "c,at" if rank == 3 else "cat", s, s + d, v) for rank, stream, name, s, d, v in rows]
+    path = tmp_path_factory.mktemp("csv") / "timeline.csv"
+    pp = {0: 0, 1: 1, 2: None}
+    outputs.write_timeline_csv(recs, path, pp)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(outputs.TIMELINE_COLUMNS)
+    for row in outputs.timeline_rows(recs, pp):
+        w.writerow(["" if x is None else x for x in row])
+    assert path.read_bytes() == buf.getvalue().encode()
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x64-cp4-32k"])
+def test_slice_texts_are_the_python_ones(scenario):
+    """Every record's args text, names of several calls (an MoE layer's grad reduce) and names
+    not in the table included, in an order that changes rank often."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario))
+    recs = res.records_of(res.simulated_ranks)
+    args = slice_args.slice_args(res, recs)
+    mixed = sorted(recs, key=lambda r: (r.start_ns, r.rank)) + [_rec(name="not in the program mb3")]
+    assert C.slice_texts(mixed, args.table, args.text) == args.texts_py(mixed)
+    assert args.texts(mixed) == args.texts_py(mixed)
+
+
+@compiled
+def test_kineto_events_give_up_on_times_they_do_not_write():
+    """A kernel at 10^15 ns: the compiled loop declines, the Python one writes the float."""
+    rec = _rec(start=10**15, end=10**15 + 10)
+    item = kineto._Item(rec.start_ns, 1, 0, (("launch", rec),), rec)
+    kinds = kineto._Kinds(0)
+    args = (kineto.RUNTIME_NS, kineto.LAUNCH_NS, kineto.HOST_PID, kineto.HOST_TID, (211, 135, 147))
+    assert C.kineto_events([item], [10**15 - 5000], [3000], [""], [kinds.of(rec)], dict(kineto.STREAMS), 0, 0,
+                           *args) is None
+    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, [""], 0)
+    assert '"ts":1000000000000.0' in ",".join(ev) and used == {kineto.STREAMS["compute"]}
