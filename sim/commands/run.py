@@ -77,18 +77,48 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
         outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png", title)
 
-    # (relative cost, writer): measured on Narayanan's 1T row (a million records), CPU seconds
-    outputs.run_writers([
-        (2.5, lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
-        (5.4, lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
-                                          outputs.stage_layers(sc), slice_args(result, recs), result.link_load)),
-        *[(14.4 * len(q) / len(ranks), lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q,
-                                                                        clear=False)) for q in parts if q],
-        (3.0, lambda: outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)),
-        (1.1, charts),
-        *([(2.0, lambda: _write_report(result, summary, recs, pp_of, mem, html))] if html is not None else []),
-    ], len(recs))
+    def pipeline():
+        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)
+
+    # (estimated CPU seconds, writer), the order the list scheduling starts them in
+    n = len(recs)
+    tasks = [
+        (WRITER_COST["timeline"](n), lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
+        (WRITER_COST["trace"](n), lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
+                                                             outputs.stage_layers(sc), slice_args(result, recs),
+                                                             result.link_load)),
+        *[(WRITER_COST["kineto"](len(q), sum(len(by_rank[rank]) for rank in q)),
+           lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False)) for q in parts if q],
+        *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html))]
+          if html is not None else []),
+    ]
+    # the charts in one writer (one import of matplotlib) unless they would be the longest part
+    # of the work, as on a small step: then side by side, each importing it
+    draw = (WRITER_COST["pipeline"](n), WRITER_COST["charts"](n))
+    if sum(cost for cost, _ in tasks) >= sum(draw) - MATPLOTLIB_IMPORT_S:
+        tasks.append((sum(draw) - MATPLOTLIB_IMPORT_S, lambda: (pipeline(), charts())))
+    else:
+        tasks += [(draw[0], pipeline), (draw[1], charts)]
+    outputs.run_writers(tasks, n)
     return summary
+
+
+MATPLOTLIB_IMPORT_S = 0.25
+"""CPU seconds of `from matplotlib.figure import Figure` after numpy (python -X importtime)."""
+WRITER_COST = {
+    "timeline": lambda n: 1.6e-6 * n,
+    "trace": lambda n: 0.1 + 3.5e-6 * n,
+    "kineto": lambda ranks, n: 0.03 * ranks + 1.1e-5 * n,
+    "pipeline": lambda n: 0.3 + 2.6e-6 * n,
+    "charts": lambda n: 0.35 + 0.4e-6 * n,
+    "report": lambda n: 0.15 + 1.6e-6 * n,
+}
+"""Each writer's CPU seconds for `n` records of the traced ranks (the Kineto writer's: of its
+`ranks`), the order `outputs.run_writers` starts them in (largest first): measured on this
+project's 2-core machine with the compiled text module, on Narayanan's 1T row (1.05M records)
+and Nemotron-4 340B's bundled step (32K; the report: 1T row and GPT-3 175B). The fixed parts are what does not grow with the step:
+matplotlib's import and the figure in each charts writer (0.25-0.35 s), each Kineto rank's
+program built again for its args. Estimates only: a wrong one changes the order, not the files."""
 
 
 def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:
