@@ -10,6 +10,8 @@ import sys
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import REPO, base_scenario
 from sim import schedules
@@ -369,6 +371,33 @@ def test_trace_file_written_in_pieces_is_the_whole_texts_gzip(chunk, tmp_path, m
     assert (tmp_path / "pieces.json.gz").read_bytes() == (tmp_path / "whole.json.gz").read_bytes()
     if chunk == 1:                                  # (a piece per slice: the cut did happen)
         assert len(list(outputs.chrome_trace_parts(res.records, labels, mem, *extra))) > 1000
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 3 * (1 << 20) + 5), max_size=12), size=st.integers(0, 3 * (1 << 20) + 5))
+def test_gzip_files_read_back_and_do_not_depend_on_the_pieces(cuts, size, tmp_path_factory):
+    """outputs.gzip_file: Python's gzip reads the text back (its CRC-32 and length checked), and
+    a text written in any pieces has the bytes of the text written whole (the compressor sees
+    blocks of GZIP_BLOCK bytes whatever the pieces: ISA-L's output depends on the cut)."""
+    import gzip
+    import zlib
+
+    text = (b"".join(b'{"ph":"X","ts":%d.5}' % i for i in range(size // 16 + 1)))[:size]
+    d = tmp_path_factory.mktemp("gz")
+    saved = outputs._deflate, outputs.DEFLATE_LEVEL
+    try:
+        for deflate, level in (saved, (zlib, 3)):         # ISA-L, and zlib where isal is missing
+            outputs._deflate, outputs.DEFLATE_LEVEL = deflate, level
+            outputs.write_gzip(d / "whole.gz", text)
+            with outputs.gzip_file(d / "pieces.gz") as f:
+                at = 0
+                for cut in sorted(cuts) + [size]:
+                    f.write(text[at:max(at, cut)])
+                    at = max(at, cut)
+            assert gzip.decompress((d / "whole.gz").read_bytes()) == text
+            assert (d / "pieces.gz").read_bytes() == (d / "whole.gz").read_bytes()
+    finally:
+        outputs._deflate, outputs.DEFLATE_LEVEL = saved
 
 
 def test_microsecond_text_is_the_floats_repr():

@@ -116,9 +116,10 @@ WRITER_COST = {
 """Each writer's CPU seconds for `n` records of the traced ranks (the Kineto writer's: of its
 `ranks`), the order `outputs.run_writers` starts them in (largest first): measured on this
 project's 2-core machine with the compiled text module, on Narayanan's 1T row (1.05M records)
-and Nemotron-4 340B's bundled step (32K; the report: 1T row and GPT-3 175B). The fixed parts are what does not grow with the step:
-matplotlib's import and the figure in each charts writer (0.25-0.35 s), each Kineto rank's
-program built again for its args. Estimates only: a wrong one changes the order, not the files."""
+and Nemotron-4 340B's bundled step (32K; the report on the 1T row and GPT-3 175B). The fixed
+parts are what does not grow with the step: matplotlib's import and the figure in each charts
+writer (0.25-0.35 s), each Kineto rank's program built again for its args, plotly's import.
+Estimates only: a wrong one changes the order, not the files."""
 
 
 def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import gzip
 import json
 import os
 import re
@@ -359,19 +358,68 @@ def stage_layers(sc) -> dict:
 
 
 def write_gzip(path: Path, data: bytes) -> None:
-    """Write `data` gzipped, the same bytes every run: mtime 0 and no file name in the header
-    (gzip stores a time stamp otherwise); level 3: on a 1T-parameter step's 125 MB trace 0.5 s
-    instead of level 6's 1.35 s, for a file 17% larger (15.3 MB instead of 13.1)."""
+    """Write `data` gzipped (`gzip_file`)."""
     with gzip_file(path) as f:
         f.write(data)
 
 
+try:
+    from isal import isal_zlib as _deflate    # ISA-L's deflate (python-isal): 4x zlib's speed
+    DEFLATE, DEFLATE_LEVEL = "isal", 2
+except ImportError:                           # (a --no-deps install): zlib's
+    import zlib as _deflate
+    DEFLATE, DEFLATE_LEVEL = "zlib", 3
+GZIP_BLOCK = 1 << 20
+"""Bytes per call of the compressor (`gzip_file`)."""
+
+
+class _Gzip:
+    """A gzip member (RFC 1952) written to the open binary file `raw`: a header without time
+    stamp or file name (the same bytes every run), the text deflated in blocks of exactly
+    GZIP_BLOCK bytes (ISA-L's output depends on how its input is cut, so the blocks do not
+    depend on the pieces given to `write`: a text written in pieces has the bytes of the same
+    text written whole), its CRC-32 and length. ISA-L level 2: a 1T-parameter step's 14.6 MB
+    Kineto trace in 0.012 s instead of zlib level 3's 0.05, for a file 20% larger."""
+
+    def __init__(self, raw):
+        self.raw, self.buf, self.crc, self.size = raw, bytearray(), 0, 0
+        self.comp = _deflate.compressobj(DEFLATE_LEVEL, _deflate.DEFLATED, -15)
+        raw.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")   # deflate, no flags, mtime 0, OS unknown
+
+    def _block(self, block) -> None:
+        self.crc = _deflate.crc32(block, self.crc)
+        self.size += len(block)
+        self.raw.write(self.comp.compress(block))
+
+    def write(self, data) -> None:
+        data = memoryview(data)
+        if self.buf:
+            need = GZIP_BLOCK - len(self.buf)
+            self.buf += data[:need]
+            data = data[need:]
+            if len(self.buf) < GZIP_BLOCK:
+                return
+            self._block(bytes(self.buf))
+            self.buf.clear()
+        full = len(data) - len(data) % GZIP_BLOCK
+        for i in range(0, full, GZIP_BLOCK):
+            self._block(data[i:i + GZIP_BLOCK])
+        self.buf += data[full:]
+
+    def close(self) -> None:
+        if self.buf:
+            self._block(bytes(self.buf))
+        self.raw.write(self.comp.flush())
+        self.raw.write((self.crc & 0xFFFFFFFF).to_bytes(4, "little") + (self.size & 0xFFFFFFFF).to_bytes(4, "little"))
+
+
 @contextlib.contextmanager
 def gzip_file(path: Path):
-    """`write_gzip`'s file, open for writes."""
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3, mtime=0,
-                                                   filename="") as f:
+    """A gzip file (`_Gzip`) open for writes at `path`."""
+    with open(path, "wb") as raw:
+        f = _Gzip(raw)
         yield f
+        f.close()
 
 
 # ----------------------------------------------------------------------------------------------
