@@ -127,8 +127,8 @@ def test_times_the_compiled_loops_do_not_write_are_left_to_python():
     for start, end in [(10**15, 10**15 + 1), (0, 10**15), (-1, 5), (2**70, 2**70 + 1), (5, 4)]:
         assert C.chrome_events([_rec(start=start, end=end)], None, cats, tids) is None
     # the CSV writes integers as they are: only one past 64 bits is left to Python
-    assert C.timeline_rows([_rec(start=-1, end=5)], {0: "3"}, None, round) == "0,3,compute,F L0 mb1,compute,-1,5,6,\r\n"
-    assert C.timeline_rows([_rec(start=2**70, end=2**70 + 1)], {}, None, round) is None
+    assert C.timeline_rows([_rec(start=-1, end=5)], {0: "3"}, round) == "0,3,compute,F L0 mb1,compute,-1,5,6,\r\n"
+    assert C.timeline_rows([_rec(start=2**70, end=2**70 + 1)], {}, round) is None
     # the whole trace then comes from the dict path: the float's repr past 10^15 ns
     text = outputs.chrome_trace_json([_rec(start=10**15, end=10**15 + 1500)], {0: "rank 0"}, {})
     assert '"ts":1000000000000.0,"dur":1.5' in text
@@ -137,11 +137,12 @@ def test_times_the_compiled_loops_do_not_write_are_left_to_python():
 @compiled
 @settings(max_examples=200, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp"]),
-                               st.text(max_size=8), st.integers(0, 10**12), st.integers(0, 10**9),
+                               st.text(max_size=8) | st.text(alphabet=list('ab ,"\r\n\x00é'), max_size=8),
+                               st.integers(0, 10**12), st.integers(0, 10**9),
                                st.floats(-1e12, 1e12, allow_nan=False)), max_size=6))
 def test_timeline_rows_are_the_csv_modules(rows, tmp_path_factory):
     """write_timeline_csv's bytes are csv.writer's (default dialect) for `timeline_rows`."""
-    recs = [_rec(rank, stream, name, "c,at" if rank == 3 else "cat", s, s + d, v) for rank, stream, name, s, d, v in rows]
+    recs = [_rec(rank, stream, name, 'c,"at' if rank == 3 else "cat", s, s + d, v) for rank, stream, name, s, d, v in rows]
     path = tmp_path_factory.mktemp("csv") / "timeline.csv"
     pp = {0: 0, 1: 1, 2: None}
     outputs.write_timeline_csv(recs, path, pp)

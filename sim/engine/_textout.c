@@ -10,8 +10,8 @@
  * for 0 <= ns < 10^15 (US_TEXT_LIMIT_NS): for anything else, or an integer that does not fit in
  * 64 bits, a function returns None and its caller runs the Python loop, which writes the float's
  * repr as json.dumps does. Strings are written as json.dumps writes them with ensure_ascii
- * (CPython's Modules/_json.c, ascii_escape_unichar) or, in the CSV, as given (the caller quotes
- * the fields that need it).
+ * (CPython's Modules/_json.c, ascii_escape_unichar) or, in the CSV, as csv.writer's default
+ * dialect writes them (QUOTE_MINIMAL: Modules/_csv.c).
  *
  * Built by hatch_build.py where a C compiler is present; without it the Python loops run. */
 
@@ -355,18 +355,39 @@ fail:
     return done(&b, gave_up);
 }
 
-/* timeline_rows(records, pp, fields, round) -> text or None: timeline.csv's rows of `records`
- * (in their order), each ended by "\r\n": rank, `pp`[rank] (its pipeline rank's text; "" where
- * absent), stream, name and category (through `fields`, text -> its CSV field, or as they are
- * where it is None), start, end, duration, and on a mark (stream "mark") `round`(value). */
-static PyObject *timeline_rows(PyObject *self, PyObject *args) {
-    PyObject *recs, *pp, *fields, *round_fn;
-    if (!PyArg_ParseTuple(args, "O!O!OO", &PyList_Type, &recs, &PyDict_Type, &pp, &fields, &round_fn))
-        return NULL;
-    if (fields != Py_None && !PyDict_Check(fields)) {
-        PyErr_SetString(PyExc_TypeError, "timeline_rows: fields is not a dict");
-        return NULL;
+/* A str as csv.writer's default dialect writes a field (QUOTE_MINIMAL): in double quotes, its
+ * quotes doubled, where it holds a comma, a double quote, CR or LF; else as it is (UTF-8) */
+static int put_csv(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *c;
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
+        return -1;
     }
+    c = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!c) return -1;
+    if (!memchr(c, ',', (size_t)n) && !memchr(c, '"', (size_t)n) && !memchr(c, '\r', (size_t)n)
+        && !memchr(c, '\n', (size_t)n))
+        return put(b, c, n);
+    if (grow(b, 2 * n + 2)) return -1;
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] == '"') *o++ = '"';
+        *o++ = c[i];
+    }
+    *o++ = '"';
+    b->n = o - b->p;
+    return 0;
+}
+
+/* timeline_rows(records, pp, round) -> text or None: timeline.csv's rows of `records` (in their
+ * order), each ended by "\r\n": rank, `pp`[rank] (its pipeline rank's text; "" where absent),
+ * stream, name and category (`put_csv`), start, end, duration, and on a mark (stream "mark")
+ * `round`(value). */
+static PyObject *timeline_rows(PyObject *self, PyObject *args) {
+    PyObject *recs, *pp, *round_fn;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &recs, &PyDict_Type, &pp, &round_fn)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(recs);
     Buf b = {NULL, 0, 0};
     int gave_up = 0;
@@ -376,21 +397,12 @@ static PyObject *timeline_rows(PyObject *self, PyObject *args) {
         FAIL(!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 7);
         GIVE_UP(get_ll(PyTuple_GET_ITEM(r, R_RANK), &rank) || get_ll(PyTuple_GET_ITEM(r, R_START), &start)
                 || get_ll(PyTuple_GET_ITEM(r, R_END), &end));
-        FAIL(put_int(&b, rank) || PUT(&b, ","));
+    FAIL(put_int(&b, rank) || PUT(&b, ","));
         PyObject *p = PyDict_GetItemWithError(pp, PyTuple_GET_ITEM(r, R_RANK));
         FAIL(!p && PyErr_Occurred());
         if (p) FAIL(put_str(&b, p));
         FAIL(PUT(&b, ","));
-        for (int f = R_STREAM; f <= R_CAT; f++) {
-            PyObject *s = PyTuple_GET_ITEM(r, f);
-            if (fields != Py_None) {
-                PyObject *q = PyDict_GetItemWithError(fields, s);
-                if (!q && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, s);
-                FAIL(!q);
-                s = q;
-            }
-            FAIL(put_str(&b, s) || PUT(&b, ","));
-        }
+        for (int f = R_STREAM; f <= R_CAT; f++) FAIL(put_csv(&b, PyTuple_GET_ITEM(r, f)) || PUT(&b, ","));
         FAIL(put_int(&b, start) || PUT(&b, ",") || put_int(&b, end) || PUT(&b, ",") || put_int(&b, end - start)
              || PUT(&b, ","));
         PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);

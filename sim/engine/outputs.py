@@ -77,11 +77,10 @@ def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
     `timeline_rows` (its default dialect, "\r\n" line ends), each row formatted as one string
     (a 1T-parameter step's million rows: a third of the csv module's time)."""
     pp = {rank: "" if v is None else str(v) for rank, v in pp_rank_of.items()}
-    rows = sorted(records, key=lambda x: (x.rank, x.start_ns, x.end_ns, x.stream, x.name))
-    q = _csv_fields({x for r in rows for x in (r.stream, r.name, r.cat)})
-    text = None if _textout is None else _textout.timeline_rows(rows, pp, None if isinstance(q, _Same) else q,
-                                                                  round)
+    rows = sorted(records, key=attrgetter("rank", "start_ns", "end_ns", "stream", "name"))
+    text = None if _textout is None else _textout.timeline_rows(rows, pp, round)
     if text is None:
+        q = _csv_fields({x for r in rows for x in (r.stream, r.name, r.cat)})
         text = "".join(
             f"{r.rank},{pp.get(r.rank, '')},{q[r.stream]},{q[r.name]},{q[r.cat]},{r.start_ns},{r.end_ns},"
             f"{r.end_ns - r.start_ns},{round(r.value) if r.stream == 'mark' else ''}\r\n" for r in rows)
