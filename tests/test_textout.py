@@ -177,7 +177,8 @@ def test_kineto_events_give_up_on_times_they_do_not_write():
     item = kineto._Item(rec.start_ns, 1, 0, (("launch", rec),), rec)
     kinds = kineto._Kinds(0)
     args = (kineto.RUNTIME_NS, kineto.LAUNCH_NS, kineto.HOST_PID, kineto.HOST_TID, (211, 135, 147))
-    assert C.kineto_events([item], [10**15 - 5000], [3000], [""], [kinds.of(rec)], dict(kineto.STREAMS), 0, 0,
-                           *args) is None
-    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, [""], 0)
+    assert C.kineto_events([item], [10**15 - 5000], [3000], ["{}"], [""], [kinds.of(rec)], dict(kineto.STREAMS), 0,
+                           0, *args) is None
+    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, (["{}"], [""]),
+                                    0)
     assert '"ts":1000000000000.0' in ",".join(ev) and used == {kineto.STREAMS["compute"]}

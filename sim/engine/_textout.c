@@ -180,23 +180,39 @@ enum { R_RANK, R_STREAM, R_NAME, R_CAT, R_START, R_END, R_VALUE };
 #define FAIL(cond) do { if (cond) goto fail; } while (0)
 #define GIVE_UP(cond) do { if (cond) { gave_up = 1; goto fail; } } while (0)
 
-/* kineto_events(items, starts, costs, details, kinds, streams, device, off, runtime_ns,
+/* A kernel's args after its own (kineto._joined): the args object's text without its braces,
+ * after a comma (nothing for "{}"), then its NCCL args text */
+static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
+    Py_ssize_t n;
+    const char *c;
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
+        return -1;
+    }
+    c = PyUnicode_AsUTF8AndSize(text, &n);                /* JSON, ASCII: '{' ... '}' */
+    if (!c) return -1;
+    if (n > 2 && (PUT(b, ",") || put(b, c + 1, n - 2))) return -1;
+    return put_str(b, extra);
+}
+
+/* kineto_events(items, starts, costs, texts, extras, kinds, streams, device, off, runtime_ns,
  *               launch_ns, host_pid, host_tid, cbids)
  * -> (the events joined by ",", the set of stream ids of the launched kernels) or None.
  * sim.engine.kineto._host_and_gpu_py's loop: `items` its _Items (calls at index 3, launch at 4),
- * `kinds` each item's (kernel name, cpu_op name) as JSON strings, `details` each kernel's args
- * text, `cbids` CUPTI's ids of (cudaLaunchKernel, cudaEventRecord, cudaStreamWaitEvent). */
+ * `kinds` each item's (kernel name, cpu_op name) as JSON strings, `texts` and `extras` each
+ * kernel's args (kineto._details), `cbids` CUPTI's ids of (cudaLaunchKernel, cudaEventRecord,
+ * cudaStreamWaitEvent). */
 static PyObject *kineto_events(PyObject *self, PyObject *args) {
-    PyObject *items, *starts, *costs, *details, *kinds, *streams, *cbid;
+    PyObject *items, *starts, *costs, *texts, *extras, *kinds, *streams, *cbid;
     long long device, off, runtime_ns, launch_ns, host_pid, host_tid, cb_launch, cb_record, cb_wait;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!LLLLLLO!", &PyList_Type, &items, &PyList_Type, &starts,
-                          &PyList_Type, &costs, &PyList_Type, &details, &PyList_Type, &kinds, &PyDict_Type,
-                          &streams, &device, &off, &runtime_ns, &launch_ns, &host_pid, &host_tid,
-                          &PyTuple_Type, &cbid))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!LLLLLLO!", &PyList_Type, &items, &PyList_Type, &starts,
+                          &PyList_Type, &costs, &PyList_Type, &texts, &PyList_Type, &extras, &PyList_Type,
+                          &kinds, &PyDict_Type, &streams, &device, &off, &runtime_ns, &launch_ns, &host_pid,
+                          &host_tid, &PyTuple_Type, &cbid))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
-    if (PyList_GET_SIZE(starts) != n || PyList_GET_SIZE(costs) != n || PyList_GET_SIZE(details) != n
-        || PyList_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(cbid) != 3) {
+    if (PyList_GET_SIZE(starts) != n || PyList_GET_SIZE(costs) != n || PyList_GET_SIZE(texts) != n
+        || PyList_GET_SIZE(extras) != n || PyList_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(cbid) != 3) {
         PyErr_SetString(PyExc_ValueError, "kineto_events: lists of different lengths");
         return NULL;
     }
@@ -292,7 +308,8 @@ static PyObject *kineto_events(PyObject *self, PyObject *args) {
                  || put_int(&b, sid) || PUT(&b, ",\"ts\":") || put_us(&b, ts) || PUT(&b, ",\"dur\":")
                  || put_us(&b, dur) || PUT(&b, ",\"args\":{\"External id\":") || put_int(&b, ext)
                  || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"stream\":") || put_int(&b, sid)
-                 || PUT(&b, ",\"correlation\":") || put_int(&b, corr) || put_str(&b, PyList_GET_ITEM(details, i))
+                 || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                 || put_detail(&b, PyList_GET_ITEM(texts, i), PyList_GET_ITEM(extras, i))
                  || PUT(&b, ",\"sim5d_name\":") || put_json(&b, PyTuple_GET_ITEM(rec, R_NAME))
                  || PUT(&b, "}},{\"ph\":\"f\",\"id\":") || put_int(&b, corr) || PUT(&b, ",\"pid\":")
                  || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, sid) || PUT(&b, ",\"ts\":")

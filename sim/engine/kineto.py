@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -226,21 +227,17 @@ def _items(mine, comp, recvs, waits: dict) -> list:
         calls = (("record", comp[j]), ("wait", comp[j])) if j >= 0 else ()
         calls += (("launch", r),) + ((("record", r),) if id(r) in waited else ())
         items.append(_Item(ends[j] if j >= 0 else r.start_ns, 0, len(items), calls, r))
-    items.sort(key=lambda it: (it.due, it.prio, it.seq))
+    items.sort()                 # by (due, prio, seq): seq is unique, so no further field is compared
     return items
-
-
-def _cost(item) -> int:
-    """Host time of an item: the op's own RUNTIME_NS, then its calls (one launch, LAUNCH_NS; the
-    others RUNTIME_NS each)."""
-    return RUNTIME_NS * len(item.calls) + LAUNCH_NS
 
 
 def _place(items) -> tuple:
     """(the start of each item on the host thread, its host time): as late as possible (the
     host issues each kernel just before the GPU reaches it, as sim5d's host model has it: a
-    run's host issue starts with the run), one item after another, each ending by its `due`."""
-    costs = [_cost(it) for it in items]
+    run's host issue starts with the run), one item after another, each ending by its `due`.
+    An item's host time is the op's own RUNTIME_NS, then its calls: one launch, LAUNCH_NS; the
+    others RUNTIME_NS each."""
+    costs = [RUNTIME_NS * len(it.calls) + LAUNCH_NS for it in items]
     starts = [0] * len(items)
     nxt = None
     for k in range(len(items) - 1, -1, -1):
@@ -318,38 +315,45 @@ def _nccl_args(info, collective: str, dtype: bool) -> str:
             + (f',"dtype":"{info.dtype}"' if dtype else ""))
 
 
-def _details(launched, args, p2p: dict | None) -> list:
-    """[the JSON text each record's kernel's args add, after a comma]: sim.engine.slice_args'
-    fields (layer, microbatch, phase, block, stage, FLOPs or the call's op, bytes, dtype, group)
-    and for an NCCL kernel Kineto's own (`_nccl_args`); a receive's call is its sender's send."""
+def _details(launched, args, p2p: dict | None) -> tuple:
+    """(each record's kernel's args as JSON text, sim.engine.slice_args' fields: layer,
+    microbatch, phase, block, stage, FLOPs or the call's op, bytes, dtype, group; the text
+    Kineto's own NCCL args add after them, `_nccl_args`, "" for a compute kernel): a receive's
+    call is its sender's send. `_joined` puts the two together."""
     from sim.engine.core import Record
 
     senders = {p2p_name("recv", key): Record(info["src"], "pp", p2p_name("send", key), "pp", 0, 0)
                for key, info in (p2p or {}).items() if "src" in info}
-    out = []
+    texts = args.texts(launched)
+    extras = [""] * len(launched)
     cache: dict = {}             # what `_nccl_args` reads of a call -> its text
-    for r, text in zip(launched, args.texts(launched)):
-        extra = ""
-        if r.stream != "compute" or r.cat.startswith("comm:"):
-            recv = r.stream == "pp-recv"
-            info = (args.comm(senders[r.name]) if r.name in senders else None) if recv else args.comm(r)
-            if info is not None:
-                key = (info.op, info.size_bytes, len(info.ranks), info.dtype, recv, '"dtype":' not in text)
-                extra = cache.get(key)
-                if extra is None:
-                    coll = ("recv" if recv else "send") if info.op == "send_recv" else \
-                        COLLECTIVE_NAMES.get(info.op, info.op)
-                    extra = cache[key] = _nccl_args(info, coll, key[-1])
-        out.append(("," + text[1:-1] if len(text) > 2 else "") + extra)
-    return out
+    for i in [i for i, r in enumerate(launched) if r.stream != "compute" or r.cat.startswith("comm:")]:
+        r = launched[i]
+        recv = r.stream == "pp-recv"
+        info = (args.comm(senders[r.name]) if r.name in senders else None) if recv else args.comm(r)
+        if info is not None:
+            key = (info.op, info.size_bytes, len(info.ranks), info.dtype, recv, '"dtype":' not in texts[i])
+            extra = cache.get(key)
+            if extra is None:
+                coll = ("recv" if recv else "send") if info.op == "send_recv" else \
+                    COLLECTIVE_NAMES.get(info.op, info.op)
+                extra = cache[key] = _nccl_args(info, coll, key[-1])
+            extras[i] = extra
+    return texts, extras
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
+def _joined(details: tuple) -> list:
+    """[the text each kernel's args add after its own, after a comma] of `_details`' pair."""
+    texts, extras = details
+    return [("," + t[1:-1] if len(t) > 2 else "") + e for t, e in zip(texts, extras)]
+
+
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
     """`_host_and_gpu_py`'s answer, its events as one text (one list item) where the compiled
     module (sim/engine/_textout.c) is built and the times are ones it writes."""
     if _textout is not None and items:
         got = _textout.kineto_events(
-            items, placed[0], placed[1], details, [kinds.of(it.launch) for it in items], streams, device, off,
+            items, placed[0], placed[1], *details, [kinds.of(it.launch) for it in items], streams, device, off,
             RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
             (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
         if got is not None:
@@ -357,10 +361,10 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     return _host_and_gpu_py(items, placed, streams, device, kinds, details, off)
 
 
-def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: list, off: int) -> tuple:
+def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
-    (stable name, the item's `details` in args) with the ac2g flow from its launch; each stream
+    (stable name, the item's `details`, `_details`' pair, in args) with the ac2g flow from its launch; each stream
     wait as the GPU's sync event. A launch's four events are made as one string. Kernels are
     placed at their records' times + `off` (the placed host times already include it)."""
     ev, used = [], set()
@@ -377,7 +381,7 @@ def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, d
                                f',"dur":{T(RUNTIME_NS)},"args":{{"cbid":{_CBID[c]},"correlation":')
                               for c in ("cudaEventRecord", "cudaStreamWaitEvent"))
     syncs: dict = {}             # (waiting sid, waited sid) -> the Stream Wait Event's text (it lasts 0)
-    for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, details), 1):
+    for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, _joined(details)), 1):
         kname, op = kinds.of(item.launch)
         ext = str(ext)
         op_text = ops.get((op, cost))
@@ -435,8 +439,8 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     sim.engine.slice_args.SliceArgs (what each kernel is and did)."""
     from sim.engine.core import Record
 
-    mine = sorted((r for r in records if r.stream != "mark" and r.end_ns > r.start_ns),
-                  key=lambda r: (r.start_ns, r.end_ns, r.stream, r.name))
+    mine = sorted([r for r in records if r.stream != "mark" and r.end_ns > r.start_ns],
+                  key=attrgetter("start_ns", "end_ns", "stream", "name"))
     comp = [r for r in mine if r.stream == "compute"]
     recvs = _receives(comp, p2p, rank, Record)
     items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
