@@ -72,6 +72,10 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     # on a small step the charts are the longest writer, and two of them run side by side)
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
     by_rank = kineto.records_by_rank(recs, ranks)
+    # one SliceArgs for the trace and the Kineto writers: its rank tables (each rank's program
+    # built again, 18 ms a rank on the 1T row) are made in each writer process once, when first
+    # asked for, and serve every later writer there
+    args = slice_args(result, recs)
 
     def charts():
         outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
@@ -85,10 +89,10 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     tasks = [
         (WRITER_COST["timeline"](n), lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
         (WRITER_COST["trace"](n), lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
-                                                             outputs.stage_layers(sc), slice_args(result, recs),
-                                                             result.link_load)),
+                                                             outputs.stage_layers(sc), args, result.link_load)),
         *[(WRITER_COST["kineto"](len(q), sum(len(by_rank[rank]) for rank in q)),
-           lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False)) for q in parts if q],
+           lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False, args=args))
+          for q in parts if q],
         *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html))]
           if html is not None else []),
     ]

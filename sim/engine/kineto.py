@@ -486,12 +486,15 @@ def records_by_rank(records, ranks) -> dict:
     return by_rank
 
 
-def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, clear: bool = True) -> list:
+def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, clear: bool = True,
+                 args=None) -> list:
     """`folder`/rank-N.json.gz for each simulated rank N of a RunResult (`labels[N]` names its
     GPU process, as in trace.json.gz), replacing an earlier run's files (`clear`; false when
     several writers share the folder and it was cleared before them); returns the paths.
     `ranks` (with `records`, a list holding at least theirs, or `records_by_rank`'s dict):
-    only those ranks (sim5d run --trace-ranks)."""
+    only those ranks (sim5d run --trace-ranks). `args`: the step's SliceArgs (sim.engine.
+    slice_args) made for records holding at least these ranks' (`sim5d run` gives its writers
+    one, so that the rank tables one writer made serve the next in the same process)."""
     sc, layout = result.scenario, result.layout
     gpu = sc.cluster.gpu
     props = {"name": gpu.name, "totalGlobalMem": int(gpu.memory_bytes)}
@@ -514,7 +517,7 @@ def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, c
     received: dict = {}
     for key, info in (result.p2p or {}).items():
         received.setdefault(info.get("dst"), {})[key] = info
-    sa = slice_args(result, [r for rs in by_rank.values() for r in rs])
+    sa = args if args is not None else slice_args(result, [r for rs in by_rank.values() for r in rs])
     paths = []
     for rank in sorted(by_rank):
         text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,
