@@ -61,6 +61,23 @@ def _sim(pp: int, gbs: int, schedule: str = "1f1b", moe: bool = False, **trainin
     return simulate(build_scenario(data))
 
 
+def _box_labels(ax) -> list:
+    """The detailed pipeline chart's microbatch numbers: outputs._draw_labels' one collection of
+    glyph outlines, a path each, at the data point it was given, in its colour."""
+    cols = [c for c in ax.collections if hasattr(c, "sim5d_labels")]
+    assert len(cols) <= 1
+    if not cols:
+        return []
+    col, labels = cols[0], cols[0].sim5d_labels
+    assert len(col.get_paths()) == len(col.get_offsets()) == len(col.get_facecolors()) == len(labels)
+    assert [tuple(xy) for xy in col.get_offsets()] == [(x, y) for x, y, *_ in labels]
+    for path, (_, _, text, size, _) in zip(col.get_paths(), labels):
+        box = path.get_extents()                      # centred on its point, about one glyph per digit wide
+        assert abs(box.x0 + box.x1) < 0.2 * size and abs(box.y0 + box.y1) < 0.3 * size
+        assert 0.3 * size * len(text) < box.width < 0.8 * size * len(text)
+    return [text for _, _, text, _, _ in labels]
+
+
 # ---------------------------------------------------------------------------------------------- 11
 def test_pipeline_chart_labels_every_action_and_names_only_what_it_draws(figures, tmp_path):
     """Few microbatches: one box per action with its microbatch number (each of 8 microbatches
@@ -70,7 +87,7 @@ def test_pipeline_chart_labels_every_action_and_names_only_what_it_draws(figures
     outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
     fig = figures[-1]
     ax = fig.axes[0]
-    assert Counter(t.get_text() for t in ax.texts) == {str(mb): 4 for mb in range(8)}
+    assert Counter(_box_labels(ax)) == {str(mb): 4 for mb in range(8)}
     labels = _legend_labels(fig)
     assert set(labels) <= {"forward", "backward", "optimizer", "exposed comm", "idle (bubble)"}
     assert {"forward", "backward", "idle (bubble)"} <= set(labels)
@@ -87,7 +104,7 @@ def test_pipeline_chart_aggregates_when_boxes_are_narrow(figures, tmp_path):
     outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "p.png", "t")
     fig = figures[-1]
     ax = fig.axes[0]
-    assert len(ax.texts) == 0
+    assert len(ax.texts) == 0 and _box_labels(ax) == []
     assert "too narrow to draw one by one" in ax.get_xlabel() and "share of a" in ax.get_xlabel()
     assert "backward (input)" not in _legend_labels(fig) and "overlapped F&B" not in _legend_labels(fig)
     from matplotlib.patches import StepPatch
@@ -441,7 +458,7 @@ def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypa
 
     from sim.commands.run import write_outputs
     res = simulate(load_scenario("mixtral-8x7b-h200x16-dualpipev"))
-    monkeypatch.setattr(outputs, "_cpus", lambda: 3)
+    monkeypatch.setattr(outputs, "writer_cpus", lambda: 3)
     monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 0)
     write_outputs(res, tmp_path / "par")
     monkeypatch.setattr(outputs, "PARALLEL_MIN_RECORDS", 10**12)

@@ -96,34 +96,41 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html))]
           if html is not None else []),
     ]
-    # the charts in one writer (one import of matplotlib) unless they would be the longest part
-    # of the work, as on a small step: then side by side, each importing it
+    # the charts in one writer (one import of matplotlib) or side by side (each importing it),
+    # whichever the list scheduling would finish first
     draw = (WRITER_COST["pipeline"](n), WRITER_COST["charts"](n))
-    if sum(cost for cost, _ in tasks) >= sum(draw) - MATPLOTLIB_IMPORT_S:
-        tasks.append((sum(draw) - MATPLOTLIB_IMPORT_S, lambda: (pipeline(), charts())))
-    else:
-        tasks += [(draw[0], pipeline), (draw[1], charts)]
-    outputs.run_writers(tasks, n)
+    apart = tasks + [(draw[0], pipeline), (draw[1], charts)]
+    together = tasks + [(sum(draw) - MATPLOTLIB_IMPORT_S, lambda: (pipeline(), charts()))]
+    cpus = outputs.writer_cpus()
+    outputs.run_writers(min(together, apart, key=lambda ts: _list_schedule_s([c for c, _ in ts], cpus)), n)
     return summary
+
+
+def _list_schedule_s(costs: list, cpus: int) -> float:
+    """When the last of these tasks would end, each started largest first on the CPU free first."""
+    ends = [0.0] * max(1, cpus)
+    for cost in sorted(costs, reverse=True):
+        ends[ends.index(min(ends))] += cost
+    return max(ends)
 
 
 MATPLOTLIB_IMPORT_S = 0.25
 """CPU seconds of `from matplotlib.figure import Figure` after numpy (python -X importtime)."""
 WRITER_COST = {
-    "timeline": lambda n: 1.6e-6 * n,
-    "trace": lambda n: 0.1 + 3.5e-6 * n,
-    "kineto": lambda ranks, n: 0.03 * ranks + 1.1e-5 * n,
-    "pipeline": lambda n: 0.3 + 2.6e-6 * n,
-    "charts": lambda n: 0.35 + 0.4e-6 * n,
+    "timeline": lambda n: 1e-6 * n,
+    "trace": lambda n: 0.1 + 3e-6 * n,
+    "kineto": lambda ranks, n: 0.005 * ranks + 6e-6 * n,
+    "pipeline": lambda n: 0.45 + 2.6e-6 * n,
+    "charts": lambda n: 0.6 + 0.3e-6 * n,
     "report": lambda n: 0.15 + 1.6e-6 * n,
 }
 """Each writer's CPU seconds for `n` records of the traced ranks (the Kineto writer's: of its
 `ranks`), the order `outputs.run_writers` starts them in (largest first): measured on this
-project's 2-core machine with the compiled text module, on Narayanan's 1T row (1.05M records)
-and Nemotron-4 340B's bundled step (32K; the report on the 1T row and GPT-3 175B). The fixed
-parts are what does not grow with the step: matplotlib's import and the figure in each charts
-writer (0.25-0.35 s), each Kineto rank's program built again for its args, plotly's import.
-Estimates only: a wrong one changes the order, not the files."""
+project's 2-core machine with the compiled text module, on Narayanan's 1T row (1.05M records),
+Llama 3 405B's and Nemotron-4 340B's bundled steps (43K, 32K; the report on the 1T row and
+GPT-3 175B). The fixed parts are what does not grow with the step: each chart writer's import
+of matplotlib (MATPLOTLIB_IMPORT_S) and its figures, each Kineto rank's program built again for
+its args, plotly's import. Estimates only: a wrong one changes the order, not the files."""
 
 
 def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:
