@@ -417,6 +417,32 @@ def test_gzip_files_read_back_and_do_not_depend_on_the_pieces(cuts, size, tmp_pa
         outputs._deflate, outputs.DEFLATE_LEVEL = saved
 
 
+@settings(max_examples=300, deadline=None)
+@given(ivs=st.lists(st.tuples(st.integers(0, 1000), st.sampled_from([0, 1, 5, 50, 300])), max_size=30),
+       n_edges=st.integers(2, 40))
+def test_time_in_windows_is_the_unions_overlap_with_each(ivs, n_edges):
+    """outputs._time_in_bins: each window's time inside the union of the intervals, against the
+    overlap of the window with each of the union's pieces (made by walking integer time)."""
+    import numpy as np
+
+    intervals = [(s, s + d) for s, d in ivs]
+    edges = np.linspace(0, 1400, n_edges)
+    covered = np.zeros(1401, dtype=bool)               # [t, t + 1) inside the union
+    for s, e in intervals:
+        covered[s:e] = True
+    pieces, t = [], 0
+    while t < 1401:
+        if covered[t]:
+            u = t
+            while u < 1401 and covered[u]:
+                u += 1
+            pieces.append((t, u))
+            t = u
+        t += 1
+    want = [sum(max(0.0, min(b, e) - max(a, s)) for s, e in pieces) for a, b in zip(edges[:-1], edges[1:])]
+    assert outputs._time_in_bins(intervals, edges) == pytest.approx(want, abs=1e-9)
+
+
 def test_microsecond_text_is_the_floats_repr():
     """outputs.us_text(n) writes n ns as json.dumps writes n / 1000.0 (the traces' timestamps)."""
     import random

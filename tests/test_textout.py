@@ -182,3 +182,42 @@ def test_kineto_events_give_up_on_times_they_do_not_write():
     ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, (["{}"], [""]),
                                     0)
     assert '"ts":1000000000000.0' in ",".join(ev) and used == {kineto.STREAMS["compute"]}
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x8-zbv", "gpt3-175b-a100x64"])
+def test_chart_runs_are_the_python_ones(scenario):
+    """The pipeline chart's runs (actions) of each traced rank: DualPipe's alternating pairs,
+    zero-bubble W passes, recompute kernels and the optimizer."""
+    from operator import attrgetter
+
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario))
+    recs = res.records_of(res.simulated_ranks)
+    for rank in res.simulated_ranks:
+        mine = [r for r in recs if r.rank == rank and (r.stream == "mark" or (
+            r.stream == "compute" and not r.cat.startswith("comm:")))]
+        for attr, rev in (("end_ns", False), ("stream", True), ("start_ns", False)):
+            mine.sort(key=attrgetter(attr), reverse=rev)
+        want = [tuple(run[k] for k in outputs._RUN_KEYS) for run in outputs._chart_runs_py(mine)]
+        assert C.chart_runs(mine, outputs._PARSED, outputs._parse_name) == want
+
+
+KERNELS = ["F L1 mb3", "F L1 attn mb3", "R L1 mb3", "I head mb3", "W head mb3", "B L2 mb3", "W L2 mb4",
+           "embedding mb3", "mb3 odd", "F L1 mb٣", "optimizer step", "F L1", "I L1 mb4", "B mbx"]
+MARKS = ["0F3", "0F3\n", "1B3", "0I4", "0W4", "12F٣", "F3", "0F", "0F3x", "0B4"]
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(KERNELS + MARKS), st.integers(0, 50), st.integers(0, 20)), max_size=25))
+def test_chart_runs_on_awkward_names_are_the_python_ones(items):
+    """Marks as outputs._MARK_RE reads them ($ before a final newline, Unicode digits), names
+    starting with "mb", names without a microbatch, the optimizer; the records in chart order."""
+    recs = [_rec(0, "mark" if name in MARKS else "compute", name, "optimizer" if name.startswith("optimizer")
+                 else "compute", s, s + d) for name, s, d in items]
+    recs.sort(key=lambda r: (r.start_ns, r.stream != "mark", r.end_ns))
+    want = [tuple(run[k] for k in outputs._RUN_KEYS) for run in outputs._chart_runs_py(recs)]
+    assert C.chart_runs(recs, outputs._PARSED, outputs._parse_name) == want

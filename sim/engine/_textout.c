@@ -603,12 +603,243 @@ fail:
     return NULL;
 }
 
+/* The pipeline chart's action kinds as bits (sim.engine.outputs._parse_name's compat values) */
+enum { K_F = 1, K_B = 2, K_I = 4, K_W = 8, K_OPT = 16 };
+
+static int kind_bit(PyObject *s) {
+    if (!PyUnicode_Check(s)) return 0;
+    if (PyUnicode_GET_LENGTH(s) == 1) {
+        switch (PyUnicode_READ_CHAR(s, 0)) {
+        case 'F': return K_F;
+        case 'B': return K_B;
+        case 'I': return K_I;
+        case 'W': return K_W;
+        }
+        return 0;
+    }
+    return PyUnicode_CompareWithASCIIString(s, "optimizer") == 0 ? K_OPT : 0;
+}
+
+static PyObject *kind_name(int bit) {
+    switch (bit) {
+    case K_F: return PyUnicode_FromString("F");
+    case K_B: return PyUnicode_FromString("B");
+    case K_I: return PyUnicode_FromString("I");
+    case K_W: return PyUnicode_FromString("W");
+    }
+    return PyUnicode_FromString("optimizer");
+}
+
+/* A mark's name as outputs._MARK_RE reads it, ^\d+([FBI])(\d+)$ ($: or before a final "\n"):
+ * the kind's bit and the microbatch's text (new reference), or 0 */
+static int mark_parts(PyObject *name, PyObject **mb) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name), i = 0, j;
+    int kind = PyUnicode_KIND(name), bit;
+    const void *data = PyUnicode_DATA(name);
+    if (n && PyUnicode_READ(kind, data, n - 1) == '\n') n--;
+    while (i < n && Py_UNICODE_ISDECIMAL(PyUnicode_READ(kind, data, i))) i++;
+    if (i == 0 || i >= n) return 0;
+    switch (PyUnicode_READ(kind, data, i)) {
+    case 'F': bit = K_F; break;
+    case 'B': bit = K_B; break;
+    case 'I': bit = K_I; break;
+    default: return 0;
+    }
+    for (j = i + 1; j < n && Py_UNICODE_ISDECIMAL(PyUnicode_READ(kind, data, j)); j++) {}
+    if (j == i + 1 || j != n) return 0;
+    *mb = PyUnicode_Substring(name, i + 1, n);
+    return *mb ? bit : -1;
+}
+
+typedef struct {
+    int kind, compat, closed;                  /* kind: a bit, 0 while undecided ("?") */
+    PyObject *mb, *kernels, *recompute;        /* owned */
+    long long start, end;
+} Run;
+
+/* chart_runs(records, parsed, parse_name) -> [(kind, mb, start, end, kernels, recompute,
+ * closed)] or None: sim.engine.outputs.chart_boxes' loop over a rank's marks and compute
+ * kernels, in their order (`parsed`: _PARSED, `parse_name`: _parse_name, as _parse_kernel uses
+ * them); None where a kernel's kinds are not ones it knows (the Python loop runs). */
+static PyObject *chart_runs(PyObject *self, PyObject *args) {
+    PyObject *recs, *parsed, *parse_name, *out = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &recs, &PyDict_Type, &parsed, &parse_name)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs), nruns = 0, cap = 0;
+    Run *runs = NULL;
+    int gave_up = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+            PyErr_SetString(PyExc_TypeError, "chart_runs: not a Record");
+            goto done;
+        }
+        PyObject *name = PyTuple_GET_ITEM(r, R_NAME), *stream = PyTuple_GET_ITEM(r, R_STREAM);
+        long long start, end;
+        if (!PyUnicode_Check(name) || !PyUnicode_Check(stream)) {
+            PyErr_SetString(PyExc_TypeError, "chart_runs: not a Record");
+            goto done;
+        }
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start) || get_ll(PyTuple_GET_ITEM(r, R_END), &end)) {
+            gave_up = 1;
+            goto done;
+        }
+        if (PyUnicode_CompareWithASCIIString(stream, "mark") == 0) {
+            PyObject *mb = NULL;
+            int bit = mark_parts(name, &mb);
+            if (bit < 0) goto done;
+            for (Py_ssize_t k = nruns - 1; bit && k >= 0 && k >= nruns - 4; k--) {
+                Run *run = &runs[k];
+                int same = run->closed ? 0 : PyUnicode_Compare(run->mb, mb) == 0;
+                if (same && (run->kind == bit || (run->kind == 0 && (run->compat & bit)))) {
+                    run->closed = 1;
+                    break;
+                }
+            }
+            Py_XDECREF(mb);
+            if (PyErr_Occurred()) goto done;
+            continue;
+        }
+        /* _parse_kernel: (compat, fixes) remembered by (the name without its microbatch, cat) */
+        PyObject *key, *mb, *hit = NULL, *full = NULL;
+        if (split_name(name, &key, &mb)) goto done;
+        int starts_mb = PyUnicode_GET_LENGTH(name) >= 2 && PyUnicode_READ_CHAR(name, 0) == 'm'
+                        && PyUnicode_READ_CHAR(name, 1) == 'b';
+        if (!PyUnicode_GET_LENGTH(mb) || starts_mb) {
+            Py_DECREF(mb);
+            full = PyObject_CallFunctionObjArgs(parse_name, name, PyTuple_GET_ITEM(r, R_CAT), NULL);
+            if (!full || !PyTuple_Check(full) || PyTuple_GET_SIZE(full) != 4) {
+                Py_DECREF(key);
+                Py_XDECREF(full);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "chart_runs: _parse_name's answer");
+                goto done;
+            }
+            mb = Py_NewRef(PyTuple_GET_ITEM(full, 3));
+            hit = full;
+        } else {
+            PyObject *k2 = PyTuple_Pack(2, key, PyTuple_GET_ITEM(r, R_CAT));
+            if (!k2) {
+                Py_DECREF(key);
+                Py_DECREF(mb);
+                goto done;
+            }
+            hit = PyDict_GetItemWithError(parsed, k2);
+            if (!hit && !PyErr_Occurred()) {
+                full = PyObject_CallFunctionObjArgs(parse_name, name, PyTuple_GET_ITEM(r, R_CAT), NULL);
+                PyObject *three = full && PyTuple_Check(full) && PyTuple_GET_SIZE(full) == 4
+                                  ? PyTuple_GetSlice(full, 0, 3) : NULL;
+                if (three && PyDict_SetItem(parsed, k2, three) == 0) hit = full;
+                Py_XDECREF(three);
+                if (!hit && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "chart_runs: _parse_name's answer");
+            }
+            Py_DECREF(k2);
+            if (!hit) {
+                Py_DECREF(key);
+                Py_DECREF(mb);
+                Py_XDECREF(full);
+                goto done;
+            }
+        }
+        Py_DECREF(key);
+        PyObject *compat = PyTuple_GET_ITEM(hit, 0);
+        int fixes = PyObject_IsTrue(PyTuple_GET_ITEM(hit, 1)), mask = 0, first = 0;
+        if (fixes >= 0 && PyTuple_Check(compat) && PyTuple_GET_SIZE(compat) > 0) {
+            for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(compat); k++) {
+                int bit = kind_bit(PyTuple_GET_ITEM(compat, k));
+                if (!bit) mask = -1;
+                if (mask >= 0) mask |= bit;
+            }
+            first = kind_bit(PyTuple_GET_ITEM(compat, 0));
+        } else {
+            mask = -1;
+        }
+        int len1 = PyTuple_Check(compat) && PyTuple_GET_SIZE(compat) == 1;
+        Py_XDECREF(full);
+        if (mask <= 0) {
+            Py_DECREF(mb);
+            if (!PyErr_Occurred()) gave_up = 1;
+            goto done;
+        }
+        Run *last = nruns ? &runs[nruns - 1] : NULL;
+        int same = 0;
+        if (last && !last->closed) {
+            same = PyUnicode_Compare(last->mb, mb);
+            if (same == -1 && PyErr_Occurred()) {
+                Py_DECREF(mb);
+                goto done;
+            }
+            same = same == 0 && ((last->kind & mask) || (last->kind == 0 && (last->compat & mask)));
+        }
+        if (same) {
+            Py_DECREF(mb);
+            if (last->kind == 0) {
+                last->compat &= mask;
+                if (fixes) last->kind = first;
+            }
+            if (end > last->end) last->end = end;
+        } else {
+            if (nruns == cap) {
+                Py_ssize_t c = cap ? 2 * cap : 256;
+                Run *p = PyMem_Realloc(runs, (size_t)c * sizeof(Run));
+                if (!p) {
+                    Py_DECREF(mb);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                runs = p;
+                cap = c;
+            }
+            last = &runs[nruns];
+            last->kind = fixes || len1 ? first : 0;
+            last->compat = mask;
+            last->closed = 0;
+            last->mb = mb;
+            last->start = start;
+            last->end = end;
+            last->kernels = PyList_New(0);
+            last->recompute = PyList_New(0);
+            nruns++;
+            if (!last->kernels || !last->recompute) goto done;
+        }
+        int rec = PyUnicode_GET_LENGTH(name) >= 2 && PyUnicode_READ_CHAR(name, 0) == 'R'
+                  && PyUnicode_READ_CHAR(name, 1) == ' ';
+        PyObject *iv = PyTuple_Pack(2, PyTuple_GET_ITEM(r, R_START), PyTuple_GET_ITEM(r, R_END));
+        int bad = !iv || PyList_Append(rec ? last->recompute : last->kernels, iv) < 0;
+        Py_XDECREF(iv);
+        if (bad) goto done;
+    }
+    out = PyList_New(nruns);
+    for (Py_ssize_t k = 0; out && k < nruns; k++) {
+        Run *run = &runs[k];
+        int kind = run->kind;
+        if (kind == 0)                         /* "B" if it may be one, else the first by name */
+            kind = run->compat & K_B ? K_B : run->compat & K_F ? K_F : run->compat & K_I ? K_I
+                   : run->compat & K_W ? K_W : K_OPT;
+        PyObject *t = Py_BuildValue("(NOLLOON)", kind_name(kind), run->mb, run->start, run->end, run->kernels,
+                                    run->recompute, PyBool_FromLong(run->closed));
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, k, t);
+    }
+done:
+    for (Py_ssize_t k = 0; k < nruns; k++) {
+        Py_XDECREF(runs[k].mb);
+        Py_XDECREF(runs[k].kernels);
+        Py_XDECREF(runs[k].recompute);
+    }
+    PyMem_Free(runs);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"kineto_events", kineto_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events as one text."},
     {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
     {"timeline_rows", timeline_rows, METH_VARARGS, "timeline.csv's rows as one text."},
     {"name_key", name_key, METH_O, "sim.engine.slice_args.name_key_py, compiled."},
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
+    {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_textout", NULL, -1, methods};

@@ -622,17 +622,13 @@ def _parse_name(name: str, cat: str) -> tuple:
     return compat, fixes, cs, mb
 
 
-def chart_boxes(records, rank: int) -> list:
-    """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
-    an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
-    are DualPipe's overlapped pair and form one box."""
-    mine = [r for r in records if r.rank == rank and (
-        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]
-    # ordered by (start, marks first, end): three stable sorts, least significant key first (the
-    # only streams here are "mark" and "compute", so marks first is the stream descending)
-    mine.sort(key=attrgetter("end_ns"))
-    mine.sort(key=attrgetter("stream"), reverse=True)
-    mine.sort(key=attrgetter("start_ns"))
+_RUN_KEYS = ("kind", "mb", "start", "end", "kernels", "recompute", "closed")
+"""The fields of the compiled chart_runs' runs (`_chart_runs_py`'s dicts)."""
+
+
+def _chart_runs_py(mine: list) -> list:
+    """chart_boxes' runs, kernels of one action each, from a rank's marks and compute kernels in
+    their order: the compiled module's chart_runs where it is built."""
     runs: list = []
     for r in mine:
         if r.stream == "mark":
@@ -661,6 +657,22 @@ def chart_boxes(records, rank: int) -> list:
     for run in runs:
         if run["kind"] == "?":
             run["kind"] = "B" if "B" in run["compat"] else sorted(run["compat"])[0]
+    return runs
+
+
+def chart_boxes(records, rank: int) -> list:
+    """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
+    an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
+    are DualPipe's overlapped pair and form one box."""
+    mine = [r for r in records if r.rank == rank and (
+        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]
+    # ordered by (start, marks first, end): three stable sorts, least significant key first (the
+    # only streams here are "mark" and "compute", so marks first is the stream descending)
+    mine.sort(key=attrgetter("end_ns"))
+    mine.sort(key=attrgetter("stream"), reverse=True)
+    mine.sort(key=attrgetter("start_ns"))
+    got = None if _textout is None else _textout.chart_runs(mine, _PARSED, _parse_name)
+    runs = _chart_runs_py(mine) if got is None else [dict(zip(_RUN_KEYS, run)) for run in got]
 
     def key(run):
         return run["kind"], run["mb"]
@@ -700,15 +712,17 @@ def _time_in_bins(intervals, edges):
     """Time each window [edges[k], edges[k+1]) spends inside the union of `intervals`."""
     import numpy as np
 
-    merged: list = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        elif e > s:
-            merged.append([s, e])
-    if not merged:
+    # the union as disjoint intervals, in order: sorted by (start, end), an interval opens a new
+    # one where it starts after every earlier end (empty intervals add nothing: dropped)
+    iv = np.array(intervals, dtype=np.int64).reshape(-1, 2)
+    iv = iv[iv[:, 1] > iv[:, 0]]
+    if not len(iv):
         return np.zeros(len(edges) - 1)
-    st, en = np.array(merged, dtype=float).T
+    iv = iv[np.lexsort((iv[:, 1], iv[:, 0]))]
+    new = np.ones(len(iv), dtype=bool)
+    new[1:] = iv[1:, 0] > np.maximum.accumulate(iv[:-1, 1])
+    first = np.flatnonzero(new)
+    st, en = iv[first, 0].astype(float), np.maximum.reduceat(iv[:, 1], first).astype(float)
     cum = np.concatenate([[0.0], np.cumsum(en - st)])
     k = np.searchsorted(en, edges, side="right")          # intervals over by each edge
     inside = np.where(k < len(st), np.clip(edges - st[np.minimum(k, len(st) - 1)], 0, None), 0.0)
