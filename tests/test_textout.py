@@ -221,3 +221,31 @@ def test_chart_runs_on_awkward_names_are_the_python_ones(items):
     recs.sort(key=lambda r: (r.start_ns, r.stream != "mark", r.end_ns))
     want = [tuple(run[k] for k in outputs._RUN_KEYS) for run in outputs._chart_runs_py(recs)]
     assert C.chart_runs(recs, outputs._PARSED, outputs._parse_name) == want
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x8-zbv", "gpt3-175b-a100x64"])
+def test_host_items_are_the_python_ones(scenario):
+    """The Kineto writer's host items of each traced rank (its kernels after the stream waits
+    they need, its calls and receives in their c10d ops) and their placement on the host thread:
+    the same _Items, holding the same record objects, and the same starts and host times."""
+    from operator import attrgetter
+
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario))
+    received: dict = {}
+    for key, info in (res.p2p or {}).items():
+        received.setdefault(info.get("dst"), {})[key] = info
+    recs = res.records_of(res.simulated_ranks)
+    for rank in res.simulated_ranks:
+        mine = sorted([r for r in recs if r.rank == rank and r.stream != "mark" and r.end_ns > r.start_ns],
+                      key=attrgetter("start_ns", "end_ns", "stream", "name"))
+        comp = [r for r in mine if r.stream == "compute"]
+        recvs = kineto._receives(comp, received.get(rank, {}), rank, Record)
+        items, starts, costs = C.host_items(mine, comp, recvs, kineto._Item, kineto.RUNTIME_NS, kineto.LAUNCH_NS)
+        want = kineto._items(mine, comp, recvs, kineto._binding_sources(comp, mine, recvs))
+        assert items == want and (starts, costs) == kineto._place(want)
+        assert all(type(a) is kineto._Item and a.launch is b.launch for a, b in zip(items, want))
+        assert any(call == "wait" for it in items for call, _ in it.calls)

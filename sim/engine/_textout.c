@@ -833,6 +833,284 @@ done:
     return out;
 }
 
+/* ---- the Kineto writer's host items (sim.engine.kineto._binding_sources, _items, _place) ---- */
+
+typedef struct {
+    long long due, prio, seq;
+    PyObject *item;                            /* the _Item (owned) */
+} HostItem;
+
+static int cmp_items(const void *a, const void *b) {
+    const HostItem *x = a, *y = b;
+    if (x->due != y->due) return x->due < y->due ? -1 : 1;
+    if (x->prio != y->prio) return x->prio < y->prio ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+typedef struct {
+    long long start;
+    PyObject *stream;
+    Py_ssize_t at;                             /* the position before sorting: a stable sort */
+    PyObject *rec;
+} Other;
+
+static int other_error;                        /* PyUnicode_Compare failed inside qsort */
+
+static int cmp_others(const void *a, const void *b) {
+    const Other *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    int c = PyUnicode_Compare(x->stream, y->stream);
+    if (c == -1 && PyErr_Occurred()) other_error = 1;
+    if (c) return c;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* An _Item (a NamedTuple: due, prio, seq, calls, launch) made as tuple.__new__ makes it */
+static PyObject *new_item(PyTypeObject *cls, long long due, long long prio, long long seq, PyObject *calls,
+                          PyObject *launch) {
+    PyObject *it = cls->tp_alloc(cls, 5);
+    if (!it) return NULL;
+    PyObject *a = PyLong_FromLongLong(due), *b = PyLong_FromLongLong(prio), *c = PyLong_FromLongLong(seq);
+    if (!a || !b || !c) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_XDECREF(c);
+        Py_DECREF(it);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(it, 0, a);
+    PyTuple_SET_ITEM(it, 1, b);
+    PyTuple_SET_ITEM(it, 2, c);
+    PyTuple_SET_ITEM(it, 3, Py_NewRef(calls));
+    PyTuple_SET_ITEM(it, 4, Py_NewRef(launch));
+    return it;
+}
+
+static PyObject *call_pair(PyObject *what, PyObject *rec) { return PyTuple_Pack(2, what, rec); }
+
+/* host_items(mine, comp, recvs, item_type, runtime_ns, launch_ns) -> (items, starts, costs) or
+ * None: sim.engine.kineto's _binding_sources, _items and _place on one rank's records (`mine`
+ * in order, `comp` its compute-stream ones, `recvs` its receives), the items made as
+ * `item_type` (_Item); None where a time is not a 64-bit integer (the Python runs). */
+static PyObject *host_items(PyObject *self, PyObject *args) {
+    PyObject *mine, *comp, *recvs, *out = NULL, *ends_of = NULL, *waited = NULL;
+    PyObject *s_wait = NULL, *s_launch = NULL, *s_record = NULL;
+    PyTypeObject *cls;
+    long long runtime_ns, launch_ns;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!LL", &PyList_Type, &mine, &PyList_Type, &comp, &PyList_Type, &recvs,
+                          &PyType_Type, &cls, &runtime_ns, &launch_ns))
+        return NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "host_items: item_type is not a tuple type");
+        return NULL;
+    }
+    Py_ssize_t nc = PyList_GET_SIZE(comp), nm = PyList_GET_SIZE(mine), nr = PyList_GET_SIZE(recvs);
+    long long *ends = PyMem_Malloc(sizeof(long long) * (size_t)(nc + 1));
+    PyObject **waits = PyMem_Calloc((size_t)nc + 1, sizeof(PyObject *));     /* borrowed */
+    Other *others = PyMem_Malloc(sizeof(Other) * (size_t)(nm + nr + 1));
+    HostItem *items = PyMem_Calloc((size_t)(nc + nm + nr) + 1, sizeof(HostItem));
+    Py_ssize_t n_items = 0, n_others = 0;
+    int gave_up = 0;
+    if (!ends || !waits || !others || !items) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    s_wait = PyUnicode_InternFromString("wait");
+    s_launch = PyUnicode_InternFromString("launch");
+    s_record = PyUnicode_InternFromString("record");
+    ends_of = PyDict_New();                    /* end time -> the record a kernel starting then waited for */
+    waited = PySet_New(NULL);                  /* id() of the records waited for */
+    if (!s_wait || !s_launch || !s_record || !ends_of || !waited) goto done;
+#define REC_OK(r) (PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= 6 && PyUnicode_Check(PyTuple_GET_ITEM(r, R_STREAM)))
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *r = PyList_GET_ITEM(comp, i);
+        if (!REC_OK(r)) goto bad;
+        if (get_ll(PyTuple_GET_ITEM(r, R_END), &ends[i])) {
+            gave_up = 1;
+            goto done;
+        }
+    }
+    /* _binding_sources: per end time, the non-compute record with the largest (start, stream),
+     * then the receives */
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        PyObject *r = PyList_GET_ITEM(mine, i);
+        long long start, bstart;
+        if (!REC_OK(r)) goto bad;
+        PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);
+        if (PyUnicode_CompareWithASCIIString(stream, "compute") == 0) continue;
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
+            gave_up = 1;
+            goto done;
+        }
+        others[n_others] = (Other){start, stream, n_others, r};
+        n_others++;
+        PyObject *best = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_END));
+        if (!best && PyErr_Occurred()) goto done;
+        int better = best == NULL;
+        if (best) {
+            if (get_ll(PyTuple_GET_ITEM(best, R_START), &bstart)) {
+                gave_up = 1;
+                goto done;
+            }
+            if (start != bstart) {
+                better = start > bstart;
+            } else {
+                int c = PyUnicode_Compare(stream, PyTuple_GET_ITEM(best, R_STREAM));
+                if (c == -1 && PyErr_Occurred()) goto done;
+                better = c > 0;
+            }
+        }
+        if (better && PyDict_SetItem(ends_of, PyTuple_GET_ITEM(r, R_END), r) < 0) goto done;
+    }
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *r = PyList_GET_ITEM(recvs, i);
+        long long start;
+        if (!REC_OK(r)) goto bad;
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
+            gave_up = 1;
+            goto done;
+        }
+        others[n_others] = (Other){start, PyTuple_GET_ITEM(r, R_STREAM), n_others, r};
+        n_others++;
+        if (PyDict_SetItem(ends_of, PyTuple_GET_ITEM(r, R_END), r) < 0) goto done;
+    }
+    long long prev = 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *r = PyList_GET_ITEM(comp, i);
+        long long start;
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
+            gave_up = 1;
+            goto done;
+        }
+        if (start > prev) {
+            PyObject *src = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_START));
+            if (!src && PyErr_Occurred()) goto done;
+            if (src) {
+                waits[i] = src;
+                PyObject *id = PyLong_FromVoidPtr(src);
+                int bad = !id || PySet_Add(waited, id) < 0;
+                Py_XDECREF(id);
+                if (bad) goto done;
+            }
+        }
+        prev = ends[i];
+    }
+    /* _items: each compute kernel (after its wait), then the others by (start, stream) */
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *r = PyList_GET_ITEM(comp, i), *launch = call_pair(s_launch, r), *calls = NULL;
+        long long start;
+        get_ll(PyTuple_GET_ITEM(r, R_START), &start);
+        if (launch) {
+            if (waits[i]) {
+                PyObject *wait = call_pair(s_wait, waits[i]);
+                calls = wait ? PyTuple_Pack(2, wait, launch) : NULL;
+                Py_XDECREF(wait);
+            } else {
+                calls = PyTuple_Pack(1, launch);
+            }
+        }
+        Py_XDECREF(launch);
+        if (!calls) goto done;
+        items[n_items] = (HostItem){start, 1, n_items, new_item(cls, start, 1, n_items, calls, r)};
+        Py_DECREF(calls);
+        if (!items[n_items++].item) goto done;
+    }
+    other_error = 0;
+    qsort(others, (size_t)n_others, sizeof(Other), cmp_others);
+    if (other_error) goto done;
+    for (Py_ssize_t k = 0; k < n_others; k++) {
+        PyObject *r = others[k].rec;
+        long long start = others[k].start;
+        Py_ssize_t lo = 0, hi = nc;            /* bisect.bisect_right(ends, start) */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (start < ends[mid]) hi = mid;
+            else lo = mid + 1;
+        }
+        Py_ssize_t j = lo - 1;
+        PyObject *parts[4];
+        int np_ = 0, bad = 0;
+        if (j >= 0) {
+            parts[np_++] = call_pair(s_record, PyList_GET_ITEM(comp, j));
+            parts[np_++] = call_pair(s_wait, PyList_GET_ITEM(comp, j));
+        }
+        parts[np_++] = call_pair(s_launch, r);
+        PyObject *id = PyLong_FromVoidPtr(r);
+        int was = id ? PySet_Contains(waited, id) : -1;
+        Py_XDECREF(id);
+        if (was < 0) bad = 1;
+        else if (was) parts[np_++] = call_pair(s_record, r);
+        PyObject *calls = PyTuple_New(np_);
+        for (int q = 0; q < np_; q++) {
+            if (!parts[q]) bad = 1;
+            if (calls) PyTuple_SET_ITEM(calls, q, parts[q]);
+            else Py_XDECREF(parts[q]);
+        }
+        if (!calls || bad) {
+            Py_XDECREF(calls);
+            goto done;
+        }
+        long long due = j >= 0 ? ends[j] : start;
+        items[n_items] = (HostItem){due, 0, n_items, new_item(cls, due, 0, n_items, calls, r)};
+        Py_DECREF(calls);
+        if (!items[n_items++].item) goto done;
+    }
+    qsort(items, (size_t)n_items, sizeof(HostItem), cmp_items);
+    /* _place: as late as possible, one after another, each ending by its due */
+    {
+        PyObject *lst = PyList_New(n_items), *starts = PyList_New(n_items), *costs = PyList_New(n_items);
+        long long nxt = 0;
+        int have_next = 0;
+        if (!lst || !starts || !costs) {
+            Py_XDECREF(lst);
+            Py_XDECREF(starts);
+            Py_XDECREF(costs);
+            goto done;
+        }
+        for (Py_ssize_t k = n_items - 1; k >= 0; k--) {
+            long long cost = runtime_ns * PyTuple_GET_SIZE(PyTuple_GET_ITEM(items[k].item, 3)) + launch_ns;
+            long long end = !have_next || items[k].due < nxt ? items[k].due : nxt;
+            nxt = end - cost;
+            have_next = 1;
+            PyObject *a = PyLong_FromLongLong(nxt), *b = PyLong_FromLongLong(cost);
+            if (!a || !b) {
+                Py_XDECREF(a);
+                Py_XDECREF(b);
+                Py_DECREF(lst);
+                Py_DECREF(starts);
+                Py_DECREF(costs);
+                goto done;
+            }
+            PyList_SET_ITEM(starts, k, a);
+            PyList_SET_ITEM(costs, k, b);
+            PyList_SET_ITEM(lst, k, items[k].item);
+            items[k].item = NULL;              /* the list owns it now */
+        }
+        out = PyTuple_Pack(3, lst, starts, costs);
+        Py_DECREF(lst);
+        Py_DECREF(starts);
+        Py_DECREF(costs);
+    }
+    goto done;
+bad:
+    PyErr_SetString(PyExc_TypeError, "host_items: not a Record");
+done:
+#undef REC_OK
+    if (items)
+        for (Py_ssize_t k = 0; k < n_items; k++) Py_XDECREF(items[k].item);
+    PyMem_Free(ends);
+    PyMem_Free(waits);
+    PyMem_Free(others);
+    PyMem_Free(items);
+    Py_XDECREF(ends_of);
+    Py_XDECREF(waited);
+    Py_XDECREF(s_wait);
+    Py_XDECREF(s_launch);
+    Py_XDECREF(s_record);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"kineto_events", kineto_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events as one text."},
     {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
@@ -840,6 +1118,7 @@ static PyMethodDef methods[] = {
     {"name_key", name_key, METH_O, "sim.engine.slice_args.name_key_py, compiled."},
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
+    {"host_items", host_items, METH_VARARGS, "sim.engine.kineto's host items, placed."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_textout", NULL, -1, methods};

@@ -231,6 +231,17 @@ def _items(mine, comp, recvs, waits: dict) -> list:
     return items
 
 
+def _host_items(mine: list, comp: list, recvs: list) -> tuple:
+    """(`_items`, placed: their starts and host times, `_place`) of a rank's records in order
+    (`comp` its compute-stream ones, `recvs` its receives): the compiled module's host_items
+    where it is built."""
+    got = None if _textout is None else _textout.host_items(mine, comp, recvs, _Item, RUNTIME_NS, LAUNCH_NS)
+    if got is None:
+        items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
+        return (items, *_place(items))
+    return got
+
+
 def _place(items) -> tuple:
     """(the start of each item on the host thread, its host time): as late as possible (the
     host issues each kernel just before the GPU reaches it, as sim5d's host model has it: a
@@ -443,8 +454,7 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
                   key=attrgetter("start_ns", "end_ns", "stream", "name"))
     comp = [r for r in mine if r.stream == "compute"]
     recvs = _receives(comp, p2p, rank, Record)
-    items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
-    starts, costs = _place(items)
+    items, starts, costs = _host_items(mine, comp, recvs)
     # The first kernels' launches come before the step's 0; Perfetto refuses negative times, so
     # the step's 0 is put at a whole millisecond after them (top-level sim5d.step_start_ns).
     off = -(min(starts[:1] + [0]) // 1_000_000) * 1_000_000
