@@ -116,9 +116,9 @@ def test_a_complete_event_is_json_dumps_of_its_dict(name, cat, start, dur, rank)
     got = C.chrome_events([r], None, {cat: json.dumps(cat)}, tids)
     want = json.dumps({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 3, "ts": start / 1000.0,
                        "dur": dur / 1000.0}, separators=(",", ":"))
-    assert got == want
+    assert got == want.encode()
     tail = ',"args":{"layer":1}}'
-    assert C.chrome_events([r, r], [tail, tail], {cat: json.dumps(cat)}, tids) == ",".join([want[:-1] + tail] * 2)
+    assert C.chrome_events([r, r], [tail, tail], {cat: json.dumps(cat)}, tids) == ",".join([want[:-1] + tail] * 2).encode()
 
 
 @compiled
@@ -127,7 +127,7 @@ def test_times_the_compiled_loops_do_not_write_are_left_to_python():
     for start, end in [(10**15, 10**15 + 1), (0, 10**15), (-1, 5), (2**70, 2**70 + 1), (5, 4)]:
         assert C.chrome_events([_rec(start=start, end=end)], None, cats, tids) is None
     # the CSV writes integers as they are: only one past 64 bits is left to Python
-    assert C.timeline_rows([_rec(start=-1, end=5)], {0: "3"}, round) == "0,3,compute,F L0 mb1,compute,-1,5,6,\r\n"
+    assert C.timeline_rows([_rec(start=-1, end=5)], {0: "3"}, round) == b"0,3,compute,F L0 mb1,compute,-1,5,6,\r\n"
     assert C.timeline_rows([_rec(start=2**70, end=2**70 + 1)], {}, round) is None
     # the whole trace then comes from the dict path: the float's repr past 10^15 ns
     text = outputs.chrome_trace_json([_rec(start=10**15, end=10**15 + 1500)], {0: "rank 0"}, {})
@@ -181,7 +181,7 @@ def test_kineto_events_give_up_on_times_they_do_not_write():
                            0, *args) is None
     ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, (["{}"], [""]),
                                     0)
-    assert '"ts":1000000000000.0' in ",".join(ev) and used == {kineto.STREAMS["compute"]}
+    assert b'"ts":1000000000000.0' in ev and used == {kineto.STREAMS["compute"]}
 
 
 @compiled

@@ -1,9 +1,10 @@
 /* The text of `sim5d run`'s largest outputs, compiled: the per-record loops of the Kineto
  * traces (sim.engine.kineto._host_and_gpu_py), the Chrome trace's complete events
  * (sim.engine.outputs.chrome_trace_parts) and timeline.csv's rows (outputs.write_timeline_csv),
- * writing the same characters as those Python loops (tests/test_textout.py compares the files
- * byte for byte with the module and without it). A million-record step spends most of its output
- * time making these strings one f-string at a time; here each is appended to one buffer.
+ * writing the same characters as those Python loops, as UTF-8 bytes (tests/test_textout.py
+ * compares the files byte for byte with the module and without it). A million-record step
+ * spends most of its output time making these strings one f-string at a time; here each is
+ * appended to one buffer, and the bytes go to the file without being decoded and encoded again.
  *
  * Times are integer nanoseconds written as microseconds the way `us_text` writes them (the
  * integer part, then the three decimals without trailing zeros, ".0" for none). It is exact only
@@ -168,7 +169,7 @@ static int get_id(PyObject *dict, PyObject *key, long long *v) {
 
 static PyObject *done(Buf *b, int gave_up) {
     PyObject *out = NULL;
-    if (!gave_up && !PyErr_Occurred()) out = PyUnicode_DecodeUTF8(b->p ? b->p : "", b->n, "strict");
+    if (!gave_up && !PyErr_Occurred()) out = PyBytes_FromStringAndSize(b->p ? b->p : "", b->n);
     else if (gave_up && !PyErr_Occurred()) out = Py_NewRef(Py_None);
     PyMem_Free(b->p);
     return out;
@@ -197,7 +198,7 @@ static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
 
 /* kineto_events(items, starts, costs, texts, extras, kinds, streams, device, off, runtime_ns,
  *               launch_ns, host_pid, host_tid, cbids)
- * -> (the events joined by ",", the set of stream ids of the launched kernels) or None.
+ * -> (the events joined by ",", as bytes; the set of stream ids of the launched kernels) or None.
  * sim.engine.kineto._host_and_gpu_py's loop: `items` its _Items (calls at index 3, launch at 4),
  * `kinds` each item's (kernel name, cpu_op name) as JSON strings, `texts` and `extras` each
  * kernel's args (kineto._details), `cbids` CUPTI's ids of (cudaLaunchKernel, cudaEventRecord,
@@ -335,7 +336,7 @@ fail:
     return done(&b, gave_up);
 }
 
-/* chrome_events(records, tails, cats, tids) -> text or None: chrome_trace_parts' complete events
+/* chrome_events(records, tails, cats, tids) -> bytes or None: chrome_trace_parts' complete events
  * of `records` joined by ",": name, category (`cats`: cat -> its JSON string), pid (the rank),
  * tid (`tids`: stream -> id), ts and dur in microseconds, then each record's `tails` entry (its
  * args and the closing brace) or, where tails is None, "}". */
@@ -398,7 +399,7 @@ static int put_csv(Buf *b, PyObject *s) {
     return 0;
 }
 
-/* timeline_rows(records, pp, round) -> text or None: timeline.csv's rows of `records` (in their
+/* timeline_rows(records, pp, round) -> bytes or None: timeline.csv's rows of `records` (in their
  * order), each ended by "\r\n": rank, `pp`[rank] (its pipeline rank's text; "" where absent),
  * stream, name and category (`put_csv`), start, end, duration, and on a mark (stream "mark")
  * `round`(value). */

@@ -38,7 +38,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, us_text, write_gzip
+from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, gzip_file, us_text
 from sim.engine.parallel.pp import p2p_name
 from sim.engine.slice_args import _textout, name_fields, name_key, slice_args
 
@@ -360,16 +360,17 @@ def _joined(details: tuple) -> list:
 
 
 def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
-    """`_host_and_gpu_py`'s answer, its events as one text (one list item) where the compiled
-    module (sim/engine/_textout.c) is built and the times are ones it writes."""
+    """`_host_and_gpu_py`'s answer with its events joined by commas as UTF-8 bytes: by the
+    compiled module (sim/engine/_textout.c) where it is built and the times are ones it writes."""
     if _textout is not None and items:
         got = _textout.kineto_events(
             items, placed[0], placed[1], *details, [kinds.of(it.launch) for it in items], streams, device, off,
             RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
             (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
         if got is not None:
-            return [got[0]], got[1]
-    return _host_and_gpu_py(items, placed, streams, device, kinds, details, off)
+            return got
+    ev, used = _host_and_gpu_py(items, placed, streams, device, kinds, details, off)
+    return ",".join(ev).encode(), used
 
 
 def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
@@ -442,12 +443,18 @@ def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, d
     return ev, used
 
 
-def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
-                    zero_stage: int, device_props: dict, args, p2p: dict | None = None) -> str:
-    """The Kineto trace of one simulated rank (module docstring) as JSON text, from its engine
-    records and its receives, the entries of the engine's send/receive log `p2p` whose
-    receiver it is (or its representative, under `ranks: all` symmetry); `args`: the step's
-    sim.engine.slice_args.SliceArgs (what each kernel is and did)."""
+def rank_trace_json(records, rank: int, **kw) -> str:
+    """The Kineto trace of one simulated rank as JSON text (`rank_trace_parts` joined)."""
+    return b"".join(rank_trace_parts(records, rank, **kw)).decode()
+
+
+def rank_trace_parts(records, rank: int, *, world_size: int, device: int, label: str, makespan_ns: int,
+                     zero_stage: int, device_props: dict, args, p2p: dict | None = None) -> list:
+    """The Kineto trace of one simulated rank (module docstring) as JSON text, UTF-8 bytes in
+    pieces that join to it (its kernels' events are one piece, written to the file as they
+    are), from its engine records and its receives, the entries of the engine's send/receive
+    log `p2p` whose receiver it is (or its representative, under `ranks: all` symmetry);
+    `args`: the step's sim.engine.slice_args.SliceArgs (what each kernel is and did)."""
     from sim.engine.core import Record
 
     mine = sorted([r for r in records if r.stream != "mark" and r.end_ns > r.start_ns],
@@ -466,15 +473,22 @@ def rank_trace_json(records, rank: int, *, world_size: int, device: int, label: 
     details = _details(launched, args, p2p)
     ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details, off)
     end, stop = (starts[-1] + costs[-1] if items else off), makespan_ns + off
+    more = []
     if end < stop:          # the step ends with the host waiting for the device (e.g. loss.item())
         corr = sum(len(it.calls) for it in items) + 1
-        ev.append(_runtime("cudaDeviceSynchronize", end, stop - end, corr, len(items) + 1))
-        ev.append(_sync("Context Sync", device, STREAMS["compute"], end, stop - end, corr, None, -1))
+        more.append(_runtime("cudaDeviceSynchronize", end, stop - end, corr, len(items) + 1))
+        more.append(_sync("Context Sync", device, STREAMS["compute"], end, stop - end, corr, None, -1))
     top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [off]),
                        makespan_ns=stop, device_props=device_props, streams=streams, used=used)
     top["sim5d"] = {"step_start_ns": off}
-    events = [json.dumps(e, separators=(",", ":")) for e in head] + ev
-    return json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "[" + ",".join(events) + "]}"
+    # the top level, then the events joined by commas: the frame's (never none), the kernels',
+    # the final sync's
+    parts = [(json.dumps({**top, "traceEvents": []})[:-len("[]}")] + "["
+              + ",".join(json.dumps(e, separators=(",", ":")) for e in head)).encode()]
+    if ev:
+        parts += [b",", ev]
+    parts += [("," + e).encode() for e in more] + [b"]}"]
+    return parts
 
 
 def clear_traces(folder: Path) -> None:
@@ -530,11 +544,13 @@ def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, c
     sa = args if args is not None else slice_args(result, [r for rs in by_rank.values() for r in rs])
     paths = []
     for rank in sorted(by_rank):
-        text = rank_trace_json(by_rank[rank], rank, world_size=layout.world_size,
-                               device=layout.local_gpu_of(rank), label=labels.get(rank, f"rank {rank}"),
-                               makespan_ns=result.makespan_ns, zero_stage=sc.parallelism.zero_stage,
-                               device_props=props, p2p=received.get(rep[rank], {}), args=sa)
+        parts = rank_trace_parts(by_rank[rank], rank, world_size=layout.world_size,
+                                 device=layout.local_gpu_of(rank), label=labels.get(rank, f"rank {rank}"),
+                                 makespan_ns=result.makespan_ns, zero_stage=sc.parallelism.zero_stage,
+                                 device_props=props, p2p=received.get(rep[rank], {}), args=sa)
         path = folder / f"rank-{rank}.json.gz"
-        write_gzip(path, text.encode())
+        with gzip_file(path) as f:
+            for part in parts:
+                f.write(part)
         paths.append(path)
     return paths

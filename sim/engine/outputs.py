@@ -83,9 +83,9 @@ def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
         q = _csv_fields({x for r in rows for x in (r.stream, r.name, r.cat)})
         text = "".join(
             f"{r.rank},{pp.get(r.rank, '')},{q[r.stream]},{q[r.name]},{q[r.cat]},{r.start_ns},{r.end_ns},"
-            f"{r.end_ns - r.start_ns},{round(r.value) if r.stream == 'mark' else ''}\r\n" for r in rows)
-    with open(path, "w", newline="") as f:
-        f.write(",".join(TIMELINE_COLUMNS) + "\r\n")
+            f"{r.end_ns - r.start_ns},{round(r.value) if r.stream == 'mark' else ''}\r\n" for r in rows).encode()
+    with open(path, "wb") as f:                 # UTF-8
+        f.write((",".join(TIMELINE_COLUMNS) + "\r\n").encode())
         f.write(text)
 
 
@@ -239,7 +239,7 @@ def chrome_trace_json(records, labels: dict, mem: dict, p2p: dict | None = None,
                       stage_layers: dict | None = None, args=None, links=None) -> str:
     """`json.dumps(chrome_trace(...), separators=(",", ":"))`, the same text, with each
     kernel's event written as text instead of through a dict (tests/test_charts.py compares)."""
-    return "".join(chrome_trace_parts(records, labels, mem, p2p, stage_layers, args, links))
+    return b"".join(chrome_trace_parts(records, labels, mem, p2p, stage_layers, args, links)).decode()
 
 
 TRACE_CHUNK = 65_536
@@ -248,18 +248,19 @@ TRACE_CHUNK = 65_536
 
 def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None,
                        stage_layers: dict | None = None, args=None, links=None):
-    """`chrome_trace_json`'s text in pieces that join to it, the complete events TRACE_CHUNK at
-    a time: `write_trace` compresses each as it comes, so that the text of a million slices with
-    their args (250 MB) is never held whole, nor its bytes."""
+    """`chrome_trace_json`'s text as UTF-8 bytes in pieces that join to it, the complete events
+    TRACE_CHUNK at a time: `write_trace` compresses each as it comes, so that the text of a
+    million slices with their args (250 MB) is never held whole."""
     meta, shown, tids = _trace_head(records, labels, p2p)
     if max(map(attrgetter("end_ns"), shown), default=0) >= US_TEXT_LIMIT_NS:
-        yield json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers, args, links), separators=(",", ":"))
+        yield json.dumps(chrome_trace(records, labels, mem, p2p, stage_layers, args, links),
+                         separators=(",", ":")).encode()
         return
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     enc = json.encoder.encode_basestring_ascii          # json.dumps' strings (ensure_ascii)
     head = [dumps(e) for e in meta]
-    yield '{"traceEvents":[' + ",".join(head)
-    sep = "," if head else ""
+    yield ('{"traceEvents":[' + ",".join(head)).encode()
+    sep = b"," if head else b""
     cats = {c: enc(c) for c in {r.cat for r in shown}}
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
     for i in range(0, len(shown), TRACE_CHUNK):
@@ -271,15 +272,17 @@ def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None
                 f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
                 f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
                 f'"dur":{(r.end_ns - r.start_ns) // 1000}{fr[(r.end_ns - r.start_ns) % 1000]}{tail}'
-                for r, tail in zip(part, repeat("}") if tails is None else tails))
-        yield sep + text
-        sep = ","
+                for r, tail in zip(part, repeat("}") if tails is None else tails)).encode()
+        yield sep
+        yield text
+        sep = b","
     tail = _trace_tail_json(mem, p2p, flow_ends(shown, p2p, stage_layers))
     if links is not None:
         tail += link_events_json(links)
     if tail:
-        yield sep + ",".join(tail)
-    yield '],"displayTimeUnit":"ns"' + ("" if links is None else ',"otherData":' + dumps({"link_load": links.note})) + "}"
+        yield sep + ",".join(tail).encode()
+    yield ('],"displayTimeUnit":"ns"' + ("" if links is None else ',"otherData":' + dumps({"link_load": links.note}))
+           + "}").encode()
 
 
 def _trace_tail_json(mem: dict, p2p: dict | None, ends: dict) -> list:
@@ -343,10 +346,10 @@ def link_events_json(links, top: int = BUSIEST_LINKS) -> list:
 def write_trace(records, labels, mem, path: Path, p2p: dict | None = None,
                 stage_layers: dict | None = None, args=None, links=None) -> None:
     """trace.json.gz: `chrome_trace_json`'s text gzipped as `write_gzip` does, piece by piece
-    (`chrome_trace_parts`; deflate's output does not depend on how its input is cut)."""
+    (`chrome_trace_parts`; `gzip_file` compresses blocks that do not depend on the pieces)."""
     with gzip_file(path) as f:
         for piece in chrome_trace_parts(records, labels, mem, p2p, stage_layers, args, links):
-            f.write(piece.encode())
+            f.write(piece)
 
 
 def stage_layers(sc) -> dict:
