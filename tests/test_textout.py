@@ -117,8 +117,9 @@ def test_a_complete_event_is_json_dumps_of_its_dict(name, cat, start, dur, rank)
     want = json.dumps({"ph": "X", "name": name, "cat": cat, "pid": rank, "tid": 3, "ts": start / 1000.0,
                        "dur": dur / 1000.0}, separators=(",", ":"))
     assert got == want.encode()
-    tail = ',"args":{"layer":1}}'
-    assert C.chrome_events([r, r], [tail, tail], {cat: json.dumps(cat)}, tids) == ",".join([want[:-1] + tail] * 2).encode()
+    args = '{"layer":1}'
+    assert (C.chrome_events([r, r], [args, args], {cat: json.dumps(cat)}, tids)
+            == ",".join([want[:-1] + ',"args":' + args + "}"] * 2).encode())
 
 
 @compiled

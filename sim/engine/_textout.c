@@ -336,17 +336,17 @@ fail:
     return done(&b, gave_up);
 }
 
-/* chrome_events(records, tails, cats, tids) -> bytes or None: chrome_trace_parts' complete events
+/* chrome_events(records, texts, cats, tids) -> bytes or None: chrome_trace_parts' complete events
  * of `records` joined by ",": name, category (`cats`: cat -> its JSON string), pid (the rank),
- * tid (`tids`: stream -> id), ts and dur in microseconds, then each record's `tails` entry (its
- * args and the closing brace) or, where tails is None, "}". */
+ * tid (`tids`: stream -> id), ts and dur in microseconds, then `"args":` and each record's
+ * `texts` entry (its args as JSON), where texts is not None, and the closing brace. */
 static PyObject *chrome_events(PyObject *self, PyObject *args) {
-    PyObject *recs, *tails, *cats, *tids;
-    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &recs, &tails, &PyDict_Type, &cats, &PyDict_Type, &tids))
+    PyObject *recs, *texts, *cats, *tids;
+    if (!PyArg_ParseTuple(args, "O!OO!O!", &PyList_Type, &recs, &texts, &PyDict_Type, &cats, &PyDict_Type, &tids))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(recs);
-    if (tails != Py_None && (!PyList_Check(tails) || PyList_GET_SIZE(tails) != n)) {
-        PyErr_SetString(PyExc_ValueError, "chrome_events: tails is not a list of one per record");
+    if (texts != Py_None && (!PyList_Check(texts) || PyList_GET_SIZE(texts) != n)) {
+        PyErr_SetString(PyExc_ValueError, "chrome_events: texts is not a list of one per record");
         return NULL;
     }
     Buf b = {NULL, 0, 0};
@@ -365,7 +365,8 @@ static PyObject *chrome_events(PyObject *self, PyObject *args) {
              || PUT(&b, ",\"cat\":") || put_str(&b, cat) || PUT(&b, ",\"pid\":") || put_int(&b, rank)
              || PUT(&b, ",\"tid\":") || put_int(&b, tid) || PUT(&b, ",\"ts\":") || put_us(&b, start)
              || PUT(&b, ",\"dur\":") || put_us(&b, end - start)
-             || (tails == Py_None ? PUT(&b, "}") : put_str(&b, PyList_GET_ITEM(tails, i))));
+             || (texts != Py_None && (PUT(&b, ",\"args\":") || put_str(&b, PyList_GET_ITEM(texts, i))))
+             || PUT(&b, "}"));
     }
     return done(&b, 0);
 fail:

@@ -24,7 +24,7 @@ import re
 import sys
 import threading
 from dataclasses import dataclass
-from itertools import groupby, repeat
+from itertools import chain, groupby, repeat
 from operator import attrgetter
 from pathlib import Path
 
@@ -265,9 +265,10 @@ def chrome_trace_parts(records, labels: dict, mem: dict, p2p: dict | None = None
     fr = US_FRACTION                                    # us_text inlined: n ns as microseconds
     for i in range(0, len(shown), TRACE_CHUNK):
         part = shown[i:i + TRACE_CHUNK]
-        tails = None if args is None else [f',"args":{a}}}' for a in args.texts(part)]
-        text = None if _textout is None else _textout.chrome_events(part, tails, cats, tids)
+        texts = None if args is None else args.texts(part)
+        text = None if _textout is None else _textout.chrome_events(part, texts, cats, tids)
         if text is None:
+            tails = None if texts is None else [f',"args":{a}}}' for a in texts]
             text = ",".join(
                 f'{{"ph":"X","name":{enc(r.name)},"cat":{cats[r.cat]},"pid":{r.rank},"tid":{tids[r.stream]},'
                 f'"ts":{r.start_ns // 1000}{fr[r.start_ns % 1000]},'
@@ -717,7 +718,7 @@ def _time_in_bins(intervals, edges):
 
     # the union as disjoint intervals, in order: sorted by (start, end), an interval opens a new
     # one where it starts after every earlier end (empty intervals add nothing: dropped)
-    iv = np.array(intervals, dtype=np.int64).reshape(-1, 2)
+    iv = np.fromiter(chain.from_iterable(intervals), dtype=np.int64, count=2 * len(intervals)).reshape(-1, 2)
     iv = iv[iv[:, 1] > iv[:, 0]]
     if not len(iv):
         return np.zeros(len(edges) - 1)
