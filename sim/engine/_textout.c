@@ -71,15 +71,19 @@ static int put_us(Buf *b, long long ns) {
     return put(b, t, r % 10 ? 4 : r % 100 ? 3 : 2);
 }
 
-/* A str's UTF-8 bytes as they are (the CSV) */
-static int put_str(Buf *b, PyObject *s) {
-    Py_ssize_t n;
-    const char *c;
+/* A str's UTF-8 bytes (kept by the str) and their number; NULL with an error if not a str */
+static const char *utf8(PyObject *s, Py_ssize_t *n) {
     if (!PyUnicode_Check(s)) {
         PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
-        return -1;
+        return NULL;
     }
-    c = PyUnicode_AsUTF8AndSize(s, &n);
+    return PyUnicode_AsUTF8AndSize(s, n);
+}
+
+/* A str's UTF-8 bytes as they are */
+static int put_str(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *c = utf8(s, &n);
     return c ? put(b, c, n) : -1;
 }
 
@@ -185,12 +189,7 @@ enum { R_RANK, R_STREAM, R_NAME, R_CAT, R_START, R_END, R_VALUE };
  * after a comma (nothing for "{}"), then its NCCL args text */
 static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
     Py_ssize_t n;
-    const char *c;
-    if (!PyUnicode_Check(text)) {
-        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
-        return -1;
-    }
-    c = PyUnicode_AsUTF8AndSize(text, &n);                /* JSON, ASCII: '{' ... '}' */
+    const char *c = utf8(text, &n);                       /* JSON, ASCII: '{' ... '}' */
     if (!c) return -1;
     if (n > 2 && (PUT(b, ",") || put(b, c + 1, n - 2))) return -1;
     return put_str(b, extra);
@@ -378,12 +377,7 @@ fail:
  * quotes doubled, where it holds a comma, a double quote, CR or LF; else as it is (UTF-8) */
 static int put_csv(Buf *b, PyObject *s) {
     Py_ssize_t n;
-    const char *c;
-    if (!PyUnicode_Check(s)) {
-        PyErr_SetString(PyExc_TypeError, "_textout: expected a str");
-        return -1;
-    }
-    c = PyUnicode_AsUTF8AndSize(s, &n);
+    const char *c = utf8(s, &n);
     if (!c) return -1;
     if (!memchr(c, ',', (size_t)n) && !memchr(c, '"', (size_t)n) && !memchr(c, '\r', (size_t)n)
         && !memchr(c, '\n', (size_t)n))
