@@ -1,10 +1,11 @@
 """Build hook (hatchling): compile sim5d's two C modules, the flow network's max-min kernel
-(sim/network/_maxmin.c) and the text of `sim5d run`'s largest outputs (sim/engine/_textout.c).
+(sim/network/_maxmin.c) and the per-record loops of `sim5d run`'s largest outputs
+(sim/engine/_textout.c).
 
 Both are optional: where no C compiler is found the build says so and the package runs its
 Python instead (the same rates bit for bit, 10-100x slower on thousands of flows; the same
-output bytes, slower on a large step; `sim.network.flow.KERNEL` and `sim.engine.outputs.TEXT`
-tell which one runs). Both a wheel and an editable install get each compiled module next to its
+output bytes, slower on a large step; `sim.network.flow.KERNEL` and
+`sim.engine.slice_args.TEXT` tell which one runs). Both a wheel and an editable install get each compiled module next to its
 source, e.g. sim/network/_maxmin.<platform suffix>.
 
 `-ffp-contract=off` (`/fp:strict` on MSVC) keeps each multiply and add rounded on its own, as
@@ -21,7 +22,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 MODULES = {"sim.network._maxmin": ("sim/network/_maxmin.c", "the flow network's compiled max-min kernel",
                                     "the numpy filling (the same results, slower on thousands of "
                                     "concurrent flows)"),
-           "sim.engine._textout": ("sim/engine/_textout.c", "the compiled output text writer",
+           "sim.engine._textout": ("sim/engine/_textout.c", "the outputs' compiled loops",
                                    "the Python writers (the same files, slower on a large step)")}
 """module -> (its C source, what it is, what runs without it)"""
 

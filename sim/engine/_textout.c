@@ -1,8 +1,10 @@
-/* The text of `sim5d run`'s largest outputs, compiled: the per-record loops of the Kineto
- * traces (sim.engine.kineto._host_and_gpu_py), the Chrome trace's complete events
- * (sim.engine.outputs.chrome_trace_parts) and timeline.csv's rows (outputs.write_timeline_csv),
- * writing the same characters as those Python loops, as UTF-8 bytes (tests/test_textout.py
- * compares the files byte for byte with the module and without it). A million-record step
+/* The per-record loops of `sim5d run`'s largest outputs, compiled: the text of the Kineto
+ * traces (sim.engine.kineto._host_and_gpu_py) and their host items (kineto._items, _place), the
+ * Chrome trace's complete events (sim.engine.outputs.chrome_trace_parts), timeline.csv's rows
+ * (outputs.write_timeline_csv), the slice args' texts and names' keys (sim.engine.slice_args)
+ * and the pipeline chart's runs (outputs._chart_runs_py), each the same as its Python copy,
+ * the text as UTF-8 bytes (tests/test_textout.py compares every output file with the module and
+ * without it, and each function with its copy or an independent truth). A million-record step
  * spends most of its output time making these strings one f-string at a time; here each is
  * appended to one buffer, and the bytes go to the file without being decoded and encoded again.
  *

@@ -376,9 +376,10 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
 def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
-    (stable name, the item's `details`, `_details`' pair, in args) with the ac2g flow from its launch; each stream
-    wait as the GPU's sync event. A launch's four events are made as one string. Kernels are
-    placed at their records' times + `off` (the placed host times already include it)."""
+    (stable name, the item's `details`, `_details`' pair, in args) with the ac2g flow from its
+    launch; each stream wait as the GPU's sync event. A launch's four events are made as one
+    string. Kernels are placed at their records' times + `off` (the placed host times already
+    include it)."""
     ev, used = [], set()
     corr = 0
     recorded: dict = {}          # id(record) -> correlation of the last cudaEventRecord after its launch
