@@ -250,3 +250,20 @@ def test_host_items_are_the_python_ones(scenario):
         assert items == want and (starts, costs) == kineto._place(want)
         assert all(type(a) is kineto._Item and a.launch is b.launch for a, b in zip(items, want))
         assert any(call == "wait" for it in items for call, _ in it.calls)
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x64-cp4-32k"])
+def test_kernel_kinds_are_the_python_ones(scenario):
+    """Each record's Kineto kernel name and cpu_op (kineto._Kinds.of), with ZeRO 1 and 3's
+    names of the data-parallel calls, from an empty cache and from a filled one."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario))
+    recs = [r for r in res.records_of(res.simulated_ranks) if r.stream != "mark"]
+    for zero in (1, 3):
+        kinds = kineto._Kinds(zero)
+        want = [kineto._Kinds(zero).of(r) for r in recs]
+        assert C.kernel_kinds(recs, kinds.by_name, kinds.of) == want
+        assert C.kernel_kinds(recs, kinds.by_name, kinds.of) == want

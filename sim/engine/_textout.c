@@ -601,6 +601,39 @@ fail:
     return NULL;
 }
 
+/* kernel_kinds(records, by_name, of) -> [(kernel name, cpu_op name)]: sim.engine.kineto._Kinds'
+ * `of` of each record, looked up by (the name without its microbatch number, stream, cat) in its
+ * cache `by_name`, and asked of `of` (which fills it) where it is not there yet. */
+static PyObject *kernel_kinds(PyObject *self, PyObject *args) {
+    PyObject *recs, *by_name, *of;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &recs, &PyDict_Type, &by_name, &of)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i), *key, *mb, *k3, *hit;
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+            PyErr_SetString(PyExc_TypeError, "kernel_kinds: not a Record");
+            goto fail;
+        }
+        if (split_name(PyTuple_GET_ITEM(r, R_NAME), &key, &mb)) goto fail;
+        Py_DECREF(mb);
+        k3 = PyTuple_Pack(3, key, PyTuple_GET_ITEM(r, R_STREAM), PyTuple_GET_ITEM(r, R_CAT));
+        Py_DECREF(key);
+        if (!k3) goto fail;
+        hit = PyDict_GetItemWithError(by_name, k3);
+        Py_DECREF(k3);
+        if (hit) Py_INCREF(hit);
+        else if (!PyErr_Occurred()) hit = PyObject_CallOneArg(of, r);
+        if (!hit) goto fail;
+        PyList_SET_ITEM(out, i, hit);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* The pipeline chart's action kinds as bits (sim.engine.outputs._parse_name's compat values) */
 enum { K_F = 1, K_B = 2, K_I = 4, K_W = 8, K_OPT = 16 };
 
@@ -1116,6 +1149,7 @@ static PyMethodDef methods[] = {
     {"name_key", name_key, METH_O, "sim.engine.slice_args.name_key_py, compiled."},
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
+    {"kernel_kinds", kernel_kinds, METH_VARARGS, "sim.engine.kineto._Kinds.of of each record."},
     {"host_items", host_items, METH_VARARGS, "sim.engine.kineto's host items, placed."},
     {NULL, NULL, 0, NULL}};
 

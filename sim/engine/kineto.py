@@ -142,6 +142,12 @@ class _Kinds:
             hit = self.by_name[key1] = self._of(rec)
         return hit
 
+    def of_each(self, records: list) -> list:
+        """`of` of each record (by the compiled module's kernel_kinds where it is built)."""
+        if _textout is not None:
+            return _textout.kernel_kinds(records, self.by_name, self.of)
+        return [self.of(r) for r in records]
+
     def _of(self, rec) -> tuple:
         comm = rec.stream != "compute" or rec.cat.startswith("comm:")
         key = (_NUM_WORD.sub("#", rec.name), rec.stream, comm)
@@ -364,7 +370,7 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     compiled module (sim/engine/_textout.c) where it is built and the times are ones it writes."""
     if _textout is not None and items:
         got = _textout.kineto_events(
-            items, placed[0], placed[1], *details, [kinds.of(it.launch) for it in items], streams, device, off,
+            items, placed[0], placed[1], *details, kinds.of_each([it.launch for it in items]), streams, device, off,
             RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
             (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
         if got is not None:
