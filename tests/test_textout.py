@@ -180,8 +180,8 @@ def test_kineto_events_give_up_on_times_they_do_not_write():
     args = (kineto.RUNTIME_NS, kineto.LAUNCH_NS, kineto.HOST_PID, kineto.HOST_TID, (211, 135, 147))
     assert C.kineto_events([item], [10**15 - 5000], [3000], ["{}"], [""], [kinds.of(rec)], dict(kineto.STREAMS), 0,
                            0, *args) is None
-    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, kinds, (["{}"], [""]),
-                                    0)
+    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, [kinds.of(rec)],
+                                    (["{}"], [""]), 0)
     assert b'"ts":1000000000000.0' in ev and used == {kineto.STREAMS["compute"]}
 
 

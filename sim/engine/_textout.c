@@ -412,7 +412,7 @@ static PyObject *timeline_rows(PyObject *self, PyObject *args) {
         FAIL(!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 7);
         GIVE_UP(get_ll(PyTuple_GET_ITEM(r, R_RANK), &rank) || get_ll(PyTuple_GET_ITEM(r, R_START), &start)
                 || get_ll(PyTuple_GET_ITEM(r, R_END), &end));
-    FAIL(put_int(&b, rank) || PUT(&b, ","));
+        FAIL(put_int(&b, rank) || PUT(&b, ","));
         PyObject *p = PyDict_GetItemWithError(pp, PyTuple_GET_ITEM(r, R_RANK));
         FAIL(!p && PyErr_Occurred());
         if (p) FAIL(put_str(&b, p));
@@ -529,6 +529,13 @@ static PyObject *name_key(PyObject *self, PyObject *name) {
     return out;
 }
 
+/* A SliceArgs table entry, (args, text before, text after, calls); else 0 with a TypeError */
+static int entry_ok(PyObject *e) {
+    if (PyTuple_Check(e) && PyTuple_GET_SIZE(e) >= 4 && PyTuple_Check(PyTuple_GET_ITEM(e, 3))) return 1;
+    PyErr_SetString(PyExc_TypeError, "slice_texts: a table entry is not (args, before, after, calls)");
+    return 0;
+}
+
 /* slice_texts(records, table_of, text_of) -> [str]: sim.engine.slice_args.SliceArgs.texts's loop
  * (`table_of` its table method, `text_of` its text method, called where a name stands for
  * several calls or is not in the table). */
@@ -570,9 +577,8 @@ static PyObject *slice_texts(PyObject *self, PyObject *args) {
                 }
             }
             Py_DECREF(key);
-            if (e && (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 3)))) {
+            if (e && !entry_ok(e)) {
                 Py_DECREF(mb);
-                PyErr_SetString(PyExc_TypeError, "slice_texts: a table entry is not (args, before, after, calls)");
                 goto fail;
             }
             if (!e || PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) > 1)
@@ -581,10 +587,7 @@ static PyObject *slice_texts(PyObject *self, PyObject *args) {
                 text = concat3(PyTuple_GET_ITEM(e, 1), mb, PyTuple_GET_ITEM(e, 2));
             Py_DECREF(mb);
         } else {
-            if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(e, 3))) {
-                PyErr_SetString(PyExc_TypeError, "slice_texts: a table entry is not (args, before, after, calls)");
-                goto fail;
-            }
+            if (!entry_ok(e)) goto fail;
             text = PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 3)) > 1 ? PyObject_CallOneArg(text_of, r)
                                                                 : Py_NewRef(PyTuple_GET_ITEM(e, 1));
         }

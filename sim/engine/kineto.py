@@ -365,12 +365,12 @@ def _joined(details: tuple) -> list:
     return [("," + t[1:-1] if len(t) > 2 else "") + e for t, e in zip(texts, extras)]
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
+def _host_and_gpu(items, placed, streams: dict, device: int, kinds: list, details: tuple, off: int) -> tuple:
     """`_host_and_gpu_py`'s answer with its events joined by commas as UTF-8 bytes: by the
     compiled module (sim/engine/_textout.c) where it is built and the times are ones it writes."""
     if _textout is not None and items:
         got = _textout.kineto_events(
-            items, placed[0], placed[1], *details, kinds.of_each([it.launch for it in items]), streams, device, off,
+            items, placed[0], placed[1], *details, kinds, streams, device, off,
             RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
             (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
         if got is not None:
@@ -379,11 +379,12 @@ def _host_and_gpu(items, placed, streams: dict, device: int, kinds: _Kinds, deta
     return ",".join(ev).encode(), used
 
 
-def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, details: tuple, off: int) -> tuple:
+def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: list, details: tuple, off: int) -> tuple:
     """(the events, the CUDA streams used) of the placed items, as JSON text (no spaces: a large
     step's traces are gigabytes of text): each item's cpu_op and its runtime calls; each kernel
     (stable name, the item's `details`, `_details`' pair, in args) with the ac2g flow from its
-    launch; each stream wait as the GPU's sync event. A launch's four events are made as one
+    launch; each stream wait as the GPU's sync event. `kinds`: each item's kernel name and
+    cpu_op (`_Kinds.of_each` of the launched records). A launch's four events are made as one
     string. Kernels are placed at their records' times + `off` (the placed host times already
     include it)."""
     ev, used = [], set()
@@ -400,8 +401,7 @@ def _host_and_gpu_py(items, placed, streams: dict, device: int, kinds: _Kinds, d
                                f',"dur":{T(RUNTIME_NS)},"args":{{"cbid":{_CBID[c]},"correlation":')
                               for c in ("cudaEventRecord", "cudaStreamWaitEvent"))
     syncs: dict = {}             # (waiting sid, waited sid) -> the Stream Wait Event's text (it lasts 0)
-    for ext, (item, t, cost, detail) in enumerate(zip(items, *placed, _joined(details)), 1):
-        kname, op = kinds.of(item.launch)
+    for ext, (item, t, cost, detail, (kname, op)) in enumerate(zip(items, *placed, _joined(details), kinds), 1):
         ext = str(ext)
         op_text = ops.get((op, cost))
         if op_text is None:
@@ -478,7 +478,8 @@ def rank_trace_parts(records, rank: int, *, world_size: int, device: int, label:
         streams[s] = max(streams.values()) + 4
     launched = [it.launch for it in items]
     details = _details(launched, args, p2p)
-    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage), details, off)
+    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage).of_each(launched), details,
+                             off)
     end, stop = (starts[-1] + costs[-1] if items else off), makespan_ns + off
     more = []
     if end < stop:          # the step ends with the host waiting for the device (e.g. loss.item())
