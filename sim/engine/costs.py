@@ -81,7 +81,7 @@ class DeviceCostModel(CostModel):
         split = next(i for i, op in enumerate(ops) if op.name == "pre_mlp_norm")
         blocks = []
         t = self.sc.training
-        mods = t.recompute_modules or workload.DEFAULT_RECOMPUTE_MODULES
+        mods = t.recompute_modules           # under selective, resolved by sim.config (default core_attn)
         for block in (ops[:split], ops[split:]):
             d = {ph: self._time(block, ph) for ph in ("fwd", "dgrad", "wgrad")}
             d["recompute"] = (self._time(workload.recompute_ops(block, "selective", mods), "fwd")

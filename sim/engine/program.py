@@ -41,7 +41,6 @@ from sim.engine.parallel.groups import Groups
 from sim.engine.parallel.pp import PipelineParallel, overlap_pair
 from sim.engine.parallel.tp import TensorParallel, pair_tp_waits
 from sim.layout import Layout
-from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES
 
 __all__ = ["CostModel", "LayerCost", "ProgramBuilder", "cp_bytes", "overlap_pair", "pair_tp_waits"]
 
@@ -234,7 +233,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         if self.imbalance != 1.0 and c.get("recompute_expert"):
             ns += int(round((self.imbalance - 1.0) * c["recompute_expert"]))
         ag, rs = ("all_gather", "reduce_scatter") if self.sp else (None, "all_reduce")
-        moe = self.sc.model.is_moe_layer(layer) and "moe" in (self.sc.training.recompute_modules or ())
+        moe = self.sc.model.is_moe_layer(layer) and "moe" in self.sc.training.recompute_modules
         tp = (moe or c.get("recompute_tp")) and self._tp_mlp(layer)
         if tp and ag:
             self._tp(prog, r, f"R L{layer} mlp all-gather", ag)
@@ -258,7 +257,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                     if c.get("recompute_pre"):
                         # recompute_modules layernorm / mla_up_proj: before the core attention
                         prog.append(Compute(c["recompute_pre"], f"R {name}", "recompute"))
-                    if "core_attn" in (self.sc.training.recompute_modules or DEFAULT_RECOMPUTE_MODULES):
+                    if "core_attn" in self.sc.training.recompute_modules:
                         # the core attention re-run includes its CP exchange (ring or all-to-all)
                         self._cp_core_forward(prog, r, layer, mb, lc.attn_core, "R", "recompute")
                 else:
