@@ -357,7 +357,7 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
             kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
                                                 attention_backend=t.attention_backend, precision=t.precision,
                                                 routing_imbalance=d.moe_expert_load, etp=p.etp,
-                                                recompute_modules=t.recompute_modules or workload.DEFAULT_RECOMPUTE_MODULES, **kw)
+                                                recompute_modules=t.recompute_modules, **kw)
         return kinds[moe]
 
     for s in range(d.num_virtual_stages):
