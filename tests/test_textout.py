@@ -175,14 +175,48 @@ def test_slice_texts_are_the_python_ones(scenario):
 def test_kineto_events_give_up_on_times_they_do_not_write():
     """A kernel at 10^15 ns: the compiled loop declines, the Python one writes the float."""
     rec = _rec(start=10**15, end=10**15 + 10)
-    item = kineto._Item(rec.start_ns, 1, 0, (("launch", rec),), rec)
-    kinds = kineto._Kinds(0)
+    host = kineto._Host([rec], [rec], [])
+    assert host.plan is not None and host.launched == [rec]
+    kinds = [kineto._Kinds(0).of(rec)]
     args = (kineto.RUNTIME_NS, kineto.LAUNCH_NS, kineto.HOST_PID, kineto.HOST_TID, (211, 135, 147))
-    assert C.kineto_events([item], [10**15 - 5000], [3000], ["{}"], [""], [kinds.of(rec)], dict(kineto.STREAMS), 0,
-                           0, *args) is None
-    ev, used = kineto._host_and_gpu([item], ([10**15 - 5000], [3000]), dict(kineto.STREAMS), 0, [kinds.of(rec)],
-                                    (["{}"], [""]), 0)
+    assert C.plan_events(host.plan, 0, ["{}"], [""], kinds, dict(kineto.STREAMS), 0, *args) is None
+    ev, used = kineto._host_and_gpu(host, dict(kineto.STREAMS), 0, kinds, (["{}"], [""]), 0)
     assert b'"ts":1000000000000.0' in ev and used == {kineto.STREAMS["compute"]}
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["compute", "mark", "dp", "pp-recv"]), st.sampled_from(["b", "a", "é", "a"]),
+                          st.integers(0, 4), st.integers(-1, 3)), max_size=30))
+def test_a_ranks_records_in_order_are_pythons_sort(rows):
+    """rank_order: the kernels (no marks, nothing lasting 0 or less) stably sorted by (start, end,
+    stream, name), as sorted() with that key gives them: ties on every field keep their order
+    (the same objects), records already in order and records not."""
+    from operator import attrgetter
+
+    recs = [_rec(0, stream, name, "cat", s, s + d) for stream, name, s, d in rows]
+    want = sorted([r for r in recs if r.stream != "mark" and r.end_ns > r.start_ns],
+                  key=attrgetter("start_ns", "end_ns", "stream", "name"))
+    got = C.rank_order(recs)
+    assert got == want and all(a is b for a, b in zip(got, want))
+    assert C.rank_order(want) == want
+    assert C.rank_order([_rec(start=2**64, end=2**64 + 1)]) is None        # past 64 bits: Python sorts
+
+
+def test_names_no_program_has_get_their_fields_as_text():
+    """The args text of a slice whose name no rank's program has (the Kineto traces' receives,
+    made from the send/receive log) is json.dumps of its fields, microbatch number included,
+    for awkward numbers too; made once per name's key, then from the cache."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario("llama3-8b-h100x8-zbv"))
+    args = slice_args.slice_args(res)
+    recs = [_rec(name=n) for n in ["recv grad s3 mb7", "recv act s1 mb0", "recv act s1 mb12", "not here mb3",
+                                    "x mb٣", "two mb3 mb4", "plain", "recv grad s3 mb7"]]
+    for _ in range(2):
+        assert [args.text(r) for r in recs] == [json.dumps(args(r), separators=(",", ":")) for r in recs]
+    assert json.loads(args.text(recs[0])) == {"microbatch": 7, "stage": 3}
 
 
 @compiled
@@ -226,7 +260,7 @@ def test_chart_runs_on_awkward_names_are_the_python_ones(items):
 
 @compiled
 @pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x8-zbv", "gpt3-175b-a100x64"])
-def test_host_items_are_the_python_ones(scenario):
+def test_host_plans_are_the_python_items(scenario):
     """The Kineto writer's host items of each traced rank (its kernels after the stream waits
     they need, its calls and receives in their c10d ops) and their placement on the host thread:
     the same _Items, holding the same record objects, and the same starts and host times."""
@@ -245,10 +279,13 @@ def test_host_items_are_the_python_ones(scenario):
                       key=attrgetter("start_ns", "end_ns", "stream", "name"))
         comp = [r for r in mine if r.stream == "compute"]
         recvs = kineto._receives(comp, received.get(rank, {}), rank, Record)
-        items, starts, costs = C.host_items(mine, comp, recvs, kineto._Item, kineto.RUNTIME_NS, kineto.LAUNCH_NS)
+        launched, plan, first, end, calls = C.host_plan(mine, comp, recvs, kineto.RUNTIME_NS, kineto.LAUNCH_NS)
+        items, starts, costs = C.plan_items(plan, kineto._Item)
         want = kineto._items(mine, comp, recvs, kineto._binding_sources(comp, mine, recvs))
         assert items == want and (starts, costs) == kineto._place(want)
         assert all(type(a) is kineto._Item and a.launch is b.launch for a, b in zip(items, want))
+        assert launched == [it.launch for it in want] and calls == sum(len(it.calls) for it in want)
+        assert (first, end) == (starts[0], starts[-1] + costs[-1])
         assert any(call == "wait" for it in items for call, _ in it.calls)
 
 

@@ -187,156 +187,6 @@ enum { R_RANK, R_STREAM, R_NAME, R_CAT, R_START, R_END, R_VALUE };
 #define FAIL(cond) do { if (cond) goto fail; } while (0)
 #define GIVE_UP(cond) do { if (cond) { gave_up = 1; goto fail; } } while (0)
 
-/* A kernel's args after its own (kineto._joined): the args object's text without its braces,
- * after a comma (nothing for "{}"), then its NCCL args text */
-static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
-    Py_ssize_t n;
-    const char *c = utf8(text, &n);                       /* JSON, ASCII: '{' ... '}' */
-    if (!c) return -1;
-    if (n > 2 && (PUT(b, ",") || put(b, c + 1, n - 2))) return -1;
-    return put_str(b, extra);
-}
-
-/* kineto_events(items, starts, costs, texts, extras, kinds, streams, device, off, runtime_ns,
- *               launch_ns, host_pid, host_tid, cbids)
- * -> (the events joined by ",", as bytes; the set of stream ids of the launched kernels) or None.
- * sim.engine.kineto._host_and_gpu_py's loop: `items` its _Items (calls at index 3, launch at 4),
- * `kinds` each item's (kernel name, cpu_op name) as JSON strings, `texts` and `extras` each
- * kernel's args (kineto._details), `cbids` CUPTI's ids of (cudaLaunchKernel, cudaEventRecord,
- * cudaStreamWaitEvent). */
-static PyObject *kineto_events(PyObject *self, PyObject *args) {
-    PyObject *items, *starts, *costs, *texts, *extras, *kinds, *streams, *cbid;
-    long long device, off, runtime_ns, launch_ns, host_pid, host_tid, cb_launch, cb_record, cb_wait;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!LLLLLLO!", &PyList_Type, &items, &PyList_Type, &starts,
-                          &PyList_Type, &costs, &PyList_Type, &texts, &PyList_Type, &extras, &PyList_Type,
-                          &kinds, &PyDict_Type, &streams, &device, &off, &runtime_ns, &launch_ns, &host_pid,
-                          &host_tid, &PyTuple_Type, &cbid))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(items);
-    if (PyList_GET_SIZE(starts) != n || PyList_GET_SIZE(costs) != n || PyList_GET_SIZE(texts) != n
-        || PyList_GET_SIZE(extras) != n || PyList_GET_SIZE(kinds) != n || PyTuple_GET_SIZE(cbid) != 3) {
-        PyErr_SetString(PyExc_ValueError, "kineto_events: lists of different lengths");
-        return NULL;
-    }
-    if (get_ll(PyTuple_GET_ITEM(cbid, 0), &cb_launch) || get_ll(PyTuple_GET_ITEM(cbid, 1), &cb_record)
-        || get_ll(PyTuple_GET_ITEM(cbid, 2), &cb_wait) || runtime_ns < 0 || runtime_ns >= US_LIMIT
-        || launch_ns < 0 || launch_ns >= US_LIMIT)
-        Py_RETURN_NONE;
-    Buf b = {NULL, 0, 0};
-    int gave_up = 0;
-    long long corr = 0;
-    PyObject *recorded = PyDict_New();           /* id(record) -> correlation of its cudaEventRecord */
-    PyObject *used = PySet_New(NULL);
-    PyObject *text = NULL;
-    FAIL(!recorded || !used);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i), *kind = PyList_GET_ITEM(kinds, i);
-        FAIL(!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 5 || !PyTuple_Check(kind)
-             || PyTuple_GET_SIZE(kind) != 2);
-        PyObject *calls = PyTuple_GET_ITEM(item, 3), *launch = PyTuple_GET_ITEM(item, 4);
-        PyObject *kname = PyTuple_GET_ITEM(kind, 0), *op = PyTuple_GET_ITEM(kind, 1);
-        long long t, cost, ext = i + 1;
-        GIVE_UP(get_time(PyList_GET_ITEM(starts, i), &t) || get_time(PyList_GET_ITEM(costs, i), &cost));
-        FAIL(!PyTuple_Check(calls) || !PyTuple_Check(launch) || PyTuple_GET_SIZE(launch) < 6);
-        if (i) FAIL(PUT(&b, ","));
-        FAIL(PUT(&b, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":") || put_str(&b, op) || PUT(&b, ",\"pid\":")
-             || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
-             || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, cost) || PUT(&b, ",\"args\":{\"External id\":")
-             || put_int(&b, ext) || PUT(&b, "}}"));
-        t += runtime_ns;
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(calls); k++) {
-            PyObject *call = PyTuple_GET_ITEM(calls, k);
-            FAIL(!PyTuple_Check(call) || PyTuple_GET_SIZE(call) != 2);
-            PyObject *what = PyTuple_GET_ITEM(call, 0), *rec = PyTuple_GET_ITEM(call, 1);
-            FAIL(!PyUnicode_Check(what) || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 6);
-            corr++;
-            GIVE_UP(t >= US_LIMIT);
-            if (PyUnicode_CompareWithASCIIString(what, "launch") != 0) {
-                int record = PyUnicode_CompareWithASCIIString(what, "record") == 0;
-                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"")
-                     || (record ? PUT(&b, "cudaEventRecord") : PUT(&b, "cudaStreamWaitEvent"))
-                     || PUT(&b, "\",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
-                     || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t) || PUT(&b, ",\"dur\":")
-                     || put_us(&b, runtime_ns) || PUT(&b, ",\"args\":{\"cbid\":")
-                     || put_int(&b, record ? cb_record : cb_wait) || PUT(&b, ",\"correlation\":")
-                     || put_int(&b, corr) || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}}"));
-                t += runtime_ns;
-                GIVE_UP(t >= US_LIMIT);
-                PyObject *key = PyLong_FromVoidPtr(rec);
-                FAIL(!key);
-                if (record) {
-                    PyObject *c = PyLong_FromLongLong(corr);
-                    int bad = !c || PyDict_SetItem(recorded, key, c) < 0;
-                    Py_XDECREF(c);
-                    Py_DECREF(key);
-                    FAIL(bad);
-                    continue;
-                }
-                long long waiting, waited, rec_corr = -1;
-                PyObject *got = PyDict_GetItemWithError(recorded, key);
-                Py_DECREF(key);
-                FAIL(!got && PyErr_Occurred());
-                if (got) FAIL(get_ll(got, &rec_corr));
-                FAIL(get_id(streams, PyTuple_GET_ITEM(launch, R_STREAM), &waiting)
-                     || get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &waited));
-                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_sync\",\"name\":\"Stream Wait Event\",\"pid\":")
-                     || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, waiting) || PUT(&b, ",\"ts\":")
-                     || put_us(&b, t) || PUT(&b, ",\"dur\":0.0,\"args\":{\"cuda_sync_kind\":\"Stream Wait Event\","
-                                                 "\"stream\":")
-                     || put_int(&b, waiting) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
-                     || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"wait_on_stream\":")
-                     || put_int(&b, waited) || PUT(&b, ",\"wait_on_cuda_event_record_corr_id\":")
-                     || put_int(&b, rec_corr) || PUT(&b, "}}"));
-                continue;
-            }
-            long long sid, start, end;
-            FAIL(get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &sid));
-            PyObject *s = PyLong_FromLongLong(sid);
-            int bad = !s || PySet_Add(used, s) < 0;
-            Py_XDECREF(s);
-            FAIL(bad);
-            GIVE_UP(get_ll(PyTuple_GET_ITEM(rec, R_START), &start) || get_ll(PyTuple_GET_ITEM(rec, R_END), &end));
-            long long ts = start + off, dur = end - start;
-            GIVE_UP(ts < 0 || ts >= US_LIMIT || dur < 0 || dur >= US_LIMIT);
-            FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":")
-                 || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
-                 || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, launch_ns) || PUT(&b, ",\"args\":{\"cbid\":")
-                 || put_int(&b, cb_launch) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
-                 || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}},{\"ph\":\"s\",\"id\":")
-                 || put_int(&b, corr) || PUT(&b, ",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
-                 || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t)
-                 || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\"},{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":")
-                 || put_str(&b, kname) || PUT(&b, ",\"pid\":") || put_int(&b, device) || PUT(&b, ",\"tid\":")
-                 || put_int(&b, sid) || PUT(&b, ",\"ts\":") || put_us(&b, ts) || PUT(&b, ",\"dur\":")
-                 || put_us(&b, dur) || PUT(&b, ",\"args\":{\"External id\":") || put_int(&b, ext)
-                 || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"stream\":") || put_int(&b, sid)
-                 || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
-                 || put_detail(&b, PyList_GET_ITEM(texts, i), PyList_GET_ITEM(extras, i))
-                 || PUT(&b, ",\"sim5d_name\":") || put_json(&b, PyTuple_GET_ITEM(rec, R_NAME))
-                 || PUT(&b, "}},{\"ph\":\"f\",\"id\":") || put_int(&b, corr) || PUT(&b, ",\"pid\":")
-                 || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, sid) || PUT(&b, ",\"ts\":")
-                 || put_us(&b, ts) || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\",\"bp\":\"e\"}"));
-            t += launch_ns;
-        }
-    }
-    text = done(&b, 0);
-    b.p = NULL;
-    Py_DECREF(recorded);
-    if (!text) {
-        Py_DECREF(used);
-        return NULL;
-    }
-    PyObject *out = PyTuple_Pack(2, text, used);
-    Py_DECREF(text);
-    Py_DECREF(used);
-    return out;
-fail:
-    if (!gave_up && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kineto_events: unexpected item");
-    Py_XDECREF(recorded);
-    Py_XDECREF(used);
-    return done(&b, gave_up);
-}
-
 /* chrome_events(records, texts, cats, tids) -> bytes or None: chrome_trace_parts' complete events
  * of `records` joined by ",": name, category (`cats`: cat -> its JSON string), pid (the rank),
  * tid (`tids`: stream -> id), ts and dur in microseconds, then `"args":` and each record's
@@ -867,15 +717,116 @@ done:
     return out;
 }
 
-/* ---- the Kineto writer's host items (sim.engine.kineto._binding_sources, _items, _place) ---- */
+/* ---- the Kineto writer's records in order, host items and events (sim.engine.kineto) ---- */
+
+/* A record to sort: its start and end, and its position (a stable sort) */
+typedef struct {
+    long long start, end;
+    Py_ssize_t at;
+    PyObject *rec;
+} Ordered;
+
+static int order_error;                        /* PyUnicode_Compare failed inside qsort */
+
+static int str_cmp(PyObject *a, PyObject *b) {
+    if (a == b) return 0;
+    int c = PyUnicode_Compare(a, b);
+    if (c == -1 && PyErr_Occurred()) order_error = 1;
+    return c;
+}
+
+/* by (start_ns, end_ns, stream, name), then the position */
+static int cmp_ordered(const void *a, const void *b) {
+    const Ordered *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    int c = str_cmp(PyTuple_GET_ITEM(x->rec, R_STREAM), PyTuple_GET_ITEM(y->rec, R_STREAM));
+    if (!c) c = str_cmp(PyTuple_GET_ITEM(x->rec, R_NAME), PyTuple_GET_ITEM(y->rec, R_NAME));
+    if (c) return c;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* rank_order(records) -> list or None: kineto.rank_trace_parts' `mine`, the records that are
+ * not marks and last more than 0, sorted stably by (start_ns, end_ns, stream, name); None where a
+ * time is not a 64-bit int (the Python sorts). Records already in that order (the usual case)
+ * are only checked. */
+static PyObject *rank_order(PyObject *self, PyObject *recs) {
+    if (!PyList_Check(recs)) {
+        PyErr_SetString(PyExc_TypeError, "rank_order: expected a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
+    Ordered *v = PyMem_Malloc(sizeof(Ordered) * (size_t)(n + 1));
+    PyObject *out = NULL;
+    if (!v) return PyErr_NoMemory();
+    int sorted = 1;
+    order_error = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i);
+        long long s, e;
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6 || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_STREAM))
+            || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_NAME))) {
+            PyErr_SetString(PyExc_TypeError, "rank_order: not a Record");
+            goto done;
+        }
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(r, R_STREAM), "mark") == 0) continue;
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &s) || get_ll(PyTuple_GET_ITEM(r, R_END), &e)) {
+            PyMem_Free(v);
+            Py_RETURN_NONE;
+        }
+        if (e <= s) continue;
+        v[m] = (Ordered){s, e, m, r};
+        if (sorted && m && cmp_ordered(&v[m - 1], &v[m]) > 0) sorted = 0;
+        if (order_error) goto done;
+        m++;
+    }
+    if (!sorted) {
+        qsort(v, (size_t)m, sizeof(Ordered), cmp_ordered);
+        if (order_error) goto done;
+    }
+    out = PyList_New(m);
+    if (out)
+        for (Py_ssize_t i = 0; i < m; i++) PyList_SET_ITEM(out, i, Py_NewRef(v[i].rec));
+done:
+    PyMem_Free(v);
+    return out;
+}
+
+/* One host item (kineto._Item) in C: its sort key, its calls, its place on the host thread */
+enum { CALL_LAUNCH, CALL_RECORD, CALL_WAIT };
 
 typedef struct {
-    long long due, prio, seq;
-    PyObject *item;                            /* the _Item (owned) */
-} HostItem;
+    long long due, prio, seq, start, cost;
+    int ncalls, launch;                        /* launch: the index of its launch call */
+    unsigned char what[4];
+    PyObject *rec[4];                          /* owned */
+} PlanItem;
 
-static int cmp_items(const void *a, const void *b) {
-    const HostItem *x = a, *y = b;
+typedef struct {
+    Py_ssize_t n, n_records;                   /* items; record calls among them */
+    PlanItem *items;
+} Plan;
+
+#define PLAN_NAME "sim5d._textout.plan"
+
+static void plan_free(Plan *p) {
+    if (!p) return;
+    for (Py_ssize_t i = 0; i < p->n; i++)
+        for (int k = 0; k < p->items[i].ncalls; k++) Py_XDECREF(p->items[i].rec[k]);
+    PyMem_Free(p->items);
+    PyMem_Free(p);
+}
+
+static void plan_capsule_free(PyObject *cap) { plan_free(PyCapsule_GetPointer(cap, PLAN_NAME)); }
+
+static void add_call(PlanItem *it, int what, PyObject *rec) {
+    if (what == CALL_LAUNCH) it->launch = it->ncalls;
+    it->what[it->ncalls] = (unsigned char)what;
+    it->rec[it->ncalls++] = Py_NewRef(rec);
+}
+
+static int cmp_plan(const void *a, const void *b) {
+    const PlanItem *x = a, *y = b;
     if (x->due != y->due) return x->due < y->due ? -1 : 1;
     if (x->prio != y->prio) return x->prio < y->prio ? -1 : 1;
     return x->seq < y->seq ? -1 : x->seq > y->seq;
@@ -888,109 +839,116 @@ typedef struct {
     PyObject *rec;
 } Other;
 
-static int other_error;                        /* PyUnicode_Compare failed inside qsort */
-
 static int cmp_others(const void *a, const void *b) {
     const Other *x = a, *y = b;
     if (x->start != y->start) return x->start < y->start ? -1 : 1;
-    int c = PyUnicode_Compare(x->stream, y->stream);
-    if (c == -1 && PyErr_Occurred()) other_error = 1;
+    int c = str_cmp(x->stream, y->stream);
     if (c) return c;
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-/* An _Item (a NamedTuple: due, prio, seq, calls, launch) made as tuple.__new__ makes it */
-static PyObject *new_item(PyTypeObject *cls, long long due, long long prio, long long seq, PyObject *calls,
-                          PyObject *launch) {
-    PyObject *it = cls->tp_alloc(cls, 5);
-    if (!it) return NULL;
-    PyObject *a = PyLong_FromLongLong(due), *b = PyLong_FromLongLong(prio), *c = PyLong_FromLongLong(seq);
-    if (!a || !b || !c) {
-        Py_XDECREF(a);
-        Py_XDECREF(b);
-        Py_XDECREF(c);
-        Py_DECREF(it);
-        return NULL;
+/* A set of object addresses (open addressing; the table is sized for what goes in) */
+typedef struct {
+    size_t mask;
+    void **key;
+    long long *val;
+} PtrMap;
+
+static int ptrmap_init(PtrMap *m, Py_ssize_t most) {
+    size_t cap = 16;
+    while (cap < 2 * (size_t)most + 2) cap *= 2;
+    m->mask = cap - 1;
+    m->key = PyMem_Calloc(cap, sizeof(void *));
+    m->val = PyMem_Malloc(cap * sizeof(long long));
+    if (!m->key || !m->val) {
+        PyMem_Free(m->key);
+        PyMem_Free(m->val);
+        m->key = NULL;
+        m->val = NULL;
+        PyErr_NoMemory();
+        return -1;
     }
-    PyTuple_SET_ITEM(it, 0, a);
-    PyTuple_SET_ITEM(it, 1, b);
-    PyTuple_SET_ITEM(it, 2, c);
-    PyTuple_SET_ITEM(it, 3, Py_NewRef(calls));
-    PyTuple_SET_ITEM(it, 4, Py_NewRef(launch));
-    return it;
+    return 0;
 }
 
-static PyObject *call_pair(PyObject *what, PyObject *rec) { return PyTuple_Pack(2, what, rec); }
+static size_t ptrmap_slot(const PtrMap *m, const void *k) {
+    size_t h = ((size_t)k >> 4) * 0x9E3779B97F4A7C15ULL;
+    size_t i = (h ^ (h >> 29)) & m->mask;
+    while (m->key[i] && m->key[i] != k) i = (i + 1) & m->mask;
+    return i;
+}
 
-/* host_items(mine, comp, recvs, item_type, runtime_ns, launch_ns) -> (items, starts, costs) or
- * None: sim.engine.kineto's _binding_sources, _items and _place on one rank's records (`mine`
- * in order, `comp` its compute-stream ones, `recvs` its receives), the items made as
- * `item_type` (_Item); None where a time is not a 64-bit integer (the Python runs). */
-static PyObject *host_items(PyObject *self, PyObject *args) {
-    PyObject *mine, *comp, *recvs, *out = NULL, *ends_of = NULL, *waited = NULL;
-    PyObject *s_wait = NULL, *s_launch = NULL, *s_record = NULL;
-    PyTypeObject *cls;
-    long long runtime_ns, launch_ns;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!LL", &PyList_Type, &mine, &PyList_Type, &comp, &PyList_Type, &recvs,
-                          &PyType_Type, &cls, &runtime_ns, &launch_ns))
-        return NULL;
-    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "host_items: item_type is not a tuple type");
-        return NULL;
-    }
+static void ptrmap_put(PtrMap *m, void *k, long long v) {
+    size_t i = ptrmap_slot(m, k);
+    m->key[i] = k;
+    m->val[i] = v;
+}
+
+static int ptrmap_get(const PtrMap *m, const void *k, long long *v) {
+    size_t i = ptrmap_slot(m, k);
+    if (!m->key[i]) return 0;
+    *v = m->val[i];
+    return 1;
+}
+
+static void ptrmap_free(PtrMap *m) {
+    PyMem_Free(m->key);
+    PyMem_Free(m->val);
+}
+
+/* kineto._binding_sources, _items and _place on one rank's records (`mine` in order, `comp` its
+ * compute-stream ones, `recvs` its receives) as a Plan; NULL with an error, or NULL without one
+ * where a time is not a 64-bit integer (the Python runs) */
+static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long long runtime_ns, long long launch_ns) {
     Py_ssize_t nc = PyList_GET_SIZE(comp), nm = PyList_GET_SIZE(mine), nr = PyList_GET_SIZE(recvs);
     long long *ends = PyMem_Malloc(sizeof(long long) * (size_t)(nc + 1));
     PyObject **waits = PyMem_Calloc((size_t)nc + 1, sizeof(PyObject *));     /* borrowed */
     Other *others = PyMem_Malloc(sizeof(Other) * (size_t)(nm + nr + 1));
-    HostItem *items = PyMem_Calloc((size_t)(nc + nm + nr) + 1, sizeof(HostItem));
-    Py_ssize_t n_items = 0, n_others = 0;
-    int gave_up = 0;
-    if (!ends || !waits || !others || !items) {
+    Plan *plan = PyMem_Calloc(1, sizeof(Plan));
+    PyObject *ends_of = NULL;                   /* end time -> the record a kernel starting then waited for */
+    PtrMap waited = {0, NULL, NULL};            /* the records waited for */
+    Py_ssize_t n_others = 0, n_waited = 0;
+    int ok = 0;
+    if (!ends || !waits || !others || !plan) {
         PyErr_NoMemory();
         goto done;
     }
-    s_wait = PyUnicode_InternFromString("wait");
-    s_launch = PyUnicode_InternFromString("launch");
-    s_record = PyUnicode_InternFromString("record");
-    ends_of = PyDict_New();                    /* end time -> the record a kernel starting then waited for */
-    waited = PySet_New(NULL);                  /* id() of the records waited for */
-    if (!s_wait || !s_launch || !s_record || !ends_of || !waited) goto done;
+    plan->items = PyMem_Calloc((size_t)(nc + nm + nr) + 1, sizeof(PlanItem));
+    if (!plan->items) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    ends_of = PyDict_New();
+    if (!ends_of) goto done;
 #define REC_OK(r) (PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= 6 && PyUnicode_Check(PyTuple_GET_ITEM(r, R_STREAM)))
+#define BAD_REC() do { PyErr_SetString(PyExc_TypeError, "host_plan: not a Record"); goto done; } while (0)
     for (Py_ssize_t i = 0; i < nc; i++) {
         PyObject *r = PyList_GET_ITEM(comp, i);
-        if (!REC_OK(r)) goto bad;
-        if (get_ll(PyTuple_GET_ITEM(r, R_END), &ends[i])) {
-            gave_up = 1;
-            goto done;
-        }
+        if (!REC_OK(r)) BAD_REC();
+        if (get_ll(PyTuple_GET_ITEM(r, R_END), &ends[i])) goto done;
     }
     /* _binding_sources: per end time, the non-compute record with the largest (start, stream),
      * then the receives */
+    order_error = 0;
     for (Py_ssize_t i = 0; i < nm; i++) {
         PyObject *r = PyList_GET_ITEM(mine, i);
         long long start, bstart;
-        if (!REC_OK(r)) goto bad;
+        if (!REC_OK(r)) BAD_REC();
         PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);
         if (PyUnicode_CompareWithASCIIString(stream, "compute") == 0) continue;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
-            gave_up = 1;
-            goto done;
-        }
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         others[n_others] = (Other){start, stream, n_others, r};
         n_others++;
         PyObject *best = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_END));
         if (!best && PyErr_Occurred()) goto done;
         int better = best == NULL;
         if (best) {
-            if (get_ll(PyTuple_GET_ITEM(best, R_START), &bstart)) {
-                gave_up = 1;
-                goto done;
-            }
+            if (get_ll(PyTuple_GET_ITEM(best, R_START), &bstart)) goto done;
             if (start != bstart) {
                 better = start > bstart;
             } else {
-                int c = PyUnicode_Compare(stream, PyTuple_GET_ITEM(best, R_STREAM));
-                if (c == -1 && PyErr_Occurred()) goto done;
+                int c = str_cmp(stream, PyTuple_GET_ITEM(best, R_STREAM));
+                if (order_error) goto done;
                 better = c > 0;
             }
         }
@@ -999,11 +957,8 @@ static PyObject *host_items(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < nr; i++) {
         PyObject *r = PyList_GET_ITEM(recvs, i);
         long long start;
-        if (!REC_OK(r)) goto bad;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
-            gave_up = 1;
-            goto done;
-        }
+        if (!REC_OK(r)) BAD_REC();
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         others[n_others] = (Other){start, PyTuple_GET_ITEM(r, R_STREAM), n_others, r};
         n_others++;
         if (PyDict_SetItem(ends_of, PyTuple_GET_ITEM(r, R_END), r) < 0) goto done;
@@ -1012,49 +967,37 @@ static PyObject *host_items(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < nc; i++) {
         PyObject *r = PyList_GET_ITEM(comp, i);
         long long start;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) {
-            gave_up = 1;
-            goto done;
-        }
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         if (start > prev) {
             PyObject *src = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_START));
             if (!src && PyErr_Occurred()) goto done;
             if (src) {
                 waits[i] = src;
-                PyObject *id = PyLong_FromVoidPtr(src);
-                int bad = !id || PySet_Add(waited, id) < 0;
-                Py_XDECREF(id);
-                if (bad) goto done;
+                n_waited++;
             }
         }
         prev = ends[i];
     }
+    if (ptrmap_init(&waited, n_waited)) goto done;
+    for (Py_ssize_t i = 0; i < nc; i++)
+        if (waits[i]) ptrmap_put(&waited, waits[i], 1);
     /* _items: each compute kernel (after its wait), then the others by (start, stream) */
+    Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < nc; i++) {
-        PyObject *r = PyList_GET_ITEM(comp, i), *launch = call_pair(s_launch, r), *calls = NULL;
-        long long start;
-        get_ll(PyTuple_GET_ITEM(r, R_START), &start);
-        if (launch) {
-            if (waits[i]) {
-                PyObject *wait = call_pair(s_wait, waits[i]);
-                calls = wait ? PyTuple_Pack(2, wait, launch) : NULL;
-                Py_XDECREF(wait);
-            } else {
-                calls = PyTuple_Pack(1, launch);
-            }
-        }
-        Py_XDECREF(launch);
-        if (!calls) goto done;
-        items[n_items] = (HostItem){start, 1, n_items, new_item(cls, start, 1, n_items, calls, r)};
-        Py_DECREF(calls);
-        if (!items[n_items++].item) goto done;
+        PyObject *r = PyList_GET_ITEM(comp, i);
+        PlanItem *it = &plan->items[n];
+        get_ll(PyTuple_GET_ITEM(r, R_START), &it->due);
+        it->prio = 1;
+        it->seq = n;
+        if (waits[i]) add_call(it, CALL_WAIT, waits[i]);
+        add_call(it, CALL_LAUNCH, r);
+        plan->n = ++n;
     }
-    other_error = 0;
     qsort(others, (size_t)n_others, sizeof(Other), cmp_others);
-    if (other_error) goto done;
+    if (order_error) goto done;
     for (Py_ssize_t k = 0; k < n_others; k++) {
         PyObject *r = others[k].rec;
-        long long start = others[k].start;
+        long long start = others[k].start, one;
         Py_ssize_t lo = 0, hi = nc;            /* bisect.bisect_right(ends, start) */
         while (lo < hi) {
             Py_ssize_t mid = (lo + hi) / 2;
@@ -1062,98 +1005,311 @@ static PyObject *host_items(PyObject *self, PyObject *args) {
             else lo = mid + 1;
         }
         Py_ssize_t j = lo - 1;
-        PyObject *parts[4];
-        int np_ = 0, bad = 0;
+        PlanItem *it = &plan->items[n];
         if (j >= 0) {
-            parts[np_++] = call_pair(s_record, PyList_GET_ITEM(comp, j));
-            parts[np_++] = call_pair(s_wait, PyList_GET_ITEM(comp, j));
+            add_call(it, CALL_RECORD, PyList_GET_ITEM(comp, j));
+            add_call(it, CALL_WAIT, PyList_GET_ITEM(comp, j));
+            plan->n_records++;
         }
-        parts[np_++] = call_pair(s_launch, r);
-        PyObject *id = PyLong_FromVoidPtr(r);
-        int was = id ? PySet_Contains(waited, id) : -1;
-        Py_XDECREF(id);
-        if (was < 0) bad = 1;
-        else if (was) parts[np_++] = call_pair(s_record, r);
-        PyObject *calls = PyTuple_New(np_);
-        for (int q = 0; q < np_; q++) {
-            if (!parts[q]) bad = 1;
-            if (calls) PyTuple_SET_ITEM(calls, q, parts[q]);
-            else Py_XDECREF(parts[q]);
+        add_call(it, CALL_LAUNCH, r);
+        if (ptrmap_get(&waited, r, &one)) {
+            add_call(it, CALL_RECORD, r);
+            plan->n_records++;
         }
-        if (!calls || bad) {
-            Py_XDECREF(calls);
-            goto done;
-        }
-        long long due = j >= 0 ? ends[j] : start;
-        items[n_items] = (HostItem){due, 0, n_items, new_item(cls, due, 0, n_items, calls, r)};
-        Py_DECREF(calls);
-        if (!items[n_items++].item) goto done;
+        it->due = j >= 0 ? ends[j] : start;
+        it->prio = 0;
+        it->seq = n;
+        plan->n = ++n;
     }
-    qsort(items, (size_t)n_items, sizeof(HostItem), cmp_items);
+    qsort(plan->items, (size_t)n, sizeof(PlanItem), cmp_plan);
     /* _place: as late as possible, one after another, each ending by its due */
-    {
-        PyObject *lst = PyList_New(n_items), *starts = PyList_New(n_items), *costs = PyList_New(n_items);
-        long long nxt = 0;
-        int have_next = 0;
-        if (!lst || !starts || !costs) {
-            Py_XDECREF(lst);
-            Py_XDECREF(starts);
-            Py_XDECREF(costs);
-            goto done;
-        }
-        for (Py_ssize_t k = n_items - 1; k >= 0; k--) {
-            long long cost = runtime_ns * PyTuple_GET_SIZE(PyTuple_GET_ITEM(items[k].item, 3)) + launch_ns;
-            long long end = !have_next || items[k].due < nxt ? items[k].due : nxt;
-            nxt = end - cost;
-            have_next = 1;
-            PyObject *a = PyLong_FromLongLong(nxt), *b = PyLong_FromLongLong(cost);
-            if (!a || !b) {
-                Py_XDECREF(a);
-                Py_XDECREF(b);
-                Py_DECREF(lst);
-                Py_DECREF(starts);
-                Py_DECREF(costs);
-                goto done;
-            }
-            PyList_SET_ITEM(starts, k, a);
-            PyList_SET_ITEM(costs, k, b);
-            PyList_SET_ITEM(lst, k, items[k].item);
-            items[k].item = NULL;              /* the list owns it now */
-        }
-        out = PyTuple_Pack(3, lst, starts, costs);
-        Py_DECREF(lst);
-        Py_DECREF(starts);
-        Py_DECREF(costs);
+    long long nxt = 0;
+    for (Py_ssize_t k = n - 1; k >= 0; k--) {
+        PlanItem *it = &plan->items[k];
+        it->cost = runtime_ns * it->ncalls + launch_ns;
+        long long end = k == n - 1 || it->due < nxt ? it->due : nxt;
+        it->start = nxt = end - it->cost;
     }
-    goto done;
-bad:
-    PyErr_SetString(PyExc_TypeError, "host_items: not a Record");
+    ok = 1;
 done:
 #undef REC_OK
-    if (items)
-        for (Py_ssize_t k = 0; k < n_items; k++) Py_XDECREF(items[k].item);
+#undef BAD_REC
     PyMem_Free(ends);
     PyMem_Free(waits);
     PyMem_Free(others);
-    PyMem_Free(items);
+    ptrmap_free(&waited);
     Py_XDECREF(ends_of);
-    Py_XDECREF(waited);
-    Py_XDECREF(s_wait);
-    Py_XDECREF(s_launch);
-    Py_XDECREF(s_record);
-    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    if (!ok) {
+        plan_free(plan);
+        return NULL;
+    }
+    return plan;
+}
+
+/* host_plan(mine, comp, recvs, runtime_ns, launch_ns) -> (the launched records in host order,
+ * the plan, the first item's host start, the last one's host end (None, None for no item), the
+ * number of the items' calls) or
+ * None (a time that is not a 64-bit integer: the Python runs). The plan is what `plan_events`
+ * writes and `plan_items` gives as kineto._Items. */
+static PyObject *host_plan(PyObject *self, PyObject *args) {
+    PyObject *mine, *comp, *recvs;
+    long long runtime_ns, launch_ns;
+    if (!PyArg_ParseTuple(args, "O!O!O!LL", &PyList_Type, &mine, &PyList_Type, &comp, &PyList_Type, &recvs,
+                          &runtime_ns, &launch_ns))
+        return NULL;
+    Plan *plan = make_plan(mine, comp, recvs, runtime_ns, launch_ns);
+    if (!plan) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *cap = PyCapsule_New(plan, PLAN_NAME, plan_capsule_free);
+    if (!cap) {
+        plan_free(plan);
+        return NULL;
+    }
+    PyObject *launched = PyList_New(plan->n);
+    if (!launched) {
+        Py_DECREF(cap);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        PlanItem *it = &plan->items[i];
+        PyList_SET_ITEM(launched, i, Py_NewRef(it->rec[it->launch]));
+    }
+    PyObject *first = Py_None, *last = Py_None, *calls;
+    long long n_calls = 0;
+    for (Py_ssize_t i = 0; i < plan->n; i++) n_calls += plan->items[i].ncalls;
+    calls = PyLong_FromLongLong(n_calls);
+    if (plan->n) {
+        PlanItem *end = &plan->items[plan->n - 1];
+        first = PyLong_FromLongLong(plan->items[0].start);
+        last = PyLong_FromLongLong(end->start + end->cost);
+    }
+    PyObject *out = first && last && calls ? PyTuple_Pack(5, launched, cap, first, last, calls) : NULL;
+    if (plan->n) {
+        Py_XDECREF(first);
+        Py_XDECREF(last);
+    }
+    Py_XDECREF(calls);
+    Py_DECREF(launched);
+    Py_DECREF(cap);
     return out;
 }
 
+static Plan *plan_of(PyObject *cap) { return PyCapsule_GetPointer(cap, PLAN_NAME); }
+
+/* plan_items(plan, item_type) -> (items, starts, costs): the plan as kineto._items' _Items (made
+ * as `item_type`) and kineto._place's starts and host times */
+static PyObject *plan_items(PyObject *self, PyObject *args) {
+    PyObject *cap, *out = NULL, *lst = NULL, *starts = NULL, *costs = NULL, *names[3] = {NULL, NULL, NULL};
+    PyTypeObject *cls;
+    if (!PyArg_ParseTuple(args, "OO!", &cap, &PyType_Type, &cls)) return NULL;
+    Plan *plan = plan_of(cap);
+    if (!plan) return NULL;
+    if (!PyType_IsSubtype(cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "plan_items: item_type is not a tuple type");
+        return NULL;
+    }
+    names[CALL_LAUNCH] = PyUnicode_InternFromString("launch");
+    names[CALL_RECORD] = PyUnicode_InternFromString("record");
+    names[CALL_WAIT] = PyUnicode_InternFromString("wait");
+    lst = PyList_New(plan->n);
+    starts = PyList_New(plan->n);
+    costs = PyList_New(plan->n);
+    if (!names[0] || !names[1] || !names[2] || !lst || !starts || !costs) goto done;
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        PlanItem *it = &plan->items[i];
+        PyObject *calls = PyTuple_New(it->ncalls), *item = cls->tp_alloc(cls, 5);
+        if (!calls || !item) {
+            Py_XDECREF(calls);
+            Py_XDECREF(item);
+            goto done;
+        }
+        PyList_SET_ITEM(lst, i, item);
+        PyTuple_SET_ITEM(item, 3, calls);
+        PyTuple_SET_ITEM(item, 4, Py_NewRef(it->rec[it->launch]));
+        for (int k = 0; k < it->ncalls; k++) {
+            PyObject *pair = PyTuple_Pack(2, names[it->what[k]], it->rec[k]);
+            if (!pair) goto done;
+            PyTuple_SET_ITEM(calls, k, pair);
+        }
+        long long nums[3] = {it->due, it->prio, it->seq};
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyLong_FromLongLong(nums[k]);
+            if (!v) goto done;
+            PyTuple_SET_ITEM(item, k, v);
+        }
+        PyObject *a = PyLong_FromLongLong(it->start), *b = PyLong_FromLongLong(it->cost);
+        if (!a || !b) {
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            goto done;
+        }
+        PyList_SET_ITEM(starts, i, a);
+        PyList_SET_ITEM(costs, i, b);
+    }
+    out = PyTuple_Pack(3, lst, starts, costs);
+done:
+    for (int k = 0; k < 3; k++) Py_XDECREF(names[k]);
+    Py_XDECREF(lst);
+    Py_XDECREF(starts);
+    Py_XDECREF(costs);
+    return out;
+}
+
+/* A kernel's args after its own (kineto._joined): the args object's text without its braces,
+ * after a comma (nothing for "{}"), then its NCCL args text */
+static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
+    Py_ssize_t n;
+    const char *c = utf8(text, &n);                       /* JSON, ASCII: '{' ... '}' */
+    if (!c) return -1;
+    if (n > 2 && (PUT(b, ",") || put(b, c + 1, n - 2))) return -1;
+    return put_str(b, extra);
+}
+
+/* plan_events(plan, off, texts, extras, kinds, streams, device, runtime_ns, launch_ns, host_pid,
+ *             host_tid, cbids)
+ * -> (the events joined by ",", as bytes; the set of stream ids of the launched kernels) or None.
+ * sim.engine.kineto._host_and_gpu_py's loop on the plan's items (`host_plan`), the host times
+ * and the kernels' times shifted by `off`: `kinds` each item's (kernel name, cpu_op name) as JSON
+ * strings, `texts` and `extras` each kernel's args (kineto._details), `cbids` CUPTI's ids of
+ * (cudaLaunchKernel, cudaEventRecord, cudaStreamWaitEvent). None where a time is one us_text's
+ * positional text does not write (the Python loop runs). */
+static PyObject *plan_events(PyObject *self, PyObject *args) {
+    PyObject *cap, *texts, *extras, *kinds, *streams, *cbid;
+    long long device, off, runtime_ns, launch_ns, host_pid, host_tid, cb_launch, cb_record, cb_wait;
+    if (!PyArg_ParseTuple(args, "OLO!O!O!O!LLLLLO!", &cap, &off, &PyList_Type, &texts, &PyList_Type, &extras,
+                          &PyList_Type, &kinds, &PyDict_Type, &streams, &device, &runtime_ns, &launch_ns,
+                          &host_pid, &host_tid, &PyTuple_Type, &cbid))
+        return NULL;
+    Plan *plan = plan_of(cap);
+    if (!plan) return NULL;
+    Py_ssize_t n = plan->n;
+    if (PyList_GET_SIZE(texts) != n || PyList_GET_SIZE(extras) != n || PyList_GET_SIZE(kinds) != n
+        || PyTuple_GET_SIZE(cbid) != 3) {
+        PyErr_SetString(PyExc_ValueError, "plan_events: lists of different lengths");
+        return NULL;
+    }
+    if (get_ll(PyTuple_GET_ITEM(cbid, 0), &cb_launch) || get_ll(PyTuple_GET_ITEM(cbid, 1), &cb_record)
+        || get_ll(PyTuple_GET_ITEM(cbid, 2), &cb_wait) || runtime_ns < 0 || runtime_ns >= US_LIMIT
+        || launch_ns < 0 || launch_ns >= US_LIMIT)
+        Py_RETURN_NONE;
+    Buf b = {NULL, 0, 0};
+    int gave_up = 0;
+    long long corr = 0;
+    PtrMap recorded = {0, NULL, NULL};         /* record -> correlation of its last cudaEventRecord */
+    PyObject *used = PySet_New(NULL), *text = NULL;
+    unsigned char seen[256] = {0};             /* stream ids below 256 already in `used` */
+    FAIL(!used || ptrmap_init(&recorded, plan->n_records));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PlanItem *it = &plan->items[i];
+        PyObject *kind = PyList_GET_ITEM(kinds, i);
+        FAIL(!PyTuple_Check(kind) || PyTuple_GET_SIZE(kind) != 2);
+        PyObject *kname = PyTuple_GET_ITEM(kind, 0), *op = PyTuple_GET_ITEM(kind, 1);
+        PyObject *launch = it->rec[it->launch];
+        long long t = it->start + off, cost = it->cost, ext = i + 1;
+        GIVE_UP(t < 0 || t >= US_LIMIT || cost < 0 || cost >= US_LIMIT);
+        if (i) FAIL(PUT(&b, ","));
+        FAIL(PUT(&b, "{\"ph\":\"X\",\"cat\":\"cpu_op\",\"name\":") || put_str(&b, op) || PUT(&b, ",\"pid\":")
+             || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
+             || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, cost) || PUT(&b, ",\"args\":{\"External id\":")
+             || put_int(&b, ext) || PUT(&b, "}}"));
+        t += runtime_ns;
+        for (int k = 0; k < it->ncalls; k++) {
+            PyObject *rec = it->rec[k];
+            corr++;
+            GIVE_UP(t >= US_LIMIT);
+            if (it->what[k] != CALL_LAUNCH) {
+                int record = it->what[k] == CALL_RECORD;
+                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"")
+                     || (record ? PUT(&b, "cudaEventRecord") : PUT(&b, "cudaStreamWaitEvent"))
+                     || PUT(&b, "\",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
+                     || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t) || PUT(&b, ",\"dur\":")
+                     || put_us(&b, runtime_ns) || PUT(&b, ",\"args\":{\"cbid\":")
+                     || put_int(&b, record ? cb_record : cb_wait) || PUT(&b, ",\"correlation\":")
+                     || put_int(&b, corr) || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}}"));
+                t += runtime_ns;
+                GIVE_UP(t >= US_LIMIT);
+                if (record) {
+                    ptrmap_put(&recorded, rec, corr);
+                    continue;
+                }
+                long long waiting, waited, rec_corr = -1;
+                ptrmap_get(&recorded, rec, &rec_corr);
+                FAIL(get_id(streams, PyTuple_GET_ITEM(launch, R_STREAM), &waiting)
+                     || get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &waited));
+                FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_sync\",\"name\":\"Stream Wait Event\",\"pid\":")
+                     || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, waiting) || PUT(&b, ",\"ts\":")
+                     || put_us(&b, t) || PUT(&b, ",\"dur\":0.0,\"args\":{\"cuda_sync_kind\":\"Stream Wait Event\","
+                                                 "\"stream\":")
+                     || put_int(&b, waiting) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                     || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"wait_on_stream\":")
+                     || put_int(&b, waited) || PUT(&b, ",\"wait_on_cuda_event_record_corr_id\":")
+                     || put_int(&b, rec_corr) || PUT(&b, "}}"));
+                continue;
+            }
+            long long sid, start, end;
+            FAIL(get_id(streams, PyTuple_GET_ITEM(rec, R_STREAM), &sid));
+            if (sid < 0 || sid >= 256 || !seen[sid]) {
+                PyObject *s = PyLong_FromLongLong(sid);
+                int bad = !s || PySet_Add(used, s) < 0;
+                Py_XDECREF(s);
+                FAIL(bad);
+                if (sid >= 0 && sid < 256) seen[sid] = 1;
+            }
+            GIVE_UP(get_ll(PyTuple_GET_ITEM(rec, R_START), &start) || get_ll(PyTuple_GET_ITEM(rec, R_END), &end));
+            long long ts = start + off, dur = end - start;
+            GIVE_UP(ts < 0 || ts >= US_LIMIT || dur < 0 || dur >= US_LIMIT);
+            FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":")
+                 || put_int(&b, host_pid) || PUT(&b, ",\"tid\":") || put_int(&b, host_tid) || PUT(&b, ",\"ts\":")
+                 || put_us(&b, t) || PUT(&b, ",\"dur\":") || put_us(&b, launch_ns) || PUT(&b, ",\"args\":{\"cbid\":")
+                 || put_int(&b, cb_launch) || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                 || PUT(&b, ",\"External id\":") || put_int(&b, ext) || PUT(&b, "}},{\"ph\":\"s\",\"id\":")
+                 || put_int(&b, corr) || PUT(&b, ",\"pid\":") || put_int(&b, host_pid) || PUT(&b, ",\"tid\":")
+                 || put_int(&b, host_tid) || PUT(&b, ",\"ts\":") || put_us(&b, t)
+                 || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\"},{\"ph\":\"X\",\"cat\":\"kernel\",\"name\":")
+                 || put_str(&b, kname) || PUT(&b, ",\"pid\":") || put_int(&b, device) || PUT(&b, ",\"tid\":")
+                 || put_int(&b, sid) || PUT(&b, ",\"ts\":") || put_us(&b, ts) || PUT(&b, ",\"dur\":")
+                 || put_us(&b, dur) || PUT(&b, ",\"args\":{\"External id\":") || put_int(&b, ext)
+                 || PUT(&b, ",\"device\":") || put_int(&b, device) || PUT(&b, ",\"stream\":") || put_int(&b, sid)
+                 || PUT(&b, ",\"correlation\":") || put_int(&b, corr)
+                 || put_detail(&b, PyList_GET_ITEM(texts, i), PyList_GET_ITEM(extras, i))
+                 || PUT(&b, ",\"sim5d_name\":") || put_json(&b, PyTuple_GET_ITEM(rec, R_NAME))
+                 || PUT(&b, "}},{\"ph\":\"f\",\"id\":") || put_int(&b, corr) || PUT(&b, ",\"pid\":")
+                 || put_int(&b, device) || PUT(&b, ",\"tid\":") || put_int(&b, sid) || PUT(&b, ",\"ts\":")
+                 || put_us(&b, ts) || PUT(&b, ",\"cat\":\"ac2g\",\"name\":\"ac2g\",\"bp\":\"e\"}"));
+            t += launch_ns;
+        }
+    }
+    ptrmap_free(&recorded);
+    text = done(&b, 0);
+    b.p = NULL;
+    if (!text) {
+        Py_DECREF(used);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, text, used);
+    Py_DECREF(text);
+    Py_DECREF(used);
+    return out;
+fail:
+    if (!gave_up && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan_events: unexpected item");
+    ptrmap_free(&recorded);
+    Py_XDECREF(used);
+    return done(&b, gave_up);
+}
+
 static PyMethodDef methods[] = {
-    {"kineto_events", kineto_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events as one text."},
     {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
     {"timeline_rows", timeline_rows, METH_VARARGS, "timeline.csv's rows as one text."},
     {"name_key", name_key, METH_O, "sim.engine.slice_args.name_key_py, compiled."},
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
     {"kernel_kinds", kernel_kinds, METH_VARARGS, "sim.engine.kineto._Kinds.of of each record."},
-    {"host_items", host_items, METH_VARARGS, "sim.engine.kineto's host items, placed."},
+    {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
+    {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},
+    {"plan_items", plan_items, METH_VARARGS, "A plan's items as sim.engine.kineto._Items."},
+    {"plan_events", plan_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events of a plan."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_textout", NULL, -1, methods};

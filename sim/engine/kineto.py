@@ -237,15 +237,41 @@ def _items(mine, comp, recvs, waits: dict) -> list:
     return items
 
 
-def _host_items(mine: list, comp: list, recvs: list) -> tuple:
-    """(`_items`, placed: their starts and host times, `_place`) of a rank's records in order
-    (`comp` its compute-stream ones, `recvs` its receives): the compiled module's host_items
-    where it is built."""
-    got = None if _textout is None else _textout.host_items(mine, comp, recvs, _Item, RUNTIME_NS, LAUNCH_NS)
+def _in_order(records) -> list:
+    """A rank's records that are kernels (not marks) and last more than 0, by (start, end,
+    stream, name), stably: the compiled module's rank_order where it is built."""
+    got = None if _textout is None else _textout.rank_order(records)
     if got is None:
-        items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
-        return (items, *_place(items))
+        got = sorted([r for r in records if r.stream != "mark" and r.end_ns > r.start_ns],
+                     key=attrgetter("start_ns", "end_ns", "stream", "name"))
     return got
+
+
+class _Host:
+    """A rank's host items (`_items`) placed on the host thread (`_place`), held by the compiled
+    module's host_plan where it is built (no Python object per item: `items` makes them when the
+    Python loop needs them): `launched` each item's kernel record, `first` the first item's start
+    and `end` the last one's end (None without items), `calls` the number of their calls."""
+
+    def __init__(self, mine: list, comp: list, recvs: list):
+        got = None if _textout is None else _textout.host_plan(mine, comp, recvs, RUNTIME_NS, LAUNCH_NS)
+        if got is None:
+            self.plan = None
+            self._items = _items(mine, comp, recvs, _binding_sources(comp, mine, recvs))
+            self._placed = _place(self._items)
+            self.launched = [it.launch for it in self._items]
+            starts, costs = self._placed
+            self.first, self.end = (starts[0], starts[-1] + costs[-1]) if starts else (None, None)
+            self.calls = sum(len(it.calls) for it in self._items)
+        else:
+            self.launched, self.plan, self.first, self.end, self.calls = got
+
+    def items(self) -> tuple:
+        """(the `_Item`s, (their starts, their host times))."""
+        if self.plan is not None:
+            items, starts, costs = _textout.plan_items(self.plan, _Item)
+            return items, (starts, costs)
+        return self._items, self._placed
 
 
 def _place(items) -> tuple:
@@ -365,17 +391,18 @@ def _joined(details: tuple) -> list:
     return [("," + t[1:-1] if len(t) > 2 else "") + e for t, e in zip(texts, extras)]
 
 
-def _host_and_gpu(items, placed, streams: dict, device: int, kinds: list, details: tuple, off: int) -> tuple:
-    """`_host_and_gpu_py`'s answer with its events joined by commas as UTF-8 bytes: by the
-    compiled module (sim/engine/_textout.c) where it is built and the times are ones it writes."""
-    if _textout is not None and items:
-        got = _textout.kineto_events(
-            items, placed[0], placed[1], *details, kinds, streams, device, off,
-            RUNTIME_NS, LAUNCH_NS, HOST_PID, HOST_TID,
-            (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"], _CBID["cudaStreamWaitEvent"]))
+def _host_and_gpu(host: _Host, streams: dict, device: int, kinds: list, details: tuple, off: int) -> tuple:
+    """`_host_and_gpu_py`'s answer for the items of `host` placed `off` later, with its events
+    joined by commas as UTF-8 bytes: by the compiled module (sim/engine/_textout.c) where it is
+    built and the times are ones it writes."""
+    if host.plan is not None:
+        got = _textout.plan_events(host.plan, off, *details, kinds, streams, device, RUNTIME_NS, LAUNCH_NS, HOST_PID,
+                                   HOST_TID, (_CBID["cudaLaunchKernel"], _CBID["cudaEventRecord"],
+                                              _CBID["cudaStreamWaitEvent"]))
         if got is not None:
             return got
-    ev, used = _host_and_gpu_py(items, placed, streams, device, kinds, details, off)
+    items, (starts, costs) = host.items()
+    ev, used = _host_and_gpu_py(items, ([t + off for t in starts], costs), streams, device, kinds, details, off)
     return ",".join(ev).encode(), used
 
 
@@ -464,29 +491,27 @@ def rank_trace_parts(records, rank: int, *, world_size: int, device: int, label:
     `args`: the step's sim.engine.slice_args.SliceArgs (what each kernel is and did)."""
     from sim.engine.core import Record
 
-    mine = sorted([r for r in records if r.stream != "mark" and r.end_ns > r.start_ns],
-                  key=attrgetter("start_ns", "end_ns", "stream", "name"))
+    mine = _in_order(records)
     comp = [r for r in mine if r.stream == "compute"]
     recvs = _receives(comp, p2p, rank, Record)
-    items, starts, costs = _host_items(mine, comp, recvs)
+    host = _Host(mine, comp, recvs)
     # The first kernels' launches come before the step's 0; Perfetto refuses negative times, so
     # the step's 0 is put at a whole millisecond after them (top-level sim5d.step_start_ns).
-    off = -(min(starts[:1] + [0]) // 1_000_000) * 1_000_000
-    starts = [t + off for t in starts]
+    off = -(min(host.first, 0) // 1_000_000) * 1_000_000 if host.first is not None else 0
     streams = dict(STREAMS)
     for s in sorted({r.stream for r in mine} - set(streams)):
         streams[s] = max(streams.values()) + 4
-    launched = [it.launch for it in items]
+    launched = host.launched
     details = _details(launched, args, p2p)
-    ev, used = _host_and_gpu(items, (starts, costs), streams, device, _Kinds(zero_stage).of_each(launched), details,
-                             off)
-    end, stop = (starts[-1] + costs[-1] if items else off), makespan_ns + off
+    ev, used = _host_and_gpu(host, streams, device, _Kinds(zero_stage).of_each(launched), details, off)
+    end, stop = (host.end + off if launched else off), makespan_ns + off
     more = []
     if end < stop:          # the step ends with the host waiting for the device (e.g. loss.item())
-        corr = sum(len(it.calls) for it in items) + 1
-        more.append(_runtime("cudaDeviceSynchronize", end, stop - end, corr, len(items) + 1))
+        corr = host.calls + 1
+        more.append(_runtime("cudaDeviceSynchronize", end, stop - end, corr, len(launched) + 1))
         more.append(_sync("Context Sync", device, STREAMS["compute"], end, stop - end, corr, None, -1))
-    top, head = _frame(rank, world_size=world_size, device=device, label=label, start_ns=min(starts[:1] + [off]),
+    top, head = _frame(rank, world_size=world_size, device=device, label=label,
+                       start_ns=min(off, off + (host.first or 0)),
                        makespan_ns=stop, device_props=device_props, streams=streams, used=used)
     top["sim5d"] = {"step_start_ns": off}
     # the top level, then the events joined by commas: the frame's (never none), the kernels',

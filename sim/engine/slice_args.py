@@ -216,6 +216,7 @@ class SliceArgs:
         self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
         self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
         self._comms: dict = {}           # (rank, name's key) -> `comm`'s answer, where the name is one call
+        self._unlisted: dict = {}        # key of a name no program has -> (its entry, whether numbered)
 
     def _walked(self, rank: int) -> tuple:
         hit = self._programs.get(rank)
@@ -309,8 +310,13 @@ class SliceArgs:
         """json.dumps(self(rec), separators=(",", ":")), from the entry's texts around the
         microbatch number."""
         e, mb = self._resolved(rec)
-        if e is None:
-            return json.dumps(self(rec), separators=(",", ":"))
+        if e is None:                 # (e.g. the Kineto traces' receives: a rank's every microbatch)
+            key = name_key(rec.name)[0]
+            hit = self._unlisted.get(key)
+            if hit is None:
+                hit = self._unlisted[key] = (self._entry(key, {}, ()), name_fields(key).get("microbatch") == "\x00")
+            (_, before, after, _), numbered = hit
+            return before + str(int(mb)) + after if numbered else before
         return e[1] + mb + e[2] if mb else e[1]
 
     def texts(self, records) -> list:
