@@ -519,6 +519,25 @@ def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypa
     assert sorted(ran) == list(range(8))
 
 
+def test_work_in_the_background_answers_from_a_child_or_not_at_all(monkeypatch):
+    """sim.engine.background: the answer made in a forked child (not here) comes back whole
+    (a pickle larger than a pipe's buffer); a failure there gives the default; without a second
+    CPU it does not fork and gives the default."""
+    import os
+
+    from sim.engine.background import Background
+
+    monkeypatch.setattr(outputs, "writer_cpus", lambda: 2)
+    parent = os.getpid()
+    big = {k: "x" * 100 for k in range(5000)}
+    job = Background(lambda: (os.getpid(), big))
+    pid, got = job.result()
+    assert pid != parent and got == big
+    assert Background(lambda: 1 / 0).result("default") == "default"
+    monkeypatch.setattr(outputs, "writer_cpus", lambda: 1)
+    assert Background(lambda: os.getpid()).result("default") == "default"
+
+
 @pytest.mark.parametrize("name", ["llama3-405b-h100x16384", "mixtral-8x7b-h100x64-dualpipe"])
 def test_every_pipeline_arrow_ends_inside_its_consuming_slice(name):
     """Issue #35: a pipeline arrow (flow "s" -> "f", Perfetto binds each end to the slice

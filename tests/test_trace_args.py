@@ -145,6 +145,27 @@ _LAYER = re.compile(r"(?:^|\s)L(\d+)(?=\s|$)")
 _MB = re.compile(r"(?:^|\s)mb(\d+)(?=\s|$)")
 
 
+@pytest.mark.parametrize("ranks", ["representative", "all"])
+def test_program_walks_made_without_the_step_are_the_slice_args_own(mixtral, ranks):
+    """program_walks (made by `sim5d run` while the engine runs, with only the scenario) are
+    the walks SliceArgs makes of the simulated ranks' programs from the step's result, under
+    `ranks: all` symmetry (the orbits' representatives) too; a SliceArgs given them answers
+    the same args for every record."""
+    from sim.engine.slice_args import program_walks
+
+    sc = load_scenario("mixtral-8x7b-h100x64-dualpipe", overrides=[f"simulation.ranks={ranks}"])
+    res = mixtral if ranks == "representative" else simulate(sc)
+    walks = program_walks(sc)
+    own = slice_args(res)
+    orbits = res.engine.orbits
+    assert (orbits is not None) == (ranks == "all")
+    assert set(walks) == set(orbits.members if orbits else res.simulated_ranks) and len(walks) == sc.parallelism.pp
+    assert walks == {g: own._walked(g) for g in walks}
+    given = slice_args(res, walked=walks)
+    recs = res.records_of(res.simulated_ranks[:2]) + res.records_of(res.simulated_ranks[-1:])
+    assert [given.text(r) for r in recs] == [own.text(r) for r in recs]
+
+
 @pytest.mark.parametrize("name", ["llama3-8b-h100x16-1f1b", "mixtral-8x7b-h100x64-dualpipe"])
 def test_every_slice_in_trace_json_has_its_args(name, tmp_path):
     """`sim5d run`'s trace.json.gz: every complete event has args with the layer and microbatch

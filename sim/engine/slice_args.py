@@ -196,22 +196,41 @@ def _walk(program) -> tuple:
     return kernels, calls
 
 
+def _flops_builder(sc, layout):
+    """The ProgramBuilder of any rank's program with each kernel's FLOPs as its time."""
+    from sim import schedules
+    from sim.engine.program import ProgramBuilder
+
+    p = sc.parallelism
+    sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
+    return ProgramBuilder(sc, sched, FlopsCostModel(sc), layout, ranks="all", blocks=True)
+
+
+def program_walks(sc) -> dict:
+    """{rank: `_walk` of its program} of each pipeline stage's representative rank, the ranks a
+    step simulates (sim.engine.program.ProgramBuilder.reps; by symmetry, its orbits'
+    representatives): what `SliceArgs` would build for them, made without the step's result
+    (`sim5d run` has them made while the engine runs, sim.engine.background, and gives them to
+    its SliceArgs)."""
+    from sim.layout import Layout
+
+    layout = Layout.from_scenario(sc)
+    builder = _flops_builder(sc, layout)
+    return {g: _walk(builder.program_of(g)) for g in (layout.rank(pp=r) for r in range(sc.parallelism.pp))}
+
+
 class SliceArgs:
     """record -> its args (a dict; `text`: the same as JSON text, fast); `comm(record)`: the
-    call's CommInfo. Made by `slice_args`; each rank's table is made when first asked for."""
+    call's CommInfo. Made by `slice_args`; each rank's table is made when first asked for.
+    `walked`: ranks' `_walk`s made already (`program_walks`)."""
 
-    def __init__(self, result, records=None):
-        from sim import schedules
-        from sim.engine.program import ProgramBuilder
-
+    def __init__(self, result, records=None, walked: dict | None = None):
         sc = self.sc = result.scenario
-        p = sc.parallelism
-        sched = schedules.build(sc.run_schedule, p.pp, sc.derived.num_microbatches, p.vpp)
-        self._builder = ProgramBuilder(sc, sched, FlopsCostModel(sc), result.layout, ranks="all", blocks=True)
+        self._builder = _flops_builder(sc, result.layout)
         self._orbits = result.engine.orbits
         self._result = result
         self._records = records
-        self._programs: dict = {}        # built rank -> (kernels, calls) (`_walk`)
+        self._programs: dict = dict(walked or {})   # built rank -> (kernels, calls) (`_walk`)
         self._tables: dict = {}          # rank -> {key: (args dict, text before, text after, calls)}
         self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
         self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
@@ -368,8 +387,9 @@ class SliceArgs:
         return info
 
 
-def slice_args(result, records=None) -> SliceArgs:
+def slice_args(result, records=None, walked: dict | None = None) -> SliceArgs:
     """The args of `result`'s slices (a RunResult): call it on a record for its args dict; `text`,
     `texts` for JSON, `comm` for a call's CommInfo. `records`: a list holding every record of
-    the ranks it will be asked about (default: made from the result when needed)."""
-    return SliceArgs(result, records)
+    the ranks it will be asked about (default: made from the result when needed); `walked`:
+    `program_walks(result.scenario)` where it was made already."""
+    return SliceArgs(result, records, walked)
