@@ -203,6 +203,27 @@ def test_a_ranks_records_in_order_are_pythons_sort(rows):
     assert C.rank_order([_rec(start=2**64, end=2**64 + 1)]) is None        # past 64 bits: Python sorts
 
 
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp"]), st.sampled_from(["b", "a", "é"]),
+                          st.integers(0, 4), st.integers(-1, 3)), max_size=30),
+       st.sampled_from([("rank", "start_ns", "end_ns", "stream", "name"), ("rank", "start_ns", "stream"),
+                        ("name",), ("end_ns", "cat", "rank")]))
+def test_records_sorted_by_fields_are_pythons_sort(rows, fields):
+    """outputs.sort_records (timeline.csv's order, the trace's): sorted() with attrgetter of the
+    fields, ties in their order (the same objects), sorted input and not; an int past 64 bits
+    leaves it to Python."""
+    from operator import attrgetter
+
+    recs = [_rec(rank, stream, name, "cat" if s % 2 else "cab", s, s + d) for rank, stream, name, s, d in rows]
+    want = sorted(recs, key=attrgetter(*fields))
+    got = outputs.sort_records(recs, *fields)
+    assert got == want and all(a is b for a, b in zip(got, want))
+    assert C.sort_records(want, tuple(outputs._FIELDS[f] for f in fields)) == want
+    huge = [_rec(start=2**64), _rec(start=1)]
+    assert C.sort_records(huge, (4,)) is None and outputs.sort_records(huge, "start_ns") == huge[::-1]
+
+
 def test_names_no_program_has_get_their_fields_as_text():
     """The args text of a slice whose name no rank's program has (the Kineto traces' receives,
     made from the send/receive log) is json.dumps of its fields, microbatch number included,

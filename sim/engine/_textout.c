@@ -154,11 +154,6 @@ static int get_ll(PyObject *o, long long *v) {
     return 0;
 }
 
-/* An int object that is a time us_text writes positionally */
-static int get_time(PyObject *o, long long *v) {
-    return get_ll(o, v) || *v < 0 || *v >= US_LIMIT;
-}
-
 /* The value of a dict entry as an int (a stream's id) */
 static int get_id(PyObject *dict, PyObject *key, long long *v) {
     PyObject *o = PyDict_GetItemWithError(dict, key);
@@ -719,14 +714,18 @@ done:
 
 /* ---- the Kineto writer's records in order, host items and events (sim.engine.kineto) ---- */
 
-/* A record to sort: its start and end, and its position (a stable sort) */
+/* Records sorted as sorted(records, key=attrgetter(fields...)) sorts them: by the listed
+ * Record fields in turn (the ints rank, start_ns, end_ns as integers, the strs stream, name, cat
+ * by code point), ties kept in their order. The int fields are read once into the array. */
+#define SORT_MAX_FIELDS 5
 typedef struct {
-    long long start, end;
-    Py_ssize_t at;
+    long long k[SORT_MAX_FIELDS];              /* the int fields, in the key's order */
+    Py_ssize_t at;                             /* the position before sorting: a stable sort */
     PyObject *rec;
-} Ordered;
+} Keyed;
 
 static int order_error;                        /* PyUnicode_Compare failed inside qsort */
+static int key_n, key_field[SORT_MAX_FIELDS], key_int[SORT_MAX_FIELDS];   /* the key being sorted by */
 
 static int str_cmp(PyObject *a, PyObject *b) {
     if (a == b) return 0;
@@ -735,15 +734,95 @@ static int str_cmp(PyObject *a, PyObject *b) {
     return c;
 }
 
-/* by (start_ns, end_ns, stream, name), then the position */
-static int cmp_ordered(const void *a, const void *b) {
-    const Ordered *x = a, *y = b;
-    if (x->start != y->start) return x->start < y->start ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    int c = str_cmp(PyTuple_GET_ITEM(x->rec, R_STREAM), PyTuple_GET_ITEM(y->rec, R_STREAM));
-    if (!c) c = str_cmp(PyTuple_GET_ITEM(x->rec, R_NAME), PyTuple_GET_ITEM(y->rec, R_NAME));
-    if (c) return c;
+static int cmp_keyed(const void *a, const void *b) {
+    const Keyed *x = a, *y = b;
+    for (int f = 0; f < key_n; f++) {
+        if (key_int[f]) {
+            if (x->k[f] != y->k[f]) return x->k[f] < y->k[f] ? -1 : 1;
+        } else {
+            int c = str_cmp(PyTuple_GET_ITEM(x->rec, key_field[f]), PyTuple_GET_ITEM(y->rec, key_field[f]));
+            if (c) return c;
+        }
+    }
     return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* Set the key from a tuple of Record field indices; -1 with an error if it is not one */
+static int set_key(PyObject *fields) {
+    if (!PyTuple_Check(fields) || PyTuple_GET_SIZE(fields) < 1 || PyTuple_GET_SIZE(fields) > SORT_MAX_FIELDS) {
+        PyErr_SetString(PyExc_ValueError, "_textout: a sort key is a tuple of 1 to 5 Record field indices");
+        return -1;
+    }
+    key_n = (int)PyTuple_GET_SIZE(fields);
+    for (int f = 0; f < key_n; f++) {
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(fields, f));
+        if (v < R_RANK || v > R_END) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "_textout: not a Record field index");
+            return -1;
+        }
+        key_field[f] = (int)v;
+        key_int[f] = v == R_RANK || v == R_START || v == R_END;
+    }
+    return 0;
+}
+
+/* One record's entry (its int fields read); 1 to give up (a field not of its type, an int past
+ * 64 bits), -1 with an error (not a Record) */
+static int keyed(Keyed *e, PyObject *r, Py_ssize_t at) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+        PyErr_SetString(PyExc_TypeError, "_textout: not a Record");
+        return -1;
+    }
+    for (int f = 0; f < key_n; f++) {
+        PyObject *o = PyTuple_GET_ITEM(r, key_field[f]);
+        if (key_int[f] ? get_ll(o, &e->k[f]) : !PyUnicode_Check(o)) return 1;
+    }
+    e->at = at;
+    e->rec = r;
+    return 0;
+}
+
+/* Sort v[0..m) by the key unless it is in order already; -1 with an error */
+static int sort_keyed(Keyed *v, Py_ssize_t m) {
+    order_error = 0;
+    for (Py_ssize_t i = 1; i < m; i++) {
+        if (cmp_keyed(&v[i - 1], &v[i]) > 0) {
+            if (order_error) return -1;
+            qsort(v, (size_t)m, sizeof(Keyed), cmp_keyed);
+            break;
+        }
+    }
+    return order_error ? -1 : 0;
+}
+
+/* The records of v[0..m) as a new list */
+static PyObject *keyed_list(Keyed *v, Py_ssize_t m) {
+    PyObject *out = PyList_New(m);
+    if (out)
+        for (Py_ssize_t i = 0; i < m; i++) PyList_SET_ITEM(out, i, Py_NewRef(v[i].rec));
+    return out;
+}
+
+/* sort_records(records, fields) -> list or None: sorted(records, key=attrgetter(the fields))
+ * for `fields` a tuple of Record field indices; None where a field is not of its type (an int
+ * past 64 bits: the Python sorts) */
+static PyObject *sort_records(PyObject *self, PyObject *args) {
+    PyObject *recs, *fields, *out = NULL;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &recs, &fields) || set_key(fields)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));
+    if (!v) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int got = keyed(&v[i], PyList_GET_ITEM(recs, i), i);
+        if (got) {
+            PyMem_Free(v);
+            if (got < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    if (!sort_keyed(v, n)) out = keyed_list(v, n);
+    PyMem_Free(v);
+    return out;
 }
 
 /* rank_order(records) -> list or None: kineto.rank_trace_parts' `mine`, the records that are
@@ -755,39 +834,29 @@ static PyObject *rank_order(PyObject *self, PyObject *recs) {
         PyErr_SetString(PyExc_TypeError, "rank_order: expected a list");
         return NULL;
     }
+    static const int fields[4] = {R_START, R_END, R_STREAM, R_NAME};
+    key_n = 4;
+    for (int f = 0; f < 4; f++) {
+        key_field[f] = fields[f];
+        key_int[f] = f < 2;
+    }
     Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
-    Ordered *v = PyMem_Malloc(sizeof(Ordered) * (size_t)(n + 1));
+    Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));
     PyObject *out = NULL;
     if (!v) return PyErr_NoMemory();
-    int sorted = 1;
-    order_error = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(recs, i);
-        long long s, e;
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6 || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_STREAM))
-            || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_NAME))) {
-            PyErr_SetString(PyExc_TypeError, "rank_order: not a Record");
-            goto done;
-        }
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(r, R_STREAM), "mark") == 0) continue;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &s) || get_ll(PyTuple_GET_ITEM(r, R_END), &e)) {
+        int got = keyed(&v[m], r, m);
+        if (got) {
             PyMem_Free(v);
+            if (got < 0) return NULL;
             Py_RETURN_NONE;
         }
-        if (e <= s) continue;
-        v[m] = (Ordered){s, e, m, r};
-        if (sorted && m && cmp_ordered(&v[m - 1], &v[m]) > 0) sorted = 0;
-        if (order_error) goto done;
+        if (v[m].k[1] <= v[m].k[0] || PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(r, R_STREAM), "mark") == 0)
+            continue;
         m++;
     }
-    if (!sorted) {
-        qsort(v, (size_t)m, sizeof(Ordered), cmp_ordered);
-        if (order_error) goto done;
-    }
-    out = PyList_New(m);
-    if (out)
-        for (Py_ssize_t i = 0; i < m; i++) PyList_SET_ITEM(out, i, Py_NewRef(v[i].rec));
-done:
+    if (!sort_keyed(v, m)) out = keyed_list(v, m);
     PyMem_Free(v);
     return out;
 }
@@ -1307,6 +1376,7 @@ static PyMethodDef methods[] = {
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
     {"kernel_kinds", kernel_kinds, METH_VARARGS, "sim.engine.kineto._Kinds.of of each record."},
     {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
+    {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
     {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},
     {"plan_items", plan_items, METH_VARARGS, "A plan's items as sim.engine.kineto._Items."},
     {"plan_events", plan_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events of a plan."},
