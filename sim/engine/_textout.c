@@ -24,21 +24,28 @@
 
 #define US_LIMIT 1000000000000000LL  /* sim.engine.outputs.US_TEXT_LIMIT_NS */
 
+/* The text being written, in a bytes object that grows (its bytes are handed over as they are,
+ * not copied: a million-row timeline is 80 MB) */
 typedef struct {
+    PyObject *o;                               /* the bytes object (owned), NULL before any text */
     char *p;
     Py_ssize_t n, cap;
 } Buf;
+
+#define BUF_INIT {NULL, NULL, 0, 0}
 
 static int grow(Buf *b, Py_ssize_t need) {
     if (b->n + need <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
     while (cap < b->n + need) cap *= 2;
-    char *p = PyMem_Realloc(b->p, (size_t)cap);
-    if (!p) {
-        PyErr_NoMemory();
+    if (!b->o) b->o = PyBytes_FromStringAndSize(NULL, cap);
+    else if (_PyBytes_Resize(&b->o, cap) < 0) b->o = NULL;          /* (it freed the old one) */
+    if (!b->o) {
+        b->p = NULL;
+        b->n = b->cap = 0;
         return -1;
     }
-    b->p = p;
+    b->p = PyBytes_AS_STRING(b->o);
     b->cap = cap;
     return 0;
 }
@@ -168,11 +175,19 @@ static int get_id(PyObject *dict, PyObject *key, long long *v) {
     return 0;
 }
 
+/* The text written as bytes (or None where the writer gave up), the buffer released */
 static PyObject *done(Buf *b, int gave_up) {
     PyObject *out = NULL;
-    if (!gave_up && !PyErr_Occurred()) out = PyBytes_FromStringAndSize(b->p ? b->p : "", b->n);
-    else if (gave_up && !PyErr_Occurred()) out = Py_NewRef(Py_None);
-    PyMem_Free(b->p);
+    if (!gave_up && !PyErr_Occurred()) {
+        if (!b->o) out = PyBytes_FromStringAndSize("", 0);
+        else if (_PyBytes_Resize(&b->o, b->n) == 0) out = b->o;      /* (on failure it freed it) */
+        b->o = NULL;
+    } else if (gave_up && !PyErr_Occurred()) {
+        out = Py_NewRef(Py_None);
+    }
+    Py_CLEAR(b->o);
+    b->p = NULL;
+    b->n = b->cap = 0;
     return out;
 }
 
@@ -195,7 +210,7 @@ static PyObject *chrome_events(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "chrome_events: texts is not a list of one per record");
         return NULL;
     }
-    Buf b = {NULL, 0, 0};
+    Buf b = BUF_INIT;
     int gave_up = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(recs, i);
@@ -249,7 +264,7 @@ static PyObject *timeline_rows(PyObject *self, PyObject *args) {
     PyObject *recs, *pp, *round_fn;
     if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &recs, &PyDict_Type, &pp, &round_fn)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(recs);
-    Buf b = {NULL, 0, 0};
+    Buf b = BUF_INIT;
     int gave_up = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(recs, i);
@@ -1263,7 +1278,8 @@ static PyObject *plan_events(PyObject *self, PyObject *args) {
         || get_ll(PyTuple_GET_ITEM(cbid, 2), &cb_wait) || runtime_ns < 0 || runtime_ns >= US_LIMIT
         || launch_ns < 0 || launch_ns >= US_LIMIT)
         Py_RETURN_NONE;
-    Buf b = {NULL, 0, 0};
+    Buf b = BUF_INIT;
+    if (grow(&b, 1024 * (n + 1))) return NULL;      /* about 900 bytes an item: no copying as it grows */
     int gave_up = 0;
     long long corr = 0;
     PtrMap recorded = {0, NULL, NULL};         /* record -> correlation of its last cudaEventRecord */
@@ -1352,7 +1368,6 @@ static PyObject *plan_events(PyObject *self, PyObject *args) {
     }
     ptrmap_free(&recorded);
     text = done(&b, 0);
-    b.p = NULL;
     if (!text) {
         Py_DECREF(used);
         return NULL;
