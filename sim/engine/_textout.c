@@ -1241,6 +1241,112 @@ done:
     return out;
 }
 
+/* nccl_extras(launched, texts, comm, senders, make) -> list: kineto._details' loop, the text
+ * Kineto's NCCL args add to each launched record's args ("" for a compute kernel): for a
+ * communication record (not on the compute stream, or of a "comm:" category) its call
+ * `comm(record)` -- a receive's ("pp-recv") is its sender's, `senders[name]`, or none -- and where
+ * there is one, `make(call, is_receive, with_dtype)`, with_dtype where its `texts` entry has no
+ * "dtype" key. Each call object's texts are made once (`comm` gives the same object for every
+ * record of a name that is one call: a rank's thousands of records are a few dozen calls). */
+typedef struct {
+    PyObject *info;                            /* owned: no other call gets its address meanwhile */
+    PyObject *text[4];                         /* owned, by is_receive * 2 + with_dtype */
+} Extra;
+
+static PyObject *nccl_extras(PyObject *self, PyObject *args) {
+    PyObject *launched, *texts, *comm, *senders, *make;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O", &PyList_Type, &launched, &PyList_Type, &texts, &comm, &PyDict_Type,
+                          &senders, &make))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(launched), n_cache = 0;
+    if (PyList_GET_SIZE(texts) != n) {
+        PyErr_SetString(PyExc_ValueError, "nccl_extras: lists of different lengths");
+        return NULL;
+    }
+    PtrMap seen = {0, NULL, NULL};             /* call -> its index in `cache` */
+    Extra *cache = PyMem_Calloc((size_t)n + 1, sizeof(Extra));
+    PyObject *empty = PyUnicode_New(0, 0), *dtype = PyUnicode_FromString("\"dtype\":");
+    PyObject *prefix = PyUnicode_FromString("comm:"), *out = PyList_New(n);
+    int ok = 0;
+    if (!cache) PyErr_NoMemory();
+    if (!cache || !empty || !dtype || !prefix || !out || ptrmap_init(&seen, n)) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(launched, i), *info, *text = PyList_GET_ITEM(texts, i);
+        PyList_SET_ITEM(out, i, Py_NewRef(empty));
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6 || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_STREAM))
+            || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_CAT)) || !PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "nccl_extras: not a Record and its text");
+            goto done;
+        }
+        PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);
+        if (PyUnicode_CompareWithASCIIString(stream, "compute") == 0) {
+            Py_ssize_t comm_cat = PyUnicode_Tailmatch(PyTuple_GET_ITEM(r, R_CAT), prefix, 0, PY_SSIZE_T_MAX, -1);
+            if (comm_cat < 0) goto done;
+            if (!comm_cat) continue;
+        }
+        int recv = PyUnicode_CompareWithASCIIString(stream, "pp-recv") == 0;
+        if (recv) {
+            PyObject *sender = PyDict_GetItemWithError(senders, PyTuple_GET_ITEM(r, R_NAME));
+            if (!sender) {
+                if (PyErr_Occurred()) goto done;
+                continue;
+            }
+            info = PyObject_CallOneArg(comm, sender);
+        } else {
+            info = PyObject_CallOneArg(comm, r);
+        }
+        if (!info) goto done;
+        if (info == Py_None) {
+            Py_DECREF(info);
+            continue;
+        }
+        int has = PySequence_Contains(text, dtype);
+        if (has < 0) {
+            Py_DECREF(info);
+            goto done;
+        }
+        long long at;
+        Extra *e;
+        if (ptrmap_get(&seen, info, &at)) {
+            e = &cache[at];
+            Py_DECREF(info);
+        } else {
+            e = &cache[n_cache];
+            e->info = info;
+            ptrmap_put(&seen, info, n_cache++);
+        }
+        int slot = recv * 2 + !has;
+        if (!e->text[slot]) {
+            PyObject *t = PyObject_CallFunctionObjArgs(make, e->info, recv ? Py_True : Py_False,
+                                                       has ? Py_False : Py_True, NULL);
+            if (!t) goto done;
+            if (!PyUnicode_Check(t)) {
+                Py_DECREF(t);
+                PyErr_SetString(PyExc_TypeError, "nccl_extras: make() did not give a str");
+                goto done;
+            }
+            e->text[slot] = t;
+        }
+        PyObject *old = PyList_GET_ITEM(out, i);
+        PyList_SET_ITEM(out, i, Py_NewRef(e->text[slot]));
+        Py_DECREF(old);
+    }
+    ok = 1;
+done:
+    if (cache)
+        for (Py_ssize_t k = 0; k < n_cache; k++) {
+            Py_XDECREF(cache[k].info);
+            for (int j = 0; j < 4; j++) Py_XDECREF(cache[k].text[j]);
+        }
+    PyMem_Free(cache);
+    ptrmap_free(&seen);
+    Py_XDECREF(empty);
+    Py_XDECREF(dtype);
+    Py_XDECREF(prefix);
+    if (!ok) Py_CLEAR(out);
+    return out;
+}
+
 /* A kernel's args after its own (kineto._joined): the args object's text without its braces,
  * after a comma (nothing for "{}"), then its NCCL args text */
 static int put_detail(Buf *b, PyObject *text, PyObject *extra) {
@@ -1394,6 +1500,7 @@ static PyMethodDef methods[] = {
     {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
     {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},
     {"plan_items", plan_items, METH_VARARGS, "A plan's items as sim.engine.kineto._Items."},
+    {"nccl_extras", nccl_extras, METH_VARARGS, "sim.engine.kineto._details' NCCL args texts."},
     {"plan_events", plan_events, METH_VARARGS, "sim.engine.kineto._host_and_gpu_py's events of a plan."},
     {NULL, NULL, 0, NULL}};
 

@@ -362,14 +362,17 @@ def _details(launched, args, p2p: dict | None) -> tuple:
     """(each record's kernel's args as JSON text, sim.engine.slice_args' fields: layer,
     microbatch, phase, block, stage, FLOPs or the call's op, bytes, dtype, group; the text
     Kineto's own NCCL args add after them, `_nccl_args`, "" for a compute kernel): a receive's
-    call is its sender's send. `_joined` puts the two together."""
+    call is its sender's send. `_joined` puts the two together. The second by the compiled
+    module's nccl_extras where it is built."""
     from sim.engine.core import Record
 
     senders = {p2p_name("recv", key): Record(info["src"], "pp", p2p_name("send", key), "pp", 0, 0)
                for key, info in (p2p or {}).items() if "src" in info}
     texts = args.texts(launched)
+    if _textout is not None:
+        return texts, _textout.nccl_extras(launched, texts, args.comm, senders, _extra)
     extras = [""] * len(launched)
-    cache: dict = {}             # what `_nccl_args` reads of a call -> its text
+    cache: dict = {}             # what `_extra` reads of a call -> its text
     for i in [i for i, r in enumerate(launched) if r.stream != "compute" or r.cat.startswith("comm:")]:
         r = launched[i]
         recv = r.stream == "pp-recv"
@@ -378,11 +381,15 @@ def _details(launched, args, p2p: dict | None) -> tuple:
             key = (info.op, info.size_bytes, len(info.ranks), info.dtype, recv, '"dtype":' not in texts[i])
             extra = cache.get(key)
             if extra is None:
-                coll = ("recv" if recv else "send") if info.op == "send_recv" else \
-                    COLLECTIVE_NAMES.get(info.op, info.op)
-                extra = cache[key] = _nccl_args(info, coll, key[-1])
+                extra = cache[key] = _extra(info, recv, key[-1])
             extras[i] = extra
     return texts, extras
+
+
+def _extra(info, recv: bool, dtype: bool) -> str:
+    """`_nccl_args` of a call (CommInfo), a send_recv named by its side."""
+    coll = ("recv" if recv else "send") if info.op == "send_recv" else COLLECTIVE_NAMES.get(info.op, info.op)
+    return _nccl_args(info, coll, dtype)
 
 
 def _joined(details: tuple) -> list:
