@@ -118,10 +118,10 @@ def _list_schedule_s(costs: list, cpus: int) -> float:
 MATPLOTLIB_IMPORT_S = 0.25
 """CPU seconds of `from matplotlib.figure import Figure` after numpy (python -X importtime)."""
 WRITER_COST = {
-    "timeline": lambda n: 1e-6 * n,
-    "trace": lambda n: 0.1 + 3e-6 * n,
-    "kineto": lambda ranks, n: 0.005 * ranks + 6e-6 * n,
-    "pipeline": lambda n: 0.45 + 2.6e-6 * n,
+    "timeline": lambda n: 0.85e-6 * n,
+    "trace": lambda n: 0.1 + 2.8e-6 * n,
+    "kineto": lambda ranks, n: 0.005 * ranks + 3.7e-6 * n,
+    "pipeline": lambda n: 0.45 + 1.65e-6 * n,
     "charts": lambda n: 0.6 + 0.3e-6 * n,
     "report": lambda n: 0.15 + 1.6e-6 * n,
 }
@@ -129,9 +129,10 @@ WRITER_COST = {
 `ranks`), the order `outputs.run_writers` starts them in (largest first): measured on this
 project's 2-core machine with the compiled text module, on Narayanan's 1T row (1.05M records),
 Llama 3 405B's and Nemotron-4 340B's bundled steps (43K, 32K; the report on the 1T row and
-GPT-3 175B). The fixed parts are what does not grow with the step: each chart writer's import
-of matplotlib (MATPLOTLIB_IMPORT_S) and its figures, each Kineto rank's program built again for
-its args, plotly's import. Estimates only: a wrong one changes the order, not the files."""
+GPT-3 175B; the per-record parts again on the 1T row after the writers' changes of December
+2026). The fixed parts are what does not grow with the step: each chart writer's import of
+matplotlib (MATPLOTLIB_IMPORT_S) and its figures, each Kineto rank's table of args, plotly's
+import. Estimates only: a wrong one changes the order, not the files."""
 
 
 def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:

@@ -34,8 +34,16 @@ typedef struct {
 
 #define BUF_INIT {NULL, NULL, 0, 0}
 
-static int grow(Buf *b, Py_ssize_t need) {
-    if (b->n + need <= b->cap) return 0;
+#if defined(__GNUC__)
+#define COLD __attribute__((noinline, cold))
+#define HOT static inline __attribute__((always_inline))
+#else
+#define COLD
+#define HOT static inline
+#endif
+
+/* Room for `need` more bytes: the buffer doubled (the rare case, kept out of line) */
+COLD static int grow_slow(Buf *b, Py_ssize_t need) {
     Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
     while (cap < b->n + need) cap *= 2;
     if (!b->o) b->o = PyBytes_FromStringAndSize(NULL, cap);
@@ -50,7 +58,9 @@ static int grow(Buf *b, Py_ssize_t need) {
     return 0;
 }
 
-static int put(Buf *b, const char *s, Py_ssize_t n) {
+HOT int grow(Buf *b, Py_ssize_t need) { return b->n + need <= b->cap ? 0 : grow_slow(b, need); }
+
+HOT int put(Buf *b, const char *s, Py_ssize_t n) {
     if (grow(b, n)) return -1;
     memcpy(b->p + b->n, s, (size_t)n);
     b->n += n;
@@ -59,20 +69,33 @@ static int put(Buf *b, const char *s, Py_ssize_t n) {
 
 #define PUT(b, lit) put((b), (lit), (Py_ssize_t)sizeof(lit) - 1)
 
-static int put_int(Buf *b, long long v) {
+static const char PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+HOT int put_int(Buf *b, long long v) {
     char tmp[24];
     int i = 24;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[--i] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
+    while (u >= 100) {                         /* two digits at a time */
+        unsigned d = (unsigned)(u % 100) * 2;
+        u /= 100;
+        tmp[--i] = PAIRS[d + 1];
+        tmp[--i] = PAIRS[d];
+    }
+    if (u >= 10) {
+        tmp[--i] = PAIRS[u * 2 + 1];
+        tmp[--i] = PAIRS[u * 2];
+    } else {
+        tmp[--i] = (char)('0' + u);
+    }
     if (v < 0) tmp[--i] = '-';
     return put(b, tmp + i, 24 - i);
 }
 
 /* us_text(ns) for 0 <= ns < US_LIMIT (checked by the caller) */
-static int put_us(Buf *b, long long ns) {
+HOT int put_us(Buf *b, long long ns) {
     int r = (int)(ns % 1000);
     if (put_int(b, ns / 1000)) return -1;
     char t[4] = {'.', (char)('0' + r / 100), (char)('0' + r / 10 % 10), (char)('0' + r % 10)};
