@@ -260,6 +260,26 @@ def test_stream_waits_are_the_engines_dependencies(run, mixtral):
             assert gaps > 0
 
 
+def test_receives_are_posted_after_the_kernel_before_and_told_apart_by_key_on_ties():
+    """kineto._receives by hand: a receive runs from the end of the rank's kernel before its
+    consumption (or from the previous receive's arrival, for two in one wait) to the
+    consumption; receives consumed at one time come in the order of their keys' text (not the
+    log's); one that would end as it is posted, or was never consumed, is left out."""
+    from sim.engine.core import Record
+
+    comp = [Record(0, "compute", "F L0 mb0", "compute", 0, 100), Record(0, "compute", "F L0 mb1", "compute", 300, 400)]
+    p2p = {("grad", 1, 5, 0): {"consumed_ns": 300}, ("act", 1, 7, 0): {"consumed_ns": 300},
+           ("act", 1, 6, 0): {"consumed_ns": 250}, ("act", 1, 9, 0): {"consumed_ns": 50},
+           ("act", 1, 8, 0): {"src": 1}}
+    got = [(r.name, r.start_ns, r.end_ns) for r in kineto._receives(comp, p2p, 0, Record)]
+    # mb9 before any kernel ended: posted at 0; at 300 "('act', ..." sorts before "('grad', ...", and
+    # the grad, posted when mb7 arrives, would end as it is posted
+    assert got == [("recv act s1 mb9", 0, 50), ("recv act s1 mb6", 100, 250), ("recv act s1 mb7", 250, 300)]
+    p2p[("grad", 1, 5, 0)]["consumed_ns"] = 320
+    got = [(r.name, r.start_ns, r.end_ns) for r in kineto._receives(comp, p2p, 0, Record)]
+    assert got[2:] == [("recv act s1 mb7", 250, 300), ("recv grad s1 mb5", 300, 320)]
+
+
 def test_nccl_kernel_names():
     assert kineto.nccl_kernel("F L3 attn all-gather", "compute", 1) == "ncclKernel_AllGather"
     assert kineto.nccl_kernel("B L3 mlp mb0 grad reduce-scatter", "tp", 1) == "ncclKernel_ReduceScatter_Sum"

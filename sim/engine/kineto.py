@@ -34,7 +34,8 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from operator import attrgetter
+from itertools import groupby
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -204,12 +205,16 @@ def _receives(comp, p2p: dict, rank: int, rec_type) -> list:
     kernel runs from when the rank posts it (its compute stream reaches the receive: the end of
     its kernel before) until the data arrives (the next kernel's start, `consumed_ns`); two
     receives the rank waits for in one gap are shown one after the other."""
-    ends = [r.end_ns for r in comp]
+    ends = list(map(attrgetter("end_ns"), comp))
+    # by (time consumed, str(key)): by the time, then the keys of one time by their text (a few)
+    got = sorted([(info["consumed_ns"], key) for key, info in (p2p or {}).items() if "consumed_ns" in info],
+                 key=itemgetter(0))
+    order = []
+    for _, same in groupby(got, itemgetter(0)):
+        same = list(same)
+        order += same if len(same) == 1 else sorted(same, key=lambda tk: str(tk[1]))
     out, last = [], 0
-    for key, info in sorted((p2p or {}).items(), key=lambda kv: (kv[1].get("consumed_ns", 0), str(kv[0]))):
-        if "consumed_ns" not in info:
-            continue
-        t = info["consumed_ns"]
+    for t, key in order:
         i = bisect.bisect_right(ends, t) - 1
         posted = max(ends[i] if i >= 0 else 0, last)      # two receives in one wait: one after the other
         if t > posted:
