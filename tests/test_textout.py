@@ -311,6 +311,37 @@ def test_host_plans_are_the_python_items(scenario):
 
 
 @compiled
+@pytest.mark.parametrize("scenario, ranks", [("gpt3-175b-a100x64", "representative"),
+                                             ("llama3-8b-h100x16-1f1b", "all"),
+                                             ("mixtral-8x7b-h200x16-dualpipev", "representative")])
+def test_engine_records_are_the_python_ones(scenario, ranks):
+    """The engine's records made from its log by the compiled make_records: the Python's, field
+    for field and of the same types, for every rank, a few ranks and, under `ranks: all`
+    symmetry, members the representatives stand for (their records copies with their rank);
+    blocks' names joined with their microbatch number."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario, overrides=[f"simulation.ranks={ranks}"]))
+    engine = res.engine
+    assert (engine.orbits is not None) == (ranks == "all")
+    every = sorted(res.pp_rank_of)
+    for keep in (None, set(every[:1]), set(every[-3:])):
+        got, want = engine._make_records(keep), engine._make_records_py(keep)
+        assert got == want and all(type(a) is type(b) is Record for a, b in zip(got, want))
+        assert all(type(r.start_ns) is int and type(r.end_ns) is int for r in got)
+        assert keep is None or {r.rank for r in got} == keep
+    assert any(" mb" in r.name for r in got)
+    # a run placed past 64 bits of ns: left to Python; a Record is kept as it is whatever its times
+    from sim.engine.core import _Run
+
+    run = _Run(1, (("compute", "k", "compute", 0, 1, 0.0),), 1)
+    assert C.make_records([(0, 2**64, run)], {}, None, Record, None) is None
+    log = [Record(0, "compute", "x", "compute", 2**64, 2**64 + 1)]
+    assert C.make_records(log, {}, None, Record, None) == log
+
+
+@compiled
 @pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x64-cp4-32k"])
 def test_nccl_args_are_the_python_ones(scenario, monkeypatch):
     """Each launched record's NCCL args text (kineto._details): the compiled loop's, with its

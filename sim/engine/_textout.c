@@ -1,12 +1,15 @@
-/* The per-record loops of `sim5d run`'s largest outputs, compiled: the text of the Kineto
- * traces (sim.engine.kineto._host_and_gpu_py) and their host items (kineto._items, _place), the
- * Chrome trace's complete events (sim.engine.outputs.chrome_trace_parts), timeline.csv's rows
- * (outputs.write_timeline_csv), the slice args' texts and names' keys (sim.engine.slice_args)
- * and the pipeline chart's runs (outputs._chart_runs_py), each the same as its Python copy,
- * the text as UTF-8 bytes (tests/test_textout.py compares every output file with the module and
- * without it, and each function with its copy or an independent truth). A million-record step
- * spends most of its output time making these strings one f-string at a time; here each is
- * appended to one buffer, and the bytes go to the file without being decoded and encoded again.
+/* The per-record loops of `sim5d run`'s largest outputs, compiled: the engine's records from its
+ * log (sim.engine.core.Engine._make_records_py); the text of the Kineto traces
+ * (sim.engine.kineto._host_and_gpu_py), their host items (kineto._items, _place, kept as C
+ * structs: host_plan, plan_events), their NCCL args (kineto._details) and a rank's records in
+ * order; records sorted by their fields (sim.engine.outputs.sort_records); the Chrome trace's
+ * complete events (outputs.chrome_trace_parts), timeline.csv's rows (outputs.write_timeline_csv),
+ * the slice args' texts and names' keys (sim.engine.slice_args) and the pipeline chart's runs
+ * (outputs._chart_runs_py), each the same as its Python copy, the text as UTF-8 bytes
+ * (tests/test_textout.py compares every output file with the module and without it, and each
+ * function with its copy or an independent truth). A million-record step spends most of its
+ * output time making these strings one f-string at a time; here each is appended to one buffer,
+ * and the bytes go to the file without being decoded and encoded again.
  *
  * Times are integer nanoseconds written as microseconds the way `us_text` writes them (the
  * integer part, then the three decimals without trailing zeros, ".0" for none). It is exact only
@@ -1512,6 +1515,139 @@ fail:
     return done(&b, gave_up);
 }
 
+/* ---- the engine's records from its log (sim.engine.core.Engine._make_records) ---- */
+
+/* A Record (a 7-field named tuple of `cls`) of these fields, owned by the caller; start and end
+ * as new ints */
+static PyObject *new_record(PyTypeObject *cls, PyObject *rank, PyObject *stream, PyObject *name, PyObject *cat,
+                            long long start, long long end, PyObject *value) {
+    PyObject *r = cls->tp_alloc(cls, 7), *s = PyLong_FromLongLong(start), *e = PyLong_FromLongLong(end);
+    if (!r || !s || !e) {
+        Py_XDECREF(r);
+        Py_XDECREF(s);
+        Py_XDECREF(e);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(r, R_RANK, Py_NewRef(rank));
+    PyTuple_SET_ITEM(r, R_STREAM, Py_NewRef(stream));
+    PyTuple_SET_ITEM(r, R_NAME, name);                  /* (the caller's reference, given) */
+    PyTuple_SET_ITEM(r, R_CAT, Py_NewRef(cat));
+    PyTuple_SET_ITEM(r, R_START, s);
+    PyTuple_SET_ITEM(r, R_END, e);
+    PyTuple_SET_ITEM(r, R_VALUE, Py_NewRef(value));
+    return r;
+}
+
+static int add_new(PyObject *out, PyObject *rec) {
+    if (!rec) return -1;
+    int bad = PyList_Append(out, rec);
+    Py_DECREF(rec);
+    return bad;
+}
+
+/* make_records(log, members, keep, record_type, join_name) -> list or None: Engine._make_records
+ * (its docstring): `members` {representative: its ranks} (empty without symmetry), `keep` a set
+ * of ranks or None for every rank, `join_name(name, mb)` core._join_name for a name of a
+ * two-action template; None where a time is not a 64-bit integer (the Python runs). */
+static PyObject *make_records(PyObject *self, PyObject *args) {
+    PyObject *log, *members, *keep, *join, *out = NULL;
+    PyTypeObject *cls;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O", &PyList_Type, &log, &PyDict_Type, &members, &keep, &PyType_Type, &cls,
+                          &join))
+        return NULL;
+    if (keep != Py_None && !PyAnySet_Check(keep)) {
+        PyErr_SetString(PyExc_TypeError, "make_records: keep is a set or None");
+        return NULL;
+    }
+    int gave_up = 0;
+    out = PyList_New(0);
+    if (!out) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(log);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(log, i), *rank, *run = NULL;
+        long long start = 0;
+        int is_record = Py_IS_TYPE(x, cls);
+        if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) < (is_record ? 7 : 3)) goto bad;
+        rank = PyTuple_GET_ITEM(x, 0);
+        if (!is_record) {
+            if (get_ll(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
+            run = PyTuple_GET_ITEM(x, 2);
+            if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(run, 1))) goto bad;
+        }
+        PyObject *ranks = PyDict_GetItemWithError(members, rank);      /* the ranks it stands for */
+        if (!ranks && PyErr_Occurred()) goto fail;
+        if (ranks && !PyTuple_Check(ranks) && !PyList_Check(ranks)) goto bad;
+        Py_ssize_t nq = ranks ? PySequence_Fast_GET_SIZE(ranks) : 1;
+        for (Py_ssize_t k = 0; k < nq; k++) {
+            PyObject *q = ranks ? PySequence_Fast_GET_ITEM(ranks, k) : rank;
+            if (keep != Py_None) {
+                int in = PySet_Contains(keep, q);
+                if (in < 0) goto fail;
+                if (!in) continue;
+            }
+            int same = q == rank;
+            if (!same) {
+                same = PyObject_RichCompareBool(q, rank, Py_EQ);
+                if (same < 0) goto fail;
+            }
+            if (is_record) {
+                if (same) {
+                    if (PyList_Append(out, x)) goto fail;
+                    continue;
+                }
+                PyObject *r = cls->tp_alloc(cls, 7);       /* x._replace(rank=q) */
+                if (!r) goto fail;
+                for (int f = 0; f < 7; f++) PyTuple_SET_ITEM(r, f, Py_NewRef(f == R_RANK ? q : PyTuple_GET_ITEM(x, f)));
+                if (add_new(out, r)) goto fail;
+                continue;
+            }
+            PyObject *parts = PyTuple_GET_ITEM(run, 1);
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(parts); j++) {
+                PyObject *p = PyTuple_GET_ITEM(parts, j);
+                long long a, b, at;
+                if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 6) goto bad;
+                PyObject *stream = PyTuple_GET_ITEM(p, 0), *name = PyTuple_GET_ITEM(p, 1);
+                if (stream != Py_None) {              /* (stream, name, cat, start offset, end offset, value) */
+                    if (get_ll(PyTuple_GET_ITEM(p, 3), &a) || get_ll(PyTuple_GET_ITEM(p, 4), &b)) goto give_up;
+                    if (add_new(out, new_record(cls, q, stream, Py_NewRef(name), PyTuple_GET_ITEM(p, 2), start + a,
+                                                start + b, PyTuple_GET_ITEM(p, 5))))
+                        goto fail;
+                    continue;
+                }
+                /* a Block's: (None, its template's run, its offset, mb, ...) */
+                PyObject *mb = PyTuple_GET_ITEM(p, 3), *pre = name, *pparts;
+                if (get_ll(PyTuple_GET_ITEM(p, 2), &at)) goto give_up;
+                at += start;
+                if (!PyTuple_Check(pre) || PyTuple_GET_SIZE(pre) < 2 || !PyTuple_Check(pparts = PyTuple_GET_ITEM(pre, 1)))
+                    goto bad;
+                for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pparts); m++) {
+                    PyObject *pp = PyTuple_GET_ITEM(pparts, m), *nm;
+                    if (!PyTuple_Check(pp) || PyTuple_GET_SIZE(pp) != 6) goto bad;
+                    if (get_ll(PyTuple_GET_ITEM(pp, 3), &a) || get_ll(PyTuple_GET_ITEM(pp, 4), &b)) goto give_up;
+                    nm = PyTuple_GET_ITEM(pp, 1);
+                    if (PyUnicode_CheckExact(nm)) nm = Py_NewRef(nm);
+                    else if (PyUnicode_CheckExact(mb)) nm = PyUnicode_Join(mb, nm);    /* mb.join(name) */
+                    else nm = PyObject_CallFunctionObjArgs(join, nm, mb, NULL);
+                    if (!nm) goto fail;
+                    if (add_new(out, new_record(cls, q, PyTuple_GET_ITEM(pp, 0), nm, PyTuple_GET_ITEM(pp, 2), at + a,
+                                                at + b, PyTuple_GET_ITEM(pp, 5))))
+                        goto fail;
+                }
+            }
+        }
+    }
+    return out;
+give_up:
+    gave_up = 1;
+    goto fail;
+bad:
+    PyErr_SetString(PyExc_TypeError, "make_records: not an engine log entry");
+fail:
+    Py_XDECREF(out);
+    if (gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
     {"timeline_rows", timeline_rows, METH_VARARGS, "timeline.csv's rows as one text."},
@@ -1519,6 +1655,7 @@ static PyMethodDef methods[] = {
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
     {"kernel_kinds", kernel_kinds, METH_VARARGS, "sim.engine.kineto._Kinds.of of each record."},
+    {"make_records", make_records, METH_VARARGS, "sim.engine.core.Engine._make_records, compiled."},
     {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
     {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
     {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},

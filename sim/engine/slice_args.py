@@ -28,18 +28,15 @@ import json
 from dataclasses import dataclass
 
 from sim import compute
-from sim.engine.core import Block, Comm, Compute, Launch, Send
+from sim.engine.core import Block, Comm, Compute, Launch, Send, _textout
 from sim.engine.costs import COLUMN_GEMMS, DeviceCostModel
 from sim.units import TORCH_DTYPE_BYTES
 
-try:
-    import sim.engine._textout as _textout   # the compiled text loops (sim/engine/_textout.c)
-except ImportError:                          # not built (no C compiler): the Python loops
-    _textout = None
 TEXT = "compiled" if _textout is not None else "python"
 """Which makes the outputs' per-record text (`name_key`, `SliceArgs.texts` and the trace and
-timeline writers' loops, sim.engine.outputs and sim.engine.kineto): the compiled module or the
-Python loops, the same text either way (tests/test_textout.py compares them)."""
+timeline writers' loops, sim.engine.outputs and sim.engine.kineto) and the engine's records
+(sim.engine.core): the compiled module or the Python loops, the same either way
+(tests/test_textout.py compares them)."""
 
 PHASES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad", "R": "recompute"}
 """The phase of a slice whose name starts with an action's letter (sim.schedules' kinds)."""
