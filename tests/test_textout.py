@@ -342,6 +342,31 @@ def test_engine_records_are_the_python_ones(scenario, ranks):
 
 
 @compiled
+@pytest.mark.parametrize("scenario, ranks", [("gpt3-175b-a100x64", "representative"),
+                                             ("llama3-8b-h100x16-1f1b", "all"),
+                                             ("mixtral-8x7b-h200x16-dualpipev", "representative")])
+def test_engine_busy_intervals_are_the_python_ones(scenario, ranks):
+    """The intervals the step's breakdown (compute, exposed communication, bubble) is made of:
+    the compiled busy_intervals' int64 arrays hold the Python lists' times in their order, rank
+    by rank in the same order, and give the same breakdowns."""
+    import numpy as np
+
+    from sim.config import load_scenario
+    from sim.engine.core import _Run
+    from sim.engine.metrics import breakdown_of
+    from sim.engine.simulate import simulate
+
+    res = simulate(load_scenario(scenario, overrides=[f"simulation.ranks={ranks}"]))
+    got, want = res.engine.busy_intervals(), res.engine.busy_intervals_py()
+    assert list(got) == list(want) and len(got) == len(res.pp_rank_of)
+    for rank, four in got.items():
+        assert all(a.dtype == np.int64 and a.tolist() == b for a, b in zip(four, want[rank]))
+    assert breakdown_of(got, res.makespan_ns) == breakdown_of(want, res.makespan_ns) == res.breakdowns
+    run = _Run(1, (), 1, busy=(((0, 1),), ()))
+    assert C.busy_intervals([(0, 2**64, run)], Record) is None         # past 64 bits: Python
+
+
+@compiled
 @pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x64-cp4-32k"])
 def test_nccl_args_are_the_python_ones(scenario, monkeypatch):
     """Each launched record's NCCL args text (kineto._details): the compiled loop's, with its

@@ -1648,6 +1648,156 @@ fail:
     return NULL;
 }
 
+/* ---- the engine's busy intervals (sim.engine.core.Engine.busy_intervals) ---- */
+
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+} I64s;                                        /* a growing array of int64 */
+
+static int i64_add(I64s *a, long long x) {
+    if (a->n == a->cap) {
+        Py_ssize_t cap = a->cap ? 2 * a->cap : 256;
+        long long *v = PyMem_Realloc(a->v, sizeof(long long) * (size_t)cap);
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+typedef struct {
+    PyObject *index;                           /* rank -> its position in `lists` (first seen first) */
+    I64s *lists;                               /* 4 per rank: kernel starts, ends, comm starts, ends */
+    Py_ssize_t n, cap;
+} Busy;
+
+/* The 4 arrays of `rank`, made when first asked for; NULL with an error */
+static I64s *busy_of(Busy *b, PyObject *rank) {
+    PyObject *at = PyDict_GetItemWithError(b->index, rank);
+    if (at) return &b->lists[4 * PyLong_AsSsize_t(at)];
+    if (PyErr_Occurred()) return NULL;
+    if (b->n == b->cap) {
+        Py_ssize_t cap = b->cap ? 2 * b->cap : 64;
+        I64s *l = PyMem_Realloc(b->lists, sizeof(I64s) * 4 * (size_t)cap);
+        if (!l) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memset(l + 4 * b->cap, 0, sizeof(I64s) * 4 * (size_t)(cap - b->cap));
+        b->lists = l;
+        b->cap = cap;
+    }
+    PyObject *i = PyLong_FromSsize_t(b->n);
+    int bad = !i || PyDict_SetItem(b->index, rank, i) < 0;
+    Py_XDECREF(i);
+    if (bad) return NULL;
+    return &b->lists[4 * b->n++];
+}
+
+/* busy_intervals(log, record_type) -> {rank: (kernel starts, kernel ends, comm starts, comm
+ * ends)} as native int64 bytes, or None: Engine.busy_intervals_py before its symmetry step (the
+ * same values in the same order, as arrays instead of lists of ints): the log's Records as
+ * metrics.intervals_by_rank counts them (marks left out; kernels the compute stream's records
+ * not of a "comm:" category, the rest communication), then each run's merged intervals (its
+ * `busy`, field 5) placed at its start. None where a time is not a 64-bit integer (the Python
+ * runs). */
+static PyObject *busy_intervals(PyObject *self, PyObject *args) {
+    PyObject *log, *out = NULL, *prefix = NULL;
+    PyTypeObject *cls;
+    int gave_up = 0;
+    Busy b = {NULL, NULL, 0, 0};
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &log, &PyType_Type, &cls)) return NULL;
+    b.index = PyDict_New();
+    prefix = PyUnicode_FromString("comm:");
+    if (!b.index || !prefix) goto fail;
+    Py_ssize_t n = PyList_GET_SIZE(log);
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *x = PyList_GET_ITEM(log, i);
+            I64s *l;
+            long long s, e;
+            int is_record = Py_IS_TYPE(x, cls);
+            if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) < (is_record ? 7 : 3)) goto bad;
+            if (is_record != (pass == 0)) continue;
+            if (is_record) {
+                PyObject *stream = PyTuple_GET_ITEM(x, R_STREAM), *cat = PyTuple_GET_ITEM(x, R_CAT);
+                if (!PyUnicode_Check(stream) || !PyUnicode_Check(cat)) goto bad;
+                if (PyUnicode_CompareWithASCIIString(stream, "mark") == 0) continue;
+                int kernel = PyUnicode_CompareWithASCIIString(stream, "compute") == 0;
+                if (kernel) {
+                    Py_ssize_t comm = PyUnicode_Tailmatch(cat, prefix, 0, PY_SSIZE_T_MAX, -1);
+                    if (comm < 0) goto fail;
+                    kernel = !comm;
+                }
+                if (get_ll(PyTuple_GET_ITEM(x, R_START), &s) || get_ll(PyTuple_GET_ITEM(x, R_END), &e)) goto give_up;
+                if (!(l = busy_of(&b, PyTuple_GET_ITEM(x, R_RANK)))) goto fail;
+                if (i64_add(&l[kernel ? 0 : 2], s) || i64_add(&l[kernel ? 1 : 3], e)) goto fail;
+                continue;
+            }
+            PyObject *run = PyTuple_GET_ITEM(x, 2), *busy;
+            long long start;
+            if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 6) goto bad;
+            busy = PyTuple_GET_ITEM(run, 5);
+            if (busy == Py_None) continue;
+            if (!PyTuple_Check(busy) || PyTuple_GET_SIZE(busy) != 2) goto bad;
+            if (get_ll(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
+            if (!(l = busy_of(&b, PyTuple_GET_ITEM(x, 0)))) goto fail;
+            for (int kind = 0; kind < 2; kind++) {          /* kernels, then communication */
+                PyObject *ivs = PyTuple_GET_ITEM(busy, kind);
+                if (!PyTuple_Check(ivs) && !PyList_Check(ivs)) goto bad;
+                for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ivs); k++) {
+                    PyObject *iv = PySequence_Fast_GET_ITEM(ivs, k);
+                    if (!PyTuple_Check(iv) || PyTuple_GET_SIZE(iv) != 2) goto bad;
+                    if (get_ll(PyTuple_GET_ITEM(iv, 0), &s) || get_ll(PyTuple_GET_ITEM(iv, 1), &e)) goto give_up;
+                    if (i64_add(&l[2 * kind], start + s) || i64_add(&l[2 * kind + 1], start + e)) goto fail;
+                }
+            }
+        }
+    }
+    out = PyDict_New();
+    if (!out) goto fail;
+    {
+        PyObject *rank, *at;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(b.index, &pos, &rank, &at)) {
+            I64s *l = &b.lists[4 * PyLong_AsSsize_t(at)];
+            PyObject *t = PyTuple_New(4);
+            if (!t) goto fail;
+            for (int k = 0; k < 4; k++) {
+                PyObject *v = PyBytes_FromStringAndSize((const char *)l[k].v, (Py_ssize_t)sizeof(long long) * l[k].n);
+                if (!v) {
+                    Py_DECREF(t);
+                    goto fail;
+                }
+                PyTuple_SET_ITEM(t, k, v);
+            }
+            int bad = PyDict_SetItem(out, rank, t) < 0;
+            Py_DECREF(t);
+            if (bad) goto fail;
+        }
+    }
+    goto done;
+give_up:
+    gave_up = 1;
+    goto fail;
+bad:
+    PyErr_SetString(PyExc_TypeError, "busy_intervals: not an engine log entry");
+fail:
+    Py_CLEAR(out);
+done:
+    for (Py_ssize_t k = 0; k < 4 * b.n; k++) PyMem_Free(b.lists[k].v);
+    PyMem_Free(b.lists);
+    Py_XDECREF(b.index);
+    Py_XDECREF(prefix);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"chrome_events", chrome_events, METH_VARARGS, "The Chrome trace's complete events as one text."},
     {"timeline_rows", timeline_rows, METH_VARARGS, "timeline.csv's rows as one text."},
@@ -1655,6 +1805,7 @@ static PyMethodDef methods[] = {
     {"slice_texts", slice_texts, METH_VARARGS, "sim.engine.slice_args.SliceArgs.texts's loop."},
     {"chart_runs", chart_runs, METH_VARARGS, "sim.engine.outputs.chart_boxes' loop."},
     {"kernel_kinds", kernel_kinds, METH_VARARGS, "sim.engine.kineto._Kinds.of of each record."},
+    {"busy_intervals", busy_intervals, METH_VARARGS, "sim.engine.core.Engine.busy_intervals_py, compiled."},
     {"make_records", make_records, METH_VARARGS, "sim.engine.core.Engine._make_records, compiled."},
     {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
     {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
