@@ -521,8 +521,8 @@ def test_outputs_written_in_parallel_are_the_sequential_bytes(tmp_path, monkeypa
 
 def test_work_in_the_background_answers_from_a_child_or_not_at_all(monkeypatch):
     """sim.engine.background: the answer made in a forked child (not here) comes back whole
-    (a pickle larger than a pipe's buffer); a failure there gives the default; without a second
-    CPU it does not fork and gives the default."""
+    (a pickle larger than a pipe's buffer); a failure there gives the default; one discarded is
+    stopped; without a second CPU it does not fork and gives the default."""
     import os
 
     from sim.engine.background import Background
@@ -534,6 +534,12 @@ def test_work_in_the_background_answers_from_a_child_or_not_at_all(monkeypatch):
     pid, got = job.result()
     assert pid != parent and got == big
     assert Background(lambda: 1 / 0).result("default") == "default"
+    import time
+
+    slow = Background(lambda: time.sleep(60))               # discarded: stopped and reaped at once
+    t = time.perf_counter()
+    slow.discard()
+    assert time.perf_counter() - t < 5 and slow.result("gone") == "gone"
     monkeypatch.setattr(outputs, "writer_cpus", lambda: 1)
     assert Background(lambda: os.getpid()).result("default") == "default"
 

@@ -192,12 +192,16 @@ def register(app: typer.Typer) -> None:
         # reference counting; the cyclic collector would only scan them again and again
         # (sim.engine.simulate.cyclic_gc_paused). The result is dropped before it runs again.
         with cyclic_gc_paused():
-            if sys.stderr.isatty():
-                with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
+            try:
+                if sys.stderr.isatty():
+                    with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
+                        result = simulate(sc, link_load=True)
+                else:
                     result = simulate(sc, link_load=True)
-            else:
-                result = simulate(sc, link_load=True)
-            summary = write_outputs(result, folder, trace_ranks, html, walks.result() if walks else None)
+                summary = write_outputs(result, folder, trace_ranks, html, walks.result() if walks else None)
+            finally:
+                if walks is not None:          # (an error before its answer was taken)
+                    walks.discard()
             memory = result.memory
             how = ranks_note(result)
             del result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import threading
 
@@ -13,7 +14,8 @@ import threading
 class Background:
     """`fn()` in a forked child, started now; `result(default)` waits for it and gives its
     answer, or `default` where it could not run there (no os.fork, one CPU, other Python threads
-    running) or failed. Nothing it does reaches this process but its pickled answer."""
+    running) or failed; `discard()` stops it where its answer is not wanted (an error). Nothing
+    it does reaches this process but its pickled answer."""
 
     def __init__(self, fn):
         from sim.engine.outputs import writer_cpus
@@ -49,3 +51,15 @@ class Background:
         if status != 0 or not data:
             return default
         return pickle.loads(data)
+
+    def discard(self) -> None:
+        """Stop the child if its answer was not taken, and reap it."""
+        if self._pid is None:
+            return
+        os.close(self._r)
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:                     # (it had ended)
+            pass
+        os.waitpid(self._pid, 0)
+        self._pid = None

@@ -44,7 +44,8 @@ _FIELDS = {name: i for i, name in enumerate(("rank", "stream", "name", "cat", "s
 
 def sort_records(records, *fields) -> list:
     """sorted(records, key=attrgetter(*fields)) for Record fields (not `value`), by the compiled
-    module's sort_records where it is built (a million-record step's sorts: 0.5 s -> 0.1)."""
+    module's sort_records where it is built (the 1T row's million records: 0.47 -> 0.31 s; 0.16 s
+    when they are in order already)."""
     if _textout is not None and type(records) is list:
         got = _textout.sort_records(records, tuple(_FIELDS[f] for f in fields))
         if got is not None:
