@@ -332,11 +332,12 @@ def test_engine_records_are_the_python_ones(scenario, ranks):
         assert all(type(r.start_ns) is int and type(r.end_ns) is int for r in got)
         assert keep is None or {r.rank for r in got} == keep
     assert any(" mb" in r.name for r in got)
-    # a run placed past 64 bits of ns: left to Python; a Record is kept as it is whatever its times
+    # a run placed past 2^62 ns: left to Python; a Record is kept as it is whatever its times
     from sim.engine.core import _Run
 
     run = _Run(1, (("compute", "k", "compute", 0, 1, 0.0),), 1)
-    assert C.make_records([(0, 2**64, run)], {}, None, Record, None) is None
+    for start in (2**64, 2**62):        # past 64 bits, or where a sum could overflow them
+        assert C.make_records([(0, start, run)], {}, None, Record, None) is None
     log = [Record(0, "compute", "x", "compute", 2**64, 2**64 + 1)]
     assert C.make_records(log, {}, None, Record, None) == log
 
@@ -363,7 +364,8 @@ def test_engine_busy_intervals_are_the_python_ones(scenario, ranks):
         assert all(a.dtype == np.int64 and a.tolist() == b for a, b in zip(four, want[rank]))
     assert breakdown_of(got, res.makespan_ns) == breakdown_of(want, res.makespan_ns) == res.breakdowns
     run = _Run(1, (), 1, busy=(((0, 1),), ()))
-    assert C.busy_intervals([(0, 2**64, run)], Record) is None         # past 64 bits: Python
+    for start in (2**64, 2**62):        # past 64 bits, or where a sum could overflow them: Python
+        assert C.busy_intervals([(0, start, run)], Record) is None
 
 
 @compiled

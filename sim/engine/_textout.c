@@ -187,6 +187,12 @@ static int get_ll(PyObject *o, long long *v) {
     return 0;
 }
 
+/* An int that is a time the loops add offsets to: 64-bit with room to spare (|v| < 2^62 ns, 146
+ * years), so that no sum of two overflows; 1 where it is not (the caller gives up) */
+static int get_t(PyObject *o, long long *v) {
+    return get_ll(o, v) || *v <= -(1LL << 62) || *v >= (1LL << 62);
+}
+
 /* The value of a dict entry as an int (a stream's id) */
 static int get_id(PyObject *dict, PyObject *key, long long *v) {
     PyObject *o = PyDict_GetItemWithError(dict, key);
@@ -1035,7 +1041,7 @@ static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long lon
     for (Py_ssize_t i = 0; i < nc; i++) {
         PyObject *r = PyList_GET_ITEM(comp, i);
         if (!REC_OK(r)) BAD_REC();
-        if (get_ll(PyTuple_GET_ITEM(r, R_END), &ends[i])) goto done;
+        if (get_t(PyTuple_GET_ITEM(r, R_END), &ends[i])) goto done;
     }
     /* _binding_sources: per end time, the non-compute record with the largest (start, stream),
      * then the receives */
@@ -1046,14 +1052,14 @@ static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long lon
         if (!REC_OK(r)) BAD_REC();
         PyObject *stream = PyTuple_GET_ITEM(r, R_STREAM);
         if (PyUnicode_CompareWithASCIIString(stream, "compute") == 0) continue;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
+        if (get_t(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         others[n_others] = (Other){start, stream, n_others, r};
         n_others++;
         PyObject *best = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_END));
         if (!best && PyErr_Occurred()) goto done;
         int better = best == NULL;
         if (best) {
-            if (get_ll(PyTuple_GET_ITEM(best, R_START), &bstart)) goto done;
+            if (get_t(PyTuple_GET_ITEM(best, R_START), &bstart)) goto done;
             if (start != bstart) {
                 better = start > bstart;
             } else {
@@ -1068,7 +1074,7 @@ static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long lon
         PyObject *r = PyList_GET_ITEM(recvs, i);
         long long start;
         if (!REC_OK(r)) BAD_REC();
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
+        if (get_t(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         others[n_others] = (Other){start, PyTuple_GET_ITEM(r, R_STREAM), n_others, r};
         n_others++;
         if (PyDict_SetItem(ends_of, PyTuple_GET_ITEM(r, R_END), r) < 0) goto done;
@@ -1077,7 +1083,7 @@ static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long lon
     for (Py_ssize_t i = 0; i < nc; i++) {
         PyObject *r = PyList_GET_ITEM(comp, i);
         long long start;
-        if (get_ll(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
+        if (get_t(PyTuple_GET_ITEM(r, R_START), &start)) goto done;
         if (start > prev) {
             PyObject *src = PyDict_GetItemWithError(ends_of, PyTuple_GET_ITEM(r, R_START));
             if (!src && PyErr_Occurred()) goto done;
@@ -1096,7 +1102,7 @@ static Plan *make_plan(PyObject *mine, PyObject *comp, PyObject *recvs, long lon
     for (Py_ssize_t i = 0; i < nc; i++) {
         PyObject *r = PyList_GET_ITEM(comp, i);
         PlanItem *it = &plan->items[n];
-        get_ll(PyTuple_GET_ITEM(r, R_START), &it->due);
+        get_t(PyTuple_GET_ITEM(r, R_START), &it->due);
         it->prio = 1;
         it->seq = n;
         if (waits[i]) add_call(it, CALL_WAIT, waits[i]);
@@ -1167,6 +1173,7 @@ static PyObject *host_plan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!O!LL", &PyList_Type, &mine, &PyList_Type, &comp, &PyList_Type, &recvs,
                           &runtime_ns, &launch_ns))
         return NULL;
+    if (runtime_ns < 0 || runtime_ns >= US_LIMIT || launch_ns < 0 || launch_ns >= US_LIMIT) Py_RETURN_NONE;
     Plan *plan = make_plan(mine, comp, recvs, runtime_ns, launch_ns);
     if (!plan) {
         if (PyErr_Occurred()) return NULL;
@@ -1408,7 +1415,7 @@ static PyObject *plan_events(PyObject *self, PyObject *args) {
     }
     if (get_ll(PyTuple_GET_ITEM(cbid, 0), &cb_launch) || get_ll(PyTuple_GET_ITEM(cbid, 1), &cb_record)
         || get_ll(PyTuple_GET_ITEM(cbid, 2), &cb_wait) || runtime_ns < 0 || runtime_ns >= US_LIMIT
-        || launch_ns < 0 || launch_ns >= US_LIMIT)
+        || launch_ns < 0 || launch_ns >= US_LIMIT || off <= -(1LL << 62) || off >= (1LL << 62))
         Py_RETURN_NONE;
     Buf b = BUF_INIT;
     if (grow(&b, 1024 * (n + 1))) return NULL;      /* about 900 bytes an item: no copying as it grows */
@@ -1474,7 +1481,7 @@ static PyObject *plan_events(PyObject *self, PyObject *args) {
                 FAIL(bad);
                 if (sid >= 0 && sid < 256) seen[sid] = 1;
             }
-            GIVE_UP(get_ll(PyTuple_GET_ITEM(rec, R_START), &start) || get_ll(PyTuple_GET_ITEM(rec, R_END), &end));
+            GIVE_UP(get_t(PyTuple_GET_ITEM(rec, R_START), &start) || get_t(PyTuple_GET_ITEM(rec, R_END), &end));
             long long ts = start + off, dur = end - start;
             GIVE_UP(ts < 0 || ts >= US_LIMIT || dur < 0 || dur >= US_LIMIT);
             FAIL(PUT(&b, ",{\"ph\":\"X\",\"cat\":\"cuda_runtime\",\"name\":\"cudaLaunchKernel\",\"pid\":")
@@ -1526,6 +1533,7 @@ static PyObject *new_record(PyTypeObject *cls, PyObject *rank, PyObject *stream,
         Py_XDECREF(r);
         Py_XDECREF(s);
         Py_XDECREF(e);
+        Py_DECREF(name);
         return NULL;
     }
     PyTuple_SET_ITEM(r, R_RANK, Py_NewRef(rank));
@@ -1570,7 +1578,7 @@ static PyObject *make_records(PyObject *self, PyObject *args) {
         if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) < (is_record ? 7 : 3)) goto bad;
         rank = PyTuple_GET_ITEM(x, 0);
         if (!is_record) {
-            if (get_ll(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
+            if (get_t(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
             run = PyTuple_GET_ITEM(x, 2);
             if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 2 || !PyTuple_Check(PyTuple_GET_ITEM(run, 1))) goto bad;
         }
@@ -1608,7 +1616,7 @@ static PyObject *make_records(PyObject *self, PyObject *args) {
                 if (!PyTuple_Check(p) || PyTuple_GET_SIZE(p) != 6) goto bad;
                 PyObject *stream = PyTuple_GET_ITEM(p, 0), *name = PyTuple_GET_ITEM(p, 1);
                 if (stream != Py_None) {              /* (stream, name, cat, start offset, end offset, value) */
-                    if (get_ll(PyTuple_GET_ITEM(p, 3), &a) || get_ll(PyTuple_GET_ITEM(p, 4), &b)) goto give_up;
+                    if (get_t(PyTuple_GET_ITEM(p, 3), &a) || get_t(PyTuple_GET_ITEM(p, 4), &b)) goto give_up;
                     if (add_new(out, new_record(cls, q, stream, Py_NewRef(name), PyTuple_GET_ITEM(p, 2), start + a,
                                                 start + b, PyTuple_GET_ITEM(p, 5))))
                         goto fail;
@@ -1616,14 +1624,15 @@ static PyObject *make_records(PyObject *self, PyObject *args) {
                 }
                 /* a Block's: (None, its template's run, its offset, mb, ...) */
                 PyObject *mb = PyTuple_GET_ITEM(p, 3), *pre = name, *pparts;
-                if (get_ll(PyTuple_GET_ITEM(p, 2), &at)) goto give_up;
+                if (get_t(PyTuple_GET_ITEM(p, 2), &at)) goto give_up;
                 at += start;
+                if (at <= -(1LL << 62) || at >= (1LL << 62)) goto give_up;      /* (the sums below) */
                 if (!PyTuple_Check(pre) || PyTuple_GET_SIZE(pre) < 2 || !PyTuple_Check(pparts = PyTuple_GET_ITEM(pre, 1)))
                     goto bad;
                 for (Py_ssize_t m = 0; m < PyTuple_GET_SIZE(pparts); m++) {
                     PyObject *pp = PyTuple_GET_ITEM(pparts, m), *nm;
                     if (!PyTuple_Check(pp) || PyTuple_GET_SIZE(pp) != 6) goto bad;
-                    if (get_ll(PyTuple_GET_ITEM(pp, 3), &a) || get_ll(PyTuple_GET_ITEM(pp, 4), &b)) goto give_up;
+                    if (get_t(PyTuple_GET_ITEM(pp, 3), &a) || get_t(PyTuple_GET_ITEM(pp, 4), &b)) goto give_up;
                     nm = PyTuple_GET_ITEM(pp, 1);
                     if (PyUnicode_CheckExact(nm)) nm = Py_NewRef(nm);
                     else if (PyUnicode_CheckExact(mb)) nm = PyUnicode_Join(mb, nm);    /* mb.join(name) */
@@ -1734,7 +1743,7 @@ static PyObject *busy_intervals(PyObject *self, PyObject *args) {
                     if (comm < 0) goto fail;
                     kernel = !comm;
                 }
-                if (get_ll(PyTuple_GET_ITEM(x, R_START), &s) || get_ll(PyTuple_GET_ITEM(x, R_END), &e)) goto give_up;
+                if (get_t(PyTuple_GET_ITEM(x, R_START), &s) || get_t(PyTuple_GET_ITEM(x, R_END), &e)) goto give_up;
                 if (!(l = busy_of(&b, PyTuple_GET_ITEM(x, R_RANK)))) goto fail;
                 if (i64_add(&l[kernel ? 0 : 2], s) || i64_add(&l[kernel ? 1 : 3], e)) goto fail;
                 continue;
@@ -1745,7 +1754,7 @@ static PyObject *busy_intervals(PyObject *self, PyObject *args) {
             busy = PyTuple_GET_ITEM(run, 5);
             if (busy == Py_None) continue;
             if (!PyTuple_Check(busy) || PyTuple_GET_SIZE(busy) != 2) goto bad;
-            if (get_ll(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
+            if (get_t(PyTuple_GET_ITEM(x, 1), &start)) goto give_up;
             if (!(l = busy_of(&b, PyTuple_GET_ITEM(x, 0)))) goto fail;
             for (int kind = 0; kind < 2; kind++) {          /* kernels, then communication */
                 PyObject *ivs = PyTuple_GET_ITEM(busy, kind);
@@ -1753,7 +1762,7 @@ static PyObject *busy_intervals(PyObject *self, PyObject *args) {
                 for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(ivs); k++) {
                     PyObject *iv = PySequence_Fast_GET_ITEM(ivs, k);
                     if (!PyTuple_Check(iv) || PyTuple_GET_SIZE(iv) != 2) goto bad;
-                    if (get_ll(PyTuple_GET_ITEM(iv, 0), &s) || get_ll(PyTuple_GET_ITEM(iv, 1), &e)) goto give_up;
+                    if (get_t(PyTuple_GET_ITEM(iv, 0), &s) || get_t(PyTuple_GET_ITEM(iv, 1), &e)) goto give_up;
                     if (i64_add(&l[2 * kind], start + s) || i64_add(&l[2 * kind + 1], start + e)) goto fail;
                 }
             }
