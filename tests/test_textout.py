@@ -76,6 +76,29 @@ def test_every_output_file_is_the_same_with_and_without_the_module(scenario, tmp
             assert what in text, what
 
 
+def test_sim5d_run_says_when_the_python_loops_write_a_large_steps_outputs(tmp_path):
+    """Without the compiled module (its import blocked) `sim5d run` notes on stderr that the
+    Python loops write the outputs, from PYTHON_WRITERS_NOTE_EVENTS events (lowered here to 0);
+    with the module, or below the threshold, it says nothing of it."""
+    code = ("import sys\n"
+            "if sys.argv[1] == 'python':\n"
+            "    sys.modules['sim.engine._textout'] = None\n"
+            "import sim.commands.run as run\n"
+            "run.PYTHON_WRITERS_NOTE_EVENTS = int(sys.argv[2])\n"
+            "from sim.cli import console_main\n"
+            "sys.argv = ['sim5d', 'run', 'gpt-1.7b-a100x8-gpipe', '--out', sys.argv[3]]\n"
+            "console_main()\n")
+
+    def stderr(mode: str, threshold: int) -> str:
+        return subprocess.run([sys.executable, "-c", code, mode, str(threshold), str(tmp_path / mode)], cwd=ROOT,
+                              check=True, capture_output=True, text=True).stderr
+
+    assert "compiled output loops are not built" in stderr("python", 0)
+    assert "compiled output loops" not in stderr("python", 10**9)
+    if C is not None:
+        assert "compiled output loops" not in stderr("compiled", 0)
+
+
 # ---------------------------------------------------------------------------------------------
 NAMES = st.text(alphabet=st.sampled_from(list(" mbLF0123456789xé٣𝟙\x00\x01\"\\\n\t\x7f/,")), max_size=14)
 
