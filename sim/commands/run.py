@@ -234,8 +234,9 @@ def note_python_writers(events: int) -> None:
 
     if TEXT == "python" and events >= PYTHON_WRITERS_NOTE_EVENTS:
         print(f"note: sim5d's compiled output loops are not built here (no C compiler when it was installed): "
-              f"the outputs of these {events:,} events are written by the Python ones, the same files about "
-              "1.6x slower; reinstalling sim5d where a C compiler is present builds them", file=sys.stderr)
+              f"the outputs of these {events:,} events are written by the Python ones, the same files but slower "
+              "(1.6x the whole run on Narayanan's 1T row); reinstalling sim5d where a C compiler is present builds "
+              "them", file=sys.stderr)
 
 
 def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html: Path | None) -> None:
