@@ -150,6 +150,28 @@ def test_ulysses_all_to_all():
     assert makespan == (PRE + 400 + POST + MLP) + (2 * MLP + POST + 400 + PRE + 30) + OPT
 
 
+@pytest.mark.parametrize("comm_type", ["p2p", "a2a"])
+def test_every_kernel_and_call_of_a_layer_names_its_microbatch(comm_type):
+    """Under CP every record of a layer's forward or backward (the ring's blocks, steps and
+    softmax corrections, the all-to-alls) names the microbatch it works on, as the layer's other
+    kernels do: the trace's args and the pipeline chart's boxes read it from the name (the
+    forward's ring steps and corrections had none, so each split its action's box). Three
+    microbatches, each record's number by hand from the order of the forward actions."""
+    import re
+
+    sc = _scenario(4, gbs=3, **({"cp_comm_type": comm_type} if comm_type == "a2a" else {}))
+    _, eng = _run(sc, CPCosts(4, 100, 100, 7, 3), RingNetwork(cp_bytes(sc)["kv"], 250))
+    layer = [r for r in eng.records if re.match(r"[FBIWR] L\d+ ", r.name)]
+    assert layer and all(re.search(r" mb\d+(?: |$)", r.name) for r in layer), \
+        [r.name for r in layer if not re.search(r" mb\d+(?: |$)", r.name)][:5]
+    # one rank, pp 1: the forwards of mb0, mb1, mb2 run in turn, each record inside its own
+    fwd = sorted((r for r in layer if r.name.startswith("F ") and r.stream == "compute"), key=lambda r: r.start_ns)
+    mbs = [int(re.search(r" mb(\d+)", r.name).group(1)) for r in fwd]
+    assert mbs == sorted(mbs) and set(mbs) == {0, 1, 2}
+    if comm_type == "p2p":
+        assert sum(" softmax correction " in r.name for r in fwd) == 3 * (4 - 1)
+
+
 def test_dp_gradient_group_is_dp_times_cp():
     sc = _scenario(2, dp=2, gbs=2)
     net = RingNetwork(cp_bytes(sc)["kv"], 1)

@@ -56,22 +56,22 @@ class ContextParallel:
         p = self.sc.parallelism
         if p.cp_comm_type == "a2a":
             prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["qkv"], "cp"),
-                             f"{tag} L{layer} cp a2a qkv"))
+                             f"{tag} L{layer} cp a2a qkv mb{mb}"))
             prog.append(Compute(core["fwd"], f"{tag} L{layer} core attn mb{mb}", cat))
             prog.append(Comm(self._spec("all_to_all", r, "cp", self.cp_bytes["out"], "cp"),
-                             f"{tag} L{layer} cp a2a out"))
+                             f"{tag} L{layer} cp a2a out mb{mb}"))
             return
         spec = self._spec("send_recv", r, "cp", self.cp_bytes["kv"], "cp")
         steps = _split(core["fwd"], p.cp)
         uid = len(prog)
         for i in range(p.cp):
             if i:
-                prog.append(Wait(("cp", uid, i), f"{tag} L{layer} kv block {i}"))
+                prog.append(Wait(("cp", uid, i), f"{tag} L{layer} kv block {i} mb{mb}"))
             if i + 1 < p.cp:
-                prog.append(Launch(("cp", uid, i + 1), spec, f"{tag} L{layer} kv ring step {i + 1}", "cp"))
+                prog.append(Launch(("cp", uid, i + 1), spec, f"{tag} L{layer} kv ring step {i + 1} mb{mb}", "cp"))
             prog.append(Compute(steps[i], f"{tag} L{layer} attn block {i} mb{mb}", cat))
             if i and core.get("correction_fwd"):
-                prog.append(Compute(core["correction_fwd"], f"{tag} L{layer} softmax correction {i}", cat))
+                prog.append(Compute(core["correction_fwd"], f"{tag} L{layer} softmax correction {i} mb{mb}", cat))
 
     def _cp_core_backward(self, prog, r, layer, mb, core, name):
         p = self.sc.parallelism
