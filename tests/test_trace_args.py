@@ -164,6 +164,19 @@ def test_program_walks_made_without_the_step_are_the_slice_args_own(mixtral, ran
     given = slice_args(res, walked=walks)
     recs = res.records_of(res.simulated_ranks[:2]) + res.records_of(res.simulated_ranks[-1:])
     assert [given.text(r) for r in recs] == [own.text(r) for r in recs]
+    # program_tables: the same walks, and each representative's table equal to the one SliceArgs
+    # makes itself; given them, the same texts and args (under symmetry, of other ranks too)
+    from sim.engine.slice_args import program_tables
+
+    walks2, tables = program_tables(sc)
+    assert walks2 == walks and set(tables) == set(walks)
+    assert tables == {g: own.table(g) for g in tables}
+    seeded = slice_args(res, walked=walks2, tables=tables)
+    assert all(seeded._tables[g] is tables[g] for g in tables)
+    more = res.records_of([q for q in res.pp_rank_of if q not in walks][:2]) if orbits else []
+    assert more or ranks == "representative"
+    assert [seeded.text(r) for r in recs + more] == [own.text(r) for r in recs + more]
+    assert [seeded(r) for r in recs[::50] + more[::50]] == [own(r) for r in recs[::50] + more[::50]]
 
 
 @pytest.mark.parametrize("name", ["llama3-8b-h100x16-1f1b", "mixtral-8x7b-h100x64-dualpipe"])

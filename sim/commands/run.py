@@ -37,12 +37,13 @@ def trace_ranks_of(result, spec: str | None) -> list:
 
 
 def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path | None = None,
-                  walked: dict | None = None) -> dict:
+                  walked: tuple | None = None) -> dict:
     """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
     resolved.yaml and plots/ under `out`, and with `html` the HTML report (sim.report.run) there.
     `trace_ranks` (`trace_ranks_of`): whose records the timeline, the traces, the pipeline and
     memory charts and the report's timeline hold; summary.json and the breakdown charts cover
-    every rank. `walked`: sim.engine.slice_args.program_walks of the step, where made already."""
+    every rank. `walked`: sim.engine.slice_args.program_tables of the step (the representatives'
+    walks and args tables), where made already."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
     from sim.engine.slice_args import slice_args
@@ -74,9 +75,9 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
     by_rank = kineto.records_by_rank(recs, ranks)
     # one SliceArgs for the trace and the Kineto writers: its rank tables (each rank's program
-    # built again, 7 ms a rank on the 1T row, unless `walked` has it) are made in each writer
-    # process once, when first asked for, and serve every later writer there
-    args = slice_args(result, recs, walked)
+    # built again, 7 ms a rank on the 1T row, and its table, unless `walked` has them) are made
+    # in each writer process once, when first asked for, and serve every later writer there
+    args = slice_args(result, recs, *(walked or (None, None)))
 
     def charts():
         outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
@@ -180,12 +181,13 @@ def register(app: typer.Typer) -> None:
 
         from sim.engine.background import Background
         from sim.engine.simulate import cyclic_gc_paused, simulate
-        from sim.engine.slice_args import program_walks
+        from sim.engine.slice_args import program_tables
 
         # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),
-        # are built meanwhile in a child on the CPU the engine leaves idle (0.44 s on the 1T
-        # row, which each writer process needing them would otherwise spend)
-        walks = Background(lambda: program_walks(sc)) if trace_ranks in (None, "simulated") else None
+        # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
+        # (0.44 s on the 1T row, the tables 0.12 s on the 405B CP16 scenario's 16 ranks, which
+        # each writer process needing them would otherwise spend)
+        walks = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
         err = Console(stderr=True)
         folder = out or Path("runs") / sc.name
         # The step's objects and the outputs' records (millions in a large step) are freed by

@@ -216,19 +216,56 @@ def program_walks(sc) -> dict:
     return {g: _walk(builder.program_of(g)) for g in (layout.rank(pp=r) for r in range(sc.parallelism.pp))}
 
 
+def rank_table(walk: tuple, precision: str) -> dict:
+    """{key: (args dict, its JSON text before and after the microbatch number, [CommSpec])} of
+    every slice name of a rank whose `_walk` is `walk`, in a training of `precision`
+    (`SliceArgs.table`)."""
+    kernels, calls = walk
+    # (a name's kernels have one FLOPs count: tests/test_trace_args.py checks the bundled scenarios)
+    out = {key: _entry(key, {"flops": max(flops)}, ()) for key, flops in kernels.items()}
+    for key, specs in calls.items():
+        out[key] = _entry(key, _comm_payload(key, specs[0], precision), specs)
+    return out
+
+
+def program_tables(sc) -> tuple:
+    """(`program_walks(sc)`, {rank: `rank_table` of its walk}): the representatives' walks and
+    their args tables, made without the step's result (`sim5d run` has them made while the engine
+    runs; each writer process needing a table would otherwise make it again: 0.12 s for the 16
+    ranks of the bundled Llama 3 405B CP16 step)."""
+    walks = program_walks(sc)
+    return walks, {rank: rank_table(walk, sc.training.precision) for rank, walk in walks.items()}
+
+
+def _comm_payload(key: str, s, precision: str) -> dict:
+    return {"op": s.op, "bytes": s.size_bytes, "dtype": comm_dtype(key, s.tag, precision),
+            "group": group_text(s.ranks), "group_size": len(s.ranks)}
+
+
+def _entry(key: str, payload: dict, specs) -> tuple:
+    args = {**name_fields(key), **payload}
+    text = json.dumps({k: ("<mb>" if v == "\x00" else v) for k, v in args.items()},
+                      separators=(",", ":"))
+    before, _, after = text.partition(_MB_TEXT)
+    return args, before, after, tuple(specs)
+
+
 class SliceArgs:
     """record -> its args (a dict; `text`: the same as JSON text, fast); `comm(record)`: the
     call's CommInfo. Made by `slice_args`; each rank's table is made when first asked for.
-    `walked`: ranks' `_walk`s made already (`program_walks`)."""
+    `walked`: ranks' `_walk`s made already (`program_walks`); `tables`: ranks' tables made
+    already (`program_tables`; of representatives only: a symmetric rank's differs)."""
 
-    def __init__(self, result, records=None, walked: dict | None = None):
+    def __init__(self, result, records=None, walked: dict | None = None, tables: dict | None = None):
         sc = self.sc = result.scenario
         self._builder = _flops_builder(sc, result.layout)
         self._orbits = result.engine.orbits
         self._result = result
         self._records = records
         self._programs: dict = dict(walked or {})   # built rank -> (kernels, calls) (`_walk`)
-        self._tables: dict = {}          # rank -> {key: (args dict, text before, text after, calls)}
+        self._tables: dict = {           # rank -> {key: (args dict, text before, text after, calls)}
+            rank: t for rank, t in (tables or {}).items()
+            if self._orbits is None or self._orbits.rep_of.get(rank, rank) == rank}
         self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
         self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
         self._comms: dict = {}           # (rank, name's key) -> `comm`'s answer, where the name is one call
@@ -256,25 +293,8 @@ class SliceArgs:
         hit = self._tables.get(rank)
         if hit is not None:
             return hit
-        kernels, calls = self._own(rank)
-        # (a name's kernels have one FLOPs count: tests/test_trace_args.py checks the bundled scenarios)
-        out = {key: self._entry(key, {"flops": max(flops)}, ()) for key, flops in kernels.items()}
-        for key, specs in calls.items():
-            out[key] = self._entry(key, self._comm_payload(key, specs[0]), specs)
-        self._tables[rank] = out
+        out = self._tables[rank] = rank_table(self._own(rank), self.sc.training.precision)
         return out
-
-    def _comm_payload(self, key: str, s) -> dict:
-        return {"op": s.op, "bytes": s.size_bytes, "dtype": comm_dtype(key, s.tag, self.sc.training.precision),
-                "group": group_text(s.ranks), "group_size": len(s.ranks)}
-
-    @staticmethod
-    def _entry(key: str, payload: dict, specs) -> tuple:
-        args = {**name_fields(key), **payload}
-        text = json.dumps({k: ("<mb>" if v == "\x00" else v) for k, v in args.items()},
-                          separators=(",", ":"))
-        before, _, after = text.partition(_MB_TEXT)
-        return args, before, after, tuple(specs)
 
     def _spec_of(self, rec, key: str, specs: tuple):
         """The call a record of a name that stands for several calls is: the k-th record of its
@@ -312,7 +332,7 @@ class SliceArgs:
         e = self.table(rec.rank).get(key)
         if e is not None and len(e[3]) > 1:
             s = self._spec_of(rec, key, e[3])
-            e = self._entry(key, self._comm_payload(key, s), (s,))
+            e = _entry(key, _comm_payload(key, s, self.sc.training.precision), (s,))
         return e, mb
 
     def __call__(self, rec) -> dict:
@@ -330,7 +350,7 @@ class SliceArgs:
             key = name_key(rec.name)[0]
             hit = self._unlisted.get(key)
             if hit is None:
-                hit = self._unlisted[key] = (self._entry(key, {}, ()), name_fields(key).get("microbatch") == "\x00")
+                hit = self._unlisted[key] = (_entry(key, {}, ()), name_fields(key).get("microbatch") == "\x00")
             (_, before, after, _), numbered = hit
             return before + str(int(mb)) + after if numbered else before
         return e[1] + mb + e[2] if mb else e[1]
@@ -384,9 +404,9 @@ class SliceArgs:
         return info
 
 
-def slice_args(result, records=None, walked: dict | None = None) -> SliceArgs:
+def slice_args(result, records=None, walked: dict | None = None, tables: dict | None = None) -> SliceArgs:
     """The args of `result`'s slices (a RunResult): call it on a record for its args dict; `text`,
     `texts` for JSON, `comm` for a call's CommInfo. `records`: a list holding every record of
     the ranks it will be asked about (default: made from the result when needed); `walked`:
-    `program_walks(result.scenario)` where it was made already."""
-    return SliceArgs(result, records, walked)
+    `program_walks(result.scenario)` where it was made already, `tables` its `program_tables`."""
+    return SliceArgs(result, records, walked, tables)
