@@ -96,6 +96,24 @@ def test_pipeline_chart_labels_every_action_and_names_only_what_it_draws(figures
     assert ax.get_xlabel() == "time (ms)"
 
 
+def test_pipeline_chart_from_records_grouped_already_is_the_same(figures, tmp_path):
+    """`sim5d run` hands the pipeline chart its records grouped by rank (kineto.records_by_rank,
+    made for the Kineto writers): the same lanes, the same microbatch numbers and the same
+    pixels as grouping them itself."""
+    from PIL import Image
+
+    from sim.engine.kineto import records_by_rank
+
+    res = _sim(pp=2, gbs=8)
+    grouped = records_by_rank(res.records, list(res.pp_rank_of))
+    assert outputs.stage_lanes(res.records, res.pp_rank_of, grouped) == outputs.stage_lanes(res.records, res.pp_rank_of)
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "a.png", "t")
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "b.png", "t", grouped)
+    assert _box_labels(figures[-1].axes[0]) == _box_labels(figures[-2].axes[0])
+    a, b = (Image.open(tmp_path / f) for f in ("a.png", "b.png"))
+    assert a.size == b.size and a.tobytes() == b.tobytes()
+
+
 def test_pipeline_chart_aggregates_when_boxes_are_narrow(figures, tmp_path):
     """128 microbatches on 4 stages: boxes would be under a pixel wide, so each row shows the
     share of each kind per window instead: no microbatch numbers, the x label says so, and the

@@ -84,7 +84,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png", title)
 
     def pipeline():
-        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title)
+        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title, by_rank)
 
     # (estimated CPU seconds, writer), the order the list scheduling starts them in
     n = len(recs)

@@ -550,10 +550,14 @@ def one_per_stage(pp_rank_of: dict) -> dict:
     return {rank: pp for pp, rank in first.items()}
 
 
-def stage_lanes(records, pp_rank_of: dict) -> tuple:
-    """The charts' lanes: (one_per_stage, its ranks in pipeline order, each one's records)."""
+def stage_lanes(records, pp_rank_of: dict, grouped: dict | None = None) -> tuple:
+    """The charts' lanes: (one_per_stage, its ranks in pipeline order, each one's records);
+    `grouped`: {rank: its records in order} holding those ranks (kineto.records_by_rank), where
+    made already."""
     stage_of = one_per_stage(pp_rank_of)
     ranks = sorted(stage_of, key=stage_of.get)
+    if grouped is not None:
+        return stage_of, ranks, {rank: grouped[rank] for rank in ranks}
     by_rank: dict = {rank: [] for rank in ranks}
     for r in records:
         if r.rank in by_rank:
@@ -880,18 +884,19 @@ def _draw_shares(ax, y: int, boxes: list, comm: list, edges) -> set:
     return shown
 
 
-def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str) -> None:
+def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str, grouped: dict | None = None) -> None:
     """The schedule chart of the simulated step, a row per pipeline stage: a box per action
     (forward, backward, ...) with its microbatch number where it fits, DualPipe's overlapped F&B
     pairs as one black-bordered box (as `sim5d schedule --plot`), recompute and exposed
     communication on top, idle time (bubble) grey. When the median box would be narrower than
     10 pixels (too narrow for a number), each row shows instead the share of each kind in
-    windows of 3 pixels. The legend, below the axes, names only what the chart shows."""
+    windows of 3 pixels. The legend, below the axes, names only what the chart shows.
+    `grouped`: the records by rank, where grouped already (`stage_lanes`)."""
     import numpy as np
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    stage_of, ranks, by_rank = stage_lanes(records, pp_rank_of)
+    stage_of, ranks, by_rank = stage_lanes(records, pp_rank_of, grouped)
     makespan = max(map(attrgetter("end_ns"), records), default=1) or 1
     boxes = {rank: chart_boxes(by_rank[rank], rank) for rank in ranks}
     comm = {rank: [(r.start_ns, r.end_ns) for r in by_rank[rank]
