@@ -90,6 +90,29 @@ def test_moe_and_recompute_flops(mixtral):
     assert args(_first(mixtral, rank, "R L3 attn mb0"))["flops"] == 2 * (2 * heads * T * T * d) // 2
 
 
+@pytest.mark.parametrize("name, overrides", [
+    ("llama3-8b-h100x16-1f1b", []), ("llama3-8b-h100x16-1f1b", ["training.recompute=full"]),
+    ("mixtral-8x7b-h200x16-dualpipev", []),
+    ("mixtral-8x7b-h200x16-dualpipev", ["training.recompute_modules=[moe,layernorm]"]),
+    ("deepseek-v3-h800x2048-dualpipe", [])])
+def test_every_record_of_a_layers_action_has_its_microbatch(name, overrides):
+    """Every kernel and call of a layer's forward, backward or recompute -- the TP all-gathers and
+    reduce-scatters, the MoE dispatch and combine with their token counts and probabilities, the
+    expert-TP collectives, the MTP module's -- names its microbatch, so that its args carry it (the
+    forward's and the recompute's collectives and the dispatch gradients had none, unlike the
+    backward's): the args' microbatch equals the number in the name, and the layer's."""
+    res = simulate(load_scenario(name, overrides=overrides))
+    args = slice_args(res)
+    recs = [r for r in res.records_of(res.simulated_ranks[:2]) if r.stream != "mark"
+            and re.match(r"[FBIWR] L\d+ ", r.name)]
+    assert {r.stream for r in recs} > {"compute"}
+    for r in recs:
+        m = _MB.search(r.name)
+        assert m, r.name
+        a = args(r)
+        assert a["microbatch"] == int(m.group(1)) and a["layer"] == int(_LAYER.search(r.name).group(1)), r.name
+
+
 def test_communication_args_are_the_calls(llama):
     """TP all-gather: s x b x h bf16 elements per rank over the rank's TP group; the pipeline
     send: s x b x h / tp (sequence parallel) to the next stage's rank; the DP gradient
@@ -97,7 +120,7 @@ def test_communication_args_are_the_calls(llama):
     args = slice_args(llama)
     for rank in sorted(llama.pp_rank_of):
         tp_group = _group_of(llama, rank, "pp", "dp", "cp")
-        rec = next(r for r in llama.records if r.rank == rank and r.name.endswith("attn all-gather"))
+        rec = next(r for r in llama.records if r.rank == rank and " attn all-gather mb" in r.name)
         a = args(rec)
         assert (a["op"], a["bytes"], a["dtype"], a["group_size"]) == ("all_gather", 8192 * 4096 * 2, "BFloat16", 2)
         assert set(map(int, a["group"].split(","))) == tp_group and rank in tp_group
@@ -137,7 +160,7 @@ def test_ranks_all_by_symmetry_give_each_rank_its_own_calls():
     recs = sorted(r for r in sym.records if r.stream != "mark" and r.rank in (0, 5, 9, 14))
     assert recs == sorted(r for r in full.records if r.stream != "mark" and r.rank in (0, 5, 9, 14))
     assert [a(r) for r in recs] == [b(r) for r in recs]
-    tp = a(next(r for r in recs if r.rank == 5 and r.name.endswith("attn all-gather")))
+    tp = a(next(r for r in recs if r.rank == 5 and " attn all-gather mb" in r.name))
     assert set(map(int, tp["group"].split(","))) == _group_of(sym, 5, "pp", "dp", "cp") == {4, 5}
 
 

@@ -198,20 +198,20 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         c = self._cost(layer)
         ag, rs = ("all_gather", "reduce_scatter") if self.sp else (None, "all_reduce")
         if ag:
-            self._tp(prog, r, f"{tag} L{layer} attn all-gather", ag)
+            self._tp(prog, r, f"{tag} L{layer} attn all-gather mb{mb}", ag)
         self._attn_forward(prog, r, layer, mb, c, tag)
-        self._tp(prog, r, f"{tag} L{layer} attn {rs}", rs)
+        self._tp(prog, r, f"{tag} L{layer} attn {rs} mb{mb}", rs)
         tp_mlp = self._tp_mlp(layer)
         if ag and tp_mlp:
-            self._tp(prog, r, f"{tag} L{layer} mlp all-gather", ag)
-        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch", "dispatch")
-        self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather", "all_gather")
+            self._tp(prog, r, f"{tag} L{layer} mlp all-gather mb{mb}", ag)
+        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch mb{mb}", "dispatch")
+        self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather mb{mb}", "all_gather")
         prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}",
                             "recompute" if tag == "R" else "compute"))
-        self._etp(prog, r, layer, f"{tag} L{layer} expert reduce-scatter", "reduce_scatter")
-        self._a2a(prog, r, layer, f"{tag} L{layer} combine")
+        self._etp(prog, r, layer, f"{tag} L{layer} expert reduce-scatter mb{mb}", "reduce_scatter")
+        self._a2a(prog, r, layer, f"{tag} L{layer} combine mb{mb}")
         if tp_mlp:
-            self._tp(prog, r, f"{tag} L{layer} mlp {rs}", rs)
+            self._tp(prog, r, f"{tag} L{layer} mlp {rs} mb{mb}", rs)
 
     def _dgrad(self, prog, r, layer, mb, block, c, lc, ik, name, hold_back: int = 0):
         """The block's input gradient; `hold_back` ns of its end (the column GEMM's dgrad, which
@@ -222,7 +222,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             prog.append(Compute((self._mlp_ns(lc, layer, "dgrad") if block == "mlp" else c["dgrad"])
                                 - hold_back, f"{ik} {name} dgrad"))
 
-    def _mlp_recompute(self, prog, r, layer, name, c):
+    def _mlp_recompute(self, prog, r, layer, mb, name, c):
         """The MLP block's selective recompute (recompute_modules layernorm on MoE layers, mlp, moe,
         moe_act, shared_experts), each module's forward re-run whole as Megatron-Core's
         checkpoints do: the dense MLP and the shared experts with their TP collectives, the MoE
@@ -236,16 +236,16 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         moe = self.sc.model.is_moe_layer(layer) and "moe" in self.sc.training.recompute_modules
         tp = (moe or c.get("recompute_tp")) and self._tp_mlp(layer)
         if tp and ag:
-            self._tp(prog, r, f"R L{layer} mlp all-gather", ag)
+            self._tp(prog, r, f"R L{layer} mlp all-gather mb{mb}", ag)
         if moe:
-            self._a2a(prog, r, layer, f"R L{layer} dispatch", "dispatch")
-            self._etp(prog, r, layer, f"R L{layer} expert all-gather", "all_gather")
+            self._a2a(prog, r, layer, f"R L{layer} dispatch mb{mb}", "dispatch")
+            self._etp(prog, r, layer, f"R L{layer} expert all-gather mb{mb}", "all_gather")
         prog.append(Compute(ns, f"R {name}", "recompute"))
         if moe:
-            self._etp(prog, r, layer, f"R L{layer} expert reduce-scatter", "reduce_scatter")
-            self._a2a(prog, r, layer, f"R L{layer} combine")
+            self._etp(prog, r, layer, f"R L{layer} expert reduce-scatter mb{mb}", "reduce_scatter")
+            self._a2a(prog, r, layer, f"R L{layer} combine mb{mb}")
         if tp:
-            self._tp(prog, r, f"R L{layer} mlp {rs}", rs)
+            self._tp(prog, r, f"R L{layer} mlp {rs} mb{mb}", rs)
 
     def _backward_block(self, prog, r, layer, mb, block, c, do_input, do_weight, lc):
         name = f"L{layer} {block} mb{mb}"
@@ -263,7 +263,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                 else:
                     prog.append(Compute(c["recompute"], f"R {name}", "recompute"))
             elif rec == "selective" and block == "mlp" and c["recompute"]:
-                self._mlp_recompute(prog, r, layer, name, c)
+                self._mlp_recompute(prog, r, layer, mb, name, c)
             tp = block == "attn" or self._tp_mlp(layer)
             if block == "mlp":
                 # etp != tp: the backward of the combine's reduce-scatter
@@ -300,10 +300,10 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         if do_input and self.sc.training.recompute == "full":
             self._forward_layer(prog, r, layer, mb, tag="R")
         if do_input:
-            self._a2a(prog, r, layer, f"B L{layer} combine-grad")
+            self._a2a(prog, r, layer, f"B L{layer} combine-grad mb{mb}")
         self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight, c)
         if do_input:
-            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad", "dispatch-grad")
+            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad mb{mb}", "dispatch-grad")
         self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight, c)
 
     # -- pipeline actions ----------------------------------------------------------------

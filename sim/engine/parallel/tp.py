@@ -114,8 +114,8 @@ class TensorParallel:
         prog.append(Compute(self.costs.mtp_ns("fwd"), f"F L{layer} mtp proj mb{mb}"))
         if self.sp:
             for half in ("a", "b"):
-                self._tp(prog, r, f"F L{layer} mtp input all-gather {half}", "all_gather")
-        self._tp(prog, r, f"F L{layer} mtp output all-gather", "all_gather")
+                self._tp(prog, r, f"F L{layer} mtp input all-gather {half} mb{mb}", "all_gather")
+        self._tp(prog, r, f"F L{layer} mtp output all-gather mb{mb}", "all_gather")
 
     def _mtp_backward(self, prog, r, layer, mb, do_input, do_weight):
         """The backward of `_mtp_forward`: the scatter's backward gathers the gradient over the
@@ -123,10 +123,10 @@ class TensorParallel:
         input gradient (2h wide) is reduce-scattered (sequence parallel) or all-reduced."""
         if do_input:
             if self.sp:
-                self._tp(prog, r, f"B L{layer} mtp grad all-gather", "all_gather")
+                self._tp(prog, r, f"B L{layer} mtp grad all-gather mb{mb}", "all_gather")
             prog.append(Compute(self.costs.mtp_ns("dgrad"), f"B L{layer} mtp proj dgrad mb{mb}"))
             op = "reduce_scatter" if self.sp else "all_reduce"
             for half in ("a", "b"):
-                self._tp(prog, r, f"B L{layer} mtp input-grad {op} {half}", op)
+                self._tp(prog, r, f"B L{layer} mtp input-grad {op} {half} mb{mb}", op)
         if do_weight:
             prog.append(Compute(self.costs.mtp_ns("wgrad"), f"W L{layer} mtp proj wgrad mb{mb}"))
