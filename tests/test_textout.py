@@ -260,7 +260,7 @@ def test_names_no_program_has_get_their_fields_as_text():
                                     "x mb٣", "two mb3 mb4", "plain", "recv grad s3 mb7"]]
     for _ in range(2):
         assert [args.text(r) for r in recs] == [json.dumps(args(r), separators=(",", ":")) for r in recs]
-    assert json.loads(args.text(recs[0])) == {"microbatch": 7, "stage": 3}
+    assert json.loads(args.text(recs[0])) == {"microbatch": 7, "phase": "backward", "stage": 3}
 
 
 @compiled

@@ -18,7 +18,7 @@ import pytest
 import simpy
 
 from sim.config import load_scenario
-from sim.engine import outputs
+from sim.engine import kineto, outputs
 from sim.engine.simulate import simulate
 from sim.engine.slice_args import TORCH_DTYPES, slice_args
 from sim.network import FlowNetwork
@@ -135,6 +135,28 @@ def test_communication_args_are_the_calls(llama):
     mlp = 3 * 4096 * 14336
     assert grad["op"] == "reduce_scatter" and grad["bytes"] == 2 * ((attn + mlp) // 2 + 2 * 4096)  # + 2 norms
     assert set(map(int, grad["group"].split(","))) == _group_of(llama, rank, "pp", "tp", "cp")
+
+
+def test_a_pipeline_receive_has_the_phase_of_its_send(llama, tmp_path):
+    """A Kineto trace's receive kernel ("recv act s1 mb0", made from the engine's p2p log) carries
+    the phase its send carries: forward for an activation, backward for a gradient, with its
+    stage and microbatch (it had none)."""
+    from sim.engine.slice_args import name_fields
+
+    assert name_fields("recv act s1 mb\x00") == {"microbatch": "\x00", "phase": "forward", "stage": 1}
+    assert name_fields("recv grad s0 mb\x00") == {"microbatch": "\x00", "phase": "backward", "stage": 0}
+    assert name_fields("recv act s1 mb\x00") == {**name_fields("send act s1 mb\x00")}
+    kineto.write_traces(llama, tmp_path, {})
+    recvs = []
+    for path in tmp_path.glob("rank-*.json.gz"):
+        with gzip.open(path) as f:
+            recvs += [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"
+                      and e["args"].get("sim5d_name", "").startswith("recv ")]
+    assert {e["args"]["sim5d_name"].split()[1] for e in recvs} == {"act", "grad"}
+    for e in recvs:
+        what, stage, mb = e["args"]["sim5d_name"].split()[1:]
+        assert (e["args"]["phase"], e["args"]["stage"], e["args"]["microbatch"]) == (
+            "forward" if what == "act" else "backward", int(stage[1:]), int(mb[2:])), e
 
 
 def test_one_name_for_two_calls_is_told_apart_by_order(mixtral):

@@ -116,7 +116,7 @@ def name_fields(key: str) -> dict:
         out["phase"] = "grad-reduce"
     elif key.startswith("param "):
         out["phase"] = "param-gather"
-    elif key.startswith("send "):
+    elif key.startswith(("send ", "recv ")):       # a pipeline transfer's either end
         out["phase"] = "forward" if words[1:2] == ["act"] else "backward"
     block = next((b for w in words for b in [_BLOCKS.get(w)] if b), None)
     if block:
