@@ -408,5 +408,6 @@ def slice_args(result, records=None, walked: dict | None = None, tables: dict | 
     """The args of `result`'s slices (a RunResult): call it on a record for its args dict; `text`,
     `texts` for JSON, `comm` for a call's CommInfo. `records`: a list holding every record of
     the ranks it will be asked about (default: made from the result when needed); `walked`:
-    `program_walks(result.scenario)` where it was made already, `tables` its `program_tables`."""
+    `program_walks(result.scenario)` where it was made already; `tables`: the rank tables of
+    `program_tables(result.scenario)`, likewise."""
     return SliceArgs(result, records, walked, tables)
