@@ -234,3 +234,70 @@ def test_an_html_path_that_cannot_be_written_exits_2_before_simulating(tmp_path,
     for bad, words in ((tmp_path, "is a folder"), (Path("/proc/none/r.html"), "cannot write there")):
         code, out, err = run_cli(*command, "--html", str(bad))
         assert code == 2 and "Traceback" not in err and "--html" in err and words in err, err
+
+
+# (6) exposed communication on the timeline ---------------------------------------------------
+def test_comm_shares_by_hand():
+    """Two overlapping calls, 5-25 and 20-30 ns, on a 4,000 ns step of 400 windows of 10 ns: their
+    union covers half the first window and the next two whole; a window they miss has no bar."""
+    from sim.report.run import COMM_WINDOWS, comm_share_bars
+
+    assert COMM_WINDOWS == 400
+    got = comm_share_bars({7: [(5, 25), (20, 30)], 8: []}, 4000)
+    assert got == {7: [(0.0, 10.0, 0.5), (10.0, 20.0, 1.0), (20.0, 30.0, 1.0)], 8: []}
+
+
+def _union_ns(ivs) -> int:
+    total, end = 0, None
+    for s, e in sorted(ivs):
+        if end is None or s > end:
+            total, end = total + (e - s), e
+        elif e > end:
+            total, end = total + (e - end), e
+    return total
+
+
+@pytest.mark.parametrize("scenario", ["llama3-8b-h100x64-cp4-32k", "mixtral-8x7b-h200x16-dualpipev"])
+def test_dense_exposed_comm_is_drawn_as_its_share_of_each_window(scenario):
+    """A lane whose exposed calls are shorter than a window of the step (CP's ring waits and the
+    TP collectives: 128 calls making 6.9% of a CP4 forward) is drawn as its share of each window,
+    whose area (share x window) is the union of the lane's calls; each call is kept in a trace
+    hidden until its legend entry is clicked (plotly widens every sub-pixel bar to a pixel or
+    two, which drew those 128 calls as a solid band)."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+    from sim.report.run import COMM_WINDOWS, timeline_figure
+
+    res = simulate(load_scenario(scenario))
+    pp_of = {r: res.pp_rank_of[r] for r in res.simulated_ranks}
+    fig, summarised = timeline_figure(res.records_of(res.simulated_ranks), pp_of, res.makespan_ns)
+    assert not summarised
+    share = [t for t in fig.data if t.name.startswith("exposed comm (its share")]
+    each = [t for t in fig.data if t.name.startswith("exposed comm, each call")]
+    assert len(share) == len(each) == 1 and share[0].visible in (None, True) and each[0].visible == "legendonly"
+    window_ms = res.makespan_ns / COMM_WINDOWS / 1e6
+    for label in set(share[0].y):
+        rank = int(label.split("rank ")[1].rstrip(")"))
+        calls = [(r.start_ns, r.end_ns) for r in res.records_of([rank])
+                 if r.stream == "compute" and r.cat.startswith("comm:") and r.end_ns > r.start_ns]
+        area_ms = sum(x * w / 0.8 for y, x, w in zip(share[0].y, share[0].x, share[0].width) if y == label)
+        assert all(abs(x - window_ms) < 1e-9 for x in share[0].x)
+        assert area_ms == pytest.approx(_union_ns(calls) / 1e6, rel=1e-9)
+        assert sum(1 for y in each[0].y if y == label) == len(calls)
+
+
+def test_sparse_exposed_comm_is_drawn_call_by_call():
+    """Few, long exposed calls (GPT 1.7B's GPipe on 8 A100s: the step's two data-parallel
+    all-reduces, 0.43 s each) stay one bar each, shown, and no share trace is added."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+    from sim.report.run import timeline_figure
+
+    res = simulate(load_scenario("gpt-1.7b-a100x8-gpipe"))
+    pp_of = {r: res.pp_rank_of[r] for r in res.simulated_ranks}
+    recs = res.records_of(res.simulated_ranks)
+    fig, _ = timeline_figure(recs, pp_of, res.makespan_ns)
+    assert not any(t.name.startswith("exposed comm (its share") for t in fig.data)
+    comm = [t for t in fig.data if t.name == "exposed comm"]
+    calls = [r for r in recs if r.stream == "compute" and r.cat.startswith("comm:") and r.end_ns > r.start_ns]
+    assert len(comm) == 1 and comm[0].visible in (None, True) and len(comm[0].x) == len(calls) == 2

@@ -6,11 +6,18 @@ functions (sim.engine.outputs: chart_boxes, memory_series, the breakdowns)."""
 from __future__ import annotations
 
 from sim import report as R
-from sim.engine.outputs import _KIND_COLOURS, _NAMES, chart_boxes, one_per_stage, stage_lanes
+from sim.engine.outputs import _KIND_COLOURS, _NAMES, _time_in_bins, chart_boxes, one_per_stage, stage_lanes
 
 MAX_BARS = 20_000
 """More bars than this on the timeline (a browser draws some 20,000 SVG bars smoothly; Narayanan's
 1T row has 65,536 actions): each lane is summarised (`_merge_runs`)."""
+
+COMM_WINDOWS = 400
+"""Exposed communication denser than this many windows of the step (its median call shorter than
+one window, about 3 pixels of the page's timeline) is drawn as its share of each window
+(`comm_share_bars`): plotly widens every bar thinner than a pixel or two so that it shows
+(plotly.js bar/plot.js expandToVisible), which drew 128 calls making 6.9% of a CP forward as a
+solid band."""
 
 _SUMMARY_ROWS = (
     ("step time (s)", "step_time_s", ".6g"), ("tokens / s / GPU", "tokens_per_s_per_gpu", ",.0f"),
@@ -58,8 +65,27 @@ def _merge_runs(bars: list, gap_ns: float) -> list:
     return segs
 
 
-def _add_bars(fig, go, lanes: dict, ranks: list, labels: list) -> None:
-    """A bar per action (and per exposed communication call), one trace per kind."""
+def comm_share_bars(lanes: dict, makespan_ns: int) -> dict:
+    """{rank: [(window start, window end, share)]}: the share of each of COMM_WINDOWS equal windows
+    of the step that a lane's exposed-communication intervals (their union) cover, for the windows
+    they touch."""
+    import numpy as np
+
+    edges = np.linspace(0, makespan_ns, COMM_WINDOWS + 1)
+    out = {}
+    for rank, ivs in lanes.items():
+        inside = _time_in_bins(ivs, edges) if ivs else np.zeros(COMM_WINDOWS)
+        share = inside / np.diff(edges)
+        out[rank] = [(float(edges[k]), float(edges[k + 1]), min(1.0, float(share[k])))
+                     for k in np.flatnonzero(inside > 0)]
+    return out
+
+
+def _add_bars(fig, go, lanes: dict, ranks: list, labels: list, name: str | None = None,
+              visible: bool | str = True) -> None:
+    """A bar per action (and per exposed communication call), one trace per kind; `name` and
+    `visible` (plotly's: "legendonly" hides a trace until its legend entry is clicked) for the
+    communication's."""
     for kind in _ORDER:
         ys, xs, bases, text = [], [], [], []
         for rank, label in zip(ranks, labels):
@@ -77,8 +103,10 @@ def _add_bars(fig, go, lanes: dict, ranks: list, labels: list) -> None:
                       "line": {"color": "#000000", "width": 1.2} if kind == "pair" else {"width": 0},
                       "pattern": {"shape": "/" if kind == "pair" else "|", "fgcolor": _KIND_COLOURS["F"],
                                   "bgcolor": _KIND_COLOURS["B"], "solidity": 0.5}}
-        name = _MIXED if kind == "mixed" else _NAMES.get(kind, kind)
-        fig.add_trace(go.Bar(y=ys, x=xs, base=bases, orientation="h", name=name, marker=marker,
+        label = _MIXED if kind == "mixed" else _NAMES.get(kind, kind)
+        fig.add_trace(go.Bar(y=ys, x=xs, base=bases, orientation="h", marker=marker,
+                             name=name if kind == "comm" and name else label,
+                             visible=visible if kind == "comm" else True,
                              width=0.45 if kind == "comm" else 0.8, hovertext=text, hoverinfo="text"))
 
 
@@ -105,7 +133,28 @@ def timeline_figure(records, pp_of: dict, makespan_ns: int):
         lanes = {r: _merge_runs([x for x in b if x[0] != "comm"], makespan_ns / 1000) for r, b in lanes.items()}
     fig.add_trace(go.Bar(y=labels, x=[makespan_ns / 1e6] * len(ranks), base=[0] * len(ranks),
                          orientation="h", marker_color="#e6e6e6", name=_NAMES["idle"], hoverinfo="skip"))
-    _add_bars(fig, go, lanes, ranks, labels)
+    widths = sorted(e - s for b in lanes.values() for k, s, e, _ in b if k == "comm")
+    dense = bool(widths) and widths[len(widths) // 2] < makespan_ns / COMM_WINDOWS
+    if dense:           # each call stays, hidden until asked for (zoomed in, its legend entry)
+        _add_bars(fig, go, {r: [x for x in b if x[0] != "comm"] for r, b in lanes.items()}, ranks, labels)
+        shares = comm_share_bars({r: [(s, e) for k, s, e, _ in b if k == "comm"] for r, b in lanes.items()},
+                                 makespan_ns)
+        ys, bases, xs, thick, text = [], [], [], [], []
+        for rank, label in zip(ranks, labels):
+            for s, e, share in shares[rank]:
+                ys.append(label)
+                bases.append(s / 1e6)
+                xs.append((e - s) / 1e6)
+                thick.append(0.8 * share)
+                text.append(f"exposed comm: {share:.1%} of {s / 1e6:.3f} to {e / 1e6:.3f} ms")
+        fig.add_trace(go.Bar(y=ys, x=xs, base=bases, width=thick, orientation="h",
+                             name="exposed comm (its share of each 1/%d of the step: the bar's height)" % COMM_WINDOWS,
+                             marker={"color": _KIND_COLOURS["comm"], "line": {"width": 0}}, hovertext=text,
+                             hoverinfo="text"))
+        _add_bars(fig, go, {r: [x for x in b if x[0] == "comm"] for r, b in lanes.items()}, ranks, labels,
+                  name="exposed comm, each call (zoom in, then click here)", visible="legendonly")
+    else:
+        _add_bars(fig, go, lanes, ranks, labels)
     fig.update_layout(barmode="overlay", height=160 + 38 * len(ranks), margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       xaxis_title="time (ms)" + ("; actions less than 1/1000 of the step apart merged"
                                                  if summarised else ""),
