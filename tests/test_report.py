@@ -301,3 +301,33 @@ def test_sparse_exposed_comm_is_drawn_call_by_call():
     comm = [t for t in fig.data if t.name == "exposed comm"]
     calls = [r for r in recs if r.stream == "compute" and r.cat.startswith("comm:") and r.end_ns > r.start_ns]
     assert len(comm) == 1 and comm[0].visible in (None, True) and len(comm[0].x) == len(calls) == 2
+
+
+def test_days_dollars_axis_leaves_room_for_the_labels_and_rings_the_front():
+    """The x range holds every point with 15% of their span each side (a log axis in log10
+    units, as plotly takes it; one point: 15% of its value), the deadline included; the Pareto
+    front's points, and only they, are ringed: here one point beats the other on both."""
+    import math
+
+    from sim.report.tables import LABEL_PAD, _padded_range, days_dollars_figure
+
+    assert LABEL_PAD == 0.15
+    assert _padded_range([80.0, 180.0], False) == pytest.approx([65.0, 195.0])
+    assert _padded_range([50.0], False) == pytest.approx([42.5, 57.5])
+    assert _padded_range([1.0, 1000.0], True) == pytest.approx([-0.45, 3.45])
+    pts = [{"label": "a", "days": 83.1, "usd": 95_702, "group": "h100"},
+           {"label": "b", "days": 173.5, "usd": 99_909, "group": "h100"}]
+    fig = days_dollars_figure(pts, deadline_days=200)
+    lo, hi = fig.layout.xaxis.range
+    assert lo == pytest.approx(83.1 - 0.15 * (200 - 83.1)) and hi == pytest.approx(200 + 0.15 * (200 - 83.1))
+    front = next(t for t in fig.data if t.name == "Pareto front")
+    assert list(front.x) == [83.1] and list(front.y) == [95_702] and front.mode == "markers"
+    three = days_dollars_figure(pts + [{"label": "c", "days": 120.0, "usd": 50_000, "group": "h200"}])
+    ringed = next(t for t in three.data if t.name == "Pareto front")
+    assert list(zip(ringed.x, ringed.y)) == [(83.1, 95_702), (120.0, 50_000)]
+    line = next(t for t in three.data if t.legendgroup == "front" and t.mode == "lines")
+    assert list(zip(line.x, line.y)) == [(83.1, 95_702), (120.0, 95_702), (120.0, 50_000)]
+    many = days_dollars_figure([{**p, "days": d} for p, d in zip(pts, (2.0, 100.0))])
+    assert many.layout.xaxis.type == "log"
+    assert list(many.layout.xaxis.range) == pytest.approx(
+        [math.log10(2) - 0.15 * math.log10(50), 2 + 0.15 * math.log10(50)])

@@ -23,7 +23,8 @@ def pareto_front(points: list[tuple]) -> list[tuple]:
 def days_dollars_figure(points: list[dict], *, deadline_days=None, budget_usd=None, winner=None,
                         title: str = ""):
     """Days to train against dollars, a point per row (`label`, `days`, `usd`, `group`), the
-    Pareto front as a step line, the deadline and budget, the winner starred."""
+    Pareto front as a step line through its ringed points, the deadline and budget, the winner
+    starred; the x axis leaves room for the points' labels (LABEL_PAD)."""
     go, _ = R._plotly()
     fig = go.Figure()
     groups = sorted({p["group"] for p in points})
@@ -42,8 +43,12 @@ def days_dollars_figure(points: list[dict], *, deadline_days=None, budget_usd=No
                 ys.append(ys[-1])
             xs.append(x)
             ys.append(y)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="Pareto front", line={"color": "black", "width": 1},
-                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "black", "width": 1}, hoverinfo="skip",
+                                 legendgroup="front", showlegend=False))
+        # its points ringed, so that a front of one point (one answer beats the rest on both) shows
+        fig.add_trace(go.Scatter(x=[x for x, _ in front], y=[y for _, y in front], mode="markers",
+                                 name="Pareto front", legendgroup="front", hoverinfo="skip",
+                                 marker={"symbol": "circle-open", "size": 17, "color": "black"}))
     if winner is not None:
         fig.add_trace(go.Scatter(x=[winner["days"]], y=[winner["usd"]], mode="markers", name=f"winner: {winner['label']}",
                                  marker={"symbol": "star", "size": 20, "color": "gold", "line": {"color": "black", "width": 1}}))
@@ -56,10 +61,28 @@ def days_dollars_figure(points: list[dict], *, deadline_days=None, budget_usd=No
                        "y1": budget_usd, "line": {"color": "purple", "dash": "dot"}})
     days = [p["days"] for p in points]
     log = bool(days) and max(days) / max(min(days), 1e-9) > 20
+    xaxis = {"title": "days to train", "type": "log" if log else "linear"}
+    if days:
+        xaxis["range"] = _padded_range(days + ([deadline_days] if deadline_days is not None else []), log)
     fig.update_layout(height=480, title=title, shapes=shapes, margin={"l": 10, "r": 10, "t": 50, "b": 40},
-                      xaxis={"title": "days to train", "type": "log" if log else "linear"},
-                      yaxis={"title": "cost to train (US$)", "rangemode": "tozero"})
+                      xaxis=xaxis, yaxis={"title": "cost to train (US$)", "rangemode": "tozero"})
     return fig
+
+
+LABEL_PAD = 0.15
+"""Room left of the leftmost and right of the rightmost point of days_dollars_figure, as a share of
+the points' span (of the value where there is one point): the points' labels are centred on
+them, and plotly's own range pads for the markers only (the leftmost label ran over the y axis's
+tick labels)."""
+
+
+def _padded_range(xs: list, log: bool) -> list:
+    """The x-axis range holding `xs` with LABEL_PAD of room each side (plotly takes a log axis's
+    range in log10 units)."""
+    vals = [math.log10(max(x, 1e-9)) for x in xs] if log else list(xs)
+    lo, hi = min(vals), max(vals)
+    pad = LABEL_PAD * ((hi - lo) or (1.0 if log else abs(hi) or 1.0))
+    return [lo - pad, hi + pad]
 
 
 _COMPARE_ROWS = (
