@@ -64,3 +64,23 @@ def test_readme_is_short_and_every_docs_page_is_linked_from_it():
     assert len(text.splitlines()) <= 250
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"docs/{page.name}" in text, page.name
+
+
+def test_the_readmes_quick_commands_run(tmp_path):
+    """Every inline `sim5d memory|schedule|collective|topology ...` command of the README with
+    no placeholder (SCENARIO, NAME, ...) runs as printed, exit 0: the list had `schedule
+    --schedule NAME` (the name is an argument) and a `collective` without its sizes, which
+    both exit 2."""
+    import re
+    import shlex
+
+    from conftest import run_cli
+
+    text = (ROOT / "README.md").read_text()
+    cmds = [c for c in re.findall(r"`sim5d ((?:memory|schedule|collective|topology) [^`]*)`", text)
+            if not re.search(r"[A-Z]{4,}|\[", c)]
+    assert any(c.startswith("schedule ") for c in cmds) and any(c.startswith("collective ") for c in cmds)
+    for c in cmds:
+        argv = [str(tmp_path / a) if a.endswith(".png") else a for a in shlex.split(c)]
+        code, out, err = run_cli(*argv)
+        assert code == 0, (c, err[-500:])
