@@ -305,8 +305,9 @@ def test_sparse_exposed_comm_is_drawn_call_by_call():
 
 def test_days_dollars_axis_leaves_room_for_the_labels_and_rings_the_front():
     """The x range holds every point with 15% of their span each side (a log axis in log10
-    units, as plotly takes it; one point: 15% of its value), the deadline included; the Pareto
-    front's points, and only they, are ringed: here one point beats the other on both."""
+    units, as plotly takes it; one point: 15% of its value), the deadline included; the deadline
+    and budget lines say what they are; the Pareto front's points, and only they, are ringed:
+    here one point beats the other on both."""
     import math
 
     from sim.report.tables import LABEL_PAD, _padded_range, days_dollars_figure
@@ -317,7 +318,8 @@ def test_days_dollars_axis_leaves_room_for_the_labels_and_rings_the_front():
     assert _padded_range([1.0, 1000.0], True) == pytest.approx([-0.45, 3.45])
     pts = [{"label": "a", "days": 83.1, "usd": 95_702, "group": "h100"},
            {"label": "b", "days": 173.5, "usd": 99_909, "group": "h100"}]
-    fig = days_dollars_figure(pts, deadline_days=200)
+    fig = days_dollars_figure(pts, deadline_days=200, budget_usd=12e6)
+    assert [sh.label.text for sh in fig.layout.shapes] == ["deadline 200 days", "budget $12,000,000"]
     lo, hi = fig.layout.xaxis.range
     assert lo == pytest.approx(83.1 - 0.15 * (200 - 83.1)) and hi == pytest.approx(200 + 0.15 * (200 - 83.1))
     front = next(t for t in fig.data if t.name == "Pareto front")

@@ -52,13 +52,18 @@ def days_dollars_figure(points: list[dict], *, deadline_days=None, budget_usd=No
     if winner is not None:
         fig.add_trace(go.Scatter(x=[winner["days"]], y=[winner["usd"]], mode="markers", name=f"winner: {winner['label']}",
                                  marker={"symbol": "star", "size": 20, "color": "gold", "line": {"color": "black", "width": 1}}))
+    # the deadline and the budget as lines, each labelled with what it is (plotly >= 5.14 shape labels)
     shapes = []
     if deadline_days is not None:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": deadline_days, "x1": deadline_days,
-                       "y0": 0, "y1": 1, "line": {"color": "red", "dash": "dash"}})
+                       "y0": 0, "y1": 1, "line": {"color": "red", "dash": "dash"},
+                       "label": {"text": f"deadline {deadline_days:,.4g} days", "textposition": "end",
+                                 "font": {"color": "red", "size": 11}}})
     if budget_usd is not None:
         shapes.append({"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": budget_usd,
-                       "y1": budget_usd, "line": {"color": "purple", "dash": "dot"}})
+                       "y1": budget_usd, "line": {"color": "purple", "dash": "dot"},
+                       "label": {"text": f"budget ${budget_usd:,.0f}", "textposition": "end",
+                                 "font": {"color": "purple", "size": 11}}})
     days = [p["days"] for p in points]
     log = bool(days) and max(days) / max(min(days), 1e-9) > 20
     xaxis = {"title": "days to train", "type": "log" if log else "linear"}
