@@ -37,13 +37,13 @@ def trace_ranks_of(result, spec: str | None) -> list:
 
 
 def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path | None = None,
-                  walked: tuple | None = None) -> dict:
+                  prepared: tuple | None = None) -> dict:
     """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
     resolved.yaml and plots/ under `out`, and with `html` the HTML report (sim.report.run) there.
     `trace_ranks` (`trace_ranks_of`): whose records the timeline, the traces, the pipeline and
     memory charts and the report's timeline hold; summary.json and the breakdown charts cover
-    every rank. `walked`: sim.engine.slice_args.program_tables of the step (the representatives'
-    walks and args tables), where made already."""
+    every rank. `prepared`: sim.engine.slice_args.program_tables of the step (the
+    representatives' walks and args tables), where made already."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
     from sim.engine.slice_args import slice_args
@@ -75,9 +75,9 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
     by_rank = kineto.records_by_rank(recs, ranks)
     # one SliceArgs for the trace and the Kineto writers: its rank tables (each rank's program
-    # built again, 7 ms a rank on the 1T row, and its table, unless `walked` has them) are made
+    # built again, 7 ms a rank on the 1T row, and its table, unless `prepared` has them) are made
     # in each writer process once, when first asked for, and serve every later writer there
-    args = slice_args(result, recs, *(walked or (None, None)))
+    args = slice_args(result, recs, *(prepared or (None, None)))
 
     def charts():
         outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
@@ -95,7 +95,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         *[(WRITER_COST["kineto"](len(q), sum(len(by_rank[rank]) for rank in q)),
            lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False, args=args))
           for q in parts if q],
-        *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html))]
+        *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html, by_rank))]
           if html is not None else []),
     ]
     # the charts in one writer (one import of matplotlib) or side by side (each importing it),
@@ -136,11 +136,11 @@ matplotlib (MATPLOTLIB_IMPORT_S) and its figures, each Kineto rank's table of ar
 import. Estimates only: a wrong one changes the order, not the files."""
 
 
-def _write_report(result, summary, recs, pp_of, mem, path: Path) -> None:
+def _write_report(result, summary, recs, pp_of, mem, path: Path, by_rank: dict) -> None:
     from sim import report
     from sim.report.run import run_report
 
-    report.write(path, run_report(result, summary, recs, pp_of, mem))
+    report.write(path, run_report(result, summary, recs, pp_of, mem, by_rank))
 
 
 def register(app: typer.Typer) -> None:
@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
         # (0.44 s on the 1T row, the tables 0.12 s on the 405B CP16 scenario's 16 ranks, which
         # each writer process needing them would otherwise spend)
-        walks = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
+        prepared = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
         err = Console(stderr=True)
         folder = out or Path("runs") / sc.name
         # The step's objects and the outputs' records (millions in a large step) are freed by
@@ -201,10 +201,10 @@ def register(app: typer.Typer) -> None:
                 else:
                     result = simulate(sc, link_load=True)
                 note_python_writers(result.events)
-                summary = write_outputs(result, folder, trace_ranks, html, walks.result() if walks else None)
+                summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None)
             finally:
-                if walks is not None:          # (an error before its answer was taken)
-                    walks.discard()
+                if prepared is not None:       # (an error before its answer was taken)
+                    prepared.discard()
             memory = result.memory
             how = ranks_note(result)
             del result
