@@ -81,6 +81,23 @@ def comm_share_bars(lanes: dict, makespan_ns: int) -> dict:
     return out
 
 
+def _add_share_bars(fig, go, shares: dict, ranks: list, labels: list) -> None:
+    """Exposed communication as `comm_share_bars`' windows, one trace: each window's bar as tall
+    as the share of it the calls cover (0.8, an action's height, for all of it)."""
+    ys, bases, xs, thick, text = [], [], [], [], []
+    for rank, label in zip(ranks, labels):
+        for s, e, share in shares[rank]:
+            ys.append(label)
+            bases.append(s / 1e6)
+            xs.append((e - s) / 1e6)
+            thick.append(0.8 * share)
+            text.append(f"exposed comm: {share:.1%} of {s / 1e6:.3f} to {e / 1e6:.3f} ms")
+    fig.add_trace(go.Bar(y=ys, x=xs, base=bases, width=thick, orientation="h",
+                         name="exposed comm (its share of each 1/%d of the step: the bar's height)" % COMM_WINDOWS,
+                         marker={"color": _KIND_COLOURS["comm"], "line": {"width": 0}}, hovertext=text,
+                         hoverinfo="text"))
+
+
 def _add_bars(fig, go, lanes: dict, ranks: list, labels: list, name: str | None = None,
               visible: bool | str = True) -> None:
     """A bar per action (and per exposed communication call), one trace per kind; `name` and
@@ -110,12 +127,13 @@ def _add_bars(fig, go, lanes: dict, ranks: list, labels: list, name: str | None 
                              width=0.45 if kind == "comm" else 0.8, hovertext=text, hoverinfo="text"))
 
 
-def timeline_figure(records, pp_of: dict, makespan_ns: int):
+def timeline_figure(records, pp_of: dict, makespan_ns: int, grouped: dict | None = None):
     """The pipeline timeline: a lane per stage (its lowest traced rank), a bar per action
     coloured by kind (DualPipe's overlapped F&B pairs in their own colour), exposed
-    communication on the compute stream in red on top, idle time grey."""
+    communication on the compute stream in red on top (dense: its share of each window,
+    `comm_share_bars`), idle time grey. `grouped`: the records by rank, where grouped already."""
     go, _ = R._plotly()
-    stage_of, ranks, by_rank = stage_lanes(records, pp_of)
+    stage_of, ranks, by_rank = stage_lanes(records, pp_of, grouped)
     lanes = {}
     for rank in ranks:
         bars = []
@@ -133,26 +151,15 @@ def timeline_figure(records, pp_of: dict, makespan_ns: int):
         lanes = {r: _merge_runs([x for x in b if x[0] != "comm"], makespan_ns / 1000) for r, b in lanes.items()}
     fig.add_trace(go.Bar(y=labels, x=[makespan_ns / 1e6] * len(ranks), base=[0] * len(ranks),
                          orientation="h", marker_color="#e6e6e6", name=_NAMES["idle"], hoverinfo="skip"))
-    widths = sorted(e - s for b in lanes.values() for k, s, e, _ in b if k == "comm")
-    dense = bool(widths) and widths[len(widths) // 2] < makespan_ns / COMM_WINDOWS
-    if dense:           # each call stays, hidden until asked for (zoomed in, its legend entry)
+    comm = {r: [x for x in b if x[0] == "comm"] for r, b in lanes.items()}
+    widths = sorted(e - s for b in comm.values() for _, s, e, _ in b)
+    if widths and widths[len(widths) // 2] < makespan_ns / COMM_WINDOWS:
+        # each call stays, hidden until asked for (zoomed in, its legend entry)
         _add_bars(fig, go, {r: [x for x in b if x[0] != "comm"] for r, b in lanes.items()}, ranks, labels)
-        shares = comm_share_bars({r: [(s, e) for k, s, e, _ in b if k == "comm"] for r, b in lanes.items()},
-                                 makespan_ns)
-        ys, bases, xs, thick, text = [], [], [], [], []
-        for rank, label in zip(ranks, labels):
-            for s, e, share in shares[rank]:
-                ys.append(label)
-                bases.append(s / 1e6)
-                xs.append((e - s) / 1e6)
-                thick.append(0.8 * share)
-                text.append(f"exposed comm: {share:.1%} of {s / 1e6:.3f} to {e / 1e6:.3f} ms")
-        fig.add_trace(go.Bar(y=ys, x=xs, base=bases, width=thick, orientation="h",
-                             name="exposed comm (its share of each 1/%d of the step: the bar's height)" % COMM_WINDOWS,
-                             marker={"color": _KIND_COLOURS["comm"], "line": {"width": 0}}, hovertext=text,
-                             hoverinfo="text"))
-        _add_bars(fig, go, {r: [x for x in b if x[0] == "comm"] for r, b in lanes.items()}, ranks, labels,
-                  name="exposed comm, each call (zoom in, then click here)", visible="legendonly")
+        _add_share_bars(fig, go, comm_share_bars({r: [(s, e) for _, s, e, _ in b] for r, b in comm.items()},
+                                                 makespan_ns), ranks, labels)
+        _add_bars(fig, go, comm, ranks, labels, name="exposed comm, each call (zoom in, then click here)",
+                  visible="legendonly")
     else:
         _add_bars(fig, go, lanes, ranks, labels)
     fig.update_layout(barmode="overlay", height=160 + 38 * len(ranks), margin={"l": 10, "r": 10, "t": 60, "b": 40},
@@ -201,12 +208,13 @@ def memory_figure(mem: dict, pp_of: dict, capacity_bytes: float):
     return fig
 
 
-def run_report(result, summary: dict, records, pp_of: dict, mem: dict) -> str:
-    """The whole page of one `sim5d run`."""
+def run_report(result, summary: dict, records, pp_of: dict, mem: dict, grouped: dict | None = None) -> str:
+    """The whole page of one `sim5d run`; `grouped`: the records by rank, where grouped already
+    (sim.engine.outputs.stage_lanes)."""
     from sim.compare import layout_text
 
     sc = result.scenario
-    timeline, summarised = timeline_figure(records, pp_of, result.makespan_ns)
+    timeline, summarised = timeline_figure(records, pp_of, result.makespan_ns, grouped)
     numbers = R.key_value_table([(label, key, summary[key], *fmt) for label, key, *fmt in _SUMMARY_ROWS])
     stages = [{**s} for s in summary["memory"]["per_stage"]]
     mem_table = R.data_table(list(_MEMORY_COLUMNS), stages, sortable=False, table_id="memory-per-stage",
