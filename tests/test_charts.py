@@ -97,16 +97,18 @@ def test_pipeline_chart_labels_every_action_and_names_only_what_it_draws(figures
 
 
 def test_pipeline_chart_from_records_grouped_already_is_the_same(figures, tmp_path):
-    """`sim5d run` hands the pipeline chart its records grouped by rank (kineto.records_by_rank,
+    """`sim5d run` hands the pipeline chart its records grouped by rank (outputs.records_by_rank,
     made for the Kineto writers): the same lanes, the same microbatch numbers and the same
     pixels as grouping them itself."""
     from PIL import Image
 
-    from sim.engine.kineto import records_by_rank
+    from sim.engine.outputs import records_by_rank
 
     res = _sim(pp=2, gbs=8)
     grouped = records_by_rank(res.records, list(res.pp_rank_of))
     assert outputs.stage_lanes(res.records, res.pp_rank_of, grouped) == outputs.stage_lanes(res.records, res.pp_rank_of)
+    _, lanes, by_rank = outputs.stage_lanes(res.records, res.pp_rank_of)
+    assert by_rank == {q: [r for r in res.records if r.rank == q] for q in lanes}      # each lane's, in order
     outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "a.png", "t")
     outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "b.png", "t", grouped)
     assert _box_labels(figures[-1].axes[0]) == _box_labels(figures[-2].axes[0])

@@ -73,7 +73,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     # two, the pipeline chart and the other two (each writer that draws imports matplotlib, 0.25 s:
     # on a small step the charts are the longest writer, and two of them run side by side)
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
-    by_rank = kineto.records_by_rank(recs, ranks)
+    by_rank = outputs.records_by_rank(recs, ranks)
     # one SliceArgs for the trace and the Kineto writers: its rank tables (each rank's program
     # built again, 7 ms a rank on the 1T row, and its table, unless `prepared` has them) are made
     # in each writer process once, when first asked for, and serve every later writer there

@@ -39,7 +39,7 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
-from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, gzip_file, us_text
+from sim.engine.outputs import US_FRACTION, US_TEXT_LIMIT_NS, gzip_file, records_by_rank, us_text
 from sim.engine.parallel.pp import p2p_name
 from sim.engine.slice_args import _textout, name_fields, name_key, slice_args
 
@@ -541,18 +541,6 @@ def clear_traces(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("rank-*.json.gz"):
         old.unlink()
-
-
-def records_by_rank(records, ranks) -> dict:
-    """{rank: its records, in order} for each of `ranks`, from a list holding at least theirs
-    (`sim5d run` groups its records once for its Kineto writers instead of each writer
-    scanning them all again)."""
-    by_rank: dict = {rank: [] for rank in ranks}
-    for r in records:
-        mine = by_rank.get(r.rank)
-        if mine is not None:
-            mine.append(r)
-    return by_rank
 
 
 def write_traces(result, folder: Path, labels: dict, records=None, ranks=None, clear: bool = True,

@@ -552,17 +552,26 @@ def one_per_stage(pp_rank_of: dict) -> dict:
 
 def stage_lanes(records, pp_rank_of: dict, grouped: dict | None = None) -> tuple:
     """The charts' lanes: (one_per_stage, its ranks in pipeline order, each one's records);
-    `grouped`: {rank: its records in order} holding those ranks (kineto.records_by_rank), where
+    `grouped`: {rank: its records in order} holding those ranks (`records_by_rank`), where
     made already."""
     stage_of = one_per_stage(pp_rank_of)
     ranks = sorted(stage_of, key=stage_of.get)
-    if grouped is not None:
-        return stage_of, ranks, {rank: grouped[rank] for rank in ranks}
+    if grouped is None:
+        return stage_of, ranks, records_by_rank(records, ranks)
+    return stage_of, ranks, {rank: grouped[rank] for rank in ranks}
+
+
+def records_by_rank(records, ranks) -> dict:
+    """{rank: its records, in order} for each of `ranks`, from a list holding at least theirs
+    (`sim5d run` groups its records once for its Kineto writers, its pipeline chart and its
+    report instead of each scanning them all again)."""
     by_rank: dict = {rank: [] for rank in ranks}
     for r in records:
-        if r.rank in by_rank:
-            by_rank[r.rank].append(r)
-    return stage_of, ranks, by_rank
+        mine = by_rank.get(r.rank)
+        if mine is not None:
+            mine.append(r)
+    return by_rank
+
 
 
 def _mb(rec) -> str:
