@@ -3,6 +3,7 @@ turns every user error (`Sim5dError`) into a message on stderr and exit code 2."
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import typer
@@ -69,10 +70,22 @@ def _flags_without_type(cmd) -> None:
         _flags_without_type(sub)
 
 
+def _one_line_summaries(cmd) -> None:
+    """A group's list of commands shows each one's first paragraph of help; typer's rich help
+    keeps that paragraph's line breaks (they wrap the docstring at 100 columns), so the list
+    broke mid-sentence wherever the docstring did. Each command's summary is that paragraph on
+    one line, which the list wraps to the terminal."""
+    for sub in getattr(cmd, "commands", {}).values():
+        if sub.short_help is None and sub.help:
+            sub.short_help = " ".join(inspect.cleandoc(sub.help).split("\n\n")[0].split())
+        _one_line_summaries(sub)
+
+
 def command():
     """The click command of the app, as `sim5d` runs it."""
     cmd = typer.main.get_command(app)
     _flags_without_type(cmd)
+    _one_line_summaries(cmd)
     return cmd
 
 

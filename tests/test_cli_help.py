@@ -61,3 +61,18 @@ def test_tables_fit_the_terminal_and_keep_whole_rows_in_a_file(monkeypatch):
     assert table_console(200).width == 200
     code, out, _ = run_cli("memory", "gpt3-175b-a100x64")       # captured: not a terminal
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 120
+
+
+def test_the_list_of_commands_breaks_no_summary_where_its_docstring_does(monkeypatch):
+    """`sim5d --help` lists each command with the first paragraph of its help; typer kept that
+    paragraph's line breaks, so `run`'s summary ended a line at "writes a" on any terminal. At
+    200 columns every summary of under 180 characters is now on its command's line whole."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli("--help")
+    assert code == 0
+    for name, sub in command().commands.items():
+        summary = " ".join(sub.help.split("\n\n")[0].split())
+        assert "\n" not in sub.short_help and sub.short_help == summary
+        if len(summary) < 180:
+            assert any(line.split("│")[1].split() == [name, *summary.split()] for line in out.splitlines()
+                       if line.startswith("│") and line.split("│")[1].split()[:1] == [name]), (name, out)
