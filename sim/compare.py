@@ -93,11 +93,11 @@ def cost_figures(summary: dict, tokens_per_step: float, price: float | None, tok
 
 
 def layout_text(sc) -> str:
-    """A scenario's layout in one line: 'tp2 pp2 vpp1 cp1 ep1 dp4 1f1b ZeRO-1 mbs1 none'."""
+    """A scenario's layout in one line: 'tp2 pp2 vpp1 cp1 ep1 dp4 1f1b ZeRO-1 mbs1 recompute none'."""
     p = sc.parallelism
     return (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep}{f' etp{p.etp}' if p.etp != p.tp else ''} "
             f"dp{p.dp} {p.pipeline_schedule} ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} "
-            f"{sc.training.recompute}")
+            f"recompute {sc.training.recompute}")
 
 
 def evaluate(path: str, overrides: list[str]) -> dict:

@@ -39,6 +39,9 @@ def test_figures_equal_run_and_costs_follow_by_hand(write_yaml, tmp_path):
         assert row["days_to_train"] == pytest.approx(2e12 / run["tokens_per_s"] / 86400, rel=1e-12)
         assert row["usd_to_train"] == pytest.approx(2e12 / tokens_per_step * usd_step, rel=1e-9)
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    # the layout (base_scenario: tp 2, pp 2, dp 2, micro-batch 1, the rest the defaults): every
+    # word names its dimension (the recompute mode had been a bare "none")
+    assert rows["small-a100"]["layout"] == "tp2 pp2 vpp1 cp1 ep1 dp2 1f1b ZeRO-0 mbs1 recompute none"
 
 
 def test_unknown_price_gives_no_dollar_figures(write_yaml, tmp_path):
