@@ -155,9 +155,17 @@ def test_dominated_layouts_are_never_faster(tmp_path):
     assert pruned["dominated"] > 0 and full["dominated"] == 0
     assert pruned["best"] == {**full["best"], "sim_wall_s": pruned["best"]["sim_wall_s"]}
     exhaustive = {r["layout"]: r for r in read_table(tmp_path / "f.csv")}
+    lighter = {"full": {"selective", "none"}, "selective": {"none"}, "none": set()}
     for r in read_table(tmp_path / "p.csv"):
         if r["status"] == "dominated":
             assert exhaustive[r["layout"]]["step_time_s"] >= exhaustive[r["dominated_by"]]["step_time_s"]
+            # what the note says: the same layout with less recomputation, or ZeRO-1 for ZeRO-2
+            by = exhaustive[r["dominated_by"]]
+            assert all(by[k] == r[k] for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "micro_batch_size",
+                                               "pipeline_schedule"))
+            assert (by["zero_stage"], r["zero_stage"]) in ((1, 2), (r["zero_stage"], r["zero_stage"]))
+            assert by["recompute"] in lighter[r["recompute"]] | {r["recompute"]} and by["layout"] != r["layout"]
+    assert any("recomputation, or with ZeRO-1 instead of ZeRO-2, also fits" in n for n in pruned["notes"])
 
 
 def test_layouts_the_engine_rejects_are_counted_and_noted(tmp_path, monkeypatch):

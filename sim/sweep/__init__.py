@@ -577,8 +577,8 @@ def _notes(table, counts, spec) -> list[str]:
                      "sweep ranks the same first rows")
     if counts["dominated"]:
         notes.append(f"{counts['dominated']} layouts that fit were not simulated: the same layout with less "
-                     "recomputation or a lower ZeRO stage (1 <= 2) also fits and does no more work, so "
-                     "they cannot be faster (--no-prune simulates them)")
+                     "recomputation, or with ZeRO-1 instead of ZeRO-2, also fits and does no more work, "
+                     "so they cannot be faster (--no-prune simulates them)")
     return notes
 
 
