@@ -205,3 +205,13 @@ PRESETS.update(_build())
 
 def get_preset(name: str) -> ModelSpec:
     return PRESETS[name]
+
+
+def preset_like(spec: ModelSpec) -> str | None:
+    """The bundled preset whose architecture `spec` is (every field equal but the name and the
+    source), if one is: an imported launch names no model, only its shape."""
+    from dataclasses import fields
+
+    keys = [f.name for f in fields(ModelSpec) if f.name not in ("name", "source")]
+    same = [name for name, p in PRESETS.items() if all(getattr(p, k) == getattr(spec, k) for k in keys)]
+    return same[0] if len(same) == 1 else None

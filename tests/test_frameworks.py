@@ -42,6 +42,23 @@ def test_a_megatron_launch_is_read_with_its_defaults_and_notes():
     assert "unknown to sim5d's Megatron-LM import" in err and "--grad-reduce-in-bf16" in err
 
 
+def test_an_imported_model_is_named_after_the_preset_it_equals(tmp_path):
+    """A launch names no model: the imported one is named after the file, unless every
+    architecture key equals a bundled preset's (the README's llama3-8b launch: Llama 3.1 8B's
+    Table 3 shape), where it takes the preset's name, said on stderr. One flag off: the file's."""
+    launch = SCENARIOS / "launch" / "llama3-8b-h100x64-cp4-32k.sh"
+    data, err = _import(launch, "--cluster", "dgx-h100-ndr:64")
+    assert data["name"] == "llama3-8b-h100x64-cp4-32k" and data["model"]["name"] == "llama3-8b"
+    assert "equals the llama3-8b preset's: named llama3-8b" in err
+    from dataclasses import asdict
+
+    imported, preset = (asdict(build_scenario(d).model) for d in (data, {**data, "model": "llama3-8b"}))
+    assert {k: v for k, v in imported.items() if k != "source"} == {k: v for k, v in preset.items() if k != "source"}
+    other = _launch(tmp_path, launch.read_text().replace("--num-layers 32", "--num-layers 16"), name="half.sh")
+    data, err = _import(other, "--cluster", "dgx-h100-ndr:64")
+    assert data["model"]["name"] == "half" and "preset's: named" not in err
+
+
 def _launch(tmp_path, body: str, name="l.sh") -> Path:
     p = tmp_path / name
     p.write_text(textwrap.dedent(body))

@@ -50,10 +50,17 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
     topo, gpus = parse_cluster(cluster)
     data, notes = module.to_scenario(text, str(path), cluster=topo, gpus=gpus, name=name or path.stem)
     try:
-        build_scenario(dict(data), file=None, default_name=data["name"])
+        sc = build_scenario(dict(data), file=None, default_name=data["name"])
     except ConfigError as e:
         raise ConfigError(f"the imported launch is not a valid scenario: {e.format()}", key=e.key,
                           file=str(path)) from None
+    if isinstance(data["model"], dict) and data["model"].get("name") == data["name"]:   # (named after the file)
+        from sim.presets import preset_like
+
+        preset = preset_like(sc.model)
+        if preset is not None:
+            data["model"]["name"] = preset
+            notes.append(f"model: every architecture flag equals the {preset} preset's: named {preset}")
     return data, notes
 
 
