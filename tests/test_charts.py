@@ -243,7 +243,7 @@ def test_sweep_charts_say_gpus_keep_the_legend_off_the_points_and_label_every_ce
     # x: tp 1, 2, 4; y: pp 1, 2, 4
     assert cells[1, 1] == "OOM" and cells[0, 2] == "invalid"
     assert cells[2, 1] == cells[1, 2] == cells[2, 2] == "no layout:\ntp x pp > 4 GPUs"
-    assert cells[0, 0].startswith("1 s, MFU 40%")
+    assert cells[0, 0] == "1 s, MFU 40%\n1f1b\nmbs1 ZeRO-1 recompute none"    # every word names its key
 
 
 def test_memory_chart_starts_at_zero(figures, tmp_path):

@@ -98,7 +98,7 @@ def heatmap(table: list[dict], path: Path, title: str) -> Path:
                 extra = (f" v{b['vpp']}" if b["pipeline_schedule"] == "interleaved-1f1b" else "") + \
                     (f" cp{b['cp']}" if b["cp"] > 1 else "") + (f" ep{b['ep']}" if b["ep"] > 1 else "")
                 label[i][j] = (f"{b['step_time_s']:.3g} s, MFU {b['mfu']:.0%}\n{b['pipeline_schedule']}{extra}\n"
-                               f"mbs{b['micro_batch_size']} ZeRO-{b['zero_stage']} {b['recompute']}")
+                               f"mbs{b['micro_batch_size']} ZeRO-{b['zero_stage']} recompute {b['recompute']}")
             else:
                 statuses = {r["status"] for r in cell}
                 label[i][j] = ("not simulated" if statuses & {"unsupported", "dominated", "error"} else
