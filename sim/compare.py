@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -158,6 +159,13 @@ def compare(paths: list[str], overrides: list[str], *, tokens: float, price_item
 
 
 # ----------------------------------------------------------------------------------------------
+def money_unit(values: list) -> tuple[str, float]:
+    """The unit ($, $K or $M) of a chart of these dollar sums (None: no price) and the dollars
+    it stands for: $M from a million up, $K from a thousand."""
+    top = max((v for v in values if v is not None), default=0.0)
+    return ("$M", 1e6) if top >= 1e6 else ("$K", 1e3) if top >= 1e3 else ("$", 1.0)
+
+
 def plot(rows: list[dict], tokens: float, path: Path) -> Path:
     """Side-by-side bars, each with its value: step time split into compute / exposed comm /
     bubble, MFU, peak memory against capacity, $ per billion tokens, days and $ to train `tokens`.
@@ -179,7 +187,9 @@ def plot(rows: list[dict], tokens: float, path: Path) -> Path:
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.3g}", ha="center", va="bottom", fontsize=8)
     ax.set_title("step time (s)")
-    ax.legend(fontsize=7)
+    # below the charts: inside the axes it covered the first bar (the bars fill it)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8,
+               title="step time", title_fontsize=8, frameon=False)
 
     def bars(ax, key, title, fmt, scale=1.0, missing="no price"):
         vals = [(r[key] * scale if r.get(key) is not None else None) for r in rows]
@@ -200,10 +210,12 @@ def plot(rows: list[dict], tokens: float, path: Path) -> Path:
     ax.legend(fontsize=7, loc="best")
     bars(axes[1][0], "usd_per_billion_tokens", "$ per billion tokens", "{:,.0f}")
     bars(axes[1][1], "days_to_train", f"days to train {format_tokens(tokens)} tokens", "{:.1f}", missing="")
-    bars(axes[1][2], "usd_to_train", f"$M to train {format_tokens(tokens)} tokens", "{:.2f}", 1e-6)
+    unit, dollars = money_unit([r.get("usd_to_train") for r in rows])      # (a small model's $140K had read "0.14" $M)
+    bars(axes[1][2], "usd_to_train", f"{unit} to train {format_tokens(tokens)} tokens", "{:,.3g}", 1 / dollars)
+    ticks = ["\n".join(textwrap.wrap(n, 16, break_on_hyphens=True)) for n in names]
     for row_axes in axes:
         for a in row_axes:
-            a.set_xticks(list(x), [n.replace("-", "-\n", 2) for n in names], fontsize=7)
+            a.set_xticks(list(x), ticks, fontsize=7)
             a.grid(axis="y", alpha=0.3)
     fig.suptitle("; ".join(f"{r['name']}: {r['num_gpus']} x {r['gpu']} @ "
                            f"{'$%.2f/GPU-h' % r['price_per_gpu_hour_usd'] if r['price_per_gpu_hour_usd'] else 'no price'}"

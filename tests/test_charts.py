@@ -196,6 +196,17 @@ def test_compare_chart_keeps_dollars_labels_bars_and_names_the_capacity(figures,
     for a in fig.axes:                             # every value label inside its axes
         top = a.get_ylim()[1]
         assert all(t.get_position()[1] < top for t in a.texts)
+    # the step's parts named below the charts, not over the first bar (where the legend had been)
+    assert step.get_legend() is None and _legend_labels(fig) == ["compute", "exposed comm", "bubble"]
+    assert not any(_extent(fig, fig.legends[0]).overlaps(_extent(fig, a)) for a in fig.axes)
+    # $2.5M to train each: in $M; a run of $140K in $K, not "0.14" $M
+    assert fig.axes[5].get_title() == "$M to train 1T tokens" and [t.get_text() for t in fig.axes[5].texts] == ["2.5"] * 2
+    plot([dict(r, usd_to_train=1.4e5) for r in _compare_rows()], 1e12, tmp_path / "c.png")
+    fig = figures[-1]
+    assert fig.axes[5].get_title() == "$K to train 1T tokens" and [t.get_text() for t in fig.axes[5].texts] == ["140"] * 2
+    # a long scenario name wrapped at its hyphens into lines of at most 16 characters
+    plot([dict(r, name="llama3-8b-h100x64-cp4-32k") for r in _compare_rows()[:1]], 1e12, tmp_path / "c.png")
+    assert figures[-1].axes[0].get_xticklabels()[0].get_text() == "llama3-8b-\nh100x64-cp4-32k"
 
 
 # ---------------------------------------------------------------------------------------------- 14

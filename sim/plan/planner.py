@@ -402,8 +402,9 @@ def chart(result: PlanResult, spec: PlanSpec, path: Path, title: str) -> Path:
     fig = Figure(figsize=(9.5, 6.5), layout="constrained")
     ax = fig.subplots()
     pts = [r for r in result.rows if r.get("days") is not None and r.get("cost_usd") is not None]
-    top = max((r["cost_usd"] for r in pts), default=1e6)
-    scale, unit = (1e6, "$M") if top >= 1e6 else (1e3, "$K") if top >= 1e3 else (1.0, "$")
+    from sim.compare import money_unit
+
+    unit, scale = money_unit([r["cost_usd"] for r in pts] or [1e6])
     topos = sorted({r["topology"] for r in pts})
     colours = dict(zip(topos, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")))
     for t in topos:
