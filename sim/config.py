@@ -295,6 +295,17 @@ class TrainingIn(_Strict):
     fp8 and delayed scaling."""
     overlap_grad_reduce: bool = False
     """DP gradient reduce in buckets overlapped with the backward (Megatron default false)."""
+    grad_reduce_in_fp32: Optional[bool] = None
+    """The data-parallel gradients accumulated and reduced in fp32 (Megatron-Core
+    DistributedDataParallelConfig.grad_reduce_in_fp32; Megatron-LM sets it for bf16 training,
+    `--accumulate-allreduce-grads-in-fp32`, unless `--grad-reduce-in-bf16`; Megatron-Bridge's
+    bf16 mixed-precision recipes set it too; torchtitan's FSDP `mixed_precision_reduce` float32):
+    4 bytes of gradient per parameter instead of 2 in memory (Megatron-LM's distributed
+    optimizer with bf16 parameters: 6 + 12/d bytes per parameter instead of 4 + 12/d; sharded
+    with ZeRO 2-3), the gradient reduce-scatter / all-reduce moving twice the bytes, and the
+    optimizer step reading 4-byte gradients. Default false (16-bit gradients,
+    DistributedDataParallelConfig's default; `sim5d import` reads what a launch sets); with
+    precision fp32 the gradients are fp32 (true)."""
     overlap_param_gather: bool = False
     """ZeRO parameter all-gather overlapped with the forward (Megatron default false)."""
     tp_comm_overlap: bool = False
@@ -467,6 +478,8 @@ class Training:
     recompute_modules: Optional[tuple] = None
     """With recompute selective, the recomputed modules (resolved: ("core_attn",) when not
     given), else None."""
+    grad_reduce_in_fp32: bool = False
+    """fp32 gradients (resolved: true with precision fp32, else as given, default false)."""
 
 
 @dataclass(frozen=True)
@@ -1032,6 +1045,9 @@ def _check_precision(t: TrainingIn, gpu: DeviceProfile, err) -> None:
     if t.fp8_recipe is not None and t.precision != "fp8":
         raise err("training.fp8_recipe", f"{t.fp8_recipe!r} is a scaling recipe of precision fp8; "
                   f"training.precision is {t.precision} (remove fp8_recipe or set precision: fp8)")
+    if t.grad_reduce_in_fp32 is False and t.precision == "fp32":
+        raise err("training.grad_reduce_in_fp32", "false: fp32 training's gradients are fp32 (remove "
+                  "grad_reduce_in_fp32 or train in a 16-bit precision)")
     if t.fp8_amax_reduction is not None and (t.precision != "fp8" or t.fp8_recipe == "current"):
         raise err("training.fp8_amax_reduction",
                   f"{t.fp8_amax_reduction!r} sets the amax all-reduce of FP8 delayed scaling; training "
@@ -1366,7 +1382,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                              "moe_flex_dispatcher_backend": (t.moe_flex_dispatcher_backend or "deepep")
                              if t.moe_token_dispatcher == "flex" else None,
                              "recompute_modules": tuple(t.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
-                             if t.recompute == "selective" else None}),
+                             if t.recompute == "selective" else None,
+                             "grad_reduce_in_fp32": t.precision == "fp32" or bool(t.grad_reduce_in_fp32)}),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
                         num_microbatches=m, num_virtual_stages=len(layers_vs),

@@ -285,13 +285,23 @@ def mtp_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int,
 
 
 # ----------------------------------------------------------------------------------------------
-def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16"
-                      ) -> tuple[float, float, float]:
+def grad_bytes(training) -> int:
+    """Bytes of one parameter's gradient in the data-parallel buffer: the precision's 16 bits,
+    or 4 with `grad_reduce_in_fp32` (Megatron-LM's distributed-optimizer table,
+    docs/user-guide/features/dist_optimizer.md: bf16 parameters with fp32 gradients 18 bytes per
+    parameter, 6 + 12/d distributed, against 16 and 4 + 12/d)."""
+    return 4 if training.grad_reduce_in_fp32 else STATE_BYTES[training.precision][1]
+
+
+def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16",
+                      grad_bytes: int | None = None) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU for `n_params` parameters under a ZeRO stage
     sharded over `group` ranks (Rajbhandari et al. 2020, Figure 1: with K = 12,
     baseline (2 + 2 + K) x Psi; P_os 2Psi + 2Psi + K Psi / N_d; P_os+g 2Psi + (2 + K) Psi / N_d;
-    P_os+g+p (2 + 2 + K) Psi / N_d)."""
+    P_os+g+p (2 + 2 + K) Psi / N_d). `grad_bytes`: a gradient's bytes where not the precision's
+    (fp32 gradients of 16-bit training, `grad_bytes`)."""
     wb, gb, ob = STATE_BYTES[precision]
+    gb = gb if grad_bytes is None else grad_bytes
     return (n_params * wb / (group if zero_stage >= 3 else 1),
             n_params * gb / (group if zero_stage >= 2 else 1),
             n_params * ob / (group if zero_stage >= 1 else 1))
@@ -415,13 +425,14 @@ def memory_report(sc: Scenario) -> MemoryReport:
     runtime = sc.cluster.gpu.runtime_reserved_gib * GiB
     stages = []
     for r, (dense, expert, largest) in enumerate(_stage_weights_bytes(sc)):
-        dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision)
-        ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision)
+        gb = grad_bytes(t)
+        dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision, gb)
+        ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision, gb)
         weights, grads, optim = dw + ew, dg + eg, do + eo
         if p.zero_stage >= 2 and p.grad_reduce == "step":
             # gradients reduced once per step accumulate unsharded over the microbatches (FSDP2
             # with gradient sync off until the last backward): the rank's whole gradients
-            grads = (dense + expert) * STATE_BYTES[t.precision][1]
+            grads = (dense + expert) * gb
         # ZeRO-3 gathers each layer's full weights before use, and prefetches the next one:
         # two layers' worth of unsharded 16-bit weights (FSDP's default limit of in-flight
         # all-gathers; torch.distributed.fsdp docs, limit_all_gathers). Without

@@ -39,7 +39,9 @@ def test_a_megatron_launch_is_read_with_its_defaults_and_notes():
     assert (t.seq_length, t.micro_batch_size, t.global_batch_size, t.recompute) == (8192, 1, 128, "none")
     # nothing dropped silently: the flags that do not change the step, and those unknown
     assert "--lr," in err and "--rotary-base" in err and "do not change one step's time" in err
-    assert "unknown to sim5d's Megatron-LM import" in err and "--grad-reduce-in-bf16" in err
+    assert "unknown to sim5d's Megatron-LM import" in err and "--cross-entropy-loss-fusion" in err
+    # --grad-reduce-in-bf16: 16-bit gradients (without it bf16 training keeps them in fp32)
+    assert t.grad_reduce_in_fp32 is False and "--grad-reduce-in-bf16" not in err
 
 
 def test_an_imported_model_is_named_after_the_preset_it_equals(tmp_path):
@@ -69,6 +71,28 @@ BASE = """\
     pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \\
       --micro-batch-size 1 --global-batch-size 16 --vocab-size 50257 {extra}
     """
+
+
+@pytest.mark.parametrize("flags, fp32", [
+    ("--bf16", True),                                   # arguments.py: bf16 accumulates and reduces in fp32
+    ("--bf16 --grad-reduce-in-bf16", False),
+    ("--bf16 --main-grads-dtype bf16", False),
+    ("--bf16 --fp8-format hybrid --fp8-recipe delayed", True),
+    ("--fp16", False),                                  # fp16: only when asked for
+    ("--fp16 --accumulate-allreduce-grads-in-fp32", True),
+    ("", True),                                         # fp32 training: fp32 gradients
+])
+def test_megatron_gradient_type_follows_its_arguments(tmp_path, flags, fp32):
+    data, err = _import(_launch(tmp_path, BASE.format(extra=flags)), "--cluster", "dgx-h100-ndr:8")
+    assert build_scenario(data).training.grad_reduce_in_fp32 is fp32
+    for flag in ("--grad-reduce-in-bf16", "--main-grads-dtype", "--accumulate-allreduce-grads-in-fp32"):
+        assert flag not in err                          # read, not reported as unmodelled
+
+
+def test_megatron_gradient_flags_that_contradict_exit_2(tmp_path):
+    launch = _launch(tmp_path, BASE.format(extra="--bf16 --accumulate-allreduce-grads-in-fp32 --grad-reduce-in-bf16"))
+    code, _, err = run_cli("import", str(launch), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and "--accumulate-allreduce-grads-in-fp32 contradicts --grad-reduce-in-bf16" in err
 
 
 def test_megatron_defaults_when_the_flags_are_absent(tmp_path):
@@ -131,6 +155,9 @@ def test_import_of_export_is_the_bundled_scenario(tmp_path, path):
      "parallelism.account_for_loss_in_pipeline_split=true", "model.num_layers=30"],
     ["parallelism.decoder_first_pipeline_num_layers=15", "parallelism.decoder_last_pipeline_num_layers=17"],
     ["training.tp_async_backward=false", "training.overlap_param_gather=true"],
+    ["training.grad_reduce_in_fp32=true"],                                  # no flag: Megatron-LM's bf16 default
+    ["training.precision=fp16", "training.grad_reduce_in_fp32=true"],       # --accumulate-allreduce-grads-in-fp32
+    ["training.precision=fp16"],
 ])
 def test_import_of_export_across_the_mapped_keys(tmp_path, sets):
     a, b = _roundtrip(SCENARIOS / "llama3-8b-h100x16-1f1b.yaml", tmp_path, sets)
@@ -265,6 +292,7 @@ TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "trainin
     TT + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4", "training.precision=fp8",
           "training.fp8_recipe=current"],
     ["parallelism.zero_stage=0", "training.recompute=full", "parallelism.pp=1", "parallelism.dp=8"],      # DDP
+    TT + ["training.grad_reduce_in_fp32=true"],                          # mixed_precision_reduce float32
 ])
 def test_torchtitan_import_of_export(tmp_path, sets):
     a, b = _tt_roundtrip(tmp_path, sets)

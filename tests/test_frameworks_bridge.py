@@ -91,6 +91,32 @@ checkpoint: {save: /ckpt}
 """
 
 
+@pytest.mark.parametrize("mixed, ddp, fp32, note", [
+    ("bf16_mixed", None, True, False),                   # the bf16 recipes reduce in fp32
+    ("fp16_mixed", None, False, False),                  # the fp16 ones do not
+    ("bf16_with_fp8_delayed_scaling_mixed", False, True, True),   # the recipe overwrites ddp's
+    ("{bf16: true}", None, True, False),                 # MixedPrecisionConfig's default true
+    ("{bf16: true, grad_reduce_in_fp32: false}", None, False, False),
+    (None, None, False, False),                          # no mixed precision config: ddp's, default false
+    (None, True, True, False),
+])
+def test_bridge_gradient_type_is_the_mixed_precision_configs_over_ddps(tmp_path, mixed, ddp, fp32, note):
+    """training/mixed_precision.py: a mixed precision config's grad_reduce_in_fp32 is applied
+    over the DDP config's (update_config_with_precision_overrides); Megatron-Core's
+    DistributedDataParallelConfig defaults to false."""
+    text = RUN_CONFIG.replace("  grad_reduce_in_fp32: true\n", "" if ddp is None else f"  grad_reduce_in_fp32: {str(ddp).lower()}\n")
+    text = text.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed\n",
+                        "" if mixed is None else f"mixed_precision: {mixed}\n")
+    if mixed is None:
+        text = text.replace("  fp8: null\n", "  fp8: null\n  bf16: true\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    data, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    assert build_scenario(data).training.grad_reduce_in_fp32 is fp32
+    assert ("overwritten by mixed_precision's" in err) is note
+    assert "grad_reduce_in_fp32" not in err.replace("ddp.grad_reduce_in_fp32 false: overwritten", "")
+
+
 def test_a_bridge_run_config_is_read_with_its_keys_and_notes(tmp_path):
     path = tmp_path / "run_config.yaml"
     path.write_text(RUN_CONFIG)
@@ -303,6 +329,8 @@ def layouts(draw, fmt: str):
                                 ["bf16", "fp16", "fp8-delayed", "fp8-current", "fp32"]))
     sets += [f"training.precision={prec.split('-')[0]}"] + (
         [f"training.fp8_recipe={prec.split('-')[1]}"] if prec.startswith("fp8") else [])
+    if prec != "fp32" and (not titan or zero == 3):      # (torchtitan reduces in fp32 only under FSDP)
+        sets.append(f"training.grad_reduce_in_fp32={str(draw(st.booleans())).lower()}")
     if pp > 1:
         sched = draw(st.sampled_from(["1f1b", "interleaved-1f1b"] + (["gpipe", "dualpipev"] if titan else [])))
         sets.append(f"parallelism.pipeline_schedule={sched}")

@@ -15,7 +15,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank 0 --master-addr localhost --m
     --sequence-parallel \
     --micro-batch-size 1 --global-batch-size 64 \
     --recompute-activations \
-    --bf16 \
+    --bf16 --grad-reduce-in-bf16 \
     --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
     --train-iters 500000 --lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --lr-warmup-iters 2000 \
     --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --clip-grad 1.0 --init-method-std 0.006 \

@@ -18,7 +18,7 @@ pretrain_gpt.py \
     --context-parallel-size 4 --cp-comm-type p2p \
     --micro-batch-size 1 --global-batch-size 64 \
     --recompute-granularity selective --recompute-modules core_attn \
-    --bf16 --use-distributed-optimizer --overlap-grad-reduce \
+    --bf16 --grad-reduce-in-bf16 --use-distributed-optimizer --overlap-grad-reduce \
     --attention-backend flash \
     --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --clip-grad 1.0 --weight-decay 0.1 \
     --tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B --mock-data

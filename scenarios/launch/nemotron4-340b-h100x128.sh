@@ -20,7 +20,7 @@ torchrun --nnodes 16 --nproc-per-node 8 pretrain_gpt.py \
     --virtual-pipeline-model-parallel-size 12 --sequence-parallel --tp-comm-overlap \
     --micro-batch-size 1 --global-batch-size 32 \
     --recompute-granularity selective \
-    --bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
+    --bf16 --grad-reduce-in-bf16 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
     --lr 1.0e-4 --min-lr 1.0e-5 --lr-decay-style cosine --weight-decay 0.1 --clip-grad 1.0 \
     --init-method-std 0.0063 --seed 1234 --mock-data \
     --tokenizer-type SentencePieceTokenizer --tokenizer-model /data/nemotron4/tokenizer.model \

@@ -9,11 +9,8 @@ from functools import lru_cache
 from sim import compute, workload
 from sim.engine.program import CostModel, LayerCost
 from sim.errors import BeyondLimits
+from sim.memory import grad_bytes
 from sim.units import MAX_STEP_NS, NS_PER_S, s_to_ns
-
-# Gradients as the memory calculator counts them (2 bytes; sim.memory.STATE_BYTES); Megatron's
-# fp32 main-grad accumulation would make it 4.
-GRAD_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
 
 COLUMN_GEMMS = ("qkv_proj", "fc1")
 """The column-parallel GEMMs whose backward overlaps the block's input-gradient TP collective
@@ -182,5 +179,7 @@ class DeviceCostModel(CostModel):
 
     def optimizer_ns(self, n_params: float) -> int:
         t = self.sc.training
+        # the gradients as the memory calculator counts them (2 bytes, 4 in fp32 or with
+        # grad_reduce_in_fp32)
         return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,
-                                                      grad_bytes=GRAD_BYTES[t.precision]), "the optimizer step")
+                                                      grad_bytes=grad_bytes(t)), "the optimizer step")

@@ -118,7 +118,7 @@ _SECTION_NOT_STEP_TIME_KEYS = {
                   "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "decoupled_lr",
                   "decoupled_min_lr", "barrier_with_L1_time"},
     "ddp": {"bucket_size", "average_in_collective", "check_for_nan_in_grad", "check_for_large_grads",
-            "grad_reduce_in_fp32", "num_distributed_optimizer_instances", "align_param_gather",
+            "num_distributed_optimizer_instances", "align_param_gather",
             "use_custom_fsdp", "param_name_patterns_for_fp32_local_accumulation", "pad_buckets_for_high_nccl_busbw",
             "reduce_scatter_with_fp32_accumulation"},
     "dist": {"distributed_backend", "distributed_timeout_minutes", "align_grad_reduce", "local_rank",
@@ -128,7 +128,7 @@ _SECTION_NOT_STEP_TIME_KEYS = {
     "comm_overlap": {"tp_comm_overlap_cfg", "tp_comm_bootstrap_backend", "overlap_p2p_comm", "batch_p2p_comm",
                      "overlap_param_gather_with_optimizer_step", "align_param_gather", "bucket_size",
                      "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "data_parallel_size"},
-    "mixed_precision": {"params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled", "grad_reduce_in_fp32",
+    "mixed_precision": {"params_dtype", "pipeline_dtype", "autocast_dtype", "autocast_enabled",
                         "fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_wgrad", "fp8_param",
                         "fp8_param_gather", "fp4_param", "fp4_param_gather", "loss_scale", "initial_loss_scale",
                         "min_loss_scale", "loss_scale_window", "hysteresis", "reuse_grad_buf_for_mxfp8_param_ag",
@@ -319,11 +319,40 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
     for k in ("fp8", "fp8_recipe", "fp4", "fp4_recipe"):
         if p.get(k) is not None:
             add(_MODEL_VALUE[k], p[k], ("model", k) if k in m else ("mixed_precision", k))
+    _grads(c, add, p, notes)
     if p.get("first_last_layers_bf16") and (p.get("fp8") or p.get("fp4")):
         notes.append(f"first_last_layers_bf16 ({p.get('num_layers_at_start_in_bf16', 0)} first, "
                      f"{p.get('num_layers_at_end_in_bf16', 0)} last layers in BF16): not modelled, sim5d runs "
                      "every layer in the low precision (the step a little optimistic)")
     return f, names
+
+
+def _grads(c: _Config, add, p: dict, notes: list) -> None:
+    """The gradients' type (training.grad_reduce_in_fp32) as Megatron-Bridge sets
+    ddp.grad_reduce_in_fp32: with a mixed_precision config, its grad_reduce_in_fp32 overwrites the
+    ddp field (training/mixed_precision.py, update_config_with_precision_overrides): the bf16
+    recipes' true, the fp16 ones' false, a mapping's own or MixedPrecisionConfig's default true;
+    without one the ddp field, default false (Megatron-Core's DistributedDataParallelConfig).
+    Written as the Megatron-LM flag that gives the same (sim.frameworks.megatron._grads)."""
+    mp = c.data.get("mixed_precision")
+    ddp = c.get("ddp", "grad_reduce_in_fp32")
+    if isinstance(mp, str):
+        fp32, where = "bf16" in RECIPES[mp.replace("-", "_")], ("mixed_precision",)
+    elif isinstance(mp, dict):
+        given = c.get("mixed_precision", "grad_reduce_in_fp32")
+        fp32, where = (True, ("mixed_precision",)) if given is None else (given, ("mixed_precision", "grad_reduce_in_fp32"))
+    else:
+        fp32, where = (bool(ddp), ("ddp", "grad_reduce_in_fp32"))
+    if not isinstance(fp32, bool) or not isinstance(ddp, (bool, type(None))):
+        bad = where if not isinstance(fp32, bool) else ("ddp", "grad_reduce_in_fp32")
+        raise c.error(bad, f"{'.'.join(bad)} must be true or false")
+    if mp is not None and ddp is not None and ddp != fp32:
+        notes.append(f"ddp.grad_reduce_in_fp32 {str(ddp).lower()}: overwritten by mixed_precision's "
+                     f"{str(fp32).lower()} (Megatron-Bridge applies the mixed precision config to the DDP config)")
+    if p.get("bf16") and not fp32:
+        add("--grad-reduce-in-bf16", True, where)
+    elif p.get("fp16") and fp32:
+        add("--accumulate-allreduce-grads-in-fp32", True, where)
 
 
 def _layer_freq(c: _Config, value: list) -> str:
@@ -550,7 +579,8 @@ _RECIPE_OF = {("bf16", None): "bf16_mixed", ("fp16", None): "fp16_mixed",
               ("nvfp4", None): "bf16_with_nvfp4_mixed"}
 _FROM_MEGATRON = {"--make-vocab-size-divisible-by", "--max-position-embeddings", "--group-query-attention",
                   "--swiglu", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16",
-                  "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--moe-layer-freq"}
+                  "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--moe-layer-freq",
+                  "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}
 """Flags written by their own rule below, not one field each."""
 
 
@@ -640,6 +670,15 @@ def from_scenario(sc) -> str:
                                   "first_last_layers_bf16": False}
     else:
         model["bf16"] = model["fp16"] = False      # fp32: no mixed precision
+    if t.precision != "fp32":
+        # the gradients' type (`_grads`): a recipe's own (bf16 true, fp16 false), else written
+        # in the mixed precision config, which Megatron-Bridge applies over ddp's
+        mp = out["mixed_precision"]
+        if isinstance(mp, str) and ("bf16" in mp) != t.grad_reduce_in_fp32:
+            mp = out["mixed_precision"] = dict(RECIPES[mp])
+        if isinstance(mp, dict):
+            mp["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
+        out["ddp"]["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
     head = (f"# sim5d export of {sc.name}: a Megatron-Bridge ConfigContainer (overrides of a recipe run) for "
             f"{sc.derived.num_gpus} GPUs\n# sim5d import {sc.name}.yaml --format bridge --cluster "
             f"{sc.cluster.topology.name}:{sc.derived.num_gpus}\n")

@@ -39,7 +39,7 @@ NOT_STEP_TIME = (
     "--distributed-backend", "--distributed-timeout-minutes", "--mock-data", "--no-load-optim",
     "--no-load-rng", "--use-checkpoint-args", "--ckpt-format", "--exit-duration-in-mins",
     "--manual-gc", "--manual-gc-interval", "--no-create-attention-mask-in-dataloader",
-    "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--use-mcore-models",
+    "--attention-softmax-in-fp32", "--use-mcore-models",
     "--transformer-impl", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
     "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--bias-swiglu-fusion",
     "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-z-loss-coeff",
@@ -65,7 +65,8 @@ _SWITCHES = {
     "--no-async-tensor-model-parallel-allreduce", "--use-mcore-models", "--log-throughput", "--mock-data",
     "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--manual-gc",
     "--no-create-attention-mask-in-dataloader", "--attention-softmax-in-fp32",
-    "--accumulate-allreduce-grads-in-fp32", "--no-masked-softmax-fusion", "--no-bias-gelu-fusion",
+    "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion",
     "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--bias-swiglu-fusion",
     "--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-grouped-gemm", "--moe-permute-fusion",
     "--moe-router-fusion", "--use-rotary-position-embeddings", "--apply-layernorm-1p", "--qk-layernorm",
@@ -118,7 +119,8 @@ _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
     "--pipeline-model-parallel-layout", "--cp-comm-type", "--fp8-format", "--fp8-recipe", "--fp4-format",
     "--fp4-recipe", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", *NOT_STEP_TIME}
+    "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", "--main-grads-dtype",
+    *NOT_STEP_TIME}
 """Flags that take a value; an unknown flag takes one when a non-flag follows it."""
 _LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
 _SHELL_VAR = re.compile(r"\$\{?\w+")
@@ -285,6 +287,7 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
         f.get("--fp4-recipe")
         _amax_flag_without_fp8(f, notes)
         return
+    _grads(f, d, base)
     if fmt is None and recipe is None:
         _amax_flag_without_fp8(f, notes)
         _set(d, "training.precision", base)
@@ -311,6 +314,24 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
         else:
             notes.append(f"--tp-only-amax-red: no effect with --fp8-recipe {recipe} (only delayed scaling "
                          "reduces amaxes)")
+
+
+def _grads(f: Flags, d: dict, base: str) -> None:
+    """The gradients' type (training.grad_reduce_in_fp32), as arguments.py sets
+    accumulate_allreduce_grads_in_fp32 (megatron/training/arguments.py, at d98e8a6): with --bf16
+    fp32 unless --grad-reduce-in-bf16 or --main-grads-dtype bf16; with --fp16 only when
+    --accumulate-allreduce-grads-in-fp32 is given; fp32 training's are fp32 anyway."""
+    fp32, bf16, main = (f.get("--accumulate-allreduce-grads-in-fp32"), f.get("--grad-reduce-in-bf16"),
+                        f.get("--main-grads-dtype", "fp32"))
+    if main not in ("fp32", "bf16"):
+        raise f.error("--main-grads-dtype", f"--main-grads-dtype {main!r} must be fp32 or bf16")
+    if fp32 and (bf16 or main == "bf16"):
+        raise f.error("--accumulate-allreduce-grads-in-fp32", "--accumulate-allreduce-grads-in-fp32 contradicts "
+                      + ("--grad-reduce-in-bf16" if bf16 else "--main-grads-dtype bf16"))
+    if base == "fp32":
+        return
+    if fp32 or (base == "bf16" and not bf16 and main == "fp32"):
+        _set(d, "training.grad_reduce_in_fp32", True)
 
 
 def _amax_flag_without_fp8(f: Flags, notes: list) -> None:
@@ -687,6 +708,11 @@ def _training_flags(t) -> list[str]:
                     *(["--tp-only-amax-red"] if t.fp8_amax_reduction == "tp" else [])],
             "mxfp8": ["--bf16", "--fp8-format e4m3", "--fp8-recipe mxfp8"],
             "nvfp4": ["--bf16", "--fp4-format e2m1", "--fp4-recipe nvfp4"]}[t.precision]
+    # the gradients' type where Megatron-LM's default for the precision differs (`_grads`)
+    if t.precision == "fp16" and t.grad_reduce_in_fp32:
+        out.append("--accumulate-allreduce-grads-in-fp32")
+    elif t.precision not in ("fp16", "fp32") and not t.grad_reduce_in_fp32:
+        out.append("--grad-reduce-in-bf16")
     return out
 
 

@@ -35,7 +35,7 @@ NOT_STEP_TIME = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "ch
 NOT_STEP_TIME_KEYS = {"model.hf_assets_path", "model.tokenizer_path", "training.max_norm", "training.steps",
                       "training.dataset", "training.dataset_path", "training.gc_freq", "training.gc_debug",
                       "training.seed", "training.deterministic", "training.warmup_steps", "compile.components",
-                      "training.enable_cpu_offload", "training.mixed_precision_reduce", "training.dtype"}
+                      "training.enable_cpu_offload", "training.dtype"}
 """Keys of the step-time sections that do not change one step's time."""
 
 
@@ -192,6 +192,13 @@ def _training(t: _Toml, d: dict) -> None:
                       "modelled: torchtitan's op-level or every-n-th-layer checkpointing is not sim5d's selective "
                       "recompute (the core attention); use none or full")
     tr["recompute"] = mode
+    reduce = t.get("training", "mixed_precision_reduce", "float32")
+    if reduce not in ("bfloat16", "float32"):
+        raise t.error("training.mixed_precision_reduce", f"{reduce!r} must be bfloat16 or float32")
+    if p["zero_stage"] == 3 and tr["precision"] != "fp32" and reduce == "float32":
+        # FSDP2's MixedPrecisionPolicy(reduce_dtype=float32), torchtitan's default: the
+        # reduce-scatter in fp32 (parallelize.py apply_fsdp); without FSDP the key has no effect
+        tr["grad_reduce_in_fp32"] = True
     tr["overlap_grad_reduce"] = True             # DDP buckets and FSDP2's reduce-scatters run under the backward
     tr["overlap_param_gather"] = p["zero_stage"] == 3     # FSDP2 prefetches the next layer's all-gather
 
@@ -266,6 +273,10 @@ def from_scenario(sc) -> str:
                           "FP8 (current scaling) or MXFP8", key="training.precision")
     if (t.moe_token_dispatcher == "flex" and t.moe_flex_dispatcher_backend != "deepep") or t.moe_expert_capacity_factor:
         raise ConfigError("MoE: torchtitan runs dropless all-to-all or DeepEP", key="training.moe_token_dispatcher")
+    if t.grad_reduce_in_fp32 and t.precision != "fp32" and p.zero_stage != 3:
+        raise ConfigError("grad_reduce_in_fp32 without FSDP: torchtitan reduces in fp32 only through FSDP2's "
+                          "mixed precision policy (mixed_precision_reduce); set it false or zero_stage 3",
+                          key="training.grad_reduce_in_fp32")
     if (t.moe_routing_imbalance != 1.0 or not t.overlap_grad_reduce
             or t.overlap_param_gather != (p.zero_stage == 3)):
         raise ConfigError("torchtitan always overlaps the gradient reduction and FSDP's gathers (DDP has none), "
@@ -293,6 +304,8 @@ def from_scenario(sc) -> str:
         [f"converters = {converters}"] if converters else []) + [
         "", "[training]", f"local_batch_size = {local}", f"global_batch_size = {t.global_batch_size}",
         f"seq_len = {t.seq_length}", f'mixed_precision_param = "{"float32" if t.precision == "fp32" else "bfloat16"}"',
+        *([f'mixed_precision_reduce = "{"float32" if t.grad_reduce_in_fp32 else "bfloat16"}"']
+          if p.zero_stage == 3 and t.precision != "fp32" else []),
         "", "[parallelism]",
         f"data_parallel_replicate_degree = {p.dp if p.zero_stage == 0 else 1}",
         f"data_parallel_shard_degree = {p.dp if p.zero_stage == 3 else 1}",

@@ -17,6 +17,7 @@ and each chunk's first forward waits for it.
 from __future__ import annotations
 
 from sim.engine.core import Comm, CommSpec, Compute, Launch, Wait
+from sim.memory import grad_bytes
 
 
 class DataParallel:
@@ -43,7 +44,7 @@ class DataParallel:
 
     def _grad_spec(self, r, n_dense, n_expert):
         p, z = self.sc.parallelism, self.sc.parallelism.zero_stage
-        gb = 4 if self.sc.training.precision == "fp32" else 2
+        gb = grad_bytes(self.sc.training)          # 4 in fp32 training or with grad_reduce_in_fp32
         op = "reduce_scatter" if z >= 1 else "all_reduce"
         specs = []
         if p.dp * p.cp > 1 and n_dense:
