@@ -337,7 +337,7 @@ def _grads(c: _Config, add, p: dict, notes: list) -> None:
     mp = c.data.get("mixed_precision")
     ddp = c.get("ddp", "grad_reduce_in_fp32")
     if isinstance(mp, str):
-        fp32, where = "bf16" in RECIPES[mp.replace("-", "_")], ("mixed_precision",)
+        fp32, where = RECIPES[mp.replace("-", "_")].get("bf16", False), ("mixed_precision",)
     elif isinstance(mp, dict):
         given = c.get("mixed_precision", "grad_reduce_in_fp32")
         fp32, where = (True, ("mixed_precision",)) if given is None else (given, ("mixed_precision", "grad_reduce_in_fp32"))
@@ -674,7 +674,7 @@ def from_scenario(sc) -> str:
         # the gradients' type (`_grads`): a recipe's own (bf16 true, fp16 false), else written
         # in the mixed precision config, which Megatron-Bridge applies over ddp's
         mp = out["mixed_precision"]
-        if isinstance(mp, str) and ("bf16" in mp) != t.grad_reduce_in_fp32:
+        if isinstance(mp, str) and RECIPES[mp].get("bf16", False) != t.grad_reduce_in_fp32:
             mp = out["mixed_precision"] = dict(RECIPES[mp])
         if isinstance(mp, dict):
             mp["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32

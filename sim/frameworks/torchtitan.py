@@ -235,28 +235,16 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
 
 
 # --- export -----------------------------------------------------------------------------------
-def from_scenario(sc) -> str:
-    """A torchtitan job TOML of a scenario's layout; ConfigError naming the key of what
-    torchtitan cannot run or sim5d cannot write."""
-    from dataclasses import asdict
-
-    from sim.presets import PRESETS
-
-    m, p, t = sc.model, sc.parallelism, sc.training
-    flavor = next(((n, f) for (n, f), preset in FLAVORS.items()
-                   if {k: v for k, v in asdict(PRESETS[preset]).items() if k not in ("name", "source")}
-                   == {k: v for k, v in asdict(m).items() if k not in ("name", "source")}), None)
-    if flavor is None:
-        raise ConfigError(f"model {m.name}: torchtitan's flavors are {', '.join(f'{n} {f}' for n, f in FLAVORS)} "
-                          "as bundled", key="model")
+def _refuse(sc) -> None:
+    """What torchtitan cannot run or sim5d cannot write as its TOML: ConfigError naming the key."""
+    p, t = sc.parallelism, sc.training
     if p.zero_stage in (1, 2):
         raise ConfigError(f"zero_stage {p.zero_stage}: torchtitan runs DDP (0) or FSDP2 (3)", key="parallelism.zero_stage")
     if p.zero_stage == 3 and p.dp == 1:
         raise ConfigError("zero_stage 3 over one data-parallel rank: torchtitan applies FSDP only with "
                           "data_parallel_shard_degree > 1 (ParallelDims.fsdp_enabled); set zero_stage 0",
                           key="parallelism.zero_stage")
-    back = {v: k for k, v in SCHEDULES.items()}
-    if p.pp > 1 and (p.pipeline_schedule not in back or p.pipeline_schedule == "zb-h1"):
+    if p.pp > 1 and (p.pipeline_schedule not in SCHEDULES.values() or p.pipeline_schedule == "zb-h1"):
         raise ConfigError(f"pipeline_schedule {p.pipeline_schedule} has no torchtitan schedule here",
                           key="parallelism.pipeline_schedule")
     if p.pp > 1 and (p.decoder_first_pipeline_num_layers is not None or p.pipeline_model_parallel_layout is not None):
@@ -283,6 +271,20 @@ def from_scenario(sc) -> str:
                           "and the routing imbalance is a measured input: set overlap_grad_reduce true, "
                           "overlap_param_gather true with FSDP (false with DDP), moe_routing_imbalance 1.0",
                           key="training.overlap_grad_reduce")
+
+
+def from_scenario(sc) -> str:
+    """A torchtitan job TOML of a scenario's layout; ConfigError naming the key of what
+    torchtitan cannot run or sim5d cannot write."""
+    from sim.presets import preset_like
+
+    m, p, t = sc.model, sc.parallelism, sc.training
+    flavor = next((key for key, preset in FLAVORS.items() if preset == preset_like(m)), None)
+    if flavor is None:
+        raise ConfigError(f"model {m.name}: torchtitan's flavors are {', '.join(f'{n} {f}' for n, f in FLAVORS)} "
+                          "as bundled", key="model")
+    _refuse(sc)
+    back = {v: k for k, v in SCHEDULES.items()}
     first, last = int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split)
     pp_lines = []
     if p.pp > 1:
