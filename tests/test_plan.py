@@ -425,6 +425,9 @@ def test_plan_text_output(tmp_path):
     assert code == 0, err
     for word in ("8 x dgx-a100-hdr", "goodput", "winner", "Tectonic", "Daly 2006", "extra.power_w"):
         assert word in out, word
+    # the winner's layout names its recompute mode (it had been a bare "none" or "full")
+    best = next(r for r in json.loads((tmp_path / "p" / "plan.json").read_text()) if r.get("winner"))
+    assert f"mbs{best['parallelism']['micro_batch_size']} recompute {best['parallelism']['recompute']}" in out
 
 
 # ------------------------------------------------------------ run and compare --tokens ----

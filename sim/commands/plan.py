@@ -254,8 +254,9 @@ def _table(res, spec, chart, json_path) -> None:
 
 
 def _layout(p: dict) -> str:
-    """tp8 pp4 v5 dp16 interleaved-1f1b Z1 mbs1 selective (cp, ep and vpp only when > 1)."""
+    """tp8 pp4 v5 dp16 interleaved-1f1b Z1 mbs1 recompute selective (cp, ep and vpp only when > 1)."""
     parts = [f"tp{p['tp']}", f"pp{p['pp']}"] + ([f"v{p['vpp']}"] if p["vpp"] > 1 else []) + \
         ([f"cp{p['cp']}"] if p["cp"] > 1 else []) + ([f"ep{p['ep']}"] if p["ep"] > 1 else []) + \
-        [f"dp{p['dp']}", p["pipeline_schedule"], f"Z{p['zero_stage']}", f"mbs{p['micro_batch_size']}", p["recompute"]]
+        [f"dp{p['dp']}", p["pipeline_schedule"], f"Z{p['zero_stage']}", f"mbs{p['micro_batch_size']}",
+         f"recompute {p['recompute']}"]
     return " ".join(parts)
