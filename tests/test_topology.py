@@ -138,6 +138,23 @@ def test_topology_cli_defines_every_figure():
     assert "370.0 GB/s per sending GPU" in out
 
 
+def test_topology_cli_shows_a_rack_scale_system_whole():
+    """Without --nodes a topology with an NVLink domain is shown as one domain (an NVL72 rack: 18
+    trays of 4 GPUs, its file's nvlink_domain.nodes), where it had been one tray of 4 GPUs; a
+    server topology is one server."""
+    import json
+
+    for name, nodes, gpus in (("gb200-nvl72", 18, 72), ("gb300-nvl72", 18, 72), ("dgx-h100-ndr", 1, 8)):
+        r = _cli("topology", name, "--json")
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        assert (s["num_nodes"], s["num_gpus"]) == (nodes, gpus), name
+    r = _cli("topology", "gb200-nvl72")
+    out = " ".join(r.stdout.split())
+    assert "18 node(s) x 4 gb200-186gb = 72 GPUs" in out and "GB/s inside the NVLink domain" in out
+    assert "18 of 18 nodes per domain (72 GPUs on one NVLink switch fabric), 1 domain(s)" in out
+
+
 def test_max_nodes_from_fabric_capacity():
     assert load_topology("hgx-h800-ndr").max_nodes == 256   # 2 tiers of radix 64, 8 rails, 32 nodes/leaf
     assert load_topology("cpu-local").max_nodes == 1

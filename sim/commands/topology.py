@@ -12,7 +12,8 @@ def register(app: typer.Typer) -> None:
     @app.command("topology")
     def topology_cmd(
         name: str = typer.Argument(..., help="Bundled topology name or a topology YAML path."),
-        nodes: int = typer.Option(1, "--nodes", help="Servers in the cluster."),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help="Servers in the cluster (default: one NVLink "
+                                            "domain, e.g. an NVL72 rack's 18 trays, else 1)."),
         domain_nodes: Optional[int] = typer.Option(
             None, "--domain-nodes", help="Servers of each NVLink domain the job gets (topologies with an "
             "nvlink_domain, e.g. 16 of an NVL72 rack's 18 trays); default: the topology's job_nodes, else "
@@ -27,9 +28,12 @@ def register(app: typer.Typer) -> None:
         from sim.topology.graph import build_graph
         from sim.topology.summary import plot_graph, summarize
 
-        if nodes < 1:
+        if nodes is not None and nodes < 1:
             raise ConfigError(f"--nodes = {nodes} must be a positive integer", key="--nodes")
-        topo = with_domain_nodes(load_topology(name, key="topology"), domain_nodes, key="--domain-nodes")
+        topo = load_topology(name, key="topology")
+        if nodes is None:                  # a rack-scale system is shown whole, not one of its trays
+            nodes = topo.nvlink_domain.nodes if topo.nvlink_domain is not None else 1
+        topo = with_domain_nodes(topo, domain_nodes, key="--domain-nodes")
         G = build_graph(topo, nodes)
         s = summarize(G, bisection=G.graph["num_nodes"] <= 256)
         if plot:
@@ -56,20 +60,21 @@ def _render(s: dict) -> None:
             f"{s['num_gpus']} GPUs (max {s['max_nodes']} nodes); GPUs on {s['gpu_interconnect']}, "
             f"{s['nics_per_node']} NIC(s)/node; fabric {f.get('kind', 'none')}"
             + (f" ({s['technology']}, {f['tiers']} tier(s), {f.get('routing')} routing)" if f.get("kind") != "none" else ""))
-    t = Table(title="links by class (bandwidth per direction, achievable)")
+    t = Table(title="links by class", title_justify="left")   # (a long title wrapped over the narrow table)
     t.add_column("class")
     t.add_column("links", justify="right")
-    t.add_column("GB/s", justify="right")
+    t.add_column("GB/s each way", justify="right")
     for cls, d in s["links"].items():
         bw = d["bandwidth_gbps"]
         t.add_row(cls, str(d["links"]), ", ".join(f"{x:g}" for x in bw) if isinstance(bw, list) else f"{bw:g}")
     c.print(t)
     inj = s["injection_gbps_per_gpu"]
     c.print("All figures are achievable GB/s (1e9 B/s), one direction:", highlight=False)
-    c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s inside the node (one GPU's link into the "
+    dom = s["nvlink_domain"]
+    where = "inside the NVLink domain" if dom["max_nodes_per_domain"] > 1 else "inside the node"
+    c.print(f"per-GPU injection: {inj['intra_node']:g} GB/s {where} (one GPU's link into the "
             f"GPU interconnect), {inj['inter_node']:g} GB/s into the network (the node's NICs / its GPUs)",
             highlight=False)
-    dom = s["nvlink_domain"]
     if dom["max_nodes_per_domain"] > 1:
         c.print(f"NVLink domain: {dom['nodes_per_domain']} of {dom['max_nodes_per_domain']} nodes per domain "
                 f"({dom['gpus_per_domain']} GPUs on one NVLink switch fabric), {dom['domains']} domain(s); "
