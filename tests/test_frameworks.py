@@ -78,12 +78,14 @@ BASE = """\
     ("--bf16 --grad-reduce-in-bf16", False),
     ("--bf16 --main-grads-dtype bf16", False),
     ("--bf16 --fp8-format hybrid --fp8-recipe delayed", True),
+    ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4", True),
+    ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4 --grad-reduce-in-bf16", False),
     ("--fp16", False),                                  # fp16: only when asked for
     ("--fp16 --accumulate-allreduce-grads-in-fp32", True),
     ("", True),                                         # fp32 training: fp32 gradients
 ])
 def test_megatron_gradient_type_follows_its_arguments(tmp_path, flags, fp32):
-    data, err = _import(_launch(tmp_path, BASE.format(extra=flags)), "--cluster", "dgx-h100-ndr:8")
+    data, err = _import(_launch(tmp_path, BASE.format(extra=flags)), "--cluster", "dgx-b200:8")   # (NVFP4: Blackwell)
     assert build_scenario(data).training.grad_reduce_in_fp32 is fp32
     for flag in ("--grad-reduce-in-bf16", "--main-grads-dtype", "--accumulate-allreduce-grads-in-fp32"):
         assert flag not in err                          # read, not reported as unmodelled

@@ -280,6 +280,7 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
     base = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
     fmt, recipe = f.get("--fp8-format"), f.get("--fp8-recipe")
     fp4 = f.get("--fp4-format")
+    _grads(f, d, base)
     if fp4 is not None:
         if fp4 != "e2m1":
             raise f.error("--fp4-format", f"--fp4-format {fp4!r}: sim5d models NVFP4 (e2m1)")
@@ -287,7 +288,6 @@ def _precision(f: Flags, d: dict, notes: list) -> None:
         f.get("--fp4-recipe")
         _amax_flag_without_fp8(f, notes)
         return
-    _grads(f, d, base)
     if fmt is None and recipe is None:
         _amax_flag_without_fp8(f, notes)
         _set(d, "training.precision", base)
