@@ -3,8 +3,8 @@ activations and runtime allowances on one GPU, against the device's capacity.
 
 Model states (mixed-precision Adam; HF Ultra-Scale Playbook, "Memory usage in Transformers";
 Rajbhandari et al. 2020, ZeRO, sec. 3): per parameter 2 bytes of 16-bit weights, 2 bytes of
-16-bit gradients and 12 bytes of optimizer state (fp32 master copy 4 + Adam m 4 + v 4) = 16
-bytes. fp32 training keeps 4 + 4 + 8 (no master copy) = 16 too. ZeRO shards over the
+16-bit gradients (4 with training.grad_reduce_in_fp32, `grad_bytes`) and 12 bytes of optimizer
+state (fp32 master copy 4 + Adam m 4 + v 4) = 16 bytes. fp32 training keeps 4 + 4 + 8 (no master copy) = 16 too. ZeRO shards over the
 data-parallel group, which Megatron-LM's distributed optimizer takes as dp x cp:
 stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights. Routed-expert
 parameters are sharded over ep x etp (Megatron-Core's expert_tensor_parallel_size, default tp)

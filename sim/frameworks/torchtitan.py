@@ -279,7 +279,8 @@ def from_scenario(sc) -> str:
     from sim.presets import preset_like
 
     m, p, t = sc.model, sc.parallelism, sc.training
-    flavor = next((key for key, preset in FLAVORS.items() if preset == preset_like(m)), None)
+    like = preset_like(m)
+    flavor = next((key for key, preset in FLAVORS.items() if preset == like), None)
     if flavor is None:
         raise ConfigError(f"model {m.name}: torchtitan's flavors are {', '.join(f'{n} {f}' for n, f in FLAVORS)} "
                           "as bundled", key="model")
