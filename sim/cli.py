@@ -121,7 +121,7 @@ def console_main() -> None:
     import os
 
     try:
-        main()
+        _main()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -138,6 +138,16 @@ def console_main() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (tests call it in-process; the console script is `console_main`)."""
+    from sim.commands import HELD
+
+    try:
+        _main(argv)
+    finally:
+        HELD.clear()                        # (what a command left to the process's end)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """`main` without freeing sim.commands.HELD (`console_main` exits instead)."""
     try:
         code = command().main(args=argv, standalone_mode=False, prog_name="sim5d")
     except Sim5dError as e:

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from sim.commands import HELD
+
 
 def trace_ranks_of(result, spec: str | None) -> list:
     """The ranks whose timeline and traces `sim5d run` writes: `--trace-ranks` absent or
@@ -192,7 +194,9 @@ def register(app: typer.Typer) -> None:
         folder = out or Path("runs") / sc.name
         # The step's objects and the outputs' records (millions in a large step) are freed by
         # reference counting; the cyclic collector would only scan them again and again
-        # (sim.engine.simulate.cyclic_gc_paused). The result is dropped before it runs again.
+        # (sim.engine.simulate.cyclic_gc_paused). The result is left to the process's end (HELD):
+        # the collector, on again after the block, puts it with the oldest objects, which the
+        # little allocated after it does not make it scan.
         with cyclic_gc_paused():
             try:
                 if sys.stderr.isatty():
@@ -207,20 +211,28 @@ def register(app: typer.Typer) -> None:
                     prepared.discard()
             memory = result.memory
             how = ranks_note(result)
+            HELD.append(result)            # freed at the process's end, or not at all (sim.commands.HELD)
             del result
-        from sim.plan.training_run import reliability_keys_given, training_run
+        print_result(sc, summary, memory, how, n_tokens, as_json=as_json, folder=folder, html=html, strict=strict)
 
-        run = None
-        if n_tokens is not None:
-            run = training_run(sc, summary["step_time_s"], summary["tokens_per_s"], n_tokens)
-        elif reliability_keys_given(sc):
-            print(f"note: {', '.join(reliability_keys_given(sc))} act on the time to train only: pass --tokens",
-                  file=sys.stderr)
-        if as_json:
-            typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
-        else:
-            print_summary(sc, summary, run, n_tokens, how, folder, html)
-        check_fit(sc, memory, strict)
+
+def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool, folder: Path,
+                 html: Path | None, strict: bool) -> None:
+    """What `sim5d run` prints once its outputs are written: the summary (and with --tokens the
+    time to train), or one JSON object; then the memory verdict (`check_fit`)."""
+    from sim.plan.training_run import reliability_keys_given, training_run
+
+    run = None
+    if n_tokens is not None:
+        run = training_run(sc, summary["step_time_s"], summary["tokens_per_s"], n_tokens)
+    elif reliability_keys_given(sc):
+        print(f"note: {', '.join(reliability_keys_given(sc))} act on the time to train only: pass --tokens",
+              file=sys.stderr)
+    if as_json:
+        typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
+    else:
+        print_summary(sc, summary, run, n_tokens, how, folder, html)
+    check_fit(sc, memory, strict)
 
 
 PYTHON_WRITERS_NOTE_EVENTS = 200_000
