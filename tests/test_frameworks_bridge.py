@@ -117,6 +117,20 @@ def test_bridge_gradient_type_is_the_mixed_precision_configs_over_ddps(tmp_path,
     assert "grad_reduce_in_fp32" not in err.replace("ddp.grad_reduce_in_fp32 false: overwritten", "")
 
 
+def test_bridge_optimizer_state_types_are_named_as_not_modelled_with_why(tmp_path):
+    """OptimizerConfig's precision-aware state types change memory and the optimizer step: named
+    with that reason, not among the keys that 'do not change one step's time'."""
+    text = RUN_CONFIG.replace("  lr: 0.0003\n", "  lr: 0.0003\n  use_precision_aware_optimizer: true\n"
+                              "  exp_avg_dtype: {_target_: torch.bfloat16, _call_: false}\n"
+                              "  exp_avg_sq_dtype: {_target_: torch.bfloat16, _call_: false}\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    _, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    note = next(line for line in err.splitlines() if "the optimizer's state types" in line)
+    for key in ("optimizer.use_precision_aware_optimizer", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype"):
+        assert key in note and not any(key in line for line in err.splitlines() if line != note), key
+
+
 def test_a_bridge_run_config_is_read_with_its_keys_and_notes(tmp_path):
     path = tmp_path / "run_config.yaml"
     path.write_text(RUN_CONFIG)

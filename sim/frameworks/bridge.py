@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from sim.errors import ConfigError
-from sim.frameworks import unread_notes
+from sim.frameworks import state_type_note, unread_notes
 from sim.frameworks import megatron
 
 # Megatron-Core TransformerConfig / GPTModelProvider field -> Megatron-LM flag, same meaning
@@ -115,7 +115,7 @@ _SECTION_NOT_STEP_TIME_KEYS = {
     "optimizer": {"optimizer", "lr", "min_lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "clip_grad",
                   "sgd_momentum", "bf16", "fp16", "params_dtype", "loss_scale", "initial_loss_scale",
                   "min_loss_scale", "loss_scale_window", "hysteresis", "log_num_zeros_in_grad", "timers",
-                  "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "decoupled_lr",
+                  "decoupled_lr",
                   "decoupled_min_lr", "barrier_with_L1_time"},
     "ddp": {"bucket_size", "average_in_collective", "check_for_nan_in_grad", "check_for_large_grads",
             "num_distributed_optimizer_instances", "align_param_gather",
@@ -135,6 +135,9 @@ _SECTION_NOT_STEP_TIME_KEYS = {
                         "fp32"},
 }
 _WHY_NOT = "hyperparameters, data, logging, checkpointing, initialisation or fused kernels sim5d already assumes"
+_STATE_TYPE_KEYS = ("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                    "exp_avg_sq_dtype")
+"""OptimizerConfig's precision-aware state types: not modelled (frameworks.state_type_note)."""
 
 # training/mixed_precision.py's recipes: name -> the MixedPrecisionConfig fields that set the step
 RECIPES = {
@@ -483,7 +486,7 @@ def _unread(c: _Config, notes: list) -> None:
     if peft not in (None, {}):
         raise c.error(("peft",), "peft: parameter-efficient fine-tuning (LoRA, DoRA) is not modelled; sim5d "
                       "simulates full training steps")
-    same, off, unknown = [], [], []
+    same, off, unknown, states = [], [], [], []
     known_sections = {"model", "train", "dataset", "ddp", "optimizer", "dist", "comm_overlap", "mixed_precision",
                       "peft", *_SECTIONS_NOT_STEP_TIME}
     for name in c.data:
@@ -499,13 +502,15 @@ def _unread(c: _Config, notes: list) -> None:
             if key in _STRUCTURE or (name, key) in c.used:
                 continue
             full = f"{name}.{key}"
-            if key in _SECTION_NOT_STEP_TIME_KEYS.get(name, ()) or (name == "model" and key in _MODEL_NOT_STEP_TIME):
+            if name == "optimizer" and key in _STATE_TYPE_KEYS:
+                states.append(full)
+            elif key in _SECTION_NOT_STEP_TIME_KEYS.get(name, ()) or (name == "model" and key in _MODEL_NOT_STEP_TIME):
                 same.append(full)
             elif _off(value):
                 off.append(full)
             else:
                 unknown.append(full)
-    notes += unread_notes(same, [], "Megatron-Bridge", _WHY_NOT)
+    notes += unread_notes(same, [], "Megatron-Bridge", _WHY_NOT) + state_type_note(states)
     if off:
         notes.append(f"not modelled, {len(off)} features set off (null, false, 0 or empty): {', '.join(off)}")
     if unknown:

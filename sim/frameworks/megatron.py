@@ -24,7 +24,7 @@ import re
 import shlex
 
 from sim.errors import ConfigError
-from sim.frameworks import unread_notes
+from sim.frameworks import state_type_note, unread_notes
 from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 
 # flags that do not change one step's time: reported as such, never silently dropped
@@ -50,7 +50,7 @@ NOT_STEP_TIME = (
     "--apply-layernorm-1p", "--qk-layernorm", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
     "--fp8-margin", "--fp8-param-gather", "--ddp-bucket-size", "--ddp-average-in-collective",
     "--check-for-nan-in-loss-and-grad", "--use-flash-attn", "--overlap-p2p-communication",
-    "--bf16-main-params", "--dataloader-type", "--num-workers", "--tokenizer-hf-include-special-tokens",
+    "--dataloader-type", "--num-workers", "--tokenizer-hf-include-special-tokens",
 )
 _WHY_NOT = "hyperparameters, data, logging, checkpointing or fused kernels sim5d already assumes"
 
@@ -72,7 +72,7 @@ _SWITCHES = {
     "--moe-router-fusion", "--use-rotary-position-embeddings", "--apply-layernorm-1p", "--qk-layernorm",
     "--fp8-param-gather", "--ddp-average-in-collective", "--check-for-nan-in-loss-and-grad", "--use-flash-attn",
     "--overlap-p2p-communication", "--bf16-main-params", "--log-timers-to-tensorboard",
-    "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens",
+    "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens", "--use-precision-aware-optimizer",
 }
 _NARGS = {"--data-path", "--cp-comm-type", "--split", "--recompute-modules"}
 
@@ -112,6 +112,10 @@ _BOOL = {  # switch -> (key, value when given)
     "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
     "--overlap-moe-expert-parallel-comm": ("training.overlap_moe_expert_parallel_comm", True),
 }
+STATE_TYPE_FLAGS = ("--use-precision-aware-optimizer", "--bf16-main-params", "--exp-avg-dtype",
+                    "--exp-avg-sq-dtype", "--main-params-dtype")
+"""The optimizer's state types (the precision-aware optimizer's; the first two are switches): not
+modelled, named with why (frameworks.state_type_note)."""
 _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--normalization", "--position-embedding-type", "--num-query-groups", "--vocab-size",
     "--make-vocab-size-divisible-by", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
@@ -120,7 +124,7 @@ _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--pipeline-model-parallel-layout", "--cp-comm-type", "--fp8-format", "--fp8-recipe", "--fp4-format",
     "--fp4-recipe", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", "--main-grads-dtype",
-    *NOT_STEP_TIME}
+    *STATE_TYPE_FLAGS[2:], *NOT_STEP_TIME}
 """Flags that take a value; an unknown flag takes one when a non-flag follows it."""
 _LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
 _SHELL_VAR = re.compile(r"\$\{?\w+")
@@ -549,8 +553,10 @@ def _data_parallel(launch: dict, gpus: int | None, tp: int, pp: int, cp: int) ->
 def _unread(f: Flags, notes: list) -> None:
     """Every flag not read: named on stderr with the reason."""
     left = sorted(set(f.values) - f.used)
-    notes += unread_notes([x for x in left if x in NOT_STEP_TIME], [x for x in left if x not in NOT_STEP_TIME],
+    notes += unread_notes([x for x in left if x in NOT_STEP_TIME],
+                          [x for x in left if x not in NOT_STEP_TIME and x not in STATE_TYPE_FLAGS],
                           "Megatron-LM", _WHY_NOT)
+    notes += state_type_note([x for x in left if x in STATE_TYPE_FLAGS])
 
 
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
