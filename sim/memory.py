@@ -294,14 +294,14 @@ def grad_bytes(training) -> int:
 
 
 def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16",
-                      grad_bytes: int | None = None) -> tuple[float, float, float]:
+                      grad_width: int | None = None) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU for `n_params` parameters under a ZeRO stage
     sharded over `group` ranks (Rajbhandari et al. 2020, Figure 1: with K = 12,
     baseline (2 + 2 + K) x Psi; P_os 2Psi + 2Psi + K Psi / N_d; P_os+g 2Psi + (2 + K) Psi / N_d;
-    P_os+g+p (2 + 2 + K) Psi / N_d). `grad_bytes`: a gradient's bytes where not the precision's
-    (fp32 gradients of 16-bit training, `grad_bytes`)."""
+    P_os+g+p (2 + 2 + K) Psi / N_d). `grad_width`: a gradient's bytes where not the precision's
+    (the 4 of `grad_bytes` for fp32 gradients of 16-bit training)."""
     wb, gb, ob = STATE_BYTES[precision]
-    gb = gb if grad_bytes is None else grad_bytes
+    gb = gb if grad_width is None else grad_width
     return (n_params * wb / (group if zero_stage >= 3 else 1),
             n_params * gb / (group if zero_stage >= 2 else 1),
             n_params * ob / (group if zero_stage >= 1 else 1))
