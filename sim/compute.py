@@ -828,32 +828,38 @@ OPTIMIZERS = ("adam",)
 
 
 def optimizer_bytes_per_param(precision: str = "bf16", *, grad_bytes: int = MAIN_GRAD_BYTES,
-                              clip_grad: bool = True) -> float:
+                              clip_grad: bool = True, master_bytes: int = 4,
+                              moment_bytes: tuple = (4, 4), read_weights: bool = False) -> float:
     """HBM bytes one Adam step moves per parameter.
 
-    Mixed precision (bf16 / fp16 / fp8; Megatron-LM's optimizer with fp32 master weights, apex /
-    TE FusedAdam): read the gradient (`grad_bytes`, 4 = Megatron's fp32 main_grad, 2 for 16-bit
-    gradients), read + write the fp32 master weight (8), Adam m (8) and v (8), write the 16-bit
-    model weight (2): 26 + grad_bytes = 30. fp32 training: read the gradient (4), read + write
-    the weight (8), m (8), v (8) = 28. `clip_grad`: the global gradient-norm pass reads the
-    gradients once more (+ grad_bytes)."""
+    Mixed precision (bf16 / fp16 / fp8; Megatron-LM's optimizer with master weights, apex / TE
+    FusedAdam): read the gradient (`grad_bytes`, 4 = Megatron's fp32 main_grad, 2 for 16-bit
+    gradients), read + write the master weight (2 x `master_bytes`, 4 for fp32), Adam m and v
+    (2 x each of `moment_bytes`, 4 each for fp32; TE FusedAdam's exp_avg_dtype /
+    exp_avg_sq_dtype store them narrower and compute in fp32), write the 16-bit model weight (2):
+    26 + grad_bytes = 30 with fp32 state. `read_weights`: the master copy kept as remainders is
+    rebuilt from the bf16 weight, read too (+2; TE FusedAdam store_param_remainders). fp32
+    training: read the gradient (4), read + write the weight (8), m and v = 28. `clip_grad`: the
+    global gradient-norm pass reads the gradients once more (+ grad_bytes)."""
     if precision not in ACTIVATION_BYTES:
         raise ValueError(f"precision must be one of {sorted(ACTIVATION_BYTES)}, got {precision!r}")
+    moments = 2 * sum(moment_bytes)
     if precision == "fp32":
-        per = 4 + 8 + 8 + 8
+        per = 4 + 8 + moments
         grad_bytes = 4
     else:
-        per = grad_bytes + 8 + 8 + 8 + 2
+        per = grad_bytes + 2 * master_bytes + moments + 2 + (2 if read_weights else 0)
     return per + (grad_bytes if clip_grad else 0)
 
 
 def optimizer_step_time_s(n_params_local: float, device: DeviceProfile, precision: str = "bf16", *,
                           optimizer: str = "adam", grad_bytes: int = MAIN_GRAD_BYTES,
-                          clip_grad: bool = True) -> float:
+                          clip_grad: bool = True, **state) -> float:
     """Time of one optimizer step over the `n_params_local` parameters this GPU updates (already
     divided by TP/PP/EP and by the ZeRO shard): a memory-bound stream of
     `optimizer_bytes_per_param` bytes per parameter (multi-tensor-apply kernels; one launch
-    cost, plus one for the norm pass)."""
+    cost, plus one for the norm pass). `state`: the state's widths, as optimizer_bytes_per_param
+    takes them."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     if n_params_local < 0:
@@ -861,7 +867,7 @@ def optimizer_step_time_s(n_params_local: float, device: DeviceProfile, precisio
     if n_params_local == 0:
         return 0.0
     nbytes = n_params_local * optimizer_bytes_per_param(precision, grad_bytes=grad_bytes,
-                                                        clip_grad=clip_grad)
+                                                        clip_grad=clip_grad, **state)
     return memory_time_s(nbytes, device, kernels=2 if clip_grad else 1, op_class="optimizer")
 
 

@@ -308,6 +308,26 @@ class TrainingIn(_Strict):
     precision fp32 the gradients are fp32 (true)."""
     overlap_param_gather: bool = False
     """ZeRO parameter all-gather overlapped with the forward (Megatron default false)."""
+    exp_avg_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    """Storage type of Adam's first moment (Megatron-Core OptimizerConfig.exp_avg_dtype with
+    `--use-precision-aware-optimizer`, Transformer Engine's FusedAdam; DeepSeek-V3 keeps both
+    moments in BF16, its report sec. 3.3.3): 4, 2, 2 or 1 bytes per parameter in memory (sharded
+    like the rest of the optimizer state) and in the optimizer step's reads and writes. The
+    kernel computes in fp32 either way. Default fp32."""
+    exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    """Storage type of Adam's second moment (OptimizerConfig.exp_avg_sq_dtype), as
+    exp_avg_dtype. Default fp32."""
+    main_params_dtype: Literal["fp32", "fp16"] = "fp32"
+    """Storage type of the master weights of 16-bit training (OptimizerConfig.main_params_dtype,
+    `--main-params-dtype`): 4 or 2 bytes per parameter. Not with precision fp32 (no master copy).
+    Default fp32."""
+    store_param_remainders: bool = False
+    """The fp32 master weights kept as the 16 low bits the bf16 weights lack (TE FusedAdam
+    store_param_remainders, which Megatron-Core's precision-aware optimizer uses by default for
+    bf16 training: distrib_optimizer.py allocates the master shard as int16): 2 bytes per
+    parameter instead of 4; the optimizer step reads the bf16 weight to rebuild the fp32 value.
+    Only where the master copy is fp32 and the weights bf16 (not with precision fp16 or fp32;
+    `sim5d import` applies Megatron-Core's rule of when it stores them). Default false."""
     tp_comm_overlap: bool = False
     """TP communication overlapped with GEMMs (Megatron default false)."""
     tp_async_backward: bool = True
@@ -480,6 +500,10 @@ class Training:
     given), else None."""
     grad_reduce_in_fp32: bool = False
     """fp32 gradients (resolved: true with precision fp32, else as given, default false)."""
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    store_param_remainders: bool = False
 
 
 @dataclass(frozen=True)
@@ -1048,11 +1072,28 @@ def _check_precision(t: TrainingIn, gpu: DeviceProfile, err) -> None:
     if t.grad_reduce_in_fp32 is False and t.precision == "fp32":
         raise err("training.grad_reduce_in_fp32", "false: fp32 training's gradients are fp32 (remove "
                   "grad_reduce_in_fp32 or train in a 16-bit precision)")
+    _check_master_weights(t, err)
     if t.fp8_amax_reduction is not None and (t.precision != "fp8" or t.fp8_recipe == "current"):
         raise err("training.fp8_amax_reduction",
                   f"{t.fp8_amax_reduction!r} sets the amax all-reduce of FP8 delayed scaling; training "
                   f"runs {t.precision}{' with current scaling' if t.precision == 'fp8' else ''}, which "
                   f"reduces no amax (remove fp8_amax_reduction)")
+
+
+def _check_master_weights(t: TrainingIn, err) -> None:
+    """The master weights' storage against the precision (Megatron-Core OptimizerConfig and
+    distrib_optimizer.py: fp32 training has no master copy; the remainders complete bf16 weights
+    to an fp32 master copy)."""
+    if t.precision == "fp32" and (t.main_params_dtype != "fp32" or t.store_param_remainders):
+        key = "main_params_dtype" if t.main_params_dtype != "fp32" else "store_param_remainders"
+        raise err(f"training.{key}", f"{str(getattr(t, key)).lower()}: fp32 training keeps no master copy of the "
+                  f"weights (remove {key} or train in a 16-bit precision)")
+    if t.store_param_remainders and t.main_params_dtype != "fp32":
+        raise err("training.store_param_remainders", f"true with main_params_dtype {t.main_params_dtype}: the "
+                  "remainders are the low 16 bits of fp32 master weights (remove one of the two)")
+    if t.store_param_remainders and t.precision == "fp16":
+        raise err("training.store_param_remainders", "true with precision fp16: the remainders complete bf16 "
+                  "weights to fp32, fp16 weights are not the high half of an fp32 value (remove it)")
 
 
 def _rank_order(p: ParallelIn, err) -> tuple:

@@ -4,7 +4,9 @@ activations and runtime allowances on one GPU, against the device's capacity.
 Model states (mixed-precision Adam; HF Ultra-Scale Playbook, "Memory usage in Transformers";
 Rajbhandari et al. 2020, ZeRO, sec. 3): per parameter 2 bytes of 16-bit weights, 2 bytes of
 16-bit gradients (4 with training.grad_reduce_in_fp32, `grad_bytes`) and 12 bytes of optimizer
-state (fp32 master copy 4 + Adam m 4 + v 4) = 16 bytes. fp32 training keeps 4 + 4 + 8 (no master copy) = 16 too. ZeRO shards over the
+state (fp32 master copy 4 + Adam m 4 + v 4) = 16 bytes. fp32 training keeps 4 + 4 + 8 (no master
+copy) = 16 too. The optimizer state's types narrow it (training.exp_avg_dtype, exp_avg_sq_dtype,
+main_params_dtype, store_param_remainders; `state_bytes`). ZeRO shards over the
 data-parallel group, which Megatron-LM's distributed optimizer takes as dp x cp:
 stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights. Routed-expert
 parameters are sharded over ep x etp (Megatron-Core's expert_tensor_parallel_size, default tp)
@@ -285,6 +287,10 @@ def mtp_activation_bytes(model, *, seq: int, micro_batch: int, tp: int, cp: int,
 
 
 # ----------------------------------------------------------------------------------------------
+STORAGE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes of one stored element of an optimizer state type (training.exp_avg_dtype and kin)."""
+
+
 def grad_bytes(training) -> int:
     """Bytes of one parameter's gradient in the data-parallel buffer: the precision's 16 bits,
     or 4 with `grad_reduce_in_fp32` (Megatron-LM's distributed-optimizer table,
@@ -293,15 +299,42 @@ def grad_bytes(training) -> int:
     return 4 if training.grad_reduce_in_fp32 else STATE_BYTES[training.precision][1]
 
 
+def master_bytes(training) -> int:
+    """Bytes of one parameter's master weight: none in fp32 training (the weight is the master),
+    else 4, or 2 with main_params_dtype fp16 or the fp32 copy kept as remainders (TE FusedAdam
+    store_param_remainders: an int16 shard, Megatron-Core distrib_optimizer.py)."""
+    if training.precision == "fp32":
+        return 0
+    return 2 if training.store_param_remainders else STORAGE_BYTES[training.main_params_dtype]
+
+
+def optimizer_state(training) -> dict:
+    """The optimizer state's widths as compute.optimizer_bytes_per_param takes them."""
+    return {"master_bytes": master_bytes(training),
+            "moment_bytes": (STORAGE_BYTES[training.exp_avg_dtype], STORAGE_BYTES[training.exp_avg_sq_dtype]),
+            "read_weights": training.store_param_remainders}
+
+
+def state_bytes(training) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer state) bytes per parameter of this training: STATE_BYTES's
+    (2, 2, 12) / (4, 4, 8) with the gradients' and the optimizer state's types applied (master
+    weight + Adam m + v, each as stored)."""
+    st = optimizer_state(training)
+    return (STATE_BYTES[training.precision][0], grad_bytes(training),
+            st["master_bytes"] + sum(st["moment_bytes"]))
+
+
 def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16",
-                      grad_width: int | None = None) -> tuple[float, float, float]:
+                      grad_width: int | None = None, optimizer_width: int | None = None
+                      ) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes per GPU for `n_params` parameters under a ZeRO stage
     sharded over `group` ranks (Rajbhandari et al. 2020, Figure 1: with K = 12,
     baseline (2 + 2 + K) x Psi; P_os 2Psi + 2Psi + K Psi / N_d; P_os+g 2Psi + (2 + K) Psi / N_d;
-    P_os+g+p (2 + 2 + K) Psi / N_d). `grad_width`: a gradient's bytes where not the precision's
-    (the 4 of `grad_bytes` for fp32 gradients of 16-bit training)."""
+    P_os+g+p (2 + 2 + K) Psi / N_d). `grad_width`, `optimizer_width`: a gradient's and a
+    parameter's optimizer state's bytes where not the precision's (`state_bytes`)."""
     wb, gb, ob = STATE_BYTES[precision]
     gb = gb if grad_width is None else grad_width
+    ob = ob if optimizer_width is None else optimizer_width
     return (n_params * wb / (group if zero_stage >= 3 else 1),
             n_params * gb / (group if zero_stage >= 2 else 1),
             n_params * ob / (group if zero_stage >= 1 else 1))
@@ -425,9 +458,9 @@ def memory_report(sc: Scenario) -> MemoryReport:
     runtime = sc.cluster.gpu.runtime_reserved_gib * GiB
     stages = []
     for r, (dense, expert, largest) in enumerate(_stage_weights_bytes(sc)):
-        gb = grad_bytes(t)
-        dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision, gb)
-        ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision, gb)
+        _, gb, ob = state_bytes(t)
+        dw, dg, do = model_state_bytes(dense, p.zero_stage, dense_group, t.precision, gb, ob)
+        ew, eg, eo = model_state_bytes(expert, p.zero_stage, expert_group, t.precision, gb, ob)
         weights, grads, optim = dw + ew, dg + eg, do + eo
         if p.zero_stage >= 2 and p.grad_reduce == "step":
             # gradients reduced once per step accumulate unsharded over the microbatches (FSDP2

@@ -76,7 +76,7 @@ BASE = """\
 @pytest.mark.parametrize("flags, fp32", [
     ("--bf16", True),                                   # arguments.py: bf16 accumulates and reduces in fp32
     ("--bf16 --grad-reduce-in-bf16", False),
-    ("--bf16 --main-grads-dtype bf16", False),
+    ("--bf16 --use-precision-aware-optimizer --main-grads-dtype bf16", False),
     ("--bf16 --fp8-format hybrid --fp8-recipe delayed", True),
     ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4", True),
     ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4 --grad-reduce-in-bf16", False),
@@ -415,18 +415,3 @@ def test_tp_only_amax_reduction_flag(tmp_path):
     (tmp_path / "b.yaml").write_text(out)
     data, _ = _import(tmp_path / "b.yaml", "--cluster", "dgx-h100-ndr:16")
     assert build_scenario(data).training.fp8_amax_reduction == "tp"
-
-
-def test_optimizer_state_types_are_named_as_not_modelled_with_why(tmp_path):
-    """The precision-aware optimizer's 16-bit states (DeepSeek-V3 keeps its Adam moments in BF16,
-    sec. 3.3.3) change memory and the optimizer step: named as not modelled with that reason,
-    not as flags that 'do not change one step's time' nor as unknown ones."""
-    flags = ("--bf16 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
-             "--main-params-dtype fp16 --bf16-main-params")
-    _, err = _import(_launch(tmp_path, BASE.format(extra=flags)), "--cluster", "dgx-h100-ndr:8")
-    note = next(line for line in err.splitlines() if "the optimizer's state types" in line)
-    assert "16-bit ones would take less memory" in note
-    for flag in ("--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-params-dtype",
-                 "--bf16-main-params"):
-        assert flag in note
-        assert not any(flag in line for line in err.splitlines() if line != note), flag

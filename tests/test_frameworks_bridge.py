@@ -117,18 +117,55 @@ def test_bridge_gradient_type_is_the_mixed_precision_configs_over_ddps(tmp_path,
     assert "grad_reduce_in_fp32" not in err.replace("ddp.grad_reduce_in_fp32 false: overwritten", "")
 
 
-def test_bridge_optimizer_state_types_are_named_as_not_modelled_with_why(tmp_path):
-    """OptimizerConfig's precision-aware state types change memory and the optimizer step: named
-    with that reason, not among the keys that 'do not change one step's time'."""
-    text = RUN_CONFIG.replace("  lr: 0.0003\n", "  lr: 0.0003\n  use_precision_aware_optimizer: true\n"
-                              "  exp_avg_dtype: {_target_: torch.bfloat16, _call_: false}\n"
-                              "  exp_avg_sq_dtype: {_target_: torch.bfloat16, _call_: false}\n")
+DEEPSEEK_STATES = ("  use_precision_aware_optimizer: true\n  main_grads_dtype: {_target_: torch.float32, _call_: false}\n"
+                   "  main_params_dtype: {_target_: torch.float32, _call_: false}\n"
+                   "  exp_avg_dtype: {_target_: torch.bfloat16, _call_: false}\n  exp_avg_sq_dtype: torch.bfloat16\n")
+"""perf_recipes/deepseek/common.py's _enable_deepseek_precision_aware_optimizer, as the YAML writer
+spells dtypes (and as a name, str_to_dtype's other form)."""
+
+
+@pytest.mark.parametrize("mixed, extra, remainders", [
+    # the mixed precision config's fp8_recipe overwrites the optimizer's (delayed: TE FusedAdam
+    # keeps the master weights, as bf16 remainders)
+    ("bf16_with_fp8_delayed_scaling_mixed", "", True),
+    ("bf16_with_fp8_delayed_scaling_mixed", "  store_param_remainders: false\n", False),
+    # bf16_mixed keeps MixedPrecisionConfig's default tensorwise: Megatron-Core's fp32 master weights
+    ("bf16_mixed", "", False),
+    # no mixed precision config: the optimizer's fp8_recipe, default None: TE's remainders
+    (None, "", True),
+])
+def test_bridge_optimizer_state_types_follow_megatron_core(tmp_path, mixed, extra, remainders):
+    """OptimizerConfig's precision-aware state types read as Megatron-Core stores them
+    (megatron.optimizer_states): the moments as given, the master weights as remainders only
+    where Transformer Engine keeps them."""
+    text = RUN_CONFIG.replace("  lr: 0.0003\n", "  lr: 0.0003\n" + DEEPSEEK_STATES + extra)
+    text = text.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed\n",
+                        "" if mixed is None else f"mixed_precision: {mixed}\n")
+    if mixed is None:
+        text = text.replace("  fp8: null\n", "  fp8: null\n  bf16: true\n")
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    _, err = _import(path, "--cluster", "dgx-h100-ndr:32")
-    note = next(line for line in err.splitlines() if "the optimizer's state types" in line)
-    for key in ("optimizer.use_precision_aware_optimizer", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype"):
-        assert key in note and not any(key in line for line in err.splitlines() if line != note), key
+    data, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    sc = build_scenario(data)
+    t = sc.training
+    assert (t.exp_avg_dtype, t.exp_avg_sq_dtype, t.main_params_dtype) == ("bf16", "bf16", "fp32")
+    assert t.store_param_remainders is remainders
+    for key in ("precision_aware", "exp_avg", "main_params", "main_grads", "remainders"):   # read, none noted
+        assert key not in err, key
+    if mixed is None:       # export writes bf16_mixed, whose tensorwise default keeps fp32 master weights
+        with pytest.raises(ConfigError, match="store_param_remainders true: Megatron-Bridge"):
+            export_text(sc, "bridge")
+        return
+    text = export_text(sc, "bridge")                    # written back as read
+    assert f"store_param_remainders: {str(remainders).lower()}" in text and "exp_avg_dtype: bf16" in text
+    a, b = _roundtrip(sc, "bridge", tmp_path)
+    assert a == b
+
+
+def test_bridge_export_refuses_remainders_that_bf16_mixed_would_not_keep():
+    sc = load_scenario("llama3-8b-h100x16-1f1b", ["training.store_param_remainders=true"])
+    with pytest.raises(ConfigError, match="training.store_param_remainders true: Megatron-Bridge.*fp8_recipe tensorwise"):
+        export_text(sc, "bridge")
 
 
 def test_a_bridge_run_config_is_read_with_its_keys_and_notes(tmp_path):
@@ -345,6 +382,10 @@ def layouts(draw, fmt: str):
         [f"training.fp8_recipe={prec.split('-')[1]}"] if prec.startswith("fp8") else [])
     if prec != "fp32" and (not titan or zero == 3):      # (torchtitan reduces in fp32 only under FSDP)
         sets.append(f"training.grad_reduce_in_fp32={str(draw(st.booleans())).lower()}")
+    if prec != "fp32" and not titan and draw(st.booleans()):          # the optimizer's state types
+        sets += [f"training.exp_avg_dtype={draw(st.sampled_from(['bf16', 'fp16', 'fp8']))}",
+                 f"training.exp_avg_sq_dtype={draw(st.sampled_from(['fp32', 'bf16']))}",
+                 f"training.store_param_remainders={str(prec != 'fp16' and draw(st.booleans())).lower()}"]
     if pp > 1:
         sched = draw(st.sampled_from(["1f1b", "interleaved-1f1b"] + (["gpipe", "dualpipev"] if titan else [])))
         sets.append(f"parallelism.pipeline_schedule={sched}")

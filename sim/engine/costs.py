@@ -9,7 +9,7 @@ from functools import lru_cache
 from sim import compute, workload
 from sim.engine.program import CostModel, LayerCost
 from sim.errors import BeyondLimits
-from sim.memory import grad_bytes
+from sim.memory import grad_bytes, optimizer_state
 from sim.units import MAX_STEP_NS, NS_PER_S, s_to_ns
 
 COLUMN_GEMMS = ("qkv_proj", "fc1")
@@ -179,7 +179,7 @@ class DeviceCostModel(CostModel):
 
     def optimizer_ns(self, n_params: float) -> int:
         t = self.sc.training
-        # the gradients as the memory calculator counts them (2 bytes, 4 in fp32 or with
-        # grad_reduce_in_fp32)
-        return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision,
-                                                      grad_bytes=grad_bytes(t)), "the optimizer step")
+        # the gradients and the optimizer state as the memory calculator counts them (2-byte
+        # gradients, 4 in fp32 or with grad_reduce_in_fp32; the state's stored types)
+        return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision, grad_bytes=grad_bytes(t),
+                                                      **optimizer_state(t)), "the optimizer step")

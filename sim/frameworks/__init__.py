@@ -37,14 +37,3 @@ def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> lis
         notes.append(f"not modelled, unknown to sim5d's {importer} import (check they do not change the step): "
                      f"{', '.join(unknown)}")
     return notes
-
-
-def state_type_note(keys: list) -> list[str]:
-    """The stderr note for an optimizer's state types (Megatron-Core's precision-aware optimizer:
-    exp_avg_dtype, exp_avg_sq_dtype, main_params_dtype; DeepSeek-V3 keeps its Adam moments in BF16,
-    sec. 3.3.3): not modelled, and not "no change to the step", as 16-bit states take less memory
-    and a shorter optimizer step."""
-    if not keys:
-        return []
-    return [f"not modelled, the optimizer's state types (sim5d keeps fp32 master weights and Adam moments; "
-            f"16-bit ones would take less memory and a shorter optimizer step): {', '.join(keys)}"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from sim.errors import ConfigError
-from sim.frameworks import state_type_note, unread_notes
+from sim.frameworks import unread_notes
 from sim.frameworks import megatron
 
 # Megatron-Core TransformerConfig / GPTModelProvider field -> Megatron-LM flag, same meaning
@@ -135,9 +135,10 @@ _SECTION_NOT_STEP_TIME_KEYS = {
                         "fp32"},
 }
 _WHY_NOT = "hyperparameters, data, logging, checkpointing, initialisation or fused kernels sim5d already assumes"
-_STATE_TYPE_KEYS = ("use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
-                    "exp_avg_sq_dtype")
-"""OptimizerConfig's precision-aware state types: not modelled (frameworks.state_type_note)."""
+_DTYPES = {"float32": "fp32", "fp32": "fp32", "32": "fp32", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+           "bfloat16": "bf16", "bf16": "bf16", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "fp8": "fp8"}
+"""A torch dtype as OptimizerConfig's fields are written (yaml_utils' {_target_: torch.bfloat16} or
+a name activation_map.str_to_dtype reads) -> the Megatron-LM flag's value."""
 
 # training/mixed_precision.py's recipes: name -> the MixedPrecisionConfig fields that set the step
 RECIPES = {
@@ -272,8 +273,9 @@ def _precision(c: _Config) -> dict:
     return out
 
 
-def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
-    """The Megatron-LM flags of a Bridge config, and flag -> the YAML key it came from."""
+def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict, dict]:
+    """The Megatron-LM flags of a Bridge config, flag -> the YAML key it came from, and the
+    optimizer fields Megatron-LM has no flag for (`_optimizer_states`)."""
     f = megatron.Flags(c.path)
     names: dict = {}
 
@@ -316,6 +318,7 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
     _overlaps(c, add)
     _optimizer(c, add)
     p = _precision(c)
+    opt = _optimizer_states(c, add, notes)
     for k, flag in (("bf16", "--bf16"), ("fp16", "--fp16")):
         if p.get(k):
             add(flag, True, ("mixed_precision", k) if k not in m else ("model", k))
@@ -327,7 +330,7 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict]:
         notes.append(f"first_last_layers_bf16 ({p.get('num_layers_at_start_in_bf16', 0)} first, "
                      f"{p.get('num_layers_at_end_in_bf16', 0)} last layers in BF16): not modelled, sim5d runs "
                      "every layer in the low precision (the step a little optimistic)")
-    return f, names
+    return f, names, opt
 
 
 def _grads(c: _Config, add, p: dict, notes: list) -> None:
@@ -476,6 +479,47 @@ def _optimizer(c: _Config, add) -> None:
                       f"{strategy!r} applies with use_megatron_fsdp or dist.use_torch_fsdp2")
 
 
+def _dtype(c: _Config, key: str):
+    """An OptimizerConfig dtype field as the Megatron-LM flag's value (None when not given)."""
+    v = c.get("optimizer", key)
+    name = v.get("_target_") if isinstance(v, dict) else v
+    if v is None:
+        return None
+    if not isinstance(name, str) or name.removeprefix("torch.") not in _DTYPES:
+        raise c.error(("optimizer", key), f"optimizer.{key} {v!r} is not a dtype sim5d reads "
+                      f"({', '.join(sorted(set(_DTYPES)))}, or torch.<name>)")
+    return _DTYPES[name.removeprefix("torch.")]
+
+
+def _optimizer_states(c: _Config, add, notes: list) -> dict:
+    """OptimizerConfig's state types as Megatron-LM's flags, and the fields Megatron-Core decides
+    the master weights' storage by (megatron.optimizer_states): store_param_remainders (default
+    true) and fp8_recipe, which a mixed precision config overwrites with its own
+    (update_config_with_precision_overrides; MixedPrecisionConfig's default tensorwise, so that
+    bf16_mixed keeps Megatron-Core's fp32 master weights)."""
+    if c.get("optimizer", "use_precision_aware_optimizer"):
+        add("--use-precision-aware-optimizer", True, ("optimizer", "use_precision_aware_optimizer"))
+    for key, flag in (("exp_avg_dtype", "--exp-avg-dtype"), ("exp_avg_sq_dtype", "--exp-avg-sq-dtype"),
+                      ("main_params_dtype", "--main-params-dtype")):
+        v = _dtype(c, key)
+        if v is not None:
+            add(flag, v, ("optimizer", key))
+    if _dtype(c, "main_grads_dtype") not in (None, "fp32"):
+        notes.append("optimizer.main_grads_dtype bf16: not modelled, sim5d takes the gradients' type of the "
+                     "data-parallel buffer (ddp / mixed_precision grad_reduce_in_fp32)")
+    mp = c.data.get("mixed_precision")
+    if isinstance(mp, str):
+        recipe = RECIPES[mp.replace("-", "_")].get("fp8_recipe", "tensorwise")
+    elif isinstance(mp, dict):
+        recipe = c.get("mixed_precision", "fp8_recipe") or "tensorwise"
+    else:
+        recipe = c.get("optimizer", "fp8_recipe")
+    remainders = c.get("optimizer", "store_param_remainders", True)
+    if not isinstance(remainders, bool):
+        raise c.error(("optimizer", "store_param_remainders"), "optimizer.store_param_remainders must be true or false")
+    return {"recipe": recipe, "remainders": remainders}
+
+
 def _unread(c: _Config, notes: list) -> None:
     """Every key not read: the sections and keys that do not change the step, the features set
     off, and the unknown, each named on stderr."""
@@ -486,7 +530,7 @@ def _unread(c: _Config, notes: list) -> None:
     if peft not in (None, {}):
         raise c.error(("peft",), "peft: parameter-efficient fine-tuning (LoRA, DoRA) is not modelled; sim5d "
                       "simulates full training steps")
-    same, off, unknown, states = [], [], [], []
+    same, off, unknown = [], [], []
     known_sections = {"model", "train", "dataset", "ddp", "optimizer", "dist", "comm_overlap", "mixed_precision",
                       "peft", *_SECTIONS_NOT_STEP_TIME}
     for name in c.data:
@@ -502,15 +546,13 @@ def _unread(c: _Config, notes: list) -> None:
             if key in _STRUCTURE or (name, key) in c.used:
                 continue
             full = f"{name}.{key}"
-            if name == "optimizer" and key in _STATE_TYPE_KEYS:
-                states.append(full)
-            elif key in _SECTION_NOT_STEP_TIME_KEYS.get(name, ()) or (name == "model" and key in _MODEL_NOT_STEP_TIME):
+            if key in _SECTION_NOT_STEP_TIME_KEYS.get(name, ()) or (name == "model" and key in _MODEL_NOT_STEP_TIME):
                 same.append(full)
             elif _off(value):
                 off.append(full)
             else:
                 unknown.append(full)
-    notes += unread_notes(same, [], "Megatron-Bridge", _WHY_NOT) + state_type_note(states)
+    notes += unread_notes(same, [], "Megatron-Bridge", _WHY_NOT)
     if off:
         notes.append(f"not modelled, {len(off)} features set off (null, false, 0 or empty): {', '.join(off)}")
     if unknown:
@@ -537,7 +579,7 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
     for s in ("model", "train", "dataset", "ddp", "optimizer", "dist", "comm_overlap"):
         c.section(s)
     notes: list = []
-    f, names = _translate(c, notes)
+    f, names, opt = _translate(c, notes)
     required = {"--num-layers": "model.num_layers", "--hidden-size": "model.hidden_size",
                 "--num-attention-heads": "model.num_attention_heads", "--micro-batch-size": "train.micro_batch_size",
                 "--global-batch-size": "train.global_batch_size", "--vocab-size": "model.vocab_size"}
@@ -549,7 +591,7 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
     names.update({k: v for k, v in required.items() if k not in names})
     try:
         d, more = megatron.scenario_of(f, {}, cluster=cluster, gpus=gpus, name=name,
-                                       defaults="Megatron-Core's TransformerConfig")
+                                       defaults="Megatron-Core's TransformerConfig", optimizer=opt)
     except ConfigError as e:
         raise ConfigError(_renamed(e.message, names), key=names.get(e.key, e.key), file=path, line=e.line) from None
     names.setdefault("--bf16", "model.bf16")
@@ -585,7 +627,8 @@ _RECIPE_OF = {("bf16", None): "bf16_mixed", ("fp16", None): "fp16_mixed",
 _FROM_MEGATRON = {"--make-vocab-size-divisible-by", "--max-position-embeddings", "--group-query-attention",
                   "--swiglu", "--use-distributed-optimizer", "--use-megatron-fsdp", "--bf16", "--fp16",
                   "--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4-recipe", "--moe-layer-freq",
-                  "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}
+                  "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--use-precision-aware-optimizer",
+                  *megatron.STATE_TYPES}
 """Flags written by their own rule below, not one field each."""
 
 
@@ -613,6 +656,24 @@ def _refuse_bridge(sc) -> None:
                           key="model.max_position_embeddings")
 
 
+def _export_states(t, out: dict) -> None:
+    """The optimizer's state types (`_optimizer_states`), written where any is not the default,
+    with store_param_remainders explicit; refused where Megatron-Core would store the master
+    weights otherwise under the mixed precision config written (its fp8_recipe, default
+    tensorwise, overwrites the optimizer's)."""
+    if not (t.store_param_remainders or any(getattr(t, k) != "fp32" for k, _ in megatron.STATE_TYPES.values())):
+        return
+    mp = out.get("mixed_precision")
+    recipe = (RECIPES[mp].get("fp8_recipe", "tensorwise") if isinstance(mp, str)
+              else (mp.get("fp8_recipe") or "tensorwise") if isinstance(mp, dict) else None)
+    megatron.refuse_states(t, "Megatron-Bridge", recipe, t.store_param_remainders)
+    opt = out["optimizer"]
+    opt["use_precision_aware_optimizer"] = True
+    for key, _ in megatron.STATE_TYPES.values():
+        opt[key] = getattr(t, key)
+    opt["store_param_remainders"] = t.store_param_remainders
+
+
 def from_scenario(sc) -> str:
     """A Megatron-Bridge ConfigContainer YAML (the overrides of a recipe run: model, train, dataset,
     ddp, optimizer, comm_overlap, mixed_precision) of a scenario's layout; ConfigError naming the
@@ -622,7 +683,7 @@ def from_scenario(sc) -> str:
 
     _refuse_bridge(sc)
     try:
-        launch = megatron.from_scenario(sc)
+        launch = megatron.from_scenario(sc, states=False)
     except ConfigError as e:           # Megatron-Bridge trains with Megatron-Core, as Megatron-LM does
         raise ConfigError(e.message.replace("Megatron-LM", "Megatron-Core (Megatron-Bridge's engine)")
                           .replace("pretrain_gpt.py", "Megatron-Core"), key=e.key) from None
@@ -684,6 +745,7 @@ def from_scenario(sc) -> str:
         if isinstance(mp, dict):
             mp["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
         out["ddp"]["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
+    _export_states(t, out)
     head = (f"# sim5d export of {sc.name}: a Megatron-Bridge ConfigContainer (overrides of a recipe run) for "
             f"{sc.derived.num_gpus} GPUs\n# sim5d import {sc.name}.yaml --format bridge --cluster "
             f"{sc.cluster.topology.name}:{sc.derived.num_gpus}\n")

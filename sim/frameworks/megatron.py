@@ -24,7 +24,7 @@ import re
 import shlex
 
 from sim.errors import ConfigError
-from sim.frameworks import state_type_note, unread_notes
+from sim.frameworks import unread_notes
 from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 
 # flags that do not change one step's time: reported as such, never silently dropped
@@ -71,7 +71,7 @@ _SWITCHES = {
     "--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-grouped-gemm", "--moe-permute-fusion",
     "--moe-router-fusion", "--use-rotary-position-embeddings", "--apply-layernorm-1p", "--qk-layernorm",
     "--fp8-param-gather", "--ddp-average-in-collective", "--check-for-nan-in-loss-and-grad", "--use-flash-attn",
-    "--overlap-p2p-communication", "--bf16-main-params", "--log-timers-to-tensorboard",
+    "--overlap-p2p-communication", "--log-timers-to-tensorboard",
     "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens", "--use-precision-aware-optimizer",
 }
 _NARGS = {"--data-path", "--cp-comm-type", "--split", "--recompute-modules"}
@@ -112,10 +112,13 @@ _BOOL = {  # switch -> (key, value when given)
     "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
     "--overlap-moe-expert-parallel-comm": ("training.overlap_moe_expert_parallel_comm", True),
 }
-STATE_TYPE_FLAGS = ("--use-precision-aware-optimizer", "--bf16-main-params", "--exp-avg-dtype",
-                    "--exp-avg-sq-dtype", "--main-params-dtype")
-"""The optimizer's state types (the precision-aware optimizer's; the first two are switches): not
-modelled, named with why (frameworks.state_type_note)."""
+STATE_TYPES = {"--exp-avg-dtype": ("exp_avg_dtype", ("fp32", "fp16", "bf16", "fp8")),
+               "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", ("fp32", "fp16", "bf16", "fp8")),
+               "--main-params-dtype": ("main_params_dtype", ("fp32", "fp16"))}
+"""The precision-aware optimizer's state-type flags: the training key and the choices
+(megatron/training/arguments.py at d98e8a6)."""
+
+
 _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--normalization", "--position-embedding-type", "--num-query-groups", "--vocab-size",
     "--make-vocab-size-divisible-by", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
@@ -124,7 +127,7 @@ _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--pipeline-model-parallel-layout", "--cp-comm-type", "--fp8-format", "--fp8-recipe", "--fp4-format",
     "--fp4-recipe", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", "--main-grads-dtype",
-    *STATE_TYPE_FLAGS[2:], *NOT_STEP_TIME}
+    *STATE_TYPES, *NOT_STEP_TIME}
 """Flags that take a value; an unknown flag takes one when a non-flag follows it."""
 _LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
 _SHELL_VAR = re.compile(r"\$\{?\w+")
@@ -336,6 +339,60 @@ def _grads(f: Flags, d: dict, base: str) -> None:
         return
     if fp32 or (base == "bf16" and not bf16 and main == "fp32"):
         _set(d, "training.grad_reduce_in_fp32", True)
+
+
+def optimizer_states(pa: bool, types: dict, base: str, recipe, remainders: bool = True) -> dict:
+    """The training keys of Megatron-Core's optimizer states. `pa`: use_precision_aware_optimizer;
+    `types`: flag -> its dtype as given; `base`: bf16 / fp16 / fp32 (the `--bf16` / `--fp16`
+    switch, under any FP8 / FP4 recipe too); `recipe`: OptimizerConfig.fp8_recipe; `remainders`:
+    OptimizerConfig.store_param_remainders. Megatron-Core (optimizer_config.py,
+    optimizer/__init__.py, distrib_optimizer.py at d98e8a6): Transformer Engine's FusedAdam keeps
+    the master weights where main_params_dtype is not fp32 or the recipe is None or delayed
+    (use_precision_aware_optimizer_no_fp8_or_ds_fp8), storing the bf16 weights' remainders
+    (store_param_remainders, default true; TE >= 2.1); otherwise Megatron-Core keeps fp32 master
+    weights itself. The moments are stored as given either way."""
+    out = {STATE_TYPES[flag][0]: v for flag, v in types.items() if v != "fp32"}
+    if not pa or base == "fp32":
+        return out
+    te_master = types.get("--main-params-dtype", "fp32") != "fp32" or recipe in (None, "delayed")
+    if te_master and base == "bf16" and remainders:
+        out.pop("main_params_dtype", None)
+        out["store_param_remainders"] = True
+    return out
+
+
+def _optimizer_states(f: Flags, d: dict, notes: list, optimizer: dict | None = None) -> None:
+    """The optimizer's state types (`optimizer_states`) of a launch; without
+    --use-precision-aware-optimizer each must be fp32 (Megatron-Core asserts it,
+    optimizer_config.py). `optimizer`: OptimizerConfig's fp8_recipe and store_param_remainders as
+    Megatron-Bridge sets them ({"recipe": ..., "remainders": ...}), where not Megatron-LM's (the
+    launch's --fp8-recipe, default delayed; remainders true, no flag)."""
+    pa = bool(f.get("--use-precision-aware-optimizer"))
+    types = {}
+    for flag, (_, choices) in STATE_TYPES.items():
+        v = f.get(flag)
+        if v is None:
+            continue
+        if v not in choices:
+            raise f.error(flag, f"{flag} {v!r} must be one of {', '.join(choices)}")
+        if v != "fp32" and not pa:
+            raise f.error(flag, f"{flag} {v} needs --use-precision-aware-optimizer (Megatron-Core asserts the "
+                          "state types are fp32 without it, optimizer_config.py)")
+        types[flag] = v
+    if f.get("--main-grads-dtype", "fp32") != "fp32" and not pa:
+        raise f.error("--main-grads-dtype", "--main-grads-dtype bf16 needs --use-precision-aware-optimizer "
+                      "(Megatron-Core asserts main_grads_dtype is fp32 without it, optimizer_config.py)")
+    base = "bf16" if f.has("--bf16") else "fp16" if f.has("--fp16") else "fp32"
+    if base == "fp32" and types.get("--main-params-dtype", "fp32") != "fp32":
+        raise f.error("--main-params-dtype", "--main-params-dtype fp16 without --bf16 or --fp16: fp32 training "
+                      "keeps no master weights")
+    opt = optimizer or {"recipe": f.get("--fp8-recipe") or "delayed", "remainders": True}
+    states = optimizer_states(pa, types, base, opt["recipe"], opt["remainders"])
+    if states.get("store_param_remainders") and types.get("--main-params-dtype") == "fp16":
+        notes.append("--main-params-dtype fp16: with --bf16 the precision-aware optimizer keeps the fp32 master "
+                     "weights as the bf16 weights' 16-bit remainders instead (distrib_optimizer.py), 2 bytes either way")
+    for k, v in states.items():
+        _set(d, f"training.{k}", v)
 
 
 def _amax_flag_without_fp8(f: Flags, notes: list) -> None:
@@ -553,10 +610,8 @@ def _data_parallel(launch: dict, gpus: int | None, tp: int, pp: int, cp: int) ->
 def _unread(f: Flags, notes: list) -> None:
     """Every flag not read: named on stderr with the reason."""
     left = sorted(set(f.values) - f.used)
-    notes += unread_notes([x for x in left if x in NOT_STEP_TIME],
-                          [x for x in left if x not in NOT_STEP_TIME and x not in STATE_TYPE_FLAGS],
+    notes += unread_notes([x for x in left if x in NOT_STEP_TIME], [x for x in left if x not in NOT_STEP_TIME],
                           "Megatron-LM", _WHY_NOT)
-    notes += state_type_note([x for x in left if x in STATE_TYPE_FLAGS])
 
 
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
@@ -566,9 +621,10 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
 
 
 def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name: str,
-                defaults: str = "Megatron-LM") -> tuple[dict, list]:
+                defaults: str = "Megatron-LM", optimizer: dict | None = None) -> tuple[dict, list]:
     """(the scenario mapping, notes) of parsed flags and a launcher's GPU count; `defaults` names
-    whose defaults fill what the flags leave out (sim.frameworks.bridge reuses this mapping)."""
+    whose defaults fill what the flags leave out, `optimizer` the optimizer config's fields where
+    not the flags' (sim.frameworks.bridge reuses this mapping; `_optimizer_states`)."""
     path = f.path
     notes: list = []
     d: dict = {"name": name, "model": {"name": name}, "cluster": {"topology": cluster}, "parallelism": {},
@@ -587,6 +643,7 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
     _pipeline(f, d, d["model"]["num_layers"], pp)
     _cp_type(f, d, cp)
     _precision(f, d, notes)
+    _optimizer_states(f, d, notes, optimizer)
     _recompute(f, d)
     _fsdp(f, d)
     p["data_parallel_size"] = _data_parallel(launch, gpus, tp, pp, cp)
@@ -619,6 +676,36 @@ def _refuse(sc) -> None:
     if t.moe_routing_imbalance != 1.0:
         raise ConfigError("moe_routing_imbalance is a measured input of sim5d, not a Megatron-LM flag; export "
                           "a scenario with the default 1.0", key="training.moe_routing_imbalance")
+
+
+_STATE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders")
+
+
+def _state_types(t) -> dict:
+    """The state-type flags of a scenario's optimizer states (--use-precision-aware-optimizer is
+    written where any is not fp32 or the remainders are kept)."""
+    return {flag: getattr(t, key) for flag, (key, _) in STATE_TYPES.items()}
+
+
+def refuse_states(t, framework: str, recipe, remainders: bool = True) -> None:
+    """Optimizer states that the precision-aware optimizer's settings an export writes would not
+    give back: Megatron-Core decides the master weights' storage itself (`optimizer_states`, with
+    the optimizer's fp8_recipe and store_param_remainders as `framework` sets them)."""
+    types = _state_types(t)
+    pa = any(v != "fp32" for v in types.values()) or t.store_param_remainders
+    base = {"fp16": "fp16", "fp32": "fp32"}.get(t.precision, "bf16")
+    got = optimizer_states(pa, types, base, recipe, remainders)
+    want = {k: getattr(t, k) for k in _STATE_KEYS if getattr(t, k) not in ("fp32", False)}
+    if got != want:
+        key = next(k for k in _STATE_KEYS if got.get(k) != want.get(k))
+        why = ("with bf16 weights the precision-aware optimizer keeps the fp32 master weights as remainders "
+               "(store_param_remainders has no Megatron-LM flag)" if got.get("store_param_remainders")
+               else f"Megatron-Core keeps fp32 master weights itself under this precision (optimizer fp8_recipe "
+               f"{recipe})")
+        value = getattr(t, key)
+        raise ConfigError(f"training.{key} {str(value).lower() if isinstance(value, bool) else value}: {framework} "
+                          f"cannot store it so; {why}",
+                          key=f"training.{key}")
 
 
 def _model_flags(m, seq_length: int) -> list[str]:
@@ -719,12 +806,19 @@ def _training_flags(t) -> list[str]:
         out.append("--accumulate-allreduce-grads-in-fp32")
     elif t.precision not in ("fp16", "fp32") and not t.grad_reduce_in_fp32:
         out.append("--grad-reduce-in-bf16")
+    types = _state_types(t)
+    if any(v != "fp32" for v in types.values()) or t.store_param_remainders:
+        out += ["--use-precision-aware-optimizer"] + [f"{flag} {v}" for flag, v in types.items() if v != "fp32"]
     return out
 
 
-def from_scenario(sc) -> list[str]:
+def from_scenario(sc, *, states: bool = True) -> list[str]:
     """The Megatron-LM flags (one string each, 'name value') of a scenario's layout; ConfigError
-    naming the key of what Megatron-LM cannot run."""
+    naming the key of what Megatron-LM cannot run. `states`: refuse optimizer states that
+    Megatron-LM's rule would store otherwise (sim.frameworks.bridge applies Megatron-Bridge's)."""
     _refuse(sc)
+    if states:
+        refuse_states(sc.training, "Megatron-LM", {"mxfp8": "mxfp8"}.get(
+            sc.training.precision, "tensorwise" if sc.training.fp8_recipe == "current" else "delayed"))
     m, p, t = sc.model, sc.parallelism, sc.training
     return _model_flags(m, t.seq_length) + _moe_flags(m, t) + _parallel_flags(p, t) + _training_flags(t)

@@ -240,6 +240,10 @@ def _refuse(sc) -> None:
     p, t = sc.parallelism, sc.training
     if p.zero_stage in (1, 2):
         raise ConfigError(f"zero_stage {p.zero_stage}: torchtitan runs DDP (0) or FSDP2 (3)", key="parallelism.zero_stage")
+    for key in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders"):
+        if getattr(t, key) not in ("fp32", False):
+            raise ConfigError(f"{key} {str(getattr(t, key)).lower()}: torchtitan's AdamW keeps its state in the "
+                              "parameters' fp32 (no precision-aware optimizer)", key=f"training.{key}")
     if p.zero_stage == 3 and p.dp == 1:
         raise ConfigError("zero_stage 3 over one data-parallel rank: torchtitan applies FSDP only with "
                           "data_parallel_shard_degree > 1 (ParallelDims.fsdp_enabled); set zero_stage 0",

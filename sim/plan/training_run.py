@@ -3,8 +3,9 @@ checkpoint pause and commit lag, the restart, the failure rate) derived from the
 cluster and its memory model, each with where it came from.
 
 Checkpoint bytes. A checkpoint holds each parameter's 16-bit weight and its optimizer state
-(fp32 master copy and Adam's two moments: 2 + 12 bytes per parameter, 4 + 8 in fp32 training;
-sim.memory.STATE_BYTES, the memory model's weights + optimizer states). Gradients are not saved.
+(fp32 master copy and Adam's two moments: 2 + 12 bytes per parameter, 4 + 8 in fp32 training, less
+with narrower optimizer state types; sim.memory.state_bytes, the memory model's weights + optimizer
+states). Gradients are not saved.
 Each copy that data parallelism replicates is written once, split over the replicas, as a fully
 parallel distributed checkpoint does (Megatron-Core dist_checkpointing, `--ckpt-fully-parallel-save`):
 a GPU writes its model-parallel shard's (weights + optimizer) bytes / (dp x cp) for the dense part
@@ -134,10 +135,10 @@ def checkpoint_bytes(sc) -> tuple[list[float], float, float]:
     """(bytes each pipeline stage's GPUs write, the checkpoint's bytes, the busiest node's bytes);
     see the module docstring."""
     from sim.layout import Layout
-    from sim.memory import STATE_BYTES, memory_report
+    from sim.memory import memory_report, state_bytes
 
     p = sc.parallelism
-    wb, _, ob = STATE_BYTES[sc.training.precision]
+    wb, _, ob = state_bytes(sc.training)
     rep = memory_report(sc)
     per_stage = [(s.dense_params / (p.dp * p.cp) + s.routed_expert_params / p.edp) * (wb + ob)
                  for s in rep.per_stage]
