@@ -208,8 +208,8 @@ def test_deepseek_v3_scenario_against_its_reports_training_cost():
     BF16 (sim5d does not model the block-scaled recipe, so BF16 is the upper side): its step x
     2,048 GPUs over the step's 15,360 x 4,096 tokens is within 10% of it and above it, and the
     recomputation the report describes (RMSNorm, MLA up-projections, the MoE SwiGLU's output)
-    takes the peak memory from over 130 GiB to under 90 (the rest is the report's FP8 activation
-    storage and BF16 optimizer moments)."""
+    takes the peak memory from over 130 GiB to under 95 (with the report's FP32 gradients and BF16
+    moments; the rest is the report's FP8 activation storage)."""
     from sim.config import load_scenario
     from sim.engine.simulate import simulate
     from sim.memory import memory_report
@@ -223,4 +223,4 @@ def test_deepseek_v3_scenario_against_its_reports_training_cost():
     none = load_scenario("deepseek-v3-h800x2048-dualpipe",
                          overrides=["training.recompute=none", "training.recompute_modules=null"])
     peak_gib = memory_report(none).peak_bytes / 2**30, memory_report(sc).peak_bytes / 2**30
-    assert peak_gib[0] > 130 and 80 < peak_gib[1] < 90, peak_gib
+    assert peak_gib[0] > 130 and 80 < peak_gib[1] < 95, peak_gib

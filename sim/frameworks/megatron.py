@@ -698,10 +698,13 @@ def refuse_states(t, framework: str, recipe, remainders: bool = True) -> None:
     want = {k: getattr(t, k) for k in _STATE_KEYS if getattr(t, k) not in ("fp32", False)}
     if got != want:
         key = next(k for k in _STATE_KEYS if got.get(k) != want.get(k))
-        why = ("with bf16 weights the precision-aware optimizer keeps the fp32 master weights as remainders "
-               "(store_param_remainders has no Megatron-LM flag)" if got.get("store_param_remainders")
-               else f"Megatron-Core keeps fp32 master weights itself under this precision (optimizer fp8_recipe "
-               f"{recipe})")
+        fix = (f"; set training.{key} {str(got[key]).lower() if isinstance(got[key], bool) else got[key]}"
+               if key in got else f"; remove training.{key}")
+        why = ("with bf16 weights the precision-aware optimizer keeps the fp32 master weights as remainders, "
+               "the same values in 2 bytes (store_param_remainders has no Megatron-LM flag)"
+               if got.get("store_param_remainders") else
+               f"Megatron-Core keeps fp32 master weights itself under this precision (optimizer fp8_recipe "
+               f"{recipe})") + fix
         value = getattr(t, key)
         raise ConfigError(f"training.{key} {str(value).lower() if isinstance(value, bool) else value}: {framework} "
                           f"cannot store it so; {why}",
