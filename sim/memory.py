@@ -324,6 +324,20 @@ def state_bytes(training) -> tuple[int, int, int]:
             st["master_bytes"] + sum(st["moment_bytes"]))
 
 
+def state_legend(training) -> str:
+    """One line naming the model state's bytes per parameter before ZeRO shards them, each part
+    as stored (`state_bytes`), for the memory table."""
+    w, g, o = state_bytes(training)
+    t = training
+    master = {0: None, 4: "fp32"}.get(master_bytes(t), "as remainders" if t.store_param_remainders else "fp16")
+    parts = ([f"master weights {master} {master_bytes(t)}"] if master else []) + [
+        f"Adam m {t.exp_avg_dtype} {STORAGE_BYTES[t.exp_avg_dtype]}",
+        f"v {t.exp_avg_sq_dtype} {STORAGE_BYTES[t.exp_avg_sq_dtype]}"]
+    weights = "fp32" if t.precision == "fp32" else "bf16" if t.precision != "fp16" else "fp16"
+    return (f"bytes per parameter before ZeRO shards them: weights {w} ({weights}), gradients {g} "
+            f"({'fp32' if g == 4 else weights}), optimizer {o} ({', '.join(parts)})")
+
+
 def model_state_bytes(n_params: float, zero_stage: int, group: int, precision: str = "bf16",
                       grad_width: int | None = None, optimizer_width: int | None = None
                       ) -> tuple[float, float, float]:
@@ -513,6 +527,7 @@ def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
     console.print(table)
     console.print("GiB per GPU; 'in flight': the most microbatch-chunks whose activations the "
                   "schedule holds at once")
+    console.print(state_legend(sc.training))
     verdict = "[green]fits[/green]" if report.fits else "[red]does NOT fit[/red]"
     console.print(f"peak {report.peak_bytes / GiB:.2f} GiB of {report.capacity_bytes / GiB:.2f} GiB "
                   f"per GPU: {verdict} (GiB = 2^30 bytes)")

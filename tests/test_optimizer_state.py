@@ -187,3 +187,26 @@ def test_megatron_export_refuses_what_megatron_core_would_store_otherwise():
     with pytest.raises(ConfigError, match="torchtitan's AdamW"):
         export_text(load_scenario("llama3-8b-h100x16-1f1b", ["training.exp_avg_dtype=bf16", "parallelism.zero_stage=0"]),
                     "torchtitan")
+
+
+def test_memory_command_names_the_bytes_per_parameter():
+    """`sim5d memory`: under the table, the model state's bytes per parameter with each part's
+    stored type; --json's bytes_per_param. The default is the ZeRO paper's 2 + 2 + 12 (Figure 1,
+    K = 12); DeepSeek-V3's scenario the report's FP32 gradients and master weights with BF16
+    moments (sec. 3.3.3): 2 + 4 + 8. The table's optimizer column is those bytes over the ZeRO
+    group."""
+    import json
+
+    code, out, _ = run_cli("memory", "gpt-1.7b-a100x8-gpipe", "--json")
+    assert code == 0 and json.loads(out)["bytes_per_param"] == {"weights": 2, "grads": 2, "optimizer": 12}
+    code, out, _ = run_cli("memory", "deepseek-v3-h800x2048-dualpipe")
+    legend = " ".join(out.split())
+    assert ("weights 2 (bf16), gradients 4 (fp32), optimizer 8 (master weights fp32 4, Adam m bf16 2, v bf16 2)"
+            in legend), legend
+    code, out, _ = run_cli("memory", "llama3-8b-h100x16-1f1b", "--set", "training.exp_avg_dtype=fp8",
+                           "--set", "training.store_param_remainders=true", "--json")
+    d = json.loads(out)
+    assert d["bytes_per_param"]["optimizer"] == 2 + 1 + 4
+    stage = d["per_stage"][0]
+    params = stage["weights_gib"] / 2                       # ZeRO-1: the weights are whole
+    assert stage["optimizer_gib"] == pytest.approx(params * 7 / 4)       # dp 4

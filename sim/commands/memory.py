@@ -21,11 +21,12 @@ def register(app: typer.Typer) -> None:
         from sim.config import load_scenario
 
         sc = load_scenario(scenario, overrides=set_ or [])
-        from sim.memory import memory_report, render_memory_table
+        from sim.memory import memory_report, render_memory_table, state_bytes
 
         report = memory_report(sc)
         if as_json:
-            typer.echo(json.dumps(report.to_json()))
+            w, g, o = state_bytes(sc.training)
+            typer.echo(json.dumps({**report.to_json(), "bytes_per_param": {"weights": w, "grads": g, "optimizer": o}}))
         else:
             render_memory_table(sc, report)
         from sim.commands.run import check_fit
