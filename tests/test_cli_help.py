@@ -76,3 +76,13 @@ def test_the_list_of_commands_breaks_no_summary_where_its_docstring_does(monkeyp
         if len(summary) < 180:
             assert any(line.split("│")[1].split() == [name, *summary.split()] for line in out.splitlines()
                        if line.startswith("│") and line.split("│")[1].split()[:1] == [name]), (name, out)
+
+
+@pytest.mark.parametrize("path", list(_all_commands(command())), ids=lambda p: " ".join(p) or "sim5d")
+def test_no_help_text_is_cut_on_an_80_column_terminal(monkeypatch, path):
+    """rich cuts a word longer than its help column with an ellipsis: sweep's --set had lost the
+    keys it sweeps ("(parallelism.tp/pp/vpp/cp/ep…"), plan's three options the scenario key each
+    sets. On 80 columns, the usual smallest terminal, every help is whole."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(*path, "--help")
+    assert code == 0 and "…" not in out, [line for line in out.splitlines() if "…" in line]

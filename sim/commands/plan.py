@@ -31,10 +31,10 @@ def plan_cmd(
                                               "or NAME=X for a topology or device profile (default: the "
                                               "device profile's price)."),
     failure_rate: Optional[float] = typer.Option(None, "--failure-rate", help="Failures per GPU-hour "
-                                                 "(cluster.failure_rate_per_gpu_hour; default: the profile's, "
+                                                 "(cluster: failure_rate_per_gpu_hour; default: the profile's, "
                                                  "else the Llama 3 paper's 1.97e-5)."),
     node_failure_rate: Optional[float] = typer.Option(None, "--node-failure-rate", help="Failures per "
-                                                      "node-hour, added (cluster.failure_rate_per_node_hour)."),
+                                                      "node-hour, added (cluster: failure_rate_per_node_hour)."),
     restart_time: Optional[str] = typer.Option(None, "--restart-time", help="From a failure to running again, "
                                                "before the checkpoint load (cluster.restart_time_s), e.g. "
                                                "10min; default 10 min (Daly 2006)."),
@@ -43,7 +43,7 @@ def plan_cmd(
     async_save: bool = typer.Option(False, "--async-save", help="Asynchronous checkpoint save "
                                     "(training.checkpoint_async)."),
     warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Steps after a restart counted "
-                                               "as lost (training.restart_warmup_steps; default 0)."),
+                                               "as lost (training: restart_warmup_steps; default 0)."),
     monte_carlo: int = typer.Option(200, "--monte-carlo", help="Monte Carlo runs per candidate (0: none; "
                                     "at least 30)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the Monte Carlo (default 0)."),

@@ -49,12 +49,12 @@ def register(app: typer.Typer) -> None:
         topology: str = typer.Option(..., "--topology", help="Bundled topology name or topology YAML."),
         set_: Optional[List[str]] = typer.Option(
             None, "--set", help="Override a scenario key (dotted.key=value, repeatable). On a swept key "
-            "(parallelism.tp/pp/vpp/cp/ep/dp/pipeline_schedule/zero_stage, training.micro_batch_size/"
-            "recompute) a value fixes it and a YAML list restricts it, e.g. --set parallelism.tp=[2,4]."),
+            "(parallelism's tp, pp, vpp, cp, ep, dp, pipeline_schedule, zero_stage; training's "
+            "micro_batch_size, recompute) a value fixes it and a YAML list restricts it, e.g. --set parallelism.tp=[2,4]."),
         executor: str = typer.Option("local", "--executor", help="local (process pool) or ray."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Local processes (default: the cores)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Table FILE, .csv or .parquet "
-                                           "(default sweeps/<model>-<topology>-<N>gpu.csv)."),
+                                           "(default: a .csv in sweeps/ named after the model, topology and GPU count)."),
         top: int = typer.Option(8, "--top", help="Best layouts re-simulated with the flow network (0: none)."),
         flow_within: float = typer.Option(5.0, "--flow-within", help="Also re-simulate with flow every "
                                           "layout whose analytical step time is within this many percent "
