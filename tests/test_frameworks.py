@@ -196,7 +196,7 @@ def test_export_refuses_what_megatron_cannot_run(scenario, key):
 
 
 @pytest.mark.parametrize("extra,cluster,words", [
-    ("--num-layers-per-virtual-pipeline-stage $VPP", "dgx-h100-ndr:8", ["shell variable", "bash -x"]),
+    ("--num-layers-per-virtual-pipeline-stage $VPP", "dgx-h100-ndr:8", ["shell variable", "put echo before"]),
     ("${MODEL_ARGS[@]}", "dgx-h100-ndr:8", ["shell variable"]),
     ("--bf16 --fp16", "dgx-h100-ndr:8", ["--fp16", "--bf16 and --fp16"]),
     ("--num-query-groups 4", "dgx-h100-ndr:8", ["--num-query-groups", "--group-query-attention"]),
@@ -222,6 +222,42 @@ def test_bad_launches_exit_2_naming_the_flag(tmp_path, extra, cluster, words):
     assert code == 2 and out == "" and "Traceback" not in err, err
     for w in words:
         assert w in err, (w, err)
+
+
+SCRIPT = """\
+    #!/bin/bash
+    # as Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh builds its launch (at d98e8a6)
+    PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"
+    TP_SIZE=1
+    MODEL_ARGS=(
+        --num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 50257
+    )
+    TRAINING_ARGS=(--micro-batch-size 1 --global-batch-size 16 --bf16)
+    torchrun --nproc_per_node 8 "$PRETRAIN_SCRIPT_PATH" ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} \\
+        --tensor-model-parallel-size $TP_SIZE
+    """
+
+
+def test_a_script_that_builds_its_launch_is_named_as_one_with_the_way_to_import_it(tmp_path):
+    """Megatron-LM's example scripts build the launch from variables and arrays: the import said
+    "'PRETRAIN_SCRIPT_PATH=pretrain_gpt.py' is not a flag" (the assignment read as the training
+    script). It names the first line of shell code, and says how to get the launch the script
+    runs; that launch, printed by the script with echo before torchrun, imports."""
+    import subprocess
+
+    path = _launch(tmp_path, SCRIPT, "train.sh")
+    code, out, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and out == "" and "train.sh:3:" in err and "is shell code" in err, err
+    assert "put echo before its torchrun" in err and "Traceback" not in err
+    # shell code after the launch's flags too (an environment line before the launch stays the
+    # launcher's, as before)
+    launch = "export CUDA_DEVICE_MAX_CONNECTIONS=1\n" + textwrap.dedent(BASE.format(extra="--bf16")) + "set +x\n"
+    code, _, err = run_cli("import", str(_launch(tmp_path, launch, "s.sh")), "--cluster", "dgx-h100-ndr:8")
+    assert code == 2 and "s.sh:4:" in err and "'set' is shell code" in err, err
+    echoed = textwrap.dedent(SCRIPT).replace("torchrun --nproc", "echo torchrun --nproc")
+    printed = subprocess.run(["bash", "-c", echoed], capture_output=True, text=True, check=True).stdout
+    data, _ = _import(_launch(tmp_path, printed, "launch.txt"), "--cluster", "dgx-h100-ndr:8")
+    assert data["model"]["num_layers"] == 4 and data["parallelism"]["data_parallel_size"] == 8
 
 
 def test_the_launcher_and_the_cluster_must_agree(tmp_path):

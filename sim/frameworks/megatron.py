@@ -131,6 +131,13 @@ _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
 """Flags that take a value; an unknown flag takes one when a non-flag follows it."""
 _LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
 _SHELL_VAR = re.compile(r"\$\{?\w+")
+_SHELL_CODE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
+"""A shell assignment (NAME=..., NAME+=..., NAME[i]=...): a script that builds its launch."""
+_SHELL_WORDS = {"if", "then", "else", "elif", "fi", "for", "while", "do", "done", "case", "esac", "export", "set",
+                "unset", "mkdir", "cd", "source", ".", "function", "echo", "exit", "[", "[[", "local", "declare"}
+"""Shell keywords and commands that open a line of a script rather than a launch's flags."""
+_EXPAND = ("import the command the script runs: put echo before its torchrun (or python) line, run the script, "
+           "and import what it prints")
 
 
 class Flags:
@@ -202,7 +209,7 @@ def _tokens(text: str, path: str) -> list:
 def parse(text: str, path: str) -> tuple[Flags, dict]:
     """The Megatron-LM flags of a launch and what its launcher says (nodes, GPUs per node)."""
     toks = _tokens(text, path)
-    script = next((i for i, (t, _) in enumerate(toks) if t.endswith(".py")), None)
+    script = next((i for i, (t, _) in enumerate(toks) if t.endswith(".py") and not _SHELL_CODE.match(t)), None)
     launcher, args = (toks[:script], toks[script + 1:]) if script is not None else ([], toks)
     launch = {}
     for i, (t, line) in enumerate(launcher):
@@ -219,8 +226,11 @@ def parse(text: str, path: str) -> tuple[Flags, dict]:
     while i < len(args):
         t, line = args[i]
         if _SHELL_VAR.match(t):
-            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; import the "
-                              "expanded command (e.g. the pretrain_gpt.py line `bash -x` prints)", file=path, line=line)
+            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; {_EXPAND}",
+                              file=path, line=line)
+        if not t.startswith("--") and (_SHELL_CODE.match(t) or t in _SHELL_WORDS):
+            raise ConfigError(f"{t!r} is shell code: this file is a script that builds its launch, and sim5d reads "
+                              f"a launch, it does not run scripts; {_EXPAND}", file=path, line=line)
         if not t.startswith("--"):
             after = (f" (it follows {prev}, a switch that takes no value)" if prev in _SWITCHES else
                      " (Megatron-LM's arguments are --name value)")
@@ -241,8 +251,7 @@ def parse(text: str, path: str) -> tuple[Flags, dict]:
         for v in values:
             if _SHELL_VAR.search(v):
                 raise ConfigError(f"{name} {v!r} is a shell variable: sim5d reads the launch, it does not run "
-                                  "it; import the expanded command (e.g. the pretrain_gpt.py line `bash -x` prints)",
-                                  key=name, file=path, line=line)
+                                  f"it; {_EXPAND}", key=name, file=path, line=line)
         if name in _SWITCHES and values:
             raise ConfigError(f"{name} is a switch and takes no value ({values[0]!r})", key=name, file=path, line=line)
         if not switch and not values:
