@@ -452,3 +452,22 @@ def test_tp_only_amax_reduction_flag(tmp_path):
     (tmp_path / "b.yaml").write_text(out)
     data, _ = _import(tmp_path / "b.yaml", "--cluster", "dgx-h100-ndr:16")
     assert build_scenario(data).training.fp8_amax_reduction == "tp"
+
+
+@pytest.mark.parametrize("flags, cluster, words", [
+    ("--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather", "dgx-h100-ndr:8",
+     "all-gathered in FP8 (--fp8-param-gather; Megatron-Core gathers 1 byte a parameter, sim5d 2)"),
+    ("--bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather", "dgx-b200:8",
+     "kept in MXFP8 (--fp8-param-gather): Megatron-Core gathers them in BF16"),
+    ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4 --fp4-param-gather", "dgx-b200:8",
+     "all-gathered in NVFP4 (--fp4-param-gather; Megatron-Core gathers 0.5 bytes a parameter"),
+])
+def test_low_precision_weights_are_named_as_not_modelled_with_what_they_change(tmp_path, flags, cluster, words):
+    """--fp8-param-gather was listed among the flags that 'do not change one step's time', but
+    Megatron-Core keeps per-tensor FP8 and NVFP4 parameters in a uint8 buffer and all-gathers those
+    bytes (param_and_grad_buffer.py), MXFP8 ones in BF16: a note each, and in no other note."""
+    _, err = _import(_launch(tmp_path, BASE.format(extra=flags)), "--cluster", cluster)
+    note = next((line for line in err.splitlines() if "weights kept" in line), "")
+    assert words in note, err
+    flag = flags.split()[-1]
+    assert not any(flag in line for line in err.splitlines() if line != note), err

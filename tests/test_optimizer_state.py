@@ -179,8 +179,8 @@ def test_megatron_export_refuses_what_megatron_core_would_store_otherwise():
     from sim.config import load_scenario
 
     for sets, key in ((["training.exp_avg_dtype=bf16"], "training.store_param_remainders"),
-                      (["training.precision=fp8", "training.fp8_recipe=current", "training.store_param_remainders=true"],
-                       "training.store_param_remainders")):
+                      (["training.precision=fp8", "training.fp8_recipe=current",
+                        "training.store_param_remainders=true"], "training.store_param_remainders")):
         with pytest.raises(ConfigError) as e:
             export_text(load_scenario("llama3-8b-h100x16-1f1b", sets), "megatron")
         assert e.value.key == key, sets

@@ -37,3 +37,23 @@ def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> lis
         notes.append(f"not modelled, unknown to sim5d's {importer} import (check they do not change the step): "
                      f"{', '.join(unknown)}")
     return notes
+
+
+def low_precision_params_note(where: list, precision: str | None) -> list[str]:
+    """The stderr note for weights kept in FP8 / FP4 (Megatron `--fp8-param-gather`,
+    `--fp4-param-gather`; Megatron-Bridge's mixed precision fp8_param_gather, true in its FP8
+    recipes): not modelled, and not "no change to the step". Megatron-Core's
+    param_and_grad_buffer.py keeps per-tensor FP8 and NVFP4 parameters in a uint8 buffer and
+    all-gathers those bytes (1 and 0.5 a parameter, where sim5d gathers 2); MXFP8 parameters it
+    gathers in BF16 and quantises again, as sim5d's 2 bytes."""
+    if not where or precision not in ("fp8", "mxfp8", "nvfp4"):
+        return []
+    what = ", ".join(where)
+    if precision == "mxfp8":
+        return [f"not modelled, the weights kept in MXFP8 ({what}): Megatron-Core gathers them in BF16 and "
+                "quantises them again (param_and_grad_buffer.py), as sim5d gathers 16-bit weights; their MXFP8 "
+                "storage and that quantisation are not counted"]
+    size = "0.5 bytes" if precision == "nvfp4" else "1 byte"
+    return [f"not modelled, the weights kept and all-gathered in {'NVFP4' if precision == 'nvfp4' else 'FP8'} "
+            f"({what}; Megatron-Core gathers {size} a parameter, sim5d 2): where the ZeRO / FSDP parameter "
+            "all-gather is exposed sim5d's step is a little long"]

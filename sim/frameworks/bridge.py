@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from sim.errors import ConfigError
-from sim.frameworks import unread_notes
+from sim.frameworks import low_precision_params_note, unread_notes
 from sim.frameworks import megatron
 
 # Megatron-Core TransformerConfig / GPTModelProvider field -> Megatron-LM flag, same meaning
@@ -144,19 +144,21 @@ a name activation_map.str_to_dtype reads) -> the Megatron-LM flag's value."""
 RECIPES = {
     "bf16_mixed": {"bf16": True},
     "fp16_mixed": {"fp16": True},
-    "bf16_with_fp8_delayed_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "delayed"},
-    "fp16_with_fp8_delayed_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "delayed"},
-    "bf16_with_mxfp8_mixed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8"},
-    "fp16_with_mxfp8_mixed": {"fp16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8"},
+    "bf16_with_fp8_delayed_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "delayed",
+                                            "fp8_param_gather": True},
+    "fp16_with_fp8_delayed_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "delayed",
+                                            "fp8_param_gather": True},
+    "bf16_with_mxfp8_mixed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True},
+    "fp16_with_mxfp8_mixed": {"fp16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True},
     "bf16_with_fp8_current_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "tensorwise",
                                             "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
-                                            "num_layers_at_end_in_bf16": 1},
+                                            "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
     "fp16_with_fp8_current_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "tensorwise",
                                             "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 1,
-                                            "num_layers_at_end_in_bf16": 1},
+                                            "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
     "bf16_with_fp8_subchannel_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "blockwise"},
     "fp16_with_fp8_subchannel_scaling_mixed": {"fp16": True, "fp8": "hybrid", "fp8_recipe": "blockwise"},
-    "bf16_with_nvfp4_mixed": {"bf16": True, "fp4": "e2m1", "fp4_recipe": "nvfp4"},
+    "bf16_with_nvfp4_mixed": {"bf16": True, "fp4": "e2m1", "fp4_recipe": "nvfp4", "fp4_param_gather": True},
 }
 _SWITCHES_READ_ELSEWHERE = ("bf16", "fp16", "tp_comm_overlap", "overlap_moe_expert_parallel_comm")
 """_MODEL_SWITCH fields that other sections also set (mixed_precision, comm_overlap): read and
@@ -331,6 +333,20 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict, dict]:
                      f"{p.get('num_layers_at_end_in_bf16', 0)} last layers in BF16): not modelled, sim5d runs "
                      "every layer in the low precision (the step a little optimistic)")
     return f, names, opt
+
+
+def _low_precision_params(c: _Config) -> list:
+    """Where FP8 / FP4 weights are asked for (frameworks.low_precision_params_note): a recipe's
+    fp8_param_gather / fp4_param_gather (training/mixed_precision.py: the FP8 recipes but the
+    blockwise ones, and NVFP4's), a mixed precision mapping's fields (fp8_param and
+    fp8_param_gather kept in sync, MixedPrecisionConfig.__setattr__), else the model's."""
+    mp = c.data.get("mixed_precision")
+    if isinstance(mp, str):
+        fields = RECIPES[mp.replace("-", "_")]
+        return [f"mixed_precision {mp}'s {k}" for k in ("fp8_param_gather", "fp4_param_gather") if fields.get(k)]
+    section = "mixed_precision" if isinstance(mp, dict) else "model"
+    return [f"{section}.{k}" for k in ("fp8_param_gather", "fp8_param", "fp4_param_gather", "fp4_param")
+            if c.get(section, k)][:1]
 
 
 def _grads(c: _Config, add, p: dict, notes: list) -> None:
@@ -601,6 +617,7 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
             .replace("Megatron-LM's _vocab_size_with_padding", "GPTModelProvider's calculate_padded_vocab_size")
             for n in more]
     notes += [_renamed(n, names) for n in more]
+    notes += low_precision_params_note(_low_precision_params(c), d["training"].get("precision"))
     _unread(c, notes)
     return d, notes
 

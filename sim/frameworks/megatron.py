@@ -24,7 +24,7 @@ import re
 import shlex
 
 from sim.errors import ConfigError
-from sim.frameworks import unread_notes
+from sim.frameworks import low_precision_params_note, unread_notes
 from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 
 # flags that do not change one step's time: reported as such, never silently dropped
@@ -48,7 +48,7 @@ NOT_STEP_TIME = (
     "--moe-permute-fusion", "--moe-router-fusion", "--rotary-base", "--rotary-percent",
     "--rotary-scaling-factor", "--use-rotary-position-embeddings", "--norm-epsilon", "--layernorm-epsilon",
     "--apply-layernorm-1p", "--qk-layernorm", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
-    "--fp8-margin", "--fp8-param-gather", "--ddp-bucket-size", "--ddp-average-in-collective",
+    "--fp8-margin", "--ddp-bucket-size", "--ddp-average-in-collective",
     "--check-for-nan-in-loss-and-grad", "--use-flash-attn", "--overlap-p2p-communication",
     "--dataloader-type", "--num-workers", "--tokenizer-hf-include-special-tokens",
 )
@@ -70,7 +70,8 @@ _SWITCHES = {
     "--no-bias-dropout-fusion", "--no-gradient-accumulation-fusion", "--bias-swiglu-fusion",
     "--moe-router-enable-expert-bias", "--moe-router-pre-softmax", "--moe-grouped-gemm", "--moe-permute-fusion",
     "--moe-router-fusion", "--use-rotary-position-embeddings", "--apply-layernorm-1p", "--qk-layernorm",
-    "--fp8-param-gather", "--ddp-average-in-collective", "--check-for-nan-in-loss-and-grad", "--use-flash-attn",
+    "--fp8-param-gather", "--fp4-param-gather", "--ddp-average-in-collective", "--check-for-nan-in-loss-and-grad",
+    "--use-flash-attn",
     "--overlap-p2p-communication", "--log-timers-to-tensorboard",
     "--log-validation-ppl-to-tensorboard", "--tokenizer-hf-include-special-tokens", "--use-precision-aware-optimizer",
 }
@@ -399,7 +400,8 @@ def _optimizer_states(f: Flags, d: dict, notes: list, optimizer: dict | None = N
     states = optimizer_states(pa, types, base, opt["recipe"], opt["remainders"])
     if states.get("store_param_remainders") and types.get("--main-params-dtype") == "fp16":
         notes.append("--main-params-dtype fp16: with --bf16 the precision-aware optimizer keeps the fp32 master "
-                     "weights as the bf16 weights' 16-bit remainders instead (distrib_optimizer.py), 2 bytes either way")
+                     "weights as the bf16 weights' 16-bit remainders instead (distrib_optimizer.py), 2 bytes "
+                     "either way")
     for k, v in states.items():
         _set(d, f"training.{k}", v)
 
@@ -653,6 +655,8 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
     _cp_type(f, d, cp)
     _precision(f, d, notes)
     _optimizer_states(f, d, notes, optimizer)
+    notes += low_precision_params_note([x for x in ("--fp8-param-gather", "--fp4-param-gather") if f.get(x)],
+                                       d["training"].get("precision"))
     _recompute(f, d)
     _fsdp(f, d)
     p["data_parallel_size"] = _data_parallel(launch, gpus, tp, pp, cp)
