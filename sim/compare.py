@@ -101,6 +101,23 @@ def layout_text(sc) -> str:
             f"recompute {sc.training.recompute}")
 
 
+def precision_text(t) -> str:
+    """A scenario's precision in a few words, with the stored types that are not the precision's
+    defaults: 'bf16', 'fp8 current scaling', 'bf16 (grads fp32, Adam m, v bf16)'."""
+    head = f"fp8 {t.fp8_recipe} scaling" if t.precision == "fp8" else t.precision
+    extra = []
+    if t.grad_reduce_in_fp32 and t.precision != "fp32":
+        extra.append("grads fp32")
+    if t.store_param_remainders:
+        extra.append("master as remainders")
+    elif t.main_params_dtype != "fp32":
+        extra.append(f"master {t.main_params_dtype}")
+    m, v = t.exp_avg_dtype, t.exp_avg_sq_dtype
+    if (m, v) != ("fp32", "fp32"):
+        extra.append(f"Adam m, v {m}" if m == v else f"Adam m {m}, v {v}")
+    return head + (f" ({', '.join(extra)})" if extra else "")
+
+
 def evaluate(path: str, overrides: list[str]) -> dict:
     """Load and simulate one scenario; the row of the comparison (without costs)."""
     from sim.config import load_scenario
@@ -110,6 +127,7 @@ def evaluate(path: str, overrides: list[str]) -> dict:
     s = simulate(sc).summary()
     row = {"name": sc.name, "file": str(path), "model": sc.model.name, "topology": sc.cluster.topology.name,
            "gpu": sc.cluster.gpu.name, "network": sc.simulation.network, "layout": layout_text(sc),
+           "precision": precision_text(sc.training),
            "tokens_per_step": sc.tokens_per_step, "profile_price_per_gpu_hour_usd": sc.cluster.gpu.price_per_gpu_hour_usd}
     row.update({k: v for k, v in s.items() if k != "name"})
     for part in ("compute", "exposed_comm", "bubble"):

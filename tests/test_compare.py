@@ -44,6 +44,25 @@ def test_figures_equal_run_and_costs_follow_by_hand(write_yaml, tmp_path):
     assert rows["small-a100"]["layout"] == "tp2 pp2 vpp1 cp1 ep1 dp2 1f1b ZeRO-0 mbs1 recompute none"
 
 
+def test_the_precision_is_a_row_of_the_comparison(write_yaml, tmp_path):
+    """Two scenarios that differ only in precision or optimizer state showed the same model,
+    cluster and layout rows: each row now says its precision, with the stored types that are not
+    the precision's defaults."""
+    a = write_yaml(base_scenario(name="bf16"), "a.yaml")
+    b = write_yaml(base_scenario(name="deepseek-state", training={
+        "grad_reduce_in_fp32": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}), "b.yaml")
+    c = write_yaml(base_scenario(name="fp8", cluster={"topology": "dgx-h100-ndr"}, training={
+        "precision": "fp8", "fp8_recipe": "current", "store_param_remainders": True, "exp_avg_dtype": "fp8"}),
+        "c.yaml")
+    res = run_json("compare", a, b, c, "--plot", str(tmp_path / "c.png"))
+    assert [r["precision"] for r in res["scenarios"]] == [
+        "bf16", "bf16 (grads fp32, Adam m, v bf16)", "fp8 current scaling (master as remainders, Adam m fp8, v fp32)"]
+    code, out, _ = run_cli("compare", a, b, "--plot", str(tmp_path / "c.png"), "--html", str(tmp_path / "c.html"))
+    assert code == 0 and any(line.split("│")[1].strip() == "precision" for line in out.splitlines() if "│" in line)
+    html = (tmp_path / "c.html").read_text()
+    assert 'data-key="scenarios.1.precision"' in html and "Adam m, v bf16" in html
+
+
 def test_unknown_price_gives_no_dollar_figures(write_yaml, tmp_path):
     prof = tmp_path / "free.yaml"
     prof.write_text("name: nameless\nmemory_gib: 80\npeak_tflops: {bf16: 312.0}\nhbm_gbps: 2039\n")

@@ -14,6 +14,7 @@ ROWS = (  # (label, key, format)
     ("GPU", "gpu", "{}"),
     ("GPUs", "num_gpus", "{:,}"),
     ("layout", "layout", "{}"),
+    ("precision", "precision", "{}"),
     ("network model", "network", "{}"),
     ("step time (s)", "step_time_s", "{:.4g}"),
     ("  compute (s)", "compute_s", "{:.4g}"),

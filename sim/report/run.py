@@ -211,7 +211,7 @@ def memory_figure(mem: dict, pp_of: dict, capacity_bytes: float):
 def run_report(result, summary: dict, records, pp_of: dict, mem: dict, grouped: dict | None = None) -> str:
     """The whole page of one `sim5d run`; `grouped`: the records by rank, where grouped already
     (sim.engine.outputs.stage_lanes)."""
-    from sim.compare import layout_text
+    from sim.compare import layout_text, precision_text
 
     sc = result.scenario
     timeline, summarised = timeline_figure(records, pp_of, result.makespan_ns, grouped)
@@ -231,5 +231,5 @@ def run_report(result, summary: dict, records, pp_of: dict, mem: dict, grouped: 
                                                       "memory") + mem_table),
     ]
     subtitle = (f"{sc.model.name} on {sc.derived.num_gpus:,} x {sc.cluster.gpu.name} ({sc.cluster.topology.name}), "
-                f"{layout_text(sc)}, {sc.training.precision}, {sc.simulation.network} network")
+                f"{layout_text(sc)}, {precision_text(sc.training)}, {sc.simulation.network} network")
     return R.page(f"sim5d run: {sc.name}", subtitle, sections)

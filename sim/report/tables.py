@@ -92,7 +92,7 @@ def _padded_range(xs: list, log: bool) -> list:
 
 _COMPARE_ROWS = (
     ("model", "model"), ("GPUs", "num_gpus"), ("GPU", "gpu"), ("topology", "topology"), ("layout", "layout"),
-    ("network", "network"), ("step time (s)", "step_time_s", ".6g"), ("compute (s)", "compute_s", ".4g"),
+    ("precision", "precision"), ("network", "network"), ("step time (s)", "step_time_s", ".6g"), ("compute (s)", "compute_s", ".4g"),
     ("exposed communication (s)", "exposed_comm_s", ".4g"), ("bubble (s)", "bubble_s", ".4g"),
     ("tokens / s / GPU", "tokens_per_s_per_gpu", ",.0f"), ("MFU", "mfu", ".2%"),
     ("peak memory (GiB)", "peak_memory_gib", ".2f"), ("memory capacity (GiB)", "memory_capacity_gib", ".2f"),
