@@ -449,9 +449,8 @@ def test_the_readme_workflow_runs_and_its_figures_hold(tmp_path, monkeypatch):
 ])
 def test_bridge_fp8_weights_of_a_recipe_are_named_as_not_modelled(tmp_path, mixed, note):
     """training/mixed_precision.py: every FP8 recipe but the blockwise ones (which sim5d does not
-    model) sets
-    fp8_param_gather (the weights kept and gathered in FP8, Megatron-Core's uint8 parameter
-    buffer): a note naming where, not a 'does not change the step' one."""
+    model) sets fp8_param_gather (the weights kept and gathered in FP8, Megatron-Core's uint8
+    parameter buffer): a note naming where, not a 'does not change the step' one."""
     path = tmp_path / "c.yaml"
     path.write_text(RUN_CONFIG.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed",
                                        f"mixed_precision: {mixed}"))
@@ -459,4 +458,3 @@ def test_bridge_fp8_weights_of_a_recipe_are_named_as_not_modelled(tmp_path, mixe
     lines = [line for line in err.splitlines() if "weights kept" in line]
     assert (not lines) if note is None else (len(lines) == 1 and note in lines[0]), err
     assert "fp8_param_gather" not in " ".join(line for line in err.splitlines() if "weights kept" not in line)
-
