@@ -61,6 +61,10 @@ def test_the_precision_is_a_row_of_the_comparison(write_yaml, tmp_path):
     assert code == 0 and any(line.split("│")[1].strip() == "precision" for line in out.splitlines() if "│" in line)
     html = (tmp_path / "c.html").read_text()
     assert 'data-key="scenarios.1.precision"' in html and "Adam m, v bf16" in html
+    # the run report's header says the same
+    code, _, err = run_cli("run", b, "--out", str(tmp_path / "run"), "--html", str(tmp_path / "r.html"))
+    assert code == 0, err
+    assert "recompute none, bf16 (grads fp32, Adam m, v bf16), flow network" in (tmp_path / "r.html").read_text()
 
 
 def test_unknown_price_gives_no_dollar_figures(write_yaml, tmp_path):
