@@ -91,6 +91,18 @@ checkpoint: {save: /ckpt}
 """
 
 
+def _with_mixed_precision(tmp_path, text: str, mixed: str | None) -> Path:
+    """RUN_CONFIG-based `text` written with `mixed` as its mixed_precision (a recipe name or a
+    mapping; None: no mixed precision config, the model's bf16 switch on)."""
+    text = text.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed\n",
+                        "" if mixed is None else f"mixed_precision: {mixed}\n")
+    if mixed is None:
+        text = text.replace("  fp8: null\n", "  fp8: null\n  bf16: true\n")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
 @pytest.mark.parametrize("mixed, ddp, fp32, note", [
     ("bf16_mixed", None, True, False),                   # the bf16 recipes reduce in fp32
     ("fp16_mixed", None, False, False),                  # the fp16 ones do not
@@ -105,13 +117,7 @@ def test_bridge_gradient_type_is_the_mixed_precision_configs_over_ddps(tmp_path,
     over the DDP config's (update_config_with_precision_overrides); Megatron-Core's
     DistributedDataParallelConfig defaults to false."""
     text = RUN_CONFIG.replace("  grad_reduce_in_fp32: true\n", "" if ddp is None else f"  grad_reduce_in_fp32: {str(ddp).lower()}\n")
-    text = text.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed\n",
-                        "" if mixed is None else f"mixed_precision: {mixed}\n")
-    if mixed is None:
-        text = text.replace("  fp8: null\n", "  fp8: null\n  bf16: true\n")
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    data, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    data, err = _import(_with_mixed_precision(tmp_path, text, mixed), "--cluster", "dgx-h100-ndr:32")
     assert build_scenario(data).training.grad_reduce_in_fp32 is fp32
     assert ("overwritten by mixed_precision's" in err) is note
     assert "grad_reduce_in_fp32" not in err.replace("ddp.grad_reduce_in_fp32 false: overwritten", "")
@@ -139,13 +145,7 @@ def test_bridge_optimizer_state_types_follow_megatron_core(tmp_path, mixed, extr
     (megatron.optimizer_states): the moments as given, the master weights as remainders only
     where Transformer Engine keeps them."""
     text = RUN_CONFIG.replace("  lr: 0.0003\n", "  lr: 0.0003\n" + DEEPSEEK_STATES + extra)
-    text = text.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed\n",
-                        "" if mixed is None else f"mixed_precision: {mixed}\n")
-    if mixed is None:
-        text = text.replace("  fp8: null\n", "  fp8: null\n  bf16: true\n")
-    path = tmp_path / "c.yaml"
-    path.write_text(text)
-    data, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    data, err = _import(_with_mixed_precision(tmp_path, text, mixed), "--cluster", "dgx-h100-ndr:32")
     sc = build_scenario(data)
     t = sc.training
     assert (t.exp_avg_dtype, t.exp_avg_sq_dtype, t.main_params_dtype) == ("bf16", "bf16", "fp32")
@@ -451,10 +451,7 @@ def test_bridge_fp8_weights_of_a_recipe_are_named_as_not_modelled(tmp_path, mixe
     """training/mixed_precision.py: every FP8 recipe but the blockwise ones (which sim5d does not
     model) sets fp8_param_gather (the weights kept and gathered in FP8, Megatron-Core's uint8
     parameter buffer): a note naming where, not a 'does not change the step' one."""
-    path = tmp_path / "c.yaml"
-    path.write_text(RUN_CONFIG.replace("mixed_precision: bf16_with_fp8_delayed_scaling_mixed",
-                                       f"mixed_precision: {mixed}"))
-    _, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    _, err = _import(_with_mixed_precision(tmp_path, RUN_CONFIG, mixed), "--cluster", "dgx-h100-ndr:32")
     lines = [line for line in err.splitlines() if "weights kept" in line]
     assert (not lines) if note is None else (len(lines) == 1 and note in lines[0]), err
     assert "fp8_param_gather" not in " ".join(line for line in err.splitlines() if "weights kept" not in line)
