@@ -26,6 +26,10 @@ def format_of(path) -> str:
     return {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
 
 
+OPTIMIZER_STATE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders")
+"""The training keys of the optimizer state's stored types (fp32 / false: the defaults)."""
+
+
 def unread_notes(same: list, unknown: list, importer: str, why: str = "") -> list[str]:
     """The stderr notes for what an import did not map: the keys that do not change one step's
     time (`why`: which kinds they are), and the keys the importer does not know."""

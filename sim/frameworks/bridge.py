@@ -507,6 +507,13 @@ def _dtype(c: _Config, key: str):
     return _DTYPES[name.removeprefix("torch.")]
 
 
+def _optimizer_recipe(mp) -> str:
+    """The fp8_recipe a mixed precision config (a recipe name or its fields) writes over the
+    optimizer's: its own, else MixedPrecisionConfig's default tensorwise."""
+    fields = RECIPES[mp.replace("-", "_")] if isinstance(mp, str) else mp
+    return fields.get("fp8_recipe") or "tensorwise"
+
+
 def _optimizer_states(c: _Config, add, notes: list) -> dict:
     """OptimizerConfig's state types as Megatron-LM's flags, and the fields Megatron-Core decides
     the master weights' storage by (megatron.optimizer_states): store_param_remainders (default
@@ -524,12 +531,7 @@ def _optimizer_states(c: _Config, add, notes: list) -> dict:
         notes.append("optimizer.main_grads_dtype bf16: not modelled, sim5d takes the gradients' type of the "
                      "data-parallel buffer (ddp / mixed_precision grad_reduce_in_fp32)")
     mp = c.data.get("mixed_precision")
-    if isinstance(mp, str):
-        recipe = RECIPES[mp.replace("-", "_")].get("fp8_recipe", "tensorwise")
-    elif isinstance(mp, dict):
-        recipe = c.get("mixed_precision", "fp8_recipe") or "tensorwise"
-    else:
-        recipe = c.get("optimizer", "fp8_recipe")
+    recipe = _optimizer_recipe(mp) if mp is not None else c.get("optimizer", "fp8_recipe")
     remainders = c.get("optimizer", "store_param_remainders", True)
     if not isinstance(remainders, bool):
         raise c.error(("optimizer", "store_param_remainders"), "optimizer.store_param_remainders must be true or false")
@@ -681,8 +683,7 @@ def _export_states(t, out: dict) -> None:
     if not (t.store_param_remainders or any(getattr(t, k) != "fp32" for k, _ in megatron.STATE_TYPES.values())):
         return
     mp = out.get("mixed_precision")
-    recipe = (RECIPES[mp].get("fp8_recipe", "tensorwise") if isinstance(mp, str)
-              else (mp.get("fp8_recipe") or "tensorwise") if isinstance(mp, dict) else None)
+    recipe = _optimizer_recipe(mp) if mp is not None else None
     megatron.refuse_states(t, "Megatron-Bridge", recipe, t.store_param_remainders)
     opt = out["optimizer"]
     opt["use_precision_aware_optimizer"] = True

@@ -24,7 +24,7 @@ import re
 import shlex
 
 from sim.errors import ConfigError
-from sim.frameworks import low_precision_params_note, unread_notes
+from sim.frameworks import OPTIMIZER_STATE_KEYS, low_precision_params_note, unread_notes
 from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 
 # flags that do not change one step's time: reported as such, never silently dropped
@@ -691,9 +691,6 @@ def _refuse(sc) -> None:
                           "a scenario with the default 1.0", key="training.moe_routing_imbalance")
 
 
-_STATE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders")
-
-
 def _state_types(t) -> dict:
     """The state-type flags of a scenario's optimizer states (--use-precision-aware-optimizer is
     written where any is not fp32 or the remainders are kept)."""
@@ -708,9 +705,9 @@ def refuse_states(t, framework: str, recipe, remainders: bool = True) -> None:
     pa = any(v != "fp32" for v in types.values()) or t.store_param_remainders
     base = {"fp16": "fp16", "fp32": "fp32"}.get(t.precision, "bf16")
     got = optimizer_states(pa, types, base, recipe, remainders)
-    want = {k: getattr(t, k) for k in _STATE_KEYS if getattr(t, k) not in ("fp32", False)}
+    want = {k: getattr(t, k) for k in OPTIMIZER_STATE_KEYS if getattr(t, k) not in ("fp32", False)}
     if got != want:
-        key = next(k for k in _STATE_KEYS if got.get(k) != want.get(k))
+        key = next(k for k in OPTIMIZER_STATE_KEYS if got.get(k) != want.get(k))
         fix = (f"; set training.{key} {str(got[key]).lower() if isinstance(got[key], bool) else got[key]}"
                if key in got else f"; remove training.{key}")
         why = ("with bf16 weights the precision-aware optimizer keeps the fp32 master weights as remainders, "

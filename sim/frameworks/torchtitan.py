@@ -19,7 +19,7 @@ every-n-th-layer selective checkpointing, row-wise FP8, CP by all-gather.
 from __future__ import annotations
 
 from sim.errors import ConfigError
-from sim.frameworks import unread_notes
+from sim.frameworks import OPTIMIZER_STATE_KEYS, unread_notes
 
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
            ("deepseek_v3", "671B"): "deepseek-v3"}
@@ -240,7 +240,7 @@ def _refuse(sc) -> None:
     p, t = sc.parallelism, sc.training
     if p.zero_stage in (1, 2):
         raise ConfigError(f"zero_stage {p.zero_stage}: torchtitan runs DDP (0) or FSDP2 (3)", key="parallelism.zero_stage")
-    for key in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders"):
+    for key in OPTIMIZER_STATE_KEYS:
         if getattr(t, key) not in ("fp32", False):
             raise ConfigError(f"{key} {str(getattr(t, key)).lower()}: torchtitan's AdamW keeps its state in the "
                               "parameters' fp32 (no precision-aware optimizer)", key=f"training.{key}")
