@@ -267,8 +267,11 @@ class TrainingIn(_Strict):
     """Sequences per microbatch per data-parallel replica. Default 1."""
     global_batch_size: int = Field(ge=1)
     """Sequences per optimizer step over all replicas."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: none | selective (core attention, Korthikanti et al.) | full
+    recompute: Literal["none", "selective", "selective-op", "full"] = "none"
+    """Activation recomputation: none | selective (core attention, Korthikanti et al.) |
+    selective-op (torchtitan's per-op selective checkpointing: the attention output, the
+    reduce-scatters and every matmul but the second, fourth, ... of a layer saved, everything
+    else recomputed; dense models without linear biases, flash attention, 16- or 32-bit) | full
     (every layer's input kept, the layer recomputed in backward). Default none."""
     recompute_modules: Optional[list[str]] = None
     """With recompute selective: the modules recomputed in the backward, Megatron-Core's
@@ -1285,6 +1288,7 @@ def _check_where_they_apply(model: ModelSpec, p: ParallelIn, t: TrainingIn, ep: 
     _check_moe_dispatch(model, t, ep, etp, err)
     _check_ep_overlap(model, t, ep, pp, schedule, err)
     _check_recompute_modules(model, t, err)
+    _check_op_sac(model, t, err)
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1476,6 +1480,28 @@ def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:
     if t.moe_pad_expert_input_to_capacity and (t.moe_flex_dispatcher_backend or "deepep") == "deepep":
         raise err("training.moe_pad_expert_input_to_capacity", "the deepep flex dispatcher does not "
                   "support moe_pad_expert_input_to_capacity (Megatron-Core raises the same)")
+
+
+def _check_op_sac(model: ModelSpec, t, err) -> None:
+    """recompute selective-op: only what torchtitan's per-op policy (sim.workload.ops
+    op_sac_fractions) is modelled for: its Llama-style dense blocks in 16 or 32 bit."""
+    if t.recompute != "selective-op":
+        return
+    why = ("it has experts (the MoE layer's grouped GEMMs and router are not counted)" if model.is_moe else
+           "it has multi-latent attention (its down- and up-projections are not counted)"
+           if model.multi_latent_attention else
+           "its linears have biases (aten.addmm, which the policy saves and does not count as a matmul)"
+           if model.add_bias_linear or model.add_qkv_bias else None)
+    if why:
+        raise err("training.recompute", f"recompute selective-op (torchtitan's per-op checkpointing) is not "
+                  f"modelled for {model.name}: {why}; use none, selective or full")
+    if t.attention_backend != "flash":
+        raise err("training.attention_backend", "recompute selective-op saves the fused attention's output "
+                  "(torchtitan's SDPA / FlexAttention): set attention_backend flash")
+    if t.precision not in ("bf16", "fp16", "fp32"):
+        raise err("training.precision", f"recompute selective-op with precision {t.precision} is not modelled: "
+                  "low-precision GEMMs (aten._scaled_mm) fall outside the policy's count of matmuls; use "
+                  "bf16, fp16 or fp32, or recompute none or full")
 
 
 def _check_recompute_modules(model: ModelSpec, t, err) -> None:

@@ -157,9 +157,36 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     sbh = s * b * h
     if recompute == "full":
         return p * sbh * rep
+    if recompute == "selective-op":
+        return _op_sac_bytes(model, layer, p, seq=seq, micro_batch=micro_batch, tp=tp, cp=cp,
+                             sequence_parallel=sp, precision=precision)
     mods = tuple(recompute_modules) if recompute == "selective" else ()
     act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend, mods)
     return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods)
+
+
+def _op_sac_bytes(model, layer: int, p: int, *, seq: int, micro_batch: int, tp: int, cp: int,
+                  sequence_parallel: bool, precision: str) -> float:
+    """What torchtitan's per-op selective checkpointing keeps of one layer (recompute
+    selective-op; sim.workload.ops.op_sac_fractions): the block's input (the checkpoint's, p*s*b*h,
+    SP: / t); each GEMM's saved share of its output, p*m*n*(1 - re-run fraction), where a
+    row-parallel GEMM's (wo, w2) output is the whole p*s*b*h partial sum before its reduction;
+    the attention output p*s*b*h_attn/t with its fp32 log-sum-exp 4*a*s*b/t; under SP the two
+    reduce-scatters' outputs, p*s*b*h/t each. Norms, RoPE, the activation and the residual adds
+    are recomputed, as are the all-gathers (SP) and all-reduces (TP without SP)."""
+    ops = workload.layer_ops(model, layer, micro_batch_size=micro_batch, seq_length=seq, precision=precision,
+                             tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    sbh = seq // cp * micro_batch * model.hidden_size
+    rep = 1.0 / tp if sequence_parallel else 1.0
+    act = p * sbh * rep                                        # the checkpoint's input
+    for op, again in zip(ops, workload.op_sac_fractions(ops, model)):
+        if op.kind == "gemm":
+            act += p * op.batch * op.m * op.n * (1.0 - again)    # saved GEMM outputs
+        elif op.name == "attn_values":
+            act += op.batch * op.m * (p * op.n + 4)           # SDPA output and log-sum-exp
+    if sequence_parallel:
+        act += 2 * p * sbh * rep                               # the reduce-scatters' outputs
+    return act
 
 
 def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: float, sbh: int,
@@ -455,9 +482,10 @@ def memory_report(sc: Scenario) -> MemoryReport:
         # one stage: forward then backward of each microbatch in turn (gradient accumulation)
         live, live_counts = [stage_act[0]], [1]
 
-    # Full recompute rematerialises one layer's activations during its backward (transient).
+    # Full (and torchtitan's per-op) recompute rematerialises one layer's activations during its
+    # backward (transient).
     work = [0.0] * p.pp
-    if t.recompute == "full":
+    if t.recompute in ("full", "selective-op"):
         m = sc.model
         for s, rank in enumerate(d.stage_rank):
             for layer in d.stage_layers(s):

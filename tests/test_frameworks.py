@@ -332,6 +332,7 @@ TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "trainin
           "training.fp8_recipe=current"],
     ["parallelism.zero_stage=0", "training.recompute=full", "parallelism.pp=1", "parallelism.dp=8"],      # DDP
     TT + ["training.grad_reduce_in_fp32=true"],                          # mixed_precision_reduce float32
+    TT + ["training.recompute=selective-op"],                            # selective_ac_option "op"
 ])
 def test_torchtitan_import_of_export(tmp_path, sets):
     a, b = _tt_roundtrip(tmp_path, sets)
@@ -348,6 +349,11 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan",
                                *[a for s in sets for a in ("--set", s)])
         assert code == 2 and key in err and "Traceback" not in err, (sets, err)
+    # torchtitan's per-op checkpointing has no Megatron-Core granularity
+    for fmt in ("megatron", "bridge"):
+        code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", fmt,
+                               "--set", "training.recompute=selective-op")
+        assert code == 2 and "training.recompute" in err and "per-op" in err, (fmt, err)
 
 
 @pytest.mark.parametrize("body,words", [
@@ -355,7 +361,7 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
     ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 2\n'
      'data_parallel_shard_degree = 4\n', ["HSDP", "not modelled"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "selective"\n'
-     'selective_ac_option = "op"\n', ["activation_checkpoint.mode", "op-level"]),
+     'selective_ac_option = "3"\n', ["activation_checkpoint.mode", "every-n-th-layer"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\n', ["activation_checkpoint.mode", "'2'"]),   # torchtitan's default
     ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[float8]\nrecipe_name = "rowwise"\n'
      '[activation_checkpoint]\nmode = "none"\n', ["row-wise FP8"]),

@@ -270,7 +270,7 @@ def test_rerun_of_a_finished_sweep_reuses_it_and_other_sweeps_are_refused(tmp_pa
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "12"], ["--gpus (12)", "whole nodes of 8"]),
     (["--topology", "dgx-z100"], ["--topology", "unknown topology"]),
-    (["--set", "training.recompute=[none,sometimes]"], ["training.recompute", "'sometimes'", "none, selective, full"]),
+    (["--set", "training.recompute=[none,sometimes]"], ["training.recompute", "'sometimes'", "none, selective, selective-op, full"]),
     (["--set", "parallelism.tp=[2,0]"], ["tensor_model_parallel_size", "0", ">= 1"]),
     (["--set", "simulation.network=flow"], ["simulation.network", "--top"]),
     (["--set", "cluster.num_nodes=2"], ["cluster.num_nodes", "--gpus"]),

@@ -79,10 +79,16 @@ class DeviceCostModel(CostModel):
         blocks = []
         t = self.sc.training
         mods = t.recompute_modules           # under selective, resolved by sim.config (default core_attn)
-        for block in (ops[:split], ops[split:]):
+        if t.recompute == "selective-op":
+            # torchtitan's per-op policy counts its matmuls over the whole checkpointed block
+            again = workload.recompute_ops(ops, "selective-op", model=self.sc.model)
+            at = next(i for i, op in enumerate(again) if op.name == "pre_mlp_norm")
+            op_sac = (again[:at], again[at:])
+        for i, block in enumerate((ops[:split], ops[split:])):
             d = {ph: self._time(block, ph) for ph in ("fwd", "dgrad", "wgrad")}
             d["recompute"] = (self._time(workload.recompute_ops(block, "selective", mods), "fwd")
-                              if t.recompute == "selective" else 0)
+                              if t.recompute == "selective" else
+                              self._time(op_sac[i], "fwd") if t.recompute == "selective-op" else 0)
             d.update(self._column_gemm_ns(block))
             blocks.append(d)
         if t.recompute == "selective" and tuple(mods) != workload.DEFAULT_RECOMPUTE_MODULES:

@@ -9,7 +9,8 @@ module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp, fp8); this module compo
   reduce, TP gather, EP dispatch, expert-TP gather, MLP, expert-TP reduce-scatter, EP combine,
   TP reduce;
 - a backward layer (`_backward_layer`): the recompute (`full` re-runs the layer's forward with
-  its TP collectives, `selective` its recompute_modules: the core attention by default, the
+  its TP collectives, `selective-op` torchtitan's unsaved ops with the all-gathers or
+  all-reduces, `selective` its recompute_modules: the core attention by default, the
   dense MLP and shared experts with their TP collectives, the MoE layer with its dispatch and
   combine), then the MLP block and the attention
   block in reverse, each: the TP output-gradient gather, the input gradient, the TP reduction
@@ -295,10 +296,25 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             prog.append(Compute(self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"],
                                 f"{wk} {name} wgrad"))
 
+    def _op_sac_recompute(self, prog, r, layer, mb, c):
+        """torchtitan's per-op selective checkpointing (recompute selective-op): the first
+        saved tensor its backward unpacks re-runs the block's forward whole, each saved op's
+        output taken from the cache (c.attn / c.mlp "recompute": the rest of the ops). The
+        all-gathers before the attention and the MLP (SP) run again, not being saved, as do the
+        all-reduces after them (TP without SP); the reduce-scatters' outputs are saved."""
+        for block, cost in (("attn", c.attn), ("mlp", c.mlp)):
+            if self.sp:
+                self._tp(prog, r, f"R L{layer} {block} all-gather mb{mb}", "all_gather")
+            prog.append(Compute(cost["recompute"], f"R L{layer} {block} mb{mb}", "recompute"))
+            if not self.sp:
+                self._tp(prog, r, f"R L{layer} {block} all_reduce mb{mb}", "all_reduce")
+
     def _backward_layer(self, prog, r, layer, mb, do_input, do_weight):
         c = self._cost(layer)
         if do_input and self.sc.training.recompute == "full":
             self._forward_layer(prog, r, layer, mb, tag="R")
+        elif do_input and self.sc.training.recompute == "selective-op":
+            self._op_sac_recompute(prog, r, layer, mb, c)
         if do_input:
             self._a2a(prog, r, layer, f"B L{layer} combine-grad mb{mb}")
         self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight, c)

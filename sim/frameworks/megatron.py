@@ -668,6 +668,10 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
 def _refuse(sc) -> None:
     """What Megatron-LM cannot run, or sim5d cannot write as its flags: ConfigError naming the key."""
     m, p, t = sc.model, sc.parallelism, sc.training
+    if t.recompute == "selective-op":
+        raise ConfigError("recompute selective-op is torchtitan's per-op checkpointing; Megatron-Core recomputes "
+                          "whole modules (--recompute-granularity selective with --recompute-modules, or full)",
+                          key="training.recompute")
     if p.pipeline_schedule not in ("1f1b", "interleaved-1f1b"):
         raise ConfigError(f"pipeline_schedule {p.pipeline_schedule}: Megatron-LM runs 1F1B and interleaved 1F1B "
                           "(no GPipe, Zero Bubble or DualPipe schedule in pretrain_gpt.py)",

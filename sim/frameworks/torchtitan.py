@@ -12,8 +12,9 @@ FSDP2's reshard_after_forward "default" (resharded unless pipeline parallel, tor
 parallelize), activation checkpointing "selective" with option "2".
 
 A flavor is one of the bundled presets it equals (Llama 3 8B, 70B, 405B; DeepSeek-V3 671B). What
-sim5d models differently is refused with the reason rather than approximated: HSDP, op-level or
-every-n-th-layer selective checkpointing, row-wise FP8, CP by all-gather.
+sim5d models differently is refused with the reason rather than approximated: HSDP, every-n-th-
+layer selective checkpointing, row-wise FP8, CP by all-gather. Op-level selective checkpointing
+(selective_ac_option "op") is recompute selective-op.
 """
 
 from __future__ import annotations
@@ -187,10 +188,12 @@ def _training(t: _Toml, d: dict) -> None:
     option = str(t.get("activation_checkpoint", "selective_ac_option", "2"))
     if mode == "selective" and option == "1":
         mode = "full"                                  # every layer checkpointed: full recompute
-    if mode not in ("none", "full"):
+    elif mode == "selective" and option == "op":
+        mode = "selective-op"                          # per-op SAC (sim.workload.ops.op_sac_fractions)
+    if mode not in ("none", "full", "selective-op"):
         raise t.error("activation_checkpoint.mode", f"mode {mode!r} (selective_ac_option {option!r}) is not "
-                      "modelled: torchtitan's op-level or every-n-th-layer checkpointing is not sim5d's selective "
-                      "recompute (the core attention); use none or full")
+                      "modelled: torchtitan's every-n-th-layer checkpointing is not sim5d's; use none, full, or "
+                      "selective with selective_ac_option \"op\"")
     tr["recompute"] = mode
     reduce = t.get("training", "mixed_precision_reduce", "float32")
     if reduce not in ("bfloat16", "float32"):
@@ -322,7 +325,9 @@ def from_scenario(sc) -> str:
         ['context_parallel_rotate_method = "alltoall"'] if p.cp > 1 else []) + (
         ['expert_parallel_comm_backend = "deepep"'] if t.moe_token_dispatcher == "flex" else []) + (
         ["enable_async_tensor_parallel = true"] if t.tp_comm_overlap else []) + pp_lines + [
-        "", "[activation_checkpoint]", f'mode = "{t.recompute}"']
+        "", "[activation_checkpoint]"] + (
+        ['mode = "selective"', 'selective_ac_option = "op"'] if t.recompute == "selective-op" else
+        [f'mode = "{t.recompute}"'])
     if t.precision == "fp8":
         lines += ["", "[quantize.linear.float8]", 'recipe_name = "tensorwise"']
     return "\n".join(lines) + "\n"

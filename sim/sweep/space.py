@@ -24,7 +24,8 @@ or `--set training.recompute=selective`):
   a ring all-reduce being a reduce-scatter plus an all-gather, holds less and steps a 1/dp
   shard of the optimizer; Megatron-Bridge's recipes always use the distributed optimizer. Add
   it with `--set parallelism.zero_stage=[0,1,2,3]`).
-- recompute: none, selective, full.
+- recompute: none, selective, full (selective-op, torchtitan's per-op checkpointing, when `--set
+  training.recompute=[...]` names it).
 
 Every combination is a candidate; `build_scenario` decides whether it is a valid layout (the
 rules of sim.config: heads vs tp, layers vs pp x vpp, batch vs micro-batch x dp, the schedule's
@@ -45,7 +46,9 @@ MAX_MICRO_BATCH_TOKENS = 16384
 """Largest default microbatch, in tokens (micro_batch_size x seq_length)."""
 DEFAULT_ZERO_STAGES = (1, 2, 3)
 RECOMPUTE_ORDER = ("none", "selective", "full")
-"""Recompute policies, least recomputation first (the step-time order by construction)."""
+"""The recompute policies a sweep tries by default, least recomputation first."""
+RECOMPUTE_POLICIES = ("none", "selective", "selective-op", "full")
+"""Every policy `--set training.recompute=...` may name, in the order a sweep lists them."""
 ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 
 # The swept keys: canonical dotted key -> the Layout field it sets.
@@ -148,8 +151,8 @@ def parse_choice(key: str, value) -> tuple:
                 raise ConfigError(f"{v!r} is not a pipeline schedule; choose from {', '.join(SCHEDULE_NAMES)}",
                                   key=key)
         elif field == "recompute":
-            if v not in RECOMPUTE_ORDER:
-                raise ConfigError(f"{v!r} is not a recompute policy; choose from {', '.join(RECOMPUTE_ORDER)}",
+            if v not in RECOMPUTE_POLICIES:
+                raise ConfigError(f"{v!r} is not a recompute policy; choose from {', '.join(RECOMPUTE_POLICIES)}",
                                   key=key)
         elif field == "zero_stage":
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 3:
@@ -160,7 +163,7 @@ def parse_choice(key: str, value) -> tuple:
         if v not in out:
             out.append(v)
     if field == "recompute":
-        out.sort(key=RECOMPUTE_ORDER.index)
+        out.sort(key=RECOMPUTE_POLICIES.index)
     elif field == "schedule":
         out.sort(key=SCHEDULE_NAMES.index)
     else:
@@ -263,15 +266,22 @@ def dominates(a: Layout, b: Layout) -> bool:
     """Whether `a` dominates `b` when both fit (see `dominators`): another layout of the same
     class (`variant_key`) doing no more work in both ZeRO stage and recompute."""
     return (a != b and a.variant_key() == b.variant_key() and _zero_le(a.zero_stage, b.zero_stage)
-            and RECOMPUTE_ORDER.index(a.recompute) <= RECOMPUTE_ORDER.index(b.recompute))
+            and _recompute_le(a.recompute, b.recompute))
+
+
+def _recompute_le(a: str, b: str) -> bool:
+    """Policy a re-runs no more than policy b: none <= every policy <= full, selective (the core
+    attention) and selective-op (torchtitan's: linears, norms, ...; the attention saved) each
+    only with itself, since neither's work contains the other's."""
+    return a == b or a == "none" or b == "full"
 
 
 def dominators(fitting: list[Layout]) -> dict:
     """{layout: the layout that dominates it} among layouts that fit in memory.
 
     L' dominates L when both fit, they differ only in ZeRO stage and recompute, and L' does no
-    more work in both: recompute none <= selective <= full (recomputation only adds forward
-    work) and ZeRO 1 <= 2 (see `_zero_le`). L cannot then be faster than L', so it is not
+    more work in both: recompute none <= selective, selective-op <= full (recomputation only adds
+    forward work; `_recompute_le`) and ZeRO 1 <= 2 (see `_zero_le`). L cannot then be faster than L', so it is not
     simulated. The dominator reported is the first non-dominated one in enumeration order.
     """
     by_class: dict = {}

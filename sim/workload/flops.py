@@ -63,7 +63,7 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
         if kind not in by_kind:
             ops = layer_ops(model, layer, micro_batch_size=1, seq_length=seq_length, causal=causal,
                             flash_attention=True)
-            by_kind[kind] = (sum_flops(ops), recompute_flops(ops, recompute, modules))
+            by_kind[kind] = (sum_flops(ops), recompute_flops(ops, recompute, modules, model))
         f, r = by_kind[kind]
         model_f += f
         extra_f += r
@@ -78,7 +78,7 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
                + (sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
                   if include_lm_head else 0.0))
         model_f += model.mtp_num_layers * per
-        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute, modules)
+        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute, modules, model)
     return model_f, extra_f
 
 
@@ -103,7 +103,8 @@ def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_length: int
                             include_lm_head: bool = True,
                             recompute_modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> float:
     """Model FLOPs plus the forward FLOPs that activation recomputation re-runs ('none',
-    'selective': core attention, 'full': every layer's forward); the HFU numerator. With
+    'selective': core attention, 'selective-op': torchtitan's per-op policy, 'full': every
+    layer's forward); the HFU numerator. With
     recompute='full' and causal=False this is Narayanan eq. 3 for a GPT (convention (a)).
     recompute_modules: selective's modules (Megatron-Core's recompute_modules; sim.workload.ops)."""
     _check_batch(global_batch, seq_length)

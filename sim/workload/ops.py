@@ -109,13 +109,13 @@ so their ops are re-run twice (listed twice by `recompute_ops`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.models import ModelSpec
 from sim.workload.params import attention_dims
 
 KINDS = ("gemm", "attention", "elementwise")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
 
 ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
 """Bytes per element of activations (and GEMM outputs) per training precision."""
@@ -731,13 +731,74 @@ def module_ops(ops: list[Op], module: str) -> list[Op]:
     return [op for op in ops if _GEMM_OF_CAST.get(op.name, op.name) in want]
 
 
+OP_SAC_LINEARS = {"qkv_proj": ("wq", "wk", "wv"), "out_proj": ("wo",), "fc1": ("w1", "w3"),
+                  "fc2": ("w2",)}
+"""sim5d's GEMMs as torchtitan's nn.Linear layers, in execution order (models/common/attention.py
+Attention.forward: wq, wk, wv, then wo; feed_forward.py FeedForward.forward: w2(silu(w1(x)) *
+w3(x)), so w1 before w3; a GELU MLP has w1 alone)."""
+
+
+def op_sac_fractions(ops: list[Op], model: ModelSpec) -> list[float]:
+    """Per op of one decoder layer (`layer_ops`, in order), the fraction of its forward that
+    torchtitan's per-op selective activation checkpointing re-runs in the backward
+    (`recompute='selective-op'`; torchtitan distributed/activation_checkpoint.py at b5bcd76,
+    SelectiveAC; `selective_ac_option = "op"` before its Python configs). The transformer block
+    is one checkpoint; the policy saves the outputs of the attention (SDPA / FlexAttention), of
+    reduce-scatters and of every matmul (aten.mm / linear, counted in execution order within the
+    block) except the second, fourth, ...; every other op is recomputed, whole (early_stop False).
+    A fused GEMM of sim5d counts as torchtitan's linears (OP_SAC_LINEARS) by output width: of
+    Llama's seven, wk, wo and w3 are re-run. Only what that policy covers: dense blocks without
+    linear biases (a biased linear is aten.addmm, saved and not counted), flash attention, 16-
+    or 32-bit GEMMs (sim.config checks the scenario)."""
+    d = model.kv_channels
+    widths = {"wq": model.num_attention_heads * d, "wk": model.num_query_groups * d,
+              "wv": model.num_query_groups * d, "wo": 1, "w1": 1, "w3": 1, "w2": 1}
+    count, out = 0, []
+    for op in ops:
+        if op.kind == "attention":
+            out.append(0.0)                                    # the SDPA output is saved
+        elif op.kind == "elementwise":
+            out.append(1.0)
+        else:
+            linears = OP_SAC_LINEARS[op.name]
+            if op.name == "fc1" and model.activation != "swiglu":
+                linears = ("w1",)
+            total = sum(widths[w] for w in linears)
+            again = 0
+            for w in linears:
+                count += 1
+                if count % 2 == 0:
+                    again += widths[w]
+            out.append(again / total)
+    return out
+
+
+def _part(op: Op, fraction: float) -> Op:
+    """`op` with `fraction` of its output columns (a GEMM's share of torchtitan's linears, a
+    GEMM of its own that reads the whole input: with one element size for operands and output,
+    as in 16 and 32 bit, its forward bytes are that size x (m k + fraction (k n + m n)))."""
+    if fraction == 1.0:
+        return op
+    m, n, k = op.m, op.n, op.k
+    size = op.bytes_fwd / (op.batch * (m * k + k * n + m * n))
+    cols = n * fraction
+    return replace(op, n=int(cols) if cols == int(cols) else cols, flops_fwd=op.flops_fwd * fraction,
+                   flops_dgrad=op.flops_dgrad * fraction, flops_wgrad=op.flops_wgrad * fraction,
+                   bytes_fwd=op.batch * size * (m * k + fraction * (k * n + m * n)),
+                   bytes_bwd=op.bytes_bwd * fraction)
+
+
 def recompute_ops(ops: list[Op], recompute: str,
-                  modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> list[Op]:
+                  modules: tuple = DEFAULT_RECOMPUTE_MODULES, model: ModelSpec | None = None) -> list[Op]:
     """The ops of a layer whose forward is re-run during its backward: none; selective (the ops
     of each of `modules`, Megatron-Core's recompute_modules; default core attention,
-    Korthikanti et al. 2022 sec. 5); full (the whole layer)."""
+    Korthikanti et al. 2022 sec. 5); selective-op (torchtitan's per-op policy, `op_sac_fractions`
+    of a whole layer's ops and its `model`; a GEMM partly re-run as that share of its columns);
+    full (the whole layer)."""
     if recompute == "none":
         return []
+    if recompute == "selective-op":
+        return [_part(op, f) for op, f in zip(ops, op_sac_fractions(ops, model)) if f > 0]
     if recompute == "selective":
         if tuple(modules) == DEFAULT_RECOMPUTE_MODULES:
             return [op for op in ops if op.selective_recompute]
@@ -754,9 +815,11 @@ def recompute_ops(ops: list[Op], recompute: str,
     raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
 
 
-def recompute_flops(ops: list[Op], recompute: str, modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> float:
-    """Extra forward FLOPs that recomputation adds to a layer's backward."""
-    return sum(op.flops_fwd for op in recompute_ops(ops, recompute, modules))
+def recompute_flops(ops: list[Op], recompute: str, modules: tuple = DEFAULT_RECOMPUTE_MODULES,
+                    model: ModelSpec | None = None) -> float:
+    """Extra forward FLOPs that recomputation adds to a layer's backward (`model`: with
+    selective-op)."""
+    return sum(op.flops_fwd for op in recompute_ops(ops, recompute, modules, model))
 
 
 def sum_flops(ops: list[Op]) -> float:
