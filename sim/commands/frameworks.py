@@ -103,9 +103,11 @@ def register(app: typer.Typer) -> None:
     def import_cmd(
         file: Path = typer.Argument(..., help="A Megatron-LM launch (a shell script or a file of pretrain_gpt.py "
                                     "arguments; a torchrun line before the script gives the GPU count), a "
-                                    "Megatron-Bridge ConfigContainer YAML or a torchtitan job TOML."),
+                                    "Megatron-Bridge ConfigContainer YAML, a torchtitan job TOML, or a launch of torchtitan's "
+                                    "trainer (run_train.sh or -m torchtitan.train) with one of its shipped configs."),
         format_: Optional[str] = typer.Option(None, "--format", help="megatron, bridge or torchtitan (default: "
-                                              "torchtitan for .toml, bridge for .yaml / .yml, else megatron)."),
+                                              "torchtitan for .toml or a launch of its trainer, bridge for .yaml "
+                                              "/ .yml, else megatron)."),
         cluster: str = typer.Option(..., "--cluster", help="TOPOLOGY or TOPOLOGY:GPUS (bundled name or YAML); "
                                     "GPUS may come from the launch's torchrun --nnodes x --nproc-per-node."),
         out: Optional[Path] = typer.Option(None, "--out", help="Scenario YAML to write (default: stdout)."),
@@ -117,7 +119,12 @@ def register(app: typer.Typer) -> None:
 
         from sim.frameworks import format_of
 
-        fmt = format_ or format_of(file)
+        try:
+            sniff = file.read_text(encoding="utf-8", errors="replace") if file.suffix.lower() not in (
+                ".toml", ".yaml", ".yml") else None
+        except OSError:
+            sniff = None                                 # import_launch says why it cannot read it
+        fmt = format_ or format_of(file, sniff)
         _check_format(fmt)
         if out is not None:
             from sim.report import check_path

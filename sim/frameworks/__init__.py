@@ -6,7 +6,9 @@
 - `bridge`: Megatron-Bridge's ConfigContainer YAML (NeMo 2.0's successor for Megatron models): a
   run's `run_config.yaml` or a recipe's overrides (sim.frameworks.bridge), both ways, read through
   the Megatron-LM mapping.
-- `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways.
+- `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways, and a launch of its
+  trainer with one of its shipped Python configs and flags over it (sim.frameworks
+  .torchtitan_launch), imported.
 
 Each importer maps every flag it reads to a scenario key, or reports it on stderr as not
 modelled with the reason; a value sim5d cannot represent, or two flags that contradict each
@@ -18,12 +20,16 @@ from __future__ import annotations
 FORMATS = ("megatron", "bridge", "torchtitan")
 
 
-def format_of(path) -> str:
+def format_of(path, text: str | None = None) -> str:
     """The format a launch file's name implies: a TOML is torchtitan's, a YAML Megatron-Bridge's,
-    anything else (a shell script, an argument file) Megatron-LM's flags."""
+    anything else (a shell script, an argument file) Megatron-LM's flags, or torchtitan's when
+    its `text` runs torchtitan's trainer (sim.frameworks.torchtitan_launch)."""
     from pathlib import Path
 
-    return {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
+    from sim.frameworks.torchtitan_launch import is_launch
+
+    fmt = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
+    return "torchtitan" if fmt == "megatron" and text is not None and is_launch(text) else fmt
 
 
 OPTIMIZER_STATE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders")

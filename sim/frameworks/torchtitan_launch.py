@@ -1,0 +1,269 @@
+"""torchtitan launches since its move from TOML job files to Python configs (pytorch/torchtitan
+9810191, February 2026; read at b5bcd76, August 2026) as sim5d scenarios.
+
+A run is `[NGPU=8] [MODULE=llama3] [CONFIG=llama3_8b] ./run_train.sh [FLAG ...]` (run_train.sh:
+torchrun on one node with NGPU processes; MODULE and CONFIG default to llama3 and
+llama3_debugmodel) or `torchrun --nnodes N --nproc_per_node G -m torchtitan.train --module M
+--config F [FLAG ...]`. The config is a Python function of the model's config_registry.py
+returning a Trainer.Config; the flags (`--section.option value`, `--section.flag` /
+`--section.no-flag` for booleans, `activation-checkpoint:full` for the checkpointing policy;
+config/manager.py, tyro) override its fields. sim5d cannot run that function, so it knows the
+shipped ones whose model it has (SHIPPED: the fields of each that set one step's time) and reads
+the flags over them; another config is an error naming the ones it knows.
+
+The fields map as the TOML's did (sim.frameworks.torchtitan), the batch now counted in tokens:
+a microbatch is num_tokens_per_microbatch_per_dp_rank / max_context_length sequences, a step
+num_tokens_per_train_step tokens (default: a microbatch x num_pp_microbatches under PP x the
+data-parallel ranks; trainer.py). Checkpointing: SelectiveAC (the default of Trainer.Config) is
+`recompute: selective-op`, FullAC full, none none.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sim.errors import ConfigError
+
+MARKS = ("run_train.sh", "torchtitan.train", "torchtitan/train.py")
+"""A launch naming one of these runs torchtitan's trainer."""
+
+# The shipped configs (torchtitan models/<module>/config_registry.py at b5bcd76), the fields of
+# each that set one step's time; every other field is Trainer.Config's default (config/configs.py:
+# data_parallel_shard_degree -1, tensor / pipeline / context / expert degrees 1, 1F1B, one
+# pipeline microbatch, first and last stages one layer short, bfloat16 parameters with float32
+# reductions, SelectiveAC).
+SHIPPED = {
+    ("llama3", "llama3_8b"): {
+        "flavor": "8B", "training.num_tokens_per_microbatch_per_dp_rank": 8192,
+        "training.max_context_length": 8192, "activation_checkpoint": "selective", "loss": "chunked"},
+    ("llama3", "llama3_8b_mxfp8"): {
+        "flavor": "8B", "training.num_tokens_per_microbatch_per_dp_rank": 8192,
+        "training.max_context_length": 8192, "activation_checkpoint": "selective", "loss": "chunked",
+        "compile.enable": True, "converter": "mxfp8"},
+    ("llama3", "llama3_70b"): {
+        "flavor": "70B", "training.num_tokens_per_microbatch_per_dp_rank": 8 * 8192,
+        "training.max_context_length": 8192, "parallelism.tensor_parallel_degree": 8,
+        "activation_checkpoint": "full", "loss": "chunked"},
+    ("llama3", "llama3_405b"): {
+        "flavor": "405B", "training.num_tokens_per_microbatch_per_dp_rank": 2 * 8192,
+        "training.max_context_length": 8192, "parallelism.tensor_parallel_degree": 8,
+        "activation_checkpoint": "full", "loss": "chunked", "compile.enable": True,
+        "compile.enable_async_tensor_parallel": True, "converter": "float8 rowwise"},
+    ("deepseek_v3", "deepseek_v3_671b"): {
+        "flavor": "671B", "training.num_tokens_per_microbatch_per_dp_rank": 4 * 4096,
+        "training.max_context_length": 4096, "parallelism.pipeline_parallel_schedule": "Interleaved1F1B",
+        "parallelism.expert_parallel_degree": 2, "activation_checkpoint": "selective", "loss": "chunked",
+        "compile.enable": True},
+}
+
+_INT = {f"parallelism.{k}" for k in (
+    "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+    "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree", "num_pp_microbatches",
+    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+    "pipeline_parallel_layers_per_stage")} | {f"training.{k}" for k in (
+        "num_tokens_per_microbatch_per_dp_rank", "num_tokens_per_train_step", "max_context_length")}
+_STR = {"parallelism.pipeline_parallel_schedule", "parallelism.fsdp_reshard_after_forward",
+        "training.mixed_precision_param", "training.mixed_precision_reduce"}
+_BOOL = {"parallelism.enable_sequence_parallel", "compile.enable", "compile.enable_async_tensor_parallel"}
+_NOT_STEP = ("metrics.", "checkpoint.", "profiler.", "validator.", "lr_scheduler.", "optimizer.", "dataloader.",
+             "tokenizer.", "comm.", "debug.", "hf_assets_path", "dump_folder", "training.steps", "training.max_norm",
+             "training.gc_freq", "training.gc_debug", "training.dtype", "fault_tolerance.", "parallelism.spmd_backend",
+             "parallelism.context_parallel_load_balancer")
+"""Fields that do not change one step's time (the TOML importer's NOT_STEP_TIME, new names)."""
+_POLICIES = {"selective": "selective", "full": "full", "none": "none", "memory-budget": None, "memory_budget": None}
+_DEFAULT_GPUS = 8                                    # run_train.sh: NGPU=${NGPU:-"8"}
+
+
+def is_launch(text: str) -> bool:
+    """Whether a file is a launch of torchtitan's trainer (not a TOML job file)."""
+    return any(m in text for m in MARKS)
+
+
+def _launch(tokens: list, path: str) -> tuple[dict, list]:
+    """(environment and launcher settings, the trainer's arguments)."""
+    from sim.frameworks.megatron import _LAUNCHER_GPUS
+
+    entry = next((i for i, (t, _) in enumerate(tokens) if t.endswith(("run_train.sh", "torchtitan/train.py"))
+                  or t == "torchtitan.train"), None)
+    if entry is None:
+        raise ConfigError("no torchtitan entry point: the launch runs ./run_train.sh, -m torchtitan.train or "
+                          "torchtitan/train.py", file=path)
+    env: dict = {"run_train": tokens[entry][0].endswith("run_train.sh")}
+    head = tokens[:entry]
+    for i, (t, line) in enumerate(head):
+        name, eq, val = t.partition("=")
+        if eq and name in ("NGPU", "MODULE", "CONFIG"):
+            env[name] = (val, line)
+        elif name in _LAUNCHER_GPUS:
+            val = val or (head[i + 1][0] if i + 1 < len(head) else "")
+            if not val.isdigit():
+                raise ConfigError(f"{name} {val!r} must be an integer (substitute shell variables before importing: "
+                                  "sim5d does not run the script)", key=name, file=path, line=line)
+            env[_LAUNCHER_GPUS[name]] = int(val)
+    return env, tokens[entry + 1:]
+
+
+def _flags(args: list, path: str) -> dict:
+    """The trainer's arguments: {name (underscores, no dashes): (value, line)}; the checkpointing
+    subcommand as `activation_checkpoint`."""
+    out: dict = {}
+    i = 0
+    while i < len(args):
+        t, line = args[i]
+        if t.startswith("$"):
+            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; put echo "
+                              "before the launch, run it, and import what it prints", file=path, line=line)
+        sub = re.fullmatch(r"activation[-_]checkpoint:([\w-]+)", t)
+        if sub:
+            out["activation_checkpoint"] = (sub.group(1), line)
+            i += 1
+            continue
+        if not t.startswith("--"):
+            raise ConfigError(f"{t!r} is not a flag (torchtitan's are --section.option value)", file=path, line=line)
+        name, eq, val = t[2:].partition("=")
+        name = name.replace("-", "_")
+        if not eq and i + 1 < len(args) and not args[i + 1][0].startswith("--") \
+                and ":" not in args[i + 1][0]:
+            val, i = args[i + 1][0], i + 1
+        elif not eq:
+            val = True                                   # a boolean flag
+        if isinstance(val, str) and "$" in val:
+            raise ConfigError(f"--{name} {val!r} is a shell variable: sim5d reads the launch, it does not run it; "
+                              "put echo before the launch, run it, and import what it prints",
+                              key=f"--{name}", file=path, line=line)
+        if name in out:
+            raise ConfigError(f"--{name} is given twice (lines {out[name][1]} and {line}); keep one",
+                              key=f"--{name}", file=path, line=line)
+        out[name] = (val, line)
+        i += 1
+    return out
+
+
+def _value(name: str, raw, path: str, line: int):
+    """A flag's value as its field's type."""
+    if name.rsplit(".", 1)[-1].startswith("no_") and raw is True:
+        return False
+    if name in _BOOL:
+        if raw is True or raw in ("True", "true"):
+            return True
+        if raw in ("False", "false"):
+            return False
+        raise ConfigError(f"--{name} is a boolean flag (--{name} or --{name.replace('.', '.no_', 1)})",
+                          key=f"--{name}", file=path, line=line)
+    if name in _INT:
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--{name} {raw!r} must be an integer", key=f"--{name}", file=path, line=line) from None
+    if raw is True:
+        raise ConfigError(f"--{name} needs a value", key=f"--{name}", file=path, line=line)
+    return raw
+
+
+def _config(env: dict, flags: dict, path: str) -> tuple[tuple, dict, list, list]:
+    """((module, config), the fields: the shipped config's with the flags over them, the flags that
+    do not change the step, the flags sim5d does not know)."""
+    module = flags.pop("module", (None, None))[0] or env.get("MODULE", (None,))[0]
+    config = flags.pop("config", (None, None))[0] or env.get("CONFIG", (None,))[0]
+    if env["run_train"]:
+        module, config = module or "llama3", config or "llama3_debugmodel"
+    if module is None or config is None:
+        raise ConfigError("the launch names no --module and --config (torchtitan's config_registry function)",
+                          key="--config", file=path)
+    short = re.sub(r"^torchtitan\.models\.|\.config_registry$", "", module)
+    if (short, config) not in SHIPPED:
+        known = ", ".join(f"--module {m} --config {c}" for m, c in SHIPPED)
+        raise ConfigError(f"--module {module} --config {config}: sim5d knows torchtitan's shipped configs of the "
+                          f"models it has ({known}); it cannot run a config function. Start from one of those "
+                          "with the same model and give your fields as --section.option flags, or write the "
+                          "scenario by hand", key="--config", file=path)
+    fields = dict(SHIPPED[(short, config)])
+    same, unknown = [], []
+    for name, (raw, line) in flags.items():
+        key = re.sub(r"\.no_", ".", name) if raw is True and ".no_" in name else name
+        if key == "activation_checkpoint":
+            if raw not in _POLICIES:
+                raise ConfigError(f"activation-checkpoint:{raw} is not one of torchtitan's policies "
+                                  f"({', '.join(p for p in _POLICIES if '_' not in p)})", key="activation_checkpoint",
+                                  file=path, line=line)
+            fields[key] = raw
+        elif key in _INT | _STR | _BOOL:
+            fields[key] = _value(name, raw, path, line)
+        elif key.startswith(_NOT_STEP):
+            same.append(f"--{name}")
+        else:
+            unknown.append(f"--{name}")
+    return (short, config), fields, same, unknown
+
+
+def _toml_data(key: tuple, fields: dict, path: str) -> dict:
+    """The fields as the TOML job file's sections (sim.frameworks.torchtitan reads them)."""
+    g = lambda k, d=None: fields.get(k, d)                       # noqa: E731
+    ctx = g("training.max_context_length", 2048)
+    tokens = g("training.num_tokens_per_microbatch_per_dp_rank", 16384)
+    if ctx < 1 or tokens < 1 or tokens % ctx:
+        raise ConfigError(f"num_tokens_per_microbatch_per_dp_rank {tokens} is not a whole number of "
+                          f"max_context_length {ctx} sequences: sim5d's microbatches are whole sequences",
+                          key="training.num_tokens_per_microbatch_per_dp_rank", file=path)
+    micro = tokens // ctx
+    pp = g("parallelism.pipeline_parallel_degree", 1)
+    pp_mb = g("parallelism.num_pp_microbatches", 1) if pp > 1 else 1
+    step = g("training.num_tokens_per_train_step", -1)
+    if step > 0 and step % ctx:
+        raise ConfigError(f"num_tokens_per_train_step {step} is not a whole number of max_context_length {ctx} "
+                          "sequences", key="training.num_tokens_per_train_step", file=path)
+    par = {k.split(".", 1)[1]: v for k, v in fields.items() if k.startswith("parallelism.")
+           and k not in ("parallelism.num_pp_microbatches", "parallelism.enable_sequence_parallel")}
+    par["pipeline_parallel_microbatch_size"] = micro
+    if g("compile.enable_async_tensor_parallel", False):
+        par["enable_async_tensor_parallel"] = True
+    if g("parallelism.context_parallel_degree", 1) > 1:
+        raise ConfigError("context_parallel_degree > 1: how torchtitan's spmd_types attention exchanges K and V "
+                          "over the context-parallel ranks is not modelled (sim5d runs the ring)",
+                          key="--parallelism.context_parallel_degree", file=path)
+    par["context_parallel_degree"] = 1
+    policy = _POLICIES[g("activation_checkpoint", "selective")]
+    if policy is None:
+        raise ConfigError("activation-checkpoint:memory-budget (torch.compile's min-cut recomputation) is not "
+                          "modelled; use selective, full or none", key="activation_checkpoint", file=path)
+    data = {"model": {"name": key[0], "flavor": g("flavor")},
+            "training": {"local_batch_size": micro * pp_mb, "global_batch_size": step // ctx if step > 0 else -1,
+                         "seq_len": ctx, "mixed_precision_param": g("training.mixed_precision_param", "bfloat16"),
+                         "mixed_precision_reduce": g("training.mixed_precision_reduce", "float32")},
+            "parallelism": par,
+            "activation_checkpoint": ({"mode": "selective", "selective_ac_option": "op"} if policy == "selective"
+                                      else {"mode": policy}),
+            "compile": {"enable": g("compile.enable", False)}}
+    converter = g("converter")
+    if converter == "float8 rowwise":
+        raise ConfigError(f"--config {key[1]} converts the linears to float8 with torchao's row-wise scaling "
+                          "(Float8LinearConverter's only recipes, rowwise and rowwise_with_gw_hp); row-wise FP8 is "
+                          "not modelled (sim5d's FP8 is tensor-wise), and a flag cannot remove the converter",
+                          key="--config", file=path)
+    if converter == "mxfp8":
+        data["model"]["converters"] = ["quantize.linear.mx"]
+    return data
+
+
+def read(text: str, path: str, gpus: int | None) -> tuple[dict, int | None, dict, list, list]:
+    """A torchtitan launch as (its fields as the TOML job file's sections, the GPU count, the
+    scenario keys set after them, notes before and after the TOML importer's), for
+    sim.frameworks.torchtitan.to_scenario."""
+    from sim.frameworks import megatron, unread_notes
+
+    env, args = _launch(megatron._tokens(text, path), path)
+    key, fields, same, unknown = _config(env, _flags(args, path), path)
+    if "NGPU" in env and not env["NGPU"][0].isdigit():
+        raise ConfigError(f"NGPU {env['NGPU'][0]!r} must be an integer", key="NGPU", file=path, line=env["NGPU"][1])
+    launched = (int(env["NGPU"][0]) if "NGPU" in env else _DEFAULT_GPUS) if env["run_train"] else \
+        (env.get("nodes", 1) * env["per_node"] if "per_node" in env else None)
+    if gpus is not None and launched is not None and gpus != launched:
+        raise ConfigError(f"--cluster gives {gpus} GPUs, the launch runs {launched}; give one count",
+                          key="--cluster", file=path)
+    after = {"sequence_parallel": False} if fields.get("parallelism.enable_sequence_parallel") is False else {}
+    before = [f"--module {key[0]} --config {key[1]}: the fields of torchtitan's shipped config "
+              f"(models/{key[0]}/config_registry.py at b5bcd76) with the launch's flags over them"]
+    tail = (["loss: ChunkedLossWrapper's chunked cross-entropy is not modelled (sim5d keeps the whole fp32 "
+             "logits: the last stage's memory is pessimistic)"] if fields.get("loss") == "chunked" else [])
+    return _toml_data(key, fields, path), gpus or launched, after, before, tail + unread_notes(
+        same, unknown, "torchtitan")
