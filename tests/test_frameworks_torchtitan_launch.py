@@ -113,3 +113,51 @@ def test_refused_launches_exit_2_naming_the_flag(tmp_path, text, cluster, words)
     assert code == 2 and out == "" and "Traceback" not in err, err
     for w in words:
         assert w in err, (w, err)
+
+
+# --- export: the launch of a layout, imported back ------------------------------------------
+FSDP = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.grad_reduce_in_fp32=true",
+        "training.recompute=selective-op"]
+
+
+def _roundtrip(tmp_path, scenario, sets):
+    from sim.config import load_scenario, resolved_dict
+
+    out = tmp_path / "launch.sh"
+    code, _, err = run_cli("export", scenario, "--format", "torchtitan-launch",
+                           *[a for s in sets for a in ("--set", s)], "--out", str(out))
+    assert code == 0, err
+    original = load_scenario(scenario, list(sets))
+    code, text, err = run_cli("import", str(out), "--cluster", original.cluster.topology.name)
+    assert code == 0, err
+    data = yaml.safe_load(text)
+    data["simulation"] = resolved_dict(original)["simulation"]
+    a, b = resolved_dict(original), resolved_dict(build_scenario(data))
+    for r in (a, b):
+        r.pop("name")
+    return a, b, out.read_text()
+
+
+@pytest.mark.parametrize("scenario,sets", [
+    ("llama3-8b-h100x16-1f1b", FSDP),                                            # torchrun, PP 1F1B
+    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full",
+                                       "parallelism.sequence_parallel=false"]),  # grad accumulation, no SP
+    ("llama3-8b-h100x8-zbv", ["parallelism.zero_stage=0", "training.recompute=none",
+                              "training.overlap_grad_reduce=true"]),            # run_train.sh, DDP
+    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2",
+                                       "training.tp_comm_overlap=true"]),       # async TP through compile
+])
+def test_export_imports_back_to_the_same_scenario(tmp_path, scenario, sets):
+    a, b, text = _roundtrip(tmp_path, scenario, sets)
+    assert b == a
+    assert ("run_train.sh" in text) == (scenario == "llama3-8b-h100x8-zbv")
+
+
+def test_export_refuses_what_the_trainer_cannot_run():
+    for sets, key in ((FSDP + ["training.precision=fp8", "training.fp8_recipe=current"], "training.precision"),
+                      (FSDP + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4"], "parallelism.cp"),
+                      (FSDP + ["training.grad_reduce_in_fp32=false"], "training.grad_reduce_in_fp32"),
+                      (FSDP + ["model=llama3-405b"], "model")):          # only its row-wise float8 config
+        code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan-launch",
+                               *[a for s in sets for a in ("--set", s)])
+        assert code == 2 and key in err and "Traceback" not in err, (sets, err)

@@ -39,7 +39,7 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
 
     from sim.config import build_scenario
 
-    module = importlib.import_module(f"sim.frameworks.{fmt}")
+    from sim.frameworks import is_launch
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -47,6 +47,9 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
         raise ConfigError(f"{path}: no such file", key="FILE") from None
     except (UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"{path}: cannot be read as a text file ({e})", key="FILE") from None
+    if fmt == "torchtitan" and is_launch(text):
+        fmt = "torchtitan-launch"                       # a launch, not a job TOML
+    module = importlib.import_module(f"sim.frameworks.{fmt.replace('-', '_')}")
     topo, gpus = parse_cluster(cluster)
     data, notes = module.to_scenario(text, str(path), cluster=topo, gpus=gpus, name=name or path.stem)
     try:
@@ -67,10 +70,10 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
 def export_text(sc, fmt: str = "megatron") -> str:
     """The launch of a scenario: Megatron-LM's torchrun line with the GPUs and the flags, a
     Megatron-Bridge ConfigContainer YAML or a torchtitan job TOML."""
-    if fmt in ("torchtitan", "bridge"):
+    if fmt in ("torchtitan", "bridge", "torchtitan-launch"):
         import importlib
 
-        return importlib.import_module(f"sim.frameworks.{fmt}").from_scenario(sc)
+        return importlib.import_module(f"sim.frameworks.{fmt.replace('-', '_')}").from_scenario(sc)
     from sim.frameworks import megatron
 
     flags = megatron.from_scenario(sc)
@@ -105,9 +108,10 @@ def register(app: typer.Typer) -> None:
                                     "arguments; a torchrun line before the script gives the GPU count), a "
                                     "Megatron-Bridge ConfigContainer YAML, a torchtitan job TOML, or a launch of torchtitan's "
                                     "trainer (run_train.sh or -m torchtitan.train) with one of its shipped configs."),
-        format_: Optional[str] = typer.Option(None, "--format", help="megatron, bridge or torchtitan (default: "
-                                              "torchtitan for .toml or a launch of its trainer, bridge for .yaml "
-                                              "/ .yml, else megatron)."),
+        format_: Optional[str] = typer.Option(None, "--format", help="megatron, bridge, torchtitan or "
+                                              "torchtitan-launch (default: torchtitan for .toml, torchtitan-launch "
+                                              "for a launch of its trainer, bridge for .yaml / .yml, else "
+                                              "megatron)."),
         cluster: str = typer.Option(..., "--cluster", help="TOPOLOGY or TOPOLOGY:GPUS (bundled name or YAML); "
                                     "GPUS may come from the launch's torchrun --nnodes x --nproc-per-node."),
         out: Optional[Path] = typer.Option(None, "--out", help="Scenario YAML to write (default: stdout)."),
@@ -144,13 +148,15 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_cmd(
         scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
-        format_: str = typer.Option("megatron", "--format", help="The framework: megatron, bridge or torchtitan."),
+        format_: str = typer.Option("megatron", "--format", help="The framework: megatron, bridge, torchtitan "
+                                     "(a job TOML) or torchtitan-launch (run_train.sh / torchrun with a shipped "
+                                     "config and flags)."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
     ) -> None:
         """Write a scenario's layout as the framework's launch (Megatron-LM: torchrun + pretrain_gpt.py
-        flags; Megatron-Bridge: a ConfigContainer YAML; torchtitan: a job TOML); a layout the
-        framework cannot run is refused with the reason (exit 2)."""
+        flags; Megatron-Bridge: a ConfigContainer YAML; torchtitan: a job TOML, or its trainer's
+        launch line); a layout the framework cannot run is refused with the reason (exit 2)."""
         from sim.config import load_scenario
 
         _check_format(format_)

@@ -6,9 +6,9 @@
 - `bridge`: Megatron-Bridge's ConfigContainer YAML (NeMo 2.0's successor for Megatron models): a
   run's `run_config.yaml` or a recipe's overrides (sim.frameworks.bridge), both ways, read through
   the Megatron-LM mapping.
-- `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways, and a launch of its
-  trainer with one of its shipped Python configs and flags over it (sim.frameworks
-  .torchtitan_launch), imported.
+- `torchtitan`: torchtitan's job TOML (sim.frameworks.torchtitan), both ways; `torchtitan-launch`:
+  a launch of its trainer with one of its shipped Python configs and flags over it, the form
+  since its TOMLs went (sim.frameworks.torchtitan_launch), both ways.
 
 Each importer maps every flag it reads to a scenario key, or reports it on stderr as not
 modelled with the reason; a value sim5d cannot represent, or two flags that contradict each
@@ -17,7 +17,16 @@ other, is an error naming them (exit 2). The scenario is then validated as any s
 
 from __future__ import annotations
 
-FORMATS = ("megatron", "bridge", "torchtitan")
+FORMATS = ("megatron", "bridge", "torchtitan", "torchtitan-launch")
+"""torchtitan-launch: a launch of torchtitan's trainer with a Python config (imported as
+`torchtitan` too when the file is one: `is_launch`)."""
+LAUNCH_MARKS = ("run_train.sh", "torchtitan.train", "torchtitan/train.py")
+"""A launch naming one of these runs torchtitan's trainer."""
+
+
+def is_launch(text: str) -> bool:
+    """Whether a file is a launch of torchtitan's trainer (not a TOML job file)."""
+    return any(m in text for m in LAUNCH_MARKS)
 
 
 def format_of(path, text: str | None = None) -> str:
@@ -26,10 +35,8 @@ def format_of(path, text: str | None = None) -> str:
     its `text` runs torchtitan's trainer (sim.frameworks.torchtitan_launch)."""
     from pathlib import Path
 
-    from sim.frameworks.torchtitan_launch import is_launch
-
     fmt = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
-    return "torchtitan" if fmt == "megatron" and text is not None and is_launch(text) else fmt
+    return "torchtitan-launch" if fmt == "megatron" and text is not None and is_launch(text) else fmt
 
 
 OPTIMIZER_STATE_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "store_param_remainders")

@@ -207,15 +207,7 @@ def _training(t: _Toml, d: dict) -> None:
 
 
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
-    """(the scenario mapping, notes for stderr) of a torchtitan job TOML, or of a launch of its
-    trainer with a Python config (sim.frameworks.torchtitan_launch)."""
-    from sim.frameworks import torchtitan_launch
-
-    if torchtitan_launch.is_launch(text):
-        data, gpus, after, before, tail = torchtitan_launch.read(text, path, gpus)
-        d, notes = scenario_of(_Toml(data, path), cluster=cluster, gpus=gpus, name=name)
-        d["parallelism"].update(after)
-        return d, before + notes + tail
+    """(the scenario mapping, notes for stderr) of a torchtitan job TOML."""
     return scenario_of(_Toml(_load(text, path), path), cluster=cluster, gpus=gpus, name=name)
 
 

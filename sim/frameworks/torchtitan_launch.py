@@ -24,9 +24,6 @@ import re
 
 from sim.errors import ConfigError
 
-MARKS = ("run_train.sh", "torchtitan.train", "torchtitan/train.py")
-"""A launch naming one of these runs torchtitan's trainer."""
-
 # The shipped configs (torchtitan models/<module>/config_registry.py at b5bcd76), the fields of
 # each that set one step's time; every other field is Trainer.Config's default (config/configs.py:
 # data_parallel_shard_degree -1, tensor / pipeline / context / expert degrees 1, 1F1B, one
@@ -72,11 +69,6 @@ _NOT_STEP = ("metrics.", "checkpoint.", "profiler.", "validator.", "lr_scheduler
 """Fields that do not change one step's time (the TOML importer's NOT_STEP_TIME, new names)."""
 _POLICIES = {"selective": "selective", "full": "full", "none": "none", "memory-budget": None, "memory_budget": None}
 _DEFAULT_GPUS = 8                                    # run_train.sh: NGPU=${NGPU:-"8"}
-
-
-def is_launch(text: str) -> bool:
-    """Whether a file is a launch of torchtitan's trainer (not a TOML job file)."""
-    return any(m in text for m in MARKS)
 
 
 def _launch(tokens: list, path: str) -> tuple[dict, list]:
@@ -245,11 +237,10 @@ def _toml_data(key: tuple, fields: dict, path: str) -> dict:
     return data
 
 
-def read(text: str, path: str, gpus: int | None) -> tuple[dict, int | None, dict, list, list]:
-    """A torchtitan launch as (its fields as the TOML job file's sections, the GPU count, the
-    scenario keys set after them, notes before and after the TOML importer's), for
-    sim.frameworks.torchtitan.to_scenario."""
-    from sim.frameworks import megatron, unread_notes
+def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
+    """(the scenario mapping, notes for stderr) of a torchtitan launch: its fields read as the
+    TOML job file's sections by sim.frameworks.torchtitan."""
+    from sim.frameworks import megatron, torchtitan, unread_notes
 
     env, args = _launch(megatron._tokens(text, path), path)
     key, fields, same, unknown = _config(env, _flags(args, path), path)
@@ -260,10 +251,102 @@ def read(text: str, path: str, gpus: int | None) -> tuple[dict, int | None, dict
     if gpus is not None and launched is not None and gpus != launched:
         raise ConfigError(f"--cluster gives {gpus} GPUs, the launch runs {launched}; give one count",
                           key="--cluster", file=path)
-    after = {"sequence_parallel": False} if fields.get("parallelism.enable_sequence_parallel") is False else {}
     before = [f"--module {key[0]} --config {key[1]}: the fields of torchtitan's shipped config "
               f"(models/{key[0]}/config_registry.py at b5bcd76) with the launch's flags over them"]
     tail = (["loss: ChunkedLossWrapper's chunked cross-entropy is not modelled (sim5d keeps the whole fp32 "
              "logits: the last stage's memory is pessimistic)"] if fields.get("loss") == "chunked" else [])
-    return _toml_data(key, fields, path), gpus or launched, after, before, tail + unread_notes(
-        same, unknown, "torchtitan")
+    d, notes = torchtitan.scenario_of(torchtitan._Toml(_toml_data(key, fields, path), path), cluster=cluster,
+                                      gpus=gpus or launched, name=name)
+    if fields.get("parallelism.enable_sequence_parallel") is False:
+        d["parallelism"]["sequence_parallel"] = False
+    return d, before + notes + tail + unread_notes(same, unknown, "torchtitan")
+
+
+# --- export -----------------------------------------------------------------------------------
+_BASE = {("llama3-8b", "bf16"): "llama3_8b", ("llama3-8b", "fp32"): "llama3_8b",
+         ("llama3-8b", "mxfp8"): "llama3_8b_mxfp8", ("llama3-70b", "bf16"): "llama3_70b",
+         ("llama3-70b", "fp32"): "llama3_70b", ("deepseek-v3", "bf16"): "deepseek_v3_671b",
+         ("deepseek-v3", "fp32"): "deepseek_v3_671b"}
+"""The shipped config a layout starts from, by model and precision: its converters cannot be
+changed by a flag (llama3_405b's row-wise float8 has no bf16 sibling)."""
+_AC = {"selective-op": "selective", "full": "full", "none": "none"}
+
+
+def _base(sc) -> tuple[str, str]:
+    from sim.presets import preset_like
+
+    like, t = preset_like(sc.model), sc.training
+    config = _BASE.get((like, t.precision))
+    if config is None:
+        have = ", ".join(f"{m} {p}" for m, p in _BASE)
+        why = ("; llama3_405b converts its linears to row-wise float8, which sim5d does not model"
+               if like == "llama3-405b" else "; torchtitan's float8 converter is row-wise only (torchao), which "
+               "sim5d does not model" if t.precision == "fp8" else "")
+        raise ConfigError(f"model {like or sc.model.name} in {t.precision}: no shipped torchtitan config runs it "
+                          f"(a flag cannot change a config's model or converters; sim5d starts from {have}){why}",
+                          key="training.precision" if like in {m for m, _ in _BASE} else "model")
+    return next(m for m, c in SHIPPED if c == config), config
+
+
+def _launch_refuse(sc) -> None:
+    """What the Python-config trainer cannot run beyond the TOML's refusals (torchtitan._refuse)."""
+    p, t = sc.parallelism, sc.training
+    if p.cp > 1:
+        raise ConfigError("context parallelism: how torchtitan's spmd_types attention exchanges K and V is not "
+                          "modelled", key="parallelism.cp")
+    if p.ep > 1 and p.etp != 1:
+        raise ConfigError(f"expert_tensor_parallel_size {p.etp}: torchtitan's experts are not tensor-parallel "
+                          "(ParallelismConfig has no such degree)", key="parallelism.etp")
+    if t.moe_token_dispatcher == "flex":
+        raise ConfigError("the flex dispatcher: torchtitan chooses its MoE backend in the model's config, which a "
+                          "flag cannot change", key="training.moe_token_dispatcher")
+    if p.zero_stage == 3 and t.precision != "fp32" and not t.grad_reduce_in_fp32:
+        raise ConfigError("grad_reduce_in_fp32 false under FSDP: torchtitan's mixed_precision_reduce is float32 "
+                          "only (configs.py)", key="training.grad_reduce_in_fp32")
+    if t.recompute not in _AC:
+        raise ConfigError(f"recompute {t.recompute}: torchtitan checkpoints per op (selective-op), whole blocks "
+                          "(full) or not at all (none)", key="training.recompute")
+
+
+def from_scenario(sc) -> str:
+    """The launch of a scenario's layout on torchtitan's trainer: run_train.sh on one node,
+    torchrun on several, with its shipped config and every step-setting field as a flag;
+    ConfigError naming the key of what it cannot run."""
+    from sim.frameworks import torchtitan
+
+    m, p, t = sc.model, sc.parallelism, sc.training
+    module, config = _base(sc)
+    torchtitan._refuse(sc)
+    _launch_refuse(sc)
+    back = {v: k for k, v in torchtitan.SCHEDULES.items()}
+    flags = [f"--parallelism.data_parallel_replicate_degree {p.dp if p.zero_stage == 0 else 1}",
+             f"--parallelism.data_parallel_shard_degree {p.dp if p.zero_stage == 3 else 1}",
+             f"--parallelism.tensor_parallel_degree {p.tp}", f"--parallelism.pipeline_parallel_degree {p.pp}",
+             f"--parallelism.expert_parallel_degree {p.ep}", "--parallelism.context_parallel_degree 1"]
+    if p.tp > 1 and not p.sequence_parallel:
+        flags.append("--parallelism.no-enable-sequence-parallel")
+    if p.pp > 1:
+        first, last = int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split)
+        flags += [f"--parallelism.pipeline_parallel_schedule {back[p.pipeline_schedule]}",
+                  f"--parallelism.num_pp_microbatches {t.global_batch_size // (t.micro_batch_size * p.dp)}",
+                  f"--parallelism.pipeline_parallel_first_stage_less_layers {first}",
+                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last}",
+                  f"--parallelism.pipeline_parallel_layers_per_stage {(m.num_layers + first + last) // (p.pp * p.vpp)}"]
+    if p.zero_stage == 3:
+        policy = "never" if not p.reshard_after_forward else "default" if p.pp == 1 else "always"
+        flags.append(f"--parallelism.fsdp_reshard_after_forward {policy}")
+    flags += [f"--training.max_context_length {t.seq_length}",
+              f"--training.num_tokens_per_microbatch_per_dp_rank {t.micro_batch_size * t.seq_length}",
+              f"--training.num_tokens_per_train_step {t.global_batch_size * t.seq_length}",
+              f"--training.mixed_precision_param {'float32' if t.precision == 'fp32' else 'bfloat16'}"]
+    if t.tp_comm_overlap:
+        flags += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
+    flags.append(f"activation-checkpoint:{_AC[t.recompute]}")
+    gpus, per_node = sc.derived.num_gpus, sc.cluster.topology.gpus_per_node
+    if gpus <= per_node:
+        head = f"NGPU={gpus} MODULE={module} CONFIG={config} ./run_train.sh"
+    else:
+        head = (f"torchrun --nnodes {gpus // per_node} --nproc_per_node {per_node} -m torchtitan.train "
+                f"--module {module} --config {config}")
+    return (f"# sim5d export of {sc.name}: torchtitan's trainer with its {config} config (b5bcd76)\n"
+            + " \\\n    ".join([head] + flags) + "\n")
