@@ -234,6 +234,10 @@ def scenario_of(t: _Toml, *, cluster: str, gpus: int | None, name: str) -> tuple
     if t.get("compile", "enable", False):
         notes.append("compile.enable: torch.compile's fusions are not modelled (sim5d's kernels are eager "
                      "Transformer-Engine-like ones)")
+    else:
+        notes.append("sim5d's kernels are Transformer Engine's fused ones (its constants fitted to Megatron-Core "
+                     "steps); eager torchtitan runs its norms, RoPE and SwiGLU as more, smaller kernels, and no "
+                     "torchtitan step has been checked (docs/accuracy.md): the step may be optimistic")
     skipped = [f"[{s}]" for s in sorted(t.data) if s in NOT_STEP_TIME]
     unread = t.unread()
     skipped += [k for k in unread if k in NOT_STEP_TIME_KEYS]
