@@ -406,6 +406,32 @@ def test_sweep_exports_its_winner_as_a_launch(tmp_path):
     assert code == 2 and "--export" in err and "parallelism.zero_stage" in err
 
 
+def test_sweep_exports_its_winner_as_a_torchtitan_launch(tmp_path):
+    import json
+
+    # --export-format overrides the suffix: a .sh file with today's torchtitan launch, read back
+    tt = ["--set", "parallelism.zero_stage=3", "--set", "training.recompute=selective-op", "--set",
+          "training.grad_reduce_in_fp32=true", "--set", "parallelism.pp=1"]
+    launch = tmp_path / "best.sh"
+    code, out, err = run_cli(*SWEEP[:9], *tt, "--top", "1", "--no-plots", "--out", str(tmp_path / "s.csv"), "--json",
+                             "--export", str(launch), "--export-format", "torchtitan-launch")
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert "run_train.sh" in launch.read_text()
+    data, _ = _import(launch, "--cluster", "dgx-h100-ndr")
+    sc = build_scenario(data)
+    assert (sc.parallelism.tp, sc.parallelism.dp, sc.training.micro_batch_size, sc.training.recompute) == (
+        best["tensor_model_parallel_size"], best["data_parallel_size"], best["micro_batch_size"], "selective-op")
+    # what the user gave is not ignored: a format without a file, an unknown format (before the sweep)
+    for extra, words in ((["--export-format", "torchtitan-launch"], ["--export-format", "needs --export"]),
+                         (["--export", str(launch), "--export-format", "nemo"], ["--export-format", "'nemo'"])):
+        for cmd in (SWEEP + ["--out", str(tmp_path / "s3.csv")],
+                    ["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:8"]):
+            code, _, err = run_cli(*cmd, *extra)
+            assert code == 2 and all(w in err for w in words) and "Traceback" not in err, err
+    assert not (tmp_path / "s3.csv").exists()
+
+
 def test_plan_exports_its_winner(tmp_path):
     launch = tmp_path / "winner.sh"
     code, _, err = run_cli("plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:8",

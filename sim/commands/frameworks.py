@@ -83,13 +83,33 @@ def export_text(sc, fmt: str = "megatron") -> str:
     return f"# sim5d export of {sc.name}: Megatron-LM pretrain_gpt.py\n" + " \\\n    ".join([head] + flags) + "\n"
 
 
-def write_export(path: Path, sc, flag: str = "--export") -> None:
-    """The winner of a sweep or plan as a launch file: a torchtitan TOML for a .toml path, a
-    Megatron-Bridge YAML for .yaml / .yml, else Megatron-LM's flags; what the framework cannot run
-    exits 2 naming `flag` and the key."""
+EXPORT_FORMAT_HELP = ("The framework of --export: megatron, bridge, torchtitan or torchtitan-launch (default: "
+                      "from its suffix: .toml torchtitan, .yaml / .yml bridge, else megatron).")
+
+
+def check_export(export: Path | None, fmt: str | None) -> None:
+    """--export's path and --export-format, checked before any search."""
+    from sim.report import check_path
+
+    if fmt is not None:
+        if export is None:
+            raise ConfigError("--export-format needs --export FILE (the file to write the winner's launch to)",
+                              key="--export-format")
+        from sim.frameworks import FORMATS
+
+        if fmt not in FORMATS:
+            raise ConfigError(f"--export-format {fmt!r} must be one of {', '.join(FORMATS)}", key="--export-format")
+    if export is not None:
+        check_path(export, "--export")
+
+
+def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None) -> None:
+    """The winner of a sweep or plan as a launch file in `fmt`, by default the one its suffix
+    implies: a torchtitan TOML for a .toml path, a Megatron-Bridge YAML for .yaml / .yml, else
+    Megatron-LM's flags; what the framework cannot run exits 2 naming `flag` and the key."""
     from sim.frameworks import format_of
 
-    fmt = format_of(path)
+    fmt = fmt or format_of(path)
     if sc is None:
         raise ConfigError(f"{flag} {path}: no layout ranked, nothing to export", key=flag)
     try:

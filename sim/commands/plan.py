@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from sim.commands.frameworks import EXPORT_FORMAT_HELP, check_export
 from sim.errors import ConfigError
 
 
@@ -66,7 +67,8 @@ def plan_cmd(
                                         "candidates, sortable, and days against dollars with the Pareto "
                                         "front and the winner)."),
     export: Optional[Path] = typer.Option(None, "--export", help="Also write the winner's launch to this "
-                                          "file: a torchtitan TOML for .toml, else Megatron-LM flags."),
+                                          "file (its framework: --export-format)."),
+    export_format: Optional[str] = typer.Option(None, "--export-format", help=EXPORT_FORMAT_HELP),
 ) -> None:
     """Plan a cluster: for each candidate (topology x GPU count) the best layout (the sweep), its
     step time, goodput with failures, checkpoints and restarts (closed form, and a seeded Monte
@@ -83,13 +85,13 @@ def plan_cmd(
     rel, flags = _reliability(failure_rate, node_failure_rate, restart_time, checkpoint_interval, async_save,
                               warmup_steps)
     seed, confidence = _monte_carlo_args(monte_carlo, seed, confidence)
-    _check_search(top, flow_within, workers, html, export)
+    _check_search(top, flow_within, workers, html, export, export_format)
     spec = P.PlanSpec(model=_model_arg(model), tokens=n_tokens, candidates=cands, deadline_days=deadline_days,
                       budget_usd=budget_usd, price_items=list(price or []), sweep_overrides=list(sweep_set or []),
                       reliability=rel, reliability_flags=flags, monte_carlo_runs=monte_carlo, seed=seed,
                       confidence=confidence, top=top, flow_within=flow_within / 100, workers=workers, out=out,
                       progress=sys.stderr.isatty(), exhaustive=exhaustive)
-    _write(P.plan(spec), spec, plot, as_json, html, export)
+    _write(P.plan(spec), spec, plot, as_json, html, (export, export_format))
 
 
 def _reliability(failure_rate, node_failure_rate, restart_time, checkpoint_interval, async_save,
@@ -148,7 +150,7 @@ def _monte_carlo_args(monte_carlo: int, seed, confidence) -> tuple[int, float]:
     return seed, confidence
 
 
-def _check_search(top: int, flow_within: float, workers, html, export) -> None:
+def _check_search(top: int, flow_within: float, workers, html, export, export_format=None) -> None:
     """The sweep's flags and the extra outputs' paths, checked before any sweep."""
     if top < 0:
         raise ConfigError(f"--top ({top}) must be 0 or more", key="--top")
@@ -160,11 +162,10 @@ def _check_search(top: int, flow_within: float, workers, html, export) -> None:
 
     if html is not None:
         check_path(html)
-    if export is not None:
-        check_path(export, "--export")
+    check_export(export, export_format)
 
 
-def _write(res, spec, plot, as_json: bool, html, export) -> None:
+def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:
     """plan.json, the chart, the HTML report and the winner's launch; the table (or the JSON
     rows) on stdout; exit 2 when no candidate qualifies."""
     from sim.compare import format_tokens
@@ -184,10 +185,11 @@ def _write(res, spec, plot, as_json: bool, html, export) -> None:
         from sim.report.tables import plan_report
 
         report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd))
-    if export is not None and res.winner is not None:
+    path, fmt = export
+    if path is not None and res.winner is not None:
         from sim.commands.frameworks import write_export
 
-        write_export(export, res.scenarios.get(res.winner["cluster"]))
+        write_export(path, res.scenarios.get(res.winner["cluster"]), fmt=fmt)
     if as_json:
         typer.echo(json.dumps(res.rows))
     else:

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from sim.commands.frameworks import EXPORT_FORMAT_HELP, check_export
 from sim.errors import ConfigError
 
 
@@ -72,7 +73,8 @@ def register(app: typer.Typer) -> None:
         html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (the "
                                             "ranked table, sortable, and the best step time per tp x pp)."),
         export: Optional[Path] = typer.Option(None, "--export", help="Also write the winning layout's launch to "
-                                              "this file: a torchtitan TOML for .toml, else Megatron-LM flags."),
+                                              "this file (its framework: --export-format)."),
+        export_format: Optional[str] = typer.Option(None, "--export-format", help=EXPORT_FORMAT_HELP),
     ) -> None:
         """Enumerate the layouts for a fixed global batch and GPU count, reject invalid and
         out-of-memory ones without simulating, skip dominated ones, simulate the rest (analytical
@@ -84,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
-        _check_paths(html, export)
+        _check_paths(html, export, export_format)
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
                          executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
                          prune=not no_prune, bound=bound,
@@ -98,7 +100,7 @@ def register(app: typer.Typer) -> None:
                   "run the same command again to resume", file=sys.stderr)
             raise typer.Exit(130)
         c = res.counts
-        _write_extras(res, html, export)
+        _write_extras(res, html, export, export_format)
         if as_json:
             typer.echo(json.dumps({
                 "evaluated": c["evaluated"], "feasible": c["feasible"], "wall_s": res.wall_s, "best": res.best,
@@ -112,17 +114,17 @@ def register(app: typer.Typer) -> None:
         _print(res)
 
 
-def _check_paths(html, export) -> None:
-    """--html and --export must be writable files: checked before the sweep, not after it."""
+def _check_paths(html, export, export_format) -> None:
+    """--html and --export must be writable files, --export-format a framework: checked before the
+    sweep, not after it."""
     from sim.report import check_path
 
     if html is not None:
         check_path(html)
-    if export is not None:
-        check_path(export, "--export")
+    check_export(export, export_format)
 
 
-def _write_extras(res, html, export) -> None:
+def _write_extras(res, html, export, export_format=None) -> None:
     """The HTML report and the winner's launch, when asked for."""
     if html is not None:
         from sim import report
@@ -132,7 +134,7 @@ def _write_extras(res, html, export) -> None:
     if export is not None:
         from sim.commands.frameworks import write_export
 
-        write_export(export, res.best_scenario)
+        write_export(export, res.best_scenario, fmt=export_format)
 
 
 def _print(res) -> None:
