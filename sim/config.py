@@ -273,6 +273,15 @@ class TrainingIn(_Strict):
     reduce-scatters and every matmul but the second, fourth, ... of a layer saved, everything
     else recomputed; dense models without linear biases, flash attention, 16- or 32-bit) | full
     (every layer's input kept, the layer recomputed in backward). Default none."""
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    """With recompute full: Megatron-Core's recompute_method (recompute.py): uniform (each pipeline
+    chunk's layers checkpointed in groups of recompute_num_layers, a group's input kept and the
+    group re-run whole before its backward) | block (only the first recompute_num_layers layers
+    of each chunk checkpointed; the others keep their activations and are not re-run). Default
+    uniform."""
+    recompute_num_layers: Optional[int] = Field(None, ge=1)
+    """With recompute full: the layers of a group (uniform) or the checkpointed layers of each
+    pipeline chunk (block, which needs it). Default 1 under uniform: every layer on its own."""
     recompute_modules: Optional[list[str]] = None
     """With recompute selective: the modules recomputed in the backward, Megatron-Core's
     recompute_modules (transformer_config.py): core_attn, layernorm, mla_up_proj, mlp, moe, moe_act,
@@ -498,6 +507,10 @@ class Training:
     fp8_amax_reduction: Optional[str] = None
     """tp-dp-cp | tp | none with fp8 delayed scaling (resolved: tp-dp-cp when not given), else
     None."""
+    recompute_method: str = "uniform"
+    recompute_num_layers: Optional[int] = None
+    """With recompute full, the group size (uniform; resolved: 1 when not given) or the
+    checkpointed layers per chunk (block), else None."""
     recompute_modules: Optional[tuple] = None
     """With recompute selective, the recomputed modules (resolved: ("core_attn",) when not
     given), else None."""
@@ -551,6 +564,11 @@ class Derived:
     """The model's decoder layers (ModelSpec.num_layers)."""
     mtp_layers: int = 0
     """Multi-token prediction modules (ModelSpec.mtp_num_layers), on every loss stage."""
+    recompute_groups: tuple = ()
+    """With recompute full, the layers checkpointed together, each group's layers in order: every
+    layer alone by default, groups of recompute_num_layers (uniform) or the first
+    recompute_num_layers of each chunk alone (block) (`_recompute_groups`); a layer in none is
+    not recomputed."""
     moe_expert_load: float = 1.0
     """The busiest expert-parallel rank's routed tokens relative to the balanced mean, as the
     step runs them: training.moe_routing_imbalance, capped at the expert capacity with token
@@ -1289,6 +1307,7 @@ def _check_where_they_apply(model: ModelSpec, p: ParallelIn, t: TrainingIn, ep: 
     _check_ep_overlap(model, t, ep, pp, schedule, err)
     _check_recompute_modules(model, t, err)
     _check_op_sac(model, t, err)
+    _check_recompute_layers(t, p, err)
     if t.moe_routing_imbalance != 1.0 and not model.is_moe:
         raise err("training.moe_routing_imbalance",
                   f"moe_routing_imbalance ({t.moe_routing_imbalance}) applies only to MoE models; "
@@ -1428,6 +1447,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                              if t.moe_token_dispatcher == "flex" else None,
                              "recompute_modules": tuple(t.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
                              if t.recompute == "selective" else None,
+                             "recompute_num_layers": (t.recompute_num_layers or 1) if t.recompute == "full"
+                             else None,
                              "grad_reduce_in_fp32": t.precision == "fp32" or bool(t.grad_reduce_in_fp32)}),
         simulation=Simulation(**raw.simulation.model_dump()),
         derived=Derived(num_gpus=num_gpus, num_nodes=num_nodes, data_parallel_size=dp,
@@ -1435,6 +1456,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
                         stage_rank=stage_rank, layers_per_rank=per_rank,
                         embedding_stages=emb_stages, loss_stages=loss_stages,
+                        recompute_groups=_recompute_groups(model, t, layers_vs, first_layer, loss_stages),
                         num_decoder_layers=model.num_layers, mtp_layers=model.mtp_num_layers,
                         moe_expert_load=moe_expert_load(model, t, tp, cp, bool(p.sequence_parallel))),
         source=file or "",
@@ -1480,6 +1502,45 @@ def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:
     if t.moe_pad_expert_input_to_capacity and (t.moe_flex_dispatcher_backend or "deepep") == "deepep":
         raise err("training.moe_pad_expert_input_to_capacity", "the deepep flex dispatcher does not "
                   "support moe_pad_expert_input_to_capacity (Megatron-Core raises the same)")
+
+
+def _check_recompute_layers(t, p, err) -> None:
+    """training.recompute_method / recompute_num_layers: Megatron-Core's, with full recompute
+    only (arguments.py: recompute_method needs granularity full; block needs a layer count)."""
+    key = "training.recompute_num_layers"
+    if t.recompute != "full" and (t.recompute_method != "uniform" or t.recompute_num_layers is not None):
+        raise err(key if t.recompute_num_layers is not None else "training.recompute_method",
+                  f"recompute_method / recompute_num_layers apply only with recompute: full (recompute is "
+                  f"{t.recompute}; Megatron-Core reads them with recompute_granularity full)")
+    if t.recompute_method == "block" and t.recompute_num_layers is None:
+        raise err(key, "recompute_method block needs recompute_num_layers: the layers of each pipeline chunk "
+                  "to checkpoint")
+    if (t.recompute_method == "uniform" and (t.recompute_num_layers or 1) > 1
+            and (p.zero_stage or 0) >= 3):
+        raise err(key, f"recompute_num_layers {t.recompute_num_layers} (uniform groups) with zero_stage 3 is not "
+                  "modelled: a group's re-run needs the parameters of all its layers, which ZeRO-3 gathers "
+                  "layer by layer before each one's own backward")
+
+
+def _recompute_groups(model: ModelSpec, t, layers_vs: tuple, first_layer: tuple, loss_stages: tuple) -> tuple:
+    """Derived.recompute_groups: per virtual stage (a pipeline chunk, Megatron-Core's
+    TransformerBlock on one rank), its decoder layers in groups of recompute_num_layers, the last
+    possibly shorter (uniform: recompute.py's chunk_runner(layer_idx, min(layer_idx + n, layers)))
+    or its first recompute_num_layers alone (block); multi-token prediction layers each alone
+    under uniform, none under block (multi_token_prediction.py skips block recompute)."""
+    if t.recompute != "full":
+        return ()
+    n = t.recompute_num_layers or 1
+    out = []
+    for s, (first, count) in enumerate(zip(first_layer, layers_vs)):
+        layers = list(range(first, first + count))
+        if t.recompute_method == "block":
+            out += [(layer,) for layer in layers[:n]]
+        else:
+            out += [tuple(layers[i:i + n]) for i in range(0, len(layers), n)]
+            if s in loss_stages:
+                out += [(model.num_layers + k,) for k in range(model.mtp_num_layers)]
+    return tuple(out)
 
 
 def _check_op_sac(model: ModelSpec, t, err) -> None:

@@ -433,16 +433,24 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
     kw = dict(seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
               sequence_parallel=p.sequence_parallel)
     out = []
-    kinds: dict = {}        # a layer's activations depend on it only by whether it is MoE
+    kinds: dict = {}        # a layer's activations depend on it only by whether it is MoE and its policy
+    # full recompute: a checkpoint group keeps its first layer's input, the rest of it nothing; a
+    # layer in no group (the block method's unchecked ones) keeps everything
+    firsts = {g[0]: "full" for g in d.recompute_groups}
+    grouped = {layer for g in d.recompute_groups for layer in g}
 
     def layer_bytes(layer: int) -> float:
+        policy = t.recompute if t.recompute != "full" else firsts.get(layer) or (
+            "in-group" if layer in grouped else "none")
+        if policy == "in-group":
+            return 0.0
         moe = m.is_moe_layer(layer)
-        if moe not in kinds:
-            kinds[moe] = layer_activation_bytes(m, layer, recompute=t.recompute,
-                                                attention_backend=t.attention_backend, precision=t.precision,
-                                                routing_imbalance=d.moe_expert_load, etp=p.etp,
-                                                recompute_modules=t.recompute_modules, **kw)
-        return kinds[moe]
+        if (moe, policy) not in kinds:
+            kinds[moe, policy] = layer_activation_bytes(m, layer, recompute=policy,
+                                                        attention_backend=t.attention_backend, precision=t.precision,
+                                                        routing_imbalance=d.moe_expert_load, etp=p.etp,
+                                                        recompute_modules=t.recompute_modules, **kw)
+        return kinds[moe, policy]
 
     for s in range(d.num_virtual_stages):
         act = sum(layer_bytes(layer) for layer in d.stage_layers(s))
@@ -483,18 +491,27 @@ def memory_report(sc: Scenario) -> MemoryReport:
         live, live_counts = [stage_act[0]], [1]
 
     # Full (and torchtitan's per-op) recompute rematerialises one layer's activations during its
-    # backward (transient).
+    # backward (transient); a uniform group of several layers, all of theirs at once.
     work = [0.0] * p.pp
     if t.recompute in ("full", "selective-op"):
         m = sc.model
+
+        def whole(layer):
+            return layer_activation_bytes(
+                m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+                sequence_parallel=p.sequence_parallel, recompute="none",
+                attention_backend=t.attention_backend, precision=t.precision,
+                routing_imbalance=d.moe_expert_load, etp=p.etp)
+
+        sizes: dict = {}
         for s, rank in enumerate(d.stage_rank):
-            for layer in d.stage_layers(s):
-                full = layer_activation_bytes(
-                    m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
-                    sequence_parallel=p.sequence_parallel, recompute="none",
-                    attention_backend=t.attention_backend, precision=t.precision,
-                    routing_imbalance=d.moe_expert_load, etp=p.etp)
-                work[rank] = max(work[rank], full)
+            here = set(d.stage_layers(s))
+            groups = ([g for g in d.recompute_groups if g[0] in here] if t.recompute == "full"
+                      else [(layer,) for layer in here])
+            for g in groups:
+                if g not in sizes:
+                    sizes[g] = sum(whole(layer) for layer in g)
+                work[rank] = max(work[rank], sizes[g])
 
     comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES
     runtime = sc.cluster.gpu.runtime_reserved_gib * GiB

@@ -214,8 +214,10 @@ def test_export_refuses_what_megatron_cannot_run(scenario, key):
     ("", "dgx-h100-ndr", ["GPU count is unknown", "--cluster"]),
     ("", "dgx-h100-ndr:abc", ["--cluster", "TOPOLOGY:GPUS"]),
     ("--tensor-model-parallel-size 2", "no-such-topology:8", ["no-such-topology"]),
-    ("--recompute-granularity full --recompute-method block --recompute-num-layers 1", "dgx-h100-ndr:8",
-     ["--recompute-num-layers", "every layer"]),
+    ("--recompute-granularity full --recompute-method block", "dgx-h100-ndr:8",
+     ["training.recompute_num_layers", "block needs"]),
+    ("--recompute-granularity full --recompute-method layerwise", "dgx-h100-ndr:8",
+     ["--recompute-method", "uniform or block"]),
 ])
 def test_bad_launches_exit_2_naming_the_flag(tmp_path, extra, cluster, words):
     code, out, err = run_cli("import", str(_launch(tmp_path, BASE.format(extra=extra))), "--cluster", cluster)

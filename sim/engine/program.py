@@ -9,7 +9,8 @@ module of sim.engine.parallel (tp, cp, ep, pp, dp, fsdp, fp8); this module compo
   reduce, TP gather, EP dispatch, expert-TP gather, MLP, expert-TP reduce-scatter, EP combine,
   TP reduce;
 - a backward layer (`_backward_layer`): the recompute (`full` re-runs the layer's forward with
-  its TP collectives, `selective-op` torchtitan's unsaved ops with the all-gathers or
+  its TP collectives, a group's layers before the backward of its last, none for a layer the
+  block method leaves unchecked; `selective-op` torchtitan's unsaved ops with the all-gathers or
   all-reduces, `selective` its recompute_modules: the core attention by default, the
   dense MLP and shared experts with their TP collectives, the MoE layer with its dispatch and
   combine), then the MLP block and the attention
@@ -128,6 +129,8 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         self.me = self.layout.rank(pp=0)
         self.reps = {r: self.layout.rank(pp=r) for r in range(sc.parallelism.pp)}
         self._groups: dict = {}
+        self._recompute_group = {layer: g for g in sc.derived.recompute_groups for layer in g}
+        """Under full recompute, each recomputed layer's checkpoint group."""
         self._peers: dict = {}
         self._costs: dict = {}
         self._specs: dict = {}
@@ -312,7 +315,12 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
     def _backward_layer(self, prog, r, layer, mb, do_input, do_weight):
         c = self._cost(layer)
         if do_input and self.sc.training.recompute == "full":
-            self._forward_layer(prog, r, layer, mb, tag="R")
+            # the group checkpointed with this layer (Derived.recompute_groups) is re-run whole
+            # before the backward of its last layer, the first the backward reaches
+            group = self._recompute_group.get(layer, ())
+            if group and layer == group[-1]:
+                for g in group:
+                    self._forward_layer(prog, r, g, mb, tag="R")
         elif do_input and self.sc.training.recompute == "selective-op":
             self._op_sac_recompute(prog, r, layer, mb, c)
         if do_input:

@@ -77,7 +77,8 @@ class RunResult:
                                                     sc.training.seq_length,
                                                     recompute=sc.training.recompute, causal=False,
                                                     recompute_modules=sc.training.recompute_modules
-                                                    or workload.DEFAULT_RECOMPUTE_MODULES)
+                                                    or workload.DEFAULT_RECOMPUTE_MODULES,
+                                                    recomputed_layers=_recomputed(sc))
         peak = sc.cluster.gpu.peak_flops(sc.training.precision)
         n = len(self.breakdowns)
         frac = lambda attr: sum(getattr(b, attr) for b in self.breakdowns.values()) / (n * self.makespan_ns)
@@ -220,3 +221,10 @@ def _simulate(sc, costs, network, by_symmetry=True, link_load=False) -> RunResul
                      layout=layout, pp_rank_of=pp_rank_of, events=events,
                      wall_s=time.perf_counter() - t0, p2p=p2p,
                      link_load=_link_load(sc, network, makespan) if link_load else None)
+
+
+def _recomputed(sc):
+    """The layers full recompute re-runs (its checkpoint groups'), else None (every layer)."""
+    if sc.training.recompute != "full":
+        return None
+    return {layer for g in sc.derived.recompute_groups for layer in g}

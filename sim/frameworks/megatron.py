@@ -469,12 +469,14 @@ def _recompute(f: Flags, d: dict) -> None:
         raise f.error("--recompute-granularity", f"--recompute-granularity {g!r} must be full or selective")
     if g == "full":
         method, n = f.get("--recompute-method"), f.integer("--recompute-num-layers")
-        layers = d["parallelism"].get("pipeline_model_parallel_size", 1)
-        per_stage = d["model"]["num_layers"] // layers
-        if method not in (None, "uniform", "block") or (n is not None and not (
-                (method == "uniform" and n == 1) or (method == "block" and n >= per_stage))):
-            raise f.error("--recompute-num-layers", f"--recompute-method {method} --recompute-num-layers {n}: sim5d "
-                          "models full recompute of every layer (uniform 1, or block over a stage's layers)")
+        if method not in (None, "uniform", "block"):
+            raise f.error("--recompute-method", f"--recompute-method {method!r} must be uniform or block")
+        if n == 0:
+            raise f.error("--recompute-num-layers", "--recompute-num-layers 0: give at least 1")
+        if method == "block":
+            _set(d, "training.recompute_method", "block")
+        if n is not None and (method, n) != ("uniform", 1):
+            _set(d, "training.recompute_num_layers", n)
     elif f.has("--recompute-modules"):
         mods = f.get("--recompute-modules")
         mods = mods.split() if isinstance(mods, str) else list(mods)   # Bridge gives one string
@@ -604,8 +606,9 @@ def _cp_type(f: Flags, d: dict, cp: int) -> None:
 
 
 def _data_parallel(launch: dict, gpus: int | None, tp: int, pp: int, cp: int) -> int:
-    """dp from the GPU count (--cluster's or the launcher's; both must agree)."""
-    total = launch["nodes"] * launch["per_node"] if {"nodes", "per_node"} <= set(launch) else None
+    """dp from the GPU count (--cluster's or the launcher's; both must agree). torchrun's --nnodes
+    and --nproc-per-node each default to 1 (torch.distributed.run)."""
+    total = launch.get("nodes", 1) * launch.get("per_node", 1) if {"nodes", "per_node"} & set(launch) else None
     if gpus is not None and total is not None and gpus != total:
         raise ConfigError(f"--cluster asks for {gpus} GPUs, the launcher's --nnodes x --nproc-per-node for "
                           f"{total}; keep one", key="--cluster")
@@ -807,7 +810,8 @@ def _parallel_flags(p, t) -> list[str]:
 def _training_flags(t) -> list[str]:
     out = [f"--micro-batch-size {t.micro_batch_size}", f"--global-batch-size {t.global_batch_size}"]
     if t.recompute == "full":
-        out += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        out += ["--recompute-granularity full", f"--recompute-method {t.recompute_method}",
+                f"--recompute-num-layers {t.recompute_num_layers}"]
     elif t.recompute == "selective":
         out.append("--recompute-granularity selective")
         if t.recompute_modules and tuple(t.recompute_modules) != DEFAULT_RECOMPUTE_MODULES:

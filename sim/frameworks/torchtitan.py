@@ -271,6 +271,10 @@ def _refuse(sc) -> None:
     if t.recompute == "selective":
         raise ConfigError("recompute selective (the core attention) is not one of torchtitan's checkpointing modes",
                           key="training.recompute")
+    if t.recompute == "full" and (t.recompute_method, t.recompute_num_layers) != ("uniform", 1):
+        raise ConfigError(f"recompute_method {t.recompute_method} with recompute_num_layers {t.recompute_num_layers}: "
+                          "torchtitan's full checkpointing wraps every block on its own",
+                          key="training.recompute_method")
     if t.precision not in ("bf16", "fp32", "fp8", "mxfp8") or (t.precision == "fp8" and t.fp8_recipe != "current"):
         raise ConfigError(f"precision {t.precision} {t.fp8_recipe or ''}: torchtitan trains bf16, fp32, tensor-wise "
                           "FP8 (current scaling) or MXFP8", key="training.precision")

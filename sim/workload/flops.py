@@ -52,8 +52,10 @@ from sim.workload.params import active_params, attention_dims
 
 
 def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: str,
-                  include_lm_head: bool, modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> tuple[float, float]:
-    """(model FLOPs, extra recompute FLOPs) of one sequence through the whole model."""
+                  include_lm_head: bool, modules: tuple = DEFAULT_RECOMPUTE_MODULES,
+                  recomputed: frozenset | None = None) -> tuple[float, float]:
+    """(model FLOPs, extra recompute FLOPs) of one sequence through the whole model; `recomputed`:
+    the layers the policy re-runs (None: every layer)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
     by_kind: dict[bool, tuple[float, float]] = {}
@@ -66,7 +68,7 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
             by_kind[kind] = (sum_flops(ops), recompute_flops(ops, recompute, modules, model))
         f, r = by_kind[kind]
         model_f += f
-        extra_f += r
+        extra_f += r if recomputed is None or layer in recomputed else 0.0
     if include_lm_head:
         model_f += sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
     if model.mtp_num_layers:
@@ -78,7 +80,9 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
                + (sum_flops(output_ops(model, micro_batch_size=1, seq_length=seq_length))
                   if include_lm_head else 0.0))
         model_f += model.mtp_num_layers * per
-        extra_f += model.mtp_num_layers * recompute_flops(ops, recompute, modules, model)
+        again = sum(1 for k in range(model.mtp_num_layers)
+                    if recomputed is None or model.num_layers + k in recomputed)
+        extra_f += again * recompute_flops(ops, recompute, modules, model)
     return model_f, extra_f
 
 
@@ -101,14 +105,17 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_length: int, *
 def hardware_flops_per_step(model: ModelSpec, global_batch: int, seq_length: int, *,
                             recompute: str = "none", causal: bool = False,
                             include_lm_head: bool = True,
-                            recompute_modules: tuple = DEFAULT_RECOMPUTE_MODULES) -> float:
+                            recompute_modules: tuple = DEFAULT_RECOMPUTE_MODULES,
+                            recomputed_layers=None) -> float:
     """Model FLOPs plus the forward FLOPs that activation recomputation re-runs ('none',
     'selective': core attention, 'selective-op': torchtitan's per-op policy, 'full': every
     layer's forward); the HFU numerator. With
     recompute='full' and causal=False this is Narayanan eq. 3 for a GPT (convention (a)).
-    recompute_modules: selective's modules (Megatron-Core's recompute_modules; sim.workload.ops)."""
+    recompute_modules: selective's modules (Megatron-Core's recompute_modules; sim.workload.ops);
+    recomputed_layers: the layers re-run (full recompute's checkpoint groups), default every one."""
     _check_batch(global_batch, seq_length)
-    f, r = _per_sequence(model, seq_length, causal, recompute, include_lm_head, tuple(recompute_modules))
+    f, r = _per_sequence(model, seq_length, causal, recompute, include_lm_head, tuple(recompute_modules),
+                         None if recomputed_layers is None else frozenset(recomputed_layers))
     return global_batch * (f + r)
 
 
