@@ -273,15 +273,17 @@ class TrainingIn(_Strict):
     reduce-scatters and every matmul but the second, fourth, ... of a layer saved, everything
     else recomputed; dense models without linear biases, flash attention, 16- or 32-bit) | full
     (every layer's input kept, the layer recomputed in backward). Default none."""
-    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_method: Literal["uniform", "block", "every"] = "uniform"
     """With recompute full: Megatron-Core's recompute_method (recompute.py): uniform (each pipeline
     chunk's layers checkpointed in groups of recompute_num_layers, a group's input kept and the
     group re-run whole before its backward) | block (only the first recompute_num_layers layers
-    of each chunk checkpointed; the others keep their activations and are not re-run). Default
-    uniform."""
+    of each chunk checkpointed; the others keep their activations and are not re-run); or every
+    (torchtitan's layer-level selective checkpointing, selective_ac_option n: every n-th layer a
+    pipeline rank holds checkpointed on its own, counted from its first chunk). Default uniform."""
     recompute_num_layers: Optional[int] = Field(None, ge=1)
-    """With recompute full: the layers of a group (uniform) or the checkpointed layers of each
-    pipeline chunk (block, which needs it). Default 1 under uniform: every layer on its own."""
+    """With recompute full: the layers of a group (uniform), the checkpointed layers of each
+    pipeline chunk (block) or the interval n (every); block and every need it. Default 1 under
+    uniform: every layer on its own."""
     recompute_modules: Optional[list[str]] = None
     """With recompute selective: the modules recomputed in the backward, Megatron-Core's
     recompute_modules (transformer_config.py): core_attn, layernorm, mla_up_proj, mlp, moe, moe_act,
@@ -1456,7 +1458,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         layers_per_virtual_stage=layers_vs, first_layer_of_virtual_stage=first_layer,
                         stage_rank=stage_rank, layers_per_rank=per_rank,
                         embedding_stages=emb_stages, loss_stages=loss_stages,
-                        recompute_groups=_recompute_groups(model, t, layers_vs, first_layer, loss_stages),
+                        recompute_groups=_recompute_groups(model, t, layers_vs, first_layer, loss_stages,
+                                                           stage_rank),
                         num_decoder_layers=model.num_layers, mtp_layers=model.mtp_num_layers,
                         moe_expert_load=moe_expert_load(model, t, tp, cp, bool(p.sequence_parallel))),
         source=file or "",
@@ -1512,9 +1515,10 @@ def _check_recompute_layers(t, p, err) -> None:
         raise err(key if t.recompute_num_layers is not None else "training.recompute_method",
                   f"recompute_method / recompute_num_layers apply only with recompute: full (recompute is "
                   f"{t.recompute}; Megatron-Core reads them with recompute_granularity full)")
-    if t.recompute_method == "block" and t.recompute_num_layers is None:
-        raise err(key, "recompute_method block needs recompute_num_layers: the layers of each pipeline chunk "
-                  "to checkpoint")
+    if t.recompute_method in ("block", "every") and t.recompute_num_layers is None:
+        raise err(key, f"recompute_method {t.recompute_method} needs recompute_num_layers: "
+                  + ("the layers of each pipeline chunk to checkpoint" if t.recompute_method == "block" else
+                     "the interval n (every n-th layer checkpointed)"))
     if (t.recompute_method == "uniform" and (t.recompute_num_layers or 1) > 1
             and (p.zero_stage or 0) >= 3):
         raise err(key, f"recompute_num_layers {t.recompute_num_layers} (uniform groups) with zero_stage 3 is not "
@@ -1522,15 +1526,25 @@ def _check_recompute_layers(t, p, err) -> None:
                   "layer by layer before each one's own backward")
 
 
-def _recompute_groups(model: ModelSpec, t, layers_vs: tuple, first_layer: tuple, loss_stages: tuple) -> tuple:
+def _recompute_groups(model: ModelSpec, t, layers_vs: tuple, first_layer: tuple, loss_stages: tuple,
+                      stage_rank: tuple = ()) -> tuple:
     """Derived.recompute_groups: per virtual stage (a pipeline chunk, Megatron-Core's
     TransformerBlock on one rank), its decoder layers in groups of recompute_num_layers, the last
     possibly shorter (uniform: recompute.py's chunk_runner(layer_idx, min(layer_idx + n, layers)))
     or its first recompute_num_layers alone (block); multi-token prediction layers each alone
-    under uniform, none under block (multi_token_prediction.py skips block recompute)."""
+    under uniform, none under block (multi_token_prediction.py skips block recompute). every:
+    torchtitan's _apply_layer_sac (activation_checkpoint.py before 9810191) counts the blocks a
+    process wraps, its chunks in stage order, and checkpoints the n-th, 2n-th, ... alone."""
     if t.recompute != "full":
         return ()
     n = t.recompute_num_layers or 1
+    if t.recompute_method == "every":
+        out = []
+        for rank in sorted(set(stage_rank)):
+            held = [layer for s in range(len(layers_vs)) if stage_rank[s] == rank
+                    for layer in range(first_layer[s], first_layer[s] + layers_vs[s])]
+            out += [(layer,) for count, layer in enumerate(held, 1) if count % n == 0]
+        return tuple(sorted(out))
     out = []
     for s, (first, count) in enumerate(zip(first_layer, layers_vs)):
         layers = list(range(first, first + count))

@@ -335,6 +335,8 @@ TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "trainin
     ["parallelism.zero_stage=0", "training.recompute=full", "parallelism.pp=1", "parallelism.dp=8"],      # DDP
     TT + ["training.grad_reduce_in_fp32=true"],                          # mixed_precision_reduce float32
     TT + ["training.recompute=selective-op"],                            # selective_ac_option "op"
+    TT + ["training.recompute=full", "training.recompute_method=every",
+          "training.recompute_num_layers=2"],                            # selective_ac_option "2"
 ])
 def test_torchtitan_import_of_export(tmp_path, sets):
     a, b = _tt_roundtrip(tmp_path, sets)
@@ -363,8 +365,7 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
     ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 2\n'
      'data_parallel_shard_degree = 4\n', ["HSDP", "not modelled"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\n[activation_checkpoint]\nmode = "selective"\n'
-     'selective_ac_option = "3"\n', ["activation_checkpoint.mode", "every-n-th-layer"]),
-    ('[model]\nname = "llama3"\nflavor = "8B"\n', ["activation_checkpoint.mode", "'2'"]),   # torchtitan's default
+     'selective_ac_option = "-3"\n', ["activation_checkpoint.mode", "positive layer interval"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[float8]\nrecipe_name = "rowwise"\n'
      '[activation_checkpoint]\nmode = "none"\n', ["row-wise FP8"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ncontext_parallel_degree = 2\n'

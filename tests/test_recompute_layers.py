@@ -41,6 +41,14 @@ def test_groups_per_pipeline_chunk():
                                "pipeline_schedule": "interleaved-1f1b"})
     assert vpp.derived.recompute_groups == ((0,), (2,), (4,), (6,))
     assert _sc(recompute="none").derived.recompute_groups == ()
+    # every: the 2nd, 4th, ... block each rank holds (torchtitan's layer SAC); interleaved, the
+    # count runs over the rank's chunks in stage order: rank 0 holds 0-1 and 4-5, rank 1 2-3, 6-7
+    assert _sc("every", 2).derived.recompute_groups == ((1,), (3,), (5,), (7,))
+    assert _sc("every", 3).derived.recompute_groups == ((2,), (6,))
+    every3 = _sc("every", 3, par={"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                                  "data_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+                                  "pipeline_schedule": "interleaved-1f1b"})
+    assert every3.derived.recompute_groups == ((4,), (6,))
 
 
 def test_bytes_kept_by_hand():
@@ -135,3 +143,22 @@ def test_megatron_import_of_block_recompute_and_back(tmp_path):
                                 "--set", "training.recompute_num_layers=3")
     assert code == 0, err
     assert "--recompute-method block" in launch and "--recompute-num-layers 3" in launch
+
+
+def test_torchtitan_toml_default_checkpointing_is_every_second_layer(tmp_path):
+    import yaml
+
+    # torchtitan's job config before its Python configs: mode "selective", selective_ac_option "2"
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n')
+    code, out, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr:8")
+    assert code == 0, err
+    sc = build_scenario(yaml.safe_load(out))
+    assert (sc.training.recompute, sc.training.recompute_method, sc.training.recompute_num_layers) == \
+        ("full", "every", 2)
+    assert sc.derived.recompute_groups == tuple((i,) for i in range(1, 32, 2))
+    # Megatron-LM has no such method; today's torchtitan neither
+    (tmp_path / "s.yaml").write_text(out)
+    for fmt in ("megatron", "torchtitan-launch"):
+        code, _, err = run_cli("export", str(tmp_path / "s.yaml"), "--format", fmt)
+        assert code == 2 and "training.recompute_method" in err, err

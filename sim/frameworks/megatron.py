@@ -671,6 +671,9 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
 def _refuse(sc) -> None:
     """What Megatron-LM cannot run, or sim5d cannot write as its flags: ConfigError naming the key."""
     m, p, t = sc.model, sc.parallelism, sc.training
+    if t.recompute == "full" and t.recompute_method == "every":
+        raise ConfigError("recompute_method every is torchtitan's layer-level checkpointing; Megatron-Core's "
+                          "methods are uniform and block", key="training.recompute_method")
     if t.recompute == "selective-op":
         raise ConfigError("recompute selective-op is torchtitan's per-op checkpointing; Megatron-Core recomputes "
                           "whole modules (--recompute-granularity selective with --recompute-modules, or full)",

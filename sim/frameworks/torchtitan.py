@@ -9,12 +9,13 @@ flavor, `[training]` local_batch_size / global_batch_size / seq_len / mixed_prec
 (pipeline_parallel_first/last_stage_less_layers 1: the embedding and the output count as a
 layer, sim5d's account_for_* keys), 1F1B, pipeline microbatches of 1, bfloat16 parameters,
 FSDP2's reshard_after_forward "default" (resharded unless pipeline parallel, torchtitan's
-parallelize), activation checkpointing "selective" with option "2".
+parallelize), activation checkpointing "selective" with option "2" (every second layer: recompute full
+with recompute_method every).
 
 A flavor is one of the bundled presets it equals (Llama 3 8B, 70B, 405B; DeepSeek-V3 671B). What
-sim5d models differently is refused with the reason rather than approximated: HSDP, every-n-th-
-layer selective checkpointing, row-wise FP8, CP by all-gather. Op-level selective checkpointing
-(selective_ac_option "op") is recompute selective-op.
+sim5d models differently is refused with the reason rather than approximated: HSDP, row-wise FP8,
+CP by all-gather. Op-level selective checkpointing (selective_ac_option "op") is recompute
+selective-op; layer-level (selective_ac_option n) is full recompute with recompute_method every.
 """
 
 from __future__ import annotations
@@ -186,14 +187,16 @@ def _training(t: _Toml, d: dict) -> None:
             raise t.error("model.converters", f"converter {c!r} is not modelled")
     mode = t.get("activation_checkpoint", "mode", "selective")
     option = str(t.get("activation_checkpoint", "selective_ac_option", "2"))
-    if mode == "selective" and option == "1":
-        mode = "full"                                  # every layer checkpointed: full recompute
-    elif mode == "selective" and option == "op":
+    if mode == "selective" and option == "op":
         mode = "selective-op"                          # per-op SAC (sim.workload.ops.op_sac_fractions)
+    elif mode == "selective" and option.isdigit() and int(option) > 0:
+        # layer SAC: every n-th block checkpointed whole (_apply_layer_sac; n = 1 is every block)
+        mode = "full"
+        if option != "1":
+            tr.update(recompute_method="every", recompute_num_layers=int(option))
     if mode not in ("none", "full", "selective-op"):
-        raise t.error("activation_checkpoint.mode", f"mode {mode!r} (selective_ac_option {option!r}) is not "
-                      "modelled: torchtitan's every-n-th-layer checkpointing is not sim5d's; use none, full, or "
-                      "selective with selective_ac_option \"op\"")
+        raise t.error("activation_checkpoint.mode", f"mode {mode!r} (selective_ac_option {option!r}) must be "
+                      "none, full, or selective with selective_ac_option \"op\" or a positive layer interval")
     tr["recompute"] = mode
     reduce = t.get("training", "mixed_precision_reduce", "float32")
     if reduce not in ("bfloat16", "float32"):
@@ -271,10 +274,13 @@ def _refuse(sc) -> None:
     if t.recompute == "selective":
         raise ConfigError("recompute selective (the core attention) is not one of torchtitan's checkpointing modes",
                           key="training.recompute")
-    if t.recompute == "full" and (t.recompute_method, t.recompute_num_layers) != ("uniform", 1):
+    if t.recompute == "full" and t.recompute_method != "every" and t.recompute_num_layers != 1:
         raise ConfigError(f"recompute_method {t.recompute_method} with recompute_num_layers {t.recompute_num_layers}: "
-                          "torchtitan's full checkpointing wraps every block on its own",
+                          "torchtitan checkpoints every block on its own, or every n-th (method every)",
                           key="training.recompute_method")
+    if t.recompute == "full" and t.recompute_method == "block":
+        raise ConfigError("recompute_method block: torchtitan checkpoints every block on its own, or every n-th "
+                          "(method every)", key="training.recompute_method")
     if t.precision not in ("bf16", "fp32", "fp8", "mxfp8") or (t.precision == "fp8" and t.fp8_recipe != "current"):
         raise ConfigError(f"precision {t.precision} {t.fp8_recipe or ''}: torchtitan trains bf16, fp32, tensor-wise "
                           "FP8 (current scaling) or MXFP8", key="training.precision")
@@ -339,7 +345,8 @@ def from_scenario(sc) -> str:
         ["enable_async_tensor_parallel = true"] if t.tp_comm_overlap else []) + pp_lines + [
         "", "[activation_checkpoint]"] + (
         ['mode = "selective"', 'selective_ac_option = "op"'] if t.recompute == "selective-op" else
-        [f'mode = "{t.recompute}"'])
+        ['mode = "selective"', f'selective_ac_option = "{t.recompute_num_layers}"']
+        if t.recompute == "full" and t.recompute_method == "every" else [f'mode = "{t.recompute}"'])
     if t.precision == "fp8":
         lines += ["", "[quantize.linear.float8]", 'recipe_name = "tensorwise"']
     return "\n".join(lines) + "\n"

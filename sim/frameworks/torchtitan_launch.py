@@ -303,6 +303,9 @@ def _launch_refuse(sc) -> None:
     if p.zero_stage == 3 and t.precision != "fp32" and not t.grad_reduce_in_fp32:
         raise ConfigError("grad_reduce_in_fp32 false under FSDP: torchtitan's mixed_precision_reduce is float32 "
                           "only (configs.py)", key="training.grad_reduce_in_fp32")
+    if t.recompute == "full" and t.recompute_method == "every":
+        raise ConfigError("recompute_method every: torchtitan's layer-level checkpointing left with its TOMLs "
+                          "(SelectiveAC is per op now)", key="training.recompute_method")
     if t.recompute not in _AC:
         raise ConfigError(f"recompute {t.recompute}: torchtitan checkpoints per op (selective-op), whole blocks "
                           "(full) or not at all (none)", key="training.recompute")
