@@ -98,7 +98,7 @@ def layout_text(sc) -> str:
     p = sc.parallelism
     return (f"tp{p.tp} pp{p.pp} vpp{p.vpp} cp{p.cp} ep{p.ep}{f' etp{p.etp}' if p.etp != p.tp else ''} "
             f"dp{p.dp} {p.pipeline_schedule} ZeRO-{p.zero_stage} mbs{sc.training.micro_batch_size} "
-            f"recompute {sc.training.recompute}")
+            f"recompute {sc.training.recompute_text}")
 
 
 def precision_text(t) -> str:

@@ -511,8 +511,8 @@ class Training:
     None."""
     recompute_method: str = "uniform"
     recompute_num_layers: Optional[int] = None
-    """With recompute full, the group size (uniform; resolved: 1 when not given) or the
-    checkpointed layers per chunk (block), else None."""
+    """With recompute full, the group size (uniform; resolved: 1 when not given), the
+    checkpointed layers per chunk (block) or the interval (every), else None."""
     recompute_modules: Optional[tuple] = None
     """With recompute selective, the recomputed modules (resolved: ("core_attn",) when not
     given), else None."""
@@ -522,6 +522,14 @@ class Training:
     exp_avg_sq_dtype: str = "fp32"
     main_params_dtype: str = "fp32"
     store_param_remainders: bool = False
+
+    @property
+    def recompute_text(self) -> str:
+        """The recompute policy in a few words: 'none', 'selective', 'full', 'full (block 5)',
+        'full (uniform 2)', 'full (every 2)'."""
+        if self.recompute == "full" and (self.recompute_method, self.recompute_num_layers) != ("uniform", 1):
+            return f"full ({self.recompute_method} {self.recompute_num_layers})"
+        return self.recompute
 
 
 @dataclass(frozen=True)

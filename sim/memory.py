@@ -559,7 +559,7 @@ def render_memory_table(sc: Scenario, report: MemoryReport) -> None:
     title = (f"{sc.name}: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name} "
              f"(tp {p.tp}, pp {p.pp}, vpp {p.vpp}, cp {p.cp}, ep {p.ep}"
              f"{f', etp {p.etp}' if p.etp != p.tp else ''}, dp {p.dp}, "
-             f"{p.pipeline_schedule}, ZeRO-{p.zero_stage}, recompute {sc.training.recompute})")
+             f"{p.pipeline_schedule}, ZeRO-{p.zero_stage}, recompute {sc.training.recompute_text})")
     table = Table(title=title, title_justify="left")
     for col in ("pp rank", "weights", "grads", "optimizer", "activations", "other", "total", "in flight"):
         table.add_column(col, justify="right", no_wrap=True)

@@ -162,3 +162,11 @@ def test_torchtitan_toml_default_checkpointing_is_every_second_layer(tmp_path):
     for fmt in ("megatron", "torchtitan-launch"):
         code, _, err = run_cli("export", str(tmp_path / "s.yaml"), "--format", fmt)
         assert code == 2 and "training.recompute_method" in err, err
+
+
+def test_the_layout_says_which_layers():
+    from sim.compare import layout_text
+
+    assert layout_text(_sc("block", 1)).endswith("recompute full (block 1)")
+    assert layout_text(_sc("every", 2)).endswith("recompute full (every 2)")
+    assert layout_text(_sc()).endswith("recompute full")
