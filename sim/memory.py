@@ -496,22 +496,24 @@ def memory_report(sc: Scenario) -> MemoryReport:
     if t.recompute in ("full", "selective-op"):
         m = sc.model
 
-        def whole(layer):
-            return layer_activation_bytes(
-                m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
-                sequence_parallel=p.sequence_parallel, recompute="none",
-                attention_backend=t.attention_backend, precision=t.precision,
-                routing_imbalance=d.moe_expert_load, etp=p.etp)
+        kinds: dict = {}          # a layer's activations depend on it only by whether it is MoE
 
-        sizes: dict = {}
+        def whole(layer):
+            moe = m.is_moe_layer(layer)
+            if moe not in kinds:
+                kinds[moe] = layer_activation_bytes(
+                    m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
+                    sequence_parallel=p.sequence_parallel, recompute="none",
+                    attention_backend=t.attention_backend, precision=t.precision,
+                    routing_imbalance=d.moe_expert_load, etp=p.etp)
+            return kinds[moe]
+
+        starts = {g[0]: g for g in d.recompute_groups} if t.recompute == "full" else None
         for s, rank in enumerate(d.stage_rank):
-            here = set(d.stage_layers(s))
-            groups = ([g for g in d.recompute_groups if g[0] in here] if t.recompute == "full"
-                      else [(layer,) for layer in here])
-            for g in groups:
-                if g not in sizes:
-                    sizes[g] = sum(whole(layer) for layer in g)
-                work[rank] = max(work[rank], sizes[g])
+            for layer in d.stage_layers(s):
+                g = (layer,) if starts is None else starts.get(layer)
+                if g:
+                    work[rank] = max(work[rank], sum(whole(x) for x in g))
 
     comm = _communicators(sc) * 2 * NCCL_CHANNELS_ALLOWANCE * NCCL_BUFFSIZE_BYTES
     runtime = sc.cluster.gpu.runtime_reserved_gib * GiB
