@@ -337,6 +337,8 @@ TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "trainin
     TT + ["training.recompute=selective-op"],                            # selective_ac_option "op"
     TT + ["training.recompute=full", "training.recompute_method=every",
           "training.recompute_num_layers=2"],                            # selective_ac_option "2"
+    TT + ["parallelism.pp=4", "parallelism.dp=2",                        # torchtitan's uneven default split
+          "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"],
 ])
 def test_torchtitan_import_of_export(tmp_path, sets):
     a, b = _tt_roundtrip(tmp_path, sets)
@@ -349,7 +351,11 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
                        "training.recompute"),
                       (["model.num_layers=30"], "model"),
                       (["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.recompute=none",
-                        "parallelism.pipeline_schedule=zb-h1"], "parallelism.pipeline_schedule")):
+                        "parallelism.pipeline_schedule=zb-h1"], "parallelism.pipeline_schedule"),
+                      # no first / last stage less layers split the layers so
+                      (TT + ["parallelism.pp=4", "parallelism.dp=2",
+                             "parallelism.pipeline_model_parallel_layout=Et*10|t*6|t*8|t*8L"],
+                       "parallelism.pipeline_model_parallel_layout")):
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan",
                                *[a for s in sets for a in ("--set", s)])
         assert code == 2 and key in err and "Traceback" not in err, (sets, err)

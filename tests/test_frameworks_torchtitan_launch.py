@@ -146,6 +146,9 @@ def _roundtrip(tmp_path, scenario, sets):
                               "training.overlap_grad_reduce=true"]),            # run_train.sh, DDP
     ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2",
                                        "training.tp_comm_overlap=true"]),       # async TP through compile
+    # torchtitan's default split on PP 4 (34 effective layers: 9, 9, 8, 8 less one at each end)
+    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pp=4", "parallelism.dp=2",
+                                       "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"]),
 ])
 def test_export_imports_back_to_the_same_scenario(tmp_path, scenario, sets):
     a, b, text = _roundtrip(tmp_path, scenario, sets)
@@ -161,3 +164,53 @@ def test_export_refuses_what_the_trainer_cannot_run():
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan-launch",
                                *[a for s in sets for a in ("--set", s)])
         assert code == 2 and key in err and "Traceback" not in err, (sets, err)
+
+
+# --- the pipeline split, torchtitan's ------------------------------------------------------
+def test_stage_sizes_as_torchtitan_splits():
+    from sim.frameworks.torchtitan import stage_sizes
+
+    # generate_llm_fqn_per_model_part's docstring: 3 layers, 2 stages, embedding and output
+    # weighing 2 each: 7 effective, 4 and 3, less 2 each
+    assert stage_sizes(3, 2, 2, 2) == [2, 1]
+    assert stage_sizes(32, 4, 1, 1) == [8, 9, 8, 7]          # 34 effective: 9, 9, 8, 8
+    assert stage_sizes(32, 8, 0, 0) == [4] * 8
+    with pytest.raises(ValueError):
+        stage_sizes(3, 4, 2, 2)                              # the embedding outweighs a stage (7 // 4)
+
+
+@pytest.mark.parametrize("schedule,extra,sizes", [
+    ("1F1B", "", (8, 9, 8, 7)),                              # one stage a rank, uneven: a layout
+    ("GPipe", "", (8, 9, 8, 7)),
+    ("Interleaved1F1B", "", (4, 5, 4, 4, 4, 4, 4, 3)),       # two a rank by default
+    # 3 layers a stage: 12 stages of 34 effective, the first ten one more (three a rank)
+    ("Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage 3 ", (2,) + (3,) * 9 + (2, 1)),
+    ("ZBVZeroBubble", "--parallelism.pipeline_parallel_first_stage_less_layers 0 "
+                      "--parallelism.pipeline_parallel_last_stage_less_layers 0 ", (4,) * 8),
+])
+def test_pipeline_split_of_a_launch(tmp_path, schedule, extra, sizes):
+    path = _write(tmp_path, "torchrun --nnodes 4 --nproc_per_node 8 -m torchtitan.train --module llama3 "
+                            f"--config llama3_8b --parallelism.pipeline_parallel_degree 4 {extra}"
+                            f"--parallelism.num_pp_microbatches 8 --parallelism.pipeline_parallel_schedule {schedule} "
+                            "--parallelism.tensor_parallel_degree 2\n")
+    sc, _ = _import(path, "--cluster", "dgx-h100-ndr")
+    assert sc.derived.layers_per_virtual_stage == sizes
+    assert (sc.derived.embedding_stages[0], sc.derived.loss_stages[-1]) == (0, len(sizes) - 1)
+
+
+@pytest.mark.parametrize("schedule,extra,words", [
+    ("ZBVZeroBubble", "", ["unevenly (4, 5, 4, 4, 4, 4, 4, 3", "even split"]),
+    ("InterleavedZeroBubble", "", ["InterleavedZeroBubble", "one chunk per rank"]),
+    ("Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage 9 ", ["1 stages per rank", "two or more"]),
+    ("1F1B", "--parallelism.pipeline_parallel_layers_per_stage 4 --parallelism.pipeline_parallel_first_stage_less_layers"
+             " 0 --parallelism.pipeline_parallel_last_stage_less_layers 0 ", ["2 stages per rank", "runs one"]),
+    ("1F1B", "--parallelism.pipeline_parallel_layers_per_stage 5 ", ["7 stages", "not a multiple"]),
+])
+def test_pipeline_splits_sim5d_cannot_take(tmp_path, schedule, extra, words):
+    path = _write(tmp_path, "torchrun --nnodes 4 --nproc_per_node 8 -m torchtitan.train --module llama3 "
+                            f"--config llama3_8b --parallelism.pipeline_parallel_degree 4 {extra}"
+                            f"--parallelism.pipeline_parallel_schedule {schedule}\n")
+    code, _, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr")
+    assert code == 2 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)

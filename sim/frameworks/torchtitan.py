@@ -28,7 +28,8 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
 SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved-1f1b", "GPipe": "gpipe", "ZBVZeroBubble": "zbv",
              "DualPipeV": "dualpipev", "InterleavedZeroBubble": "zb-h1"}
 """torch.distributed.pipelining's schedule names -> sim5d's (InterleavedZeroBubble is ZB-H1's
-split backward on interleaved stages; sim5d runs it as zb-h1 with one chunk per rank only)."""
+split backward on interleaved stages, two or more a rank, which sim5d's zb-h1 does not hold:
+refused on import, never written by the export)."""
 # what a TOML may hold that does not change one step's time
 NOT_STEP_TIME = {"job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "validation",
                  "comm", "fault_tolerance", "experimental", "memory_estimation", "float8", "mx"}
@@ -129,21 +130,9 @@ def _parallel(t: _Toml, gpus: int, d: dict, pp_layers: int) -> None:
         raise t.error("parallelism.pipeline_parallel_schedule", f"{schedule!r} must be one of {', '.join(SCHEDULES)}")
     p["pipeline_schedule"] = SCHEDULES[schedule] if pp > 1 else "1f1b"
     first, last = g("pipeline_parallel_first_stage_less_layers", 1), g("pipeline_parallel_last_stage_less_layers", 1)
+    per_stage = g("pipeline_parallel_layers_per_stage", None)
     if pp > 1:
-        for key, v in (("first", first), ("last", last)):
-            if v not in (0, 1):
-                raise t.error(f"parallelism.pipeline_parallel_{key}_stage_less_layers", f"{v}: sim5d counts the "
-                              "embedding / output as one layer of the split (1) or none (0)")
-        p["account_for_embedding_in_pipeline_split"] = first == 1
-        p["account_for_loss_in_pipeline_split"] = last == 1
-        per_stage = g("pipeline_parallel_layers_per_stage", None)
-        if per_stage:
-            stages = (pp_layers + first + last) // per_stage
-            if stages * per_stage != pp_layers + first + last or stages % pp:
-                raise t.error("parallelism.pipeline_parallel_layers_per_stage", f"{per_stage} layers per stage do "
-                              f"not split {pp_layers} layers (+ {first} + {last}) into a multiple of {pp} stages")
-            if stages > pp:
-                p["virtual_pipeline_model_parallel_size"] = stages // pp
+        _split(t, p, schedule, pp_layers, first, last, per_stage)
     if cp > 1:
         rotate = t.get("parallelism", "context_parallel_rotate_method", "allgather")
         if rotate != "alltoall":
@@ -154,6 +143,75 @@ def _parallel(t: _Toml, gpus: int, d: dict, pp_layers: int) -> None:
         d["training"].update(moe_token_dispatcher="flex", moe_flex_dispatcher_backend="deepep")
     if t.get("parallelism", "enable_async_tensor_parallel", False):
         d["training"]["tp_comm_overlap"] = True
+
+
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules that place two stages per rank in a V (pipeline_parallel.py stage_ids_this_rank)."""
+SINGLE_STAGE = ("1F1B", "GPipe")
+"""Schedules of one stage per rank; the others default to two (pipeline_parallel.py)."""
+
+
+def stage_sizes(layers: int, stages: int, first: int, last: int) -> list[int]:
+    """Decoder layers per pipeline stage as torchtitan splits them (pipeline_parallel.py
+    generate_llm_fqn_per_model_part): the embedding counts as `first` layers and the output as
+    `last`, the effective layers shared evenly, the first (effective % stages) stages one more."""
+    eff = layers + first + last
+    base, extra = divmod(eff, stages)
+    if base == 0 or first > base or last > base:
+        raise ValueError(f"{layers} layers (+ {first} + {last}) do not split into {stages} stages "
+                         "(torchtitan: every stage one layer at least, the embedding's and output's weights "
+                         "at most a stage's layers)")
+    sizes = [base + (1 if i < extra else 0) for i in range(stages)]
+    sizes[0] -= first
+    sizes[-1] -= last
+    return sizes
+
+
+def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int, per_stage) -> None:
+    """The pipeline split, torchtitan's (stage_sizes) over its stage count (pipeline_parallel.py
+    get_pipeline_stage_info: from layers_per_stage, else one stage a rank for single-stage schedules,
+    two for the others), as sim5d's keys: one Megatron's account_for_*_in_pipeline_split gives by
+    those flags, an even one as it is, any other as a pipeline_model_parallel_layout (loop
+    placement only: sim5d's V-shaped schedules take an even split)."""
+    key = "parallelism.pipeline_parallel_first_stage_less_layers"
+    if first < 0 or last < 0:
+        raise t.error(key, f"first / last stage less layers ({first}, {last}) must not be negative")
+    pp = p["pipeline_model_parallel_size"]
+    if per_stage:
+        stages = -(-(layers + first + last) // per_stage)
+        if stages % pp:
+            raise t.error("parallelism.pipeline_parallel_layers_per_stage", f"{per_stage} layers per stage make "
+                          f"{stages} stages, not a multiple of pipeline_parallel_degree {pp}")
+    else:
+        stages = pp * (1 if schedule in SINGLE_STAGE else 2)
+    vpp = stages // pp
+    want = "one" if schedule in SINGLE_STAGE else "two" if schedule in V_SCHEDULES else "two or more"
+    if (schedule in SINGLE_STAGE and vpp != 1) or (schedule in V_SCHEDULES and vpp != 2) or vpp < 1 or (
+            schedule not in SINGLE_STAGE and vpp < 2):
+        raise t.error("parallelism.pipeline_parallel_layers_per_stage", f"{vpp} stages per rank: {schedule} "
+                      f"runs {want} (torchtitan raises the same)")
+    if schedule == "InterleavedZeroBubble" and vpp > 1:
+        raise t.error("parallelism.pipeline_parallel_schedule", f"InterleavedZeroBubble over {vpp} stages per rank "
+                      "is not modelled: sim5d's ZB-H1 holds one chunk per rank")
+    try:
+        sizes = stage_sizes(layers, stages, first, last)
+    except ValueError as e:
+        raise t.error(key, str(e)) from None
+    if vpp > 1:
+        p["virtual_pipeline_model_parallel_size"] = vpp
+    if first <= 1 and last <= 1 and (layers + first + last) % stages == 0 and schedule not in V_SCHEDULES:
+        p["account_for_embedding_in_pipeline_split"] = first == 1      # the same split, Megatron's flags
+        p["account_for_loss_in_pipeline_split"] = last == 1
+        return
+    if len(set(sizes)) == 1:
+        return
+    if schedule in V_SCHEDULES:
+        raise t.error(key, f"torchtitan splits the {layers} layers unevenly ({', '.join(map(str, sizes))} a stage); "
+                      f"sim5d's {SCHEDULES[schedule]} takes an even split: set the first / last stage less layers "
+                      "or pipeline_parallel_layers_per_stage so that every stage has as many")
+    p["pipeline_model_parallel_layout"] = "|".join(
+        ("E" if i == 0 else "") + (f"t*{n}" if n else "") + ("L" if i == stages - 1 else "")
+        for i, n in enumerate(sizes))
 
 
 def _training(t: _Toml, d: dict) -> None:
@@ -265,9 +323,6 @@ def _refuse(sc) -> None:
     if p.pp > 1 and (p.pipeline_schedule not in SCHEDULES.values() or p.pipeline_schedule == "zb-h1"):
         raise ConfigError(f"pipeline_schedule {p.pipeline_schedule} has no torchtitan schedule here",
                           key="parallelism.pipeline_schedule")
-    if p.pp > 1 and (p.decoder_first_pipeline_num_layers is not None or p.pipeline_model_parallel_layout is not None):
-        raise ConfigError("uneven first / last stages by count or layout: torchtitan's split is layers per stage",
-                          key="parallelism.decoder_first_pipeline_num_layers")
     if p.cp > 1 and p.cp_comm_type != "p2p":
         raise ConfigError("cp_comm_type a2a (Ulysses) is not a torchtitan context-parallel method",
                           key="parallelism.cp_comm_type")
@@ -298,6 +353,34 @@ def _refuse(sc) -> None:
                           key="training.overlap_grad_reduce")
 
 
+def pipeline_fields(sc) -> tuple[int, int, int | None]:
+    """(first stage less layers, last stage less layers, layers per stage or None for the
+    schedule's default stage count) with which torchtitan splits the layers as the scenario's
+    stages hold them (stage_sizes); ConfigError when no such fields do."""
+    p, d = sc.parallelism, sc.derived
+    sizes, layers = list(d.layers_per_virtual_stage), sc.model.num_layers
+    stages = len(sizes)
+    default = p.pp * (1 if p.pipeline_schedule in ("1f1b", "gpipe") else 2)
+    flags = (int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split))
+    tries = [flags] + [(f, last) for f in range(max(sizes) + 1) for last in range(max(sizes) + 1)]
+    if d.embedding_stages[0] == 0 and d.loss_stages[-1] == stages - 1:
+        for first, last in tries:
+            try:
+                if stage_sizes(layers, stages, first, last) != sizes:
+                    continue
+            except ValueError:
+                continue
+            eff = layers + first + last
+            per_stage = -(-eff // stages)
+            if -(-eff // per_stage) == stages:
+                return first, last, per_stage
+            if stages == default:
+                return first, last, None
+    raise ConfigError(f"the stages hold {', '.join(map(str, sizes))} layers: no torchtitan split (the first / last "
+                      "stage less layers and layers per stage, pipeline_parallel.py) gives them",
+                      key="parallelism.pipeline_model_parallel_layout")
+
+
 def from_scenario(sc) -> str:
     """A torchtitan job TOML of a scenario's layout; ConfigError naming the key of what
     torchtitan cannot run or sim5d cannot write."""
@@ -311,14 +394,14 @@ def from_scenario(sc) -> str:
                           "as bundled", key="model")
     _refuse(sc)
     back = {v: k for k, v in SCHEDULES.items()}
-    first, last = int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split)
     pp_lines = []
     if p.pp > 1:
+        first, last, per_stage = pipeline_fields(sc)
         pp_lines = [f'pipeline_parallel_schedule = "{back[p.pipeline_schedule]}"',
                     f"pipeline_parallel_microbatch_size = {t.micro_batch_size}",
                     f"pipeline_parallel_first_stage_less_layers = {first}",
-                    f"pipeline_parallel_last_stage_less_layers = {last}",
-                    f"pipeline_parallel_layers_per_stage = {(m.num_layers + first + last) // (p.pp * p.vpp)}"]
+                    f"pipeline_parallel_last_stage_less_layers = {last}"] + (
+            [f"pipeline_parallel_layers_per_stage = {per_stage}"] if per_stage else [])
         if p.zero_stage == 3:
             pp_lines.append(f'fsdp_reshard_after_forward = "{"always" if p.reshard_after_forward else "never"}"')
     elif p.zero_stage == 3:

@@ -329,12 +329,12 @@ def from_scenario(sc) -> str:
     if p.tp > 1 and not p.sequence_parallel:
         flags.append("--parallelism.no-enable-sequence-parallel")
     if p.pp > 1:
-        first, last = int(p.account_for_embedding_in_pipeline_split), int(p.account_for_loss_in_pipeline_split)
+        first, last, per_stage = torchtitan.pipeline_fields(sc)
         flags += [f"--parallelism.pipeline_parallel_schedule {back[p.pipeline_schedule]}",
                   f"--parallelism.num_pp_microbatches {t.global_batch_size // (t.micro_batch_size * p.dp)}",
                   f"--parallelism.pipeline_parallel_first_stage_less_layers {first}",
-                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last}",
-                  f"--parallelism.pipeline_parallel_layers_per_stage {(m.num_layers + first + last) // (p.pp * p.vpp)}"]
+                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last}"] + (
+            [f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}"] if per_stage else [])
     if p.zero_stage == 3:
         policy = "never" if not p.reshard_after_forward else "default" if p.pp == 1 else "always"
         flags.append(f"--parallelism.fsdp_reshard_after_forward {policy}")
