@@ -576,9 +576,9 @@ class Derived:
     """Multi-token prediction modules (ModelSpec.mtp_num_layers), on every loss stage."""
     recompute_groups: tuple = ()
     """With recompute full, the layers checkpointed together, each group's layers in order: every
-    layer alone by default, groups of recompute_num_layers (uniform) or the first
-    recompute_num_layers of each chunk alone (block) (`_recompute_groups`); a layer in none is
-    not recomputed."""
+    layer alone by default, groups of recompute_num_layers (uniform), the first
+    recompute_num_layers of each chunk alone (block) or each rank's n-th layers alone (every)
+    (`_recompute_groups`); a layer in none is not recomputed."""
     moe_expert_load: float = 1.0
     """The busiest expert-parallel rank's routed tokens relative to the balanced mean, as the
     step runs them: training.moe_routing_imbalance, capped at the expert capacity with token

@@ -103,6 +103,10 @@ def test_the_mxfp8_config_on_blackwell(tmp_path):
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh\n", "dgx-h100-ndr:16", ["--cluster", "16", "8"]),
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree $TP\n", "dgx-h100-ndr",
      ["$TP", "shell variable"]),
+    ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.num_pp_microbatches 0\n", "dgx-h100-ndr",
+     ["--parallelism.num_pp_microbatches", "at least 1"]),
+    ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.module_fqns_per_model_part x\n", "dgx-h100-ndr",
+     ["--parallelism.module_fqns_per_model_part", "not modelled"]),
     # DeepSeek-V3's config checkpoints with SelectiveAC, not modelled for MoE layers
     ("torchrun --nnodes 32 --nproc-per-node 8 -m torchtitan.train --module deepseek_v3 --config deepseek_v3_671b "
      "--parallelism.expert_parallel_degree 8\n", "dgx-h100-ndr", ["training.recompute", "selective-op", "experts"]),

@@ -67,6 +67,9 @@ _NOT_STEP = ("metrics.", "checkpoint.", "profiler.", "validator.", "lr_scheduler
              "training.gc_freq", "training.gc_debug", "training.dtype", "fault_tolerance.", "parallelism.spmd_backend",
              "parallelism.context_parallel_load_balancer")
 """Fields that do not change one step's time (the TOML importer's NOT_STEP_TIME, new names)."""
+_REFUSED = {"parallelism.module_fqns_per_model_part": "a hand-made pipeline split by module names",
+            "parallelism.pipeline_parallel_schedule_csv": "a schedule read from a CSV file"}
+"""Fields that change the step in ways sim5d does not model."""
 _POLICIES = {"selective": "selective", "full": "full", "none": "none", "memory-budget": None, "memory_budget": None}
 _DEFAULT_GPUS = 8                                    # run_train.sh: NGPU=${NGPU:-"8"}
 
@@ -179,6 +182,8 @@ def _config(env: dict, flags: dict, path: str) -> tuple[tuple, dict, list, list]
                                   f"({', '.join(p for p in _POLICIES if '_' not in p)})", key="activation_checkpoint",
                                   file=path, line=line)
             fields[key] = raw
+        elif key in _REFUSED:
+            raise ConfigError(f"--{name}: {_REFUSED[key]} is not modelled", key=f"--{name}", file=path, line=line)
         elif key in _INT | _STR | _BOOL:
             fields[key] = _value(name, raw, path, line)
         elif key.startswith(_NOT_STEP):
@@ -199,6 +204,9 @@ def _toml_data(key: tuple, fields: dict, path: str) -> dict:
                           key="training.num_tokens_per_microbatch_per_dp_rank", file=path)
     micro = tokens // ctx
     pp = g("parallelism.pipeline_parallel_degree", 1)
+    if g("parallelism.num_pp_microbatches", 1) < 1:
+        raise ConfigError("num_pp_microbatches must be at least 1 (torchtitan raises the same)",
+                          key="--parallelism.num_pp_microbatches", file=path)
     pp_mb = g("parallelism.num_pp_microbatches", 1) if pp > 1 else 1
     step = g("training.num_tokens_per_train_step", -1)
     if step > 0 and step % ctx:
