@@ -58,6 +58,8 @@ SCHEDULE_VALUE_ALIASES = {
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipe", "dualpipev")
 # Schedules whose ranks always hold two model chunks (interfaces.md, `sim5d schedule`).
 TWO_CHUNK_SCHEDULES = ("zbv", "dualpipe", "dualpipev")
+V_SCHEDULES = ("zbv", "dualpipev")
+"""Two chunks a rank placed in a V: stage s on rank s, stage 2pp - 1 - s on rank s."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,7 +221,9 @@ class ParallelIn(_Strict):
     """Megatron-Core's custom layout: the items of each virtual stage in the order vpp(0)pp(0),
     vpp(0)pp(1), ..., vpp(-1)pp(-1); items E (embedding), t (decoder layer), L (loss). A string
     (`Et*3|(t*4|)*30,t*3L`: '|' splits stages, `X*N` / `(...)*N` repeat) or a list of lists
-    (`[[embedding, decoder], [decoder, loss]]`). Sets vpp = stages / pp. Default none (even split)."""
+    (`[[embedding, decoder], [decoder, loss]]`). Sets vpp = stages / pp. Under zbv and dualpipev
+    the 2 x pp stages sit in their V (stage s and 2pp - 1 - s on rank s); dualpipe takes none.
+    Default none (even split)."""
     account_for_embedding_in_pipeline_split: bool = False
     """Count the embedding as one layer in the even pipeline split: the first virtual stage holds
     one decoder layer fewer (Megatron-Core). Default false."""
@@ -903,10 +907,9 @@ def _pipeline_layout(model: ModelSpec, p: ParallelIn, pp: int, schedule: str, er
                       f"{what}: use one way of splitting the layers")
     if pp < 2:
         raise err(key, f"{what} needs pipeline_model_parallel_size > 1 (got {pp})")
-    if p.pipeline_schedule in TWO_CHUNK_SCHEDULES:
-        raise err("parallelism.pipeline_schedule", f"{what} is Megatron's interleaved placement (virtual "
-                  f"stage a x pp + b on rank b); {p.pipeline_schedule}'s V-shaped or mirrored placement "
-                  "cannot take it")
+    if p.pipeline_schedule == "dualpipe":
+        raise err("parallelism.pipeline_schedule", f"{what} places pp x vpp stages in model order; dualpipe's "
+                  "mirrored placement (each model stage on two ranks) cannot take it")
     if not given:
         return []
     try:
@@ -914,6 +917,9 @@ def _pipeline_layout(model: ModelSpec, p: ParallelIn, pp: int, schedule: str, er
         pipeline_layout.check(stages, model.num_layers, pp)
     except LayoutError as e:
         raise err(key, f"pipeline_model_parallel_layout {e}") from None
+    if p.pipeline_schedule in V_SCHEDULES and len(stages) != 2 * pp:
+        raise err("parallelism.pipeline_schedule", f"{p.pipeline_schedule}'s V-shaped placement runs 2 x pp = "
+                  f"{2 * pp} stages; the layout has {len(stages)}")
     return stages
 
 
@@ -939,11 +945,13 @@ def _uneven_layout_hint(L: int, pp: int, vpp: int, first, last) -> str:
             f"{pipeline_layout.to_string(stages)!r}")
 
 
-def _layout_stage_layers(layout, pp: int):
-    """Where a Megatron-Core layout puts the layers: virtual stage s on rank s % pp, with the
-    layers its 't' entries name."""
+def _layout_stage_layers(layout, pp: int, schedule: str = "1f1b"):
+    """Where a Megatron-Core layout puts the layers: virtual stage s on rank s % pp (under the
+    V-shaped schedules, rank s for s < pp and 2pp - 1 - s after, as their even split and
+    torchtitan's stage_ids_this_rank place them), with the layers its 't' entries name."""
     layers_vs = tuple(st.count("t") for st in layout)
-    rank_vs = tuple(s % pp for s in range(len(layout)))
+    rank_vs = tuple((s if s < pp else 2 * pp - 1 - s) if schedule in V_SCHEDULES else s % pp
+                    for s in range(len(layout)))
     per_rank = [0] * pp
     for s, n in enumerate(layers_vs):
         per_rank[rank_vs[s]] += n
@@ -1033,7 +1041,7 @@ def _stage_layers(model: ModelSpec, p: ParallelIn, pp: int, vpp: int, schedule: 
     as a Megatron-Core layout places them: virtual stage s on rank s % pp)."""
     L = model.num_layers
     if layout is not None:
-        return _layout_stage_layers(layout, pp)
+        return _layout_stage_layers(layout, pp, schedule)
     first, last = p.decoder_first_pipeline_num_layers, p.decoder_last_pipeline_num_layers
     chunks_per_pp_stage, per_chunk_middle = _middle_chunk_layers(L, first, last, pp, vpp, schedule, err)
     # layers of each pipeline rank's position in the model, as a list of model-stage sizes in model order

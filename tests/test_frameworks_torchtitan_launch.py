@@ -191,6 +191,8 @@ def test_stage_sizes_as_torchtitan_splits():
     ("Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage 3 ", (2,) + (3,) * 9 + (2, 1)),
     ("ZBVZeroBubble", "--parallelism.pipeline_parallel_first_stage_less_layers 0 "
                       "--parallelism.pipeline_parallel_last_stage_less_layers 0 ", (4,) * 8),
+    ("ZBVZeroBubble", "", (4, 5, 4, 4, 4, 4, 4, 3)),             # uneven, in a V
+    ("DualPipeV", "", (4, 5, 4, 4, 4, 4, 4, 3)),
 ])
 def test_pipeline_split_of_a_launch(tmp_path, schedule, extra, sizes):
     path = _write(tmp_path, "torchrun --nnodes 4 --nproc_per_node 8 -m torchtitan.train --module llama3 "
@@ -200,10 +202,12 @@ def test_pipeline_split_of_a_launch(tmp_path, schedule, extra, sizes):
     sc, _ = _import(path, "--cluster", "dgx-h100-ndr")
     assert sc.derived.layers_per_virtual_stage == sizes
     assert (sc.derived.embedding_stages[0], sc.derived.loss_stages[-1]) == (0, len(sizes) - 1)
+    # torchtitan's stage_ids_this_rank: looped, or (r, 2pp - 1 - r) in a V
+    v = schedule in ("ZBVZeroBubble", "DualPipeV")
+    assert sc.derived.stage_rank == tuple((s if s < 4 else 7 - s) if v else s % 4 for s in range(len(sizes)))
 
 
 @pytest.mark.parametrize("schedule,extra,words", [
-    ("ZBVZeroBubble", "", ["unevenly (4, 5, 4, 4, 4, 4, 4, 3", "even split"]),
     ("InterleavedZeroBubble", "", ["InterleavedZeroBubble", "one chunk per rank"]),
     ("Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage 9 ", ["1 stages per rank", "two or more"]),
     ("1F1B", "--parallelism.pipeline_parallel_layers_per_stage 4 --parallelism.pipeline_parallel_first_stage_less_layers"

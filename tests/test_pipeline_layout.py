@@ -225,3 +225,24 @@ def test_readme_llama3_table4_row_is_what_sim5d_gives():
     assert [q[0] for q in quoted] == got and [q[1] for q in quoted] == [400, 380]
     mape = sum(abs(g / p - 1) for g, p in zip(got, (400, 380))) / 2
     assert f"| {100 * mape:.1f}% | -{100 * mape:.1f}% |" in row
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_a_layout_under_a_v_schedule_places_stages_in_the_v(schedule):
+    """Stage s on rank s, stage 2pp - 1 - s on rank s (the V the even split uses, and
+    torchtitan's stage_ids_this_rank); each rank runs exactly its stages' layers."""
+    from conftest import assert_engine_invariants, base_scenario
+    from sim.config import build_scenario
+    from sim.engine.simulate import simulate
+
+    sc = build_scenario(base_scenario(parallelism={
+        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2, "data_parallel_size": 4,
+        "pipeline_schedule": schedule, "pipeline_model_parallel_layout": "E,t*1|t*3|t*3|t*1,L"}))
+    d = sc.derived
+    assert (d.layers_per_virtual_stage, d.stage_rank, d.layers_per_rank) == ((1, 3, 3, 1), (0, 1, 1, 0), (2, 6))
+    res = simulate(sc)
+    assert_engine_invariants(res)
+    held = {0: {0, 7}, 1: {1, 2, 3, 4, 5, 6}}
+    for r in res.records:
+        if r.name.startswith("F L") and r.cat == "compute":
+            assert int(r.name.split()[1][1:]) in held[res.pp_rank_of[r.rank]], r

@@ -171,8 +171,8 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
     """The pipeline split, torchtitan's (stage_sizes) over its stage count (pipeline_parallel.py
     get_pipeline_stage_info: from layers_per_stage, else one stage a rank for single-stage schedules,
     two for the others), as sim5d's keys: one Megatron's account_for_*_in_pipeline_split gives by
-    those flags, an even one as it is, any other as a pipeline_model_parallel_layout (loop
-    placement only: sim5d's V-shaped schedules take an even split)."""
+    those flags, an even one as it is, any other as a pipeline_model_parallel_layout (stage s on
+    its rank as torchtitan places it, looped or V-shaped)."""
     key = "parallelism.pipeline_parallel_first_stage_less_layers"
     if first < 0 or last < 0:
         raise t.error(key, f"first / last stage less layers ({first}, {last}) must not be negative")
@@ -199,16 +199,12 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
         raise t.error(key, str(e)) from None
     if vpp > 1:
         p["virtual_pipeline_model_parallel_size"] = vpp
-    if first <= 1 and last <= 1 and (layers + first + last) % stages == 0 and schedule not in V_SCHEDULES:
+    if first <= 1 and last <= 1 and (layers + first + last) % stages == 0:
         p["account_for_embedding_in_pipeline_split"] = first == 1      # the same split, Megatron's flags
         p["account_for_loss_in_pipeline_split"] = last == 1
         return
     if len(set(sizes)) == 1:
         return
-    if schedule in V_SCHEDULES:
-        raise t.error(key, f"torchtitan splits the {layers} layers unevenly ({', '.join(map(str, sizes))} a stage); "
-                      f"sim5d's {SCHEDULES[schedule]} takes an even split: set the first / last stage less layers "
-                      "or pipeline_parallel_layers_per_stage so that every stage has as many")
     p["pipeline_model_parallel_layout"] = "|".join(
         ("E" if i == 0 else "") + (f"t*{n}" if n else "") + ("L" if i == stages - 1 else "")
         for i, n in enumerate(sizes))
