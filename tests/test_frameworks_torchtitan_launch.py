@@ -222,3 +222,10 @@ def test_pipeline_splits_sim5d_cannot_take(tmp_path, schedule, extra, words):
     assert code == 2 and "Traceback" not in err, err
     for w in words:
         assert w in err, (w, err)
+
+
+def test_async_tp_is_imported_with_its_measured_shortfall(tmp_path):
+    path = _write(tmp_path, "NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree 8 "
+                            "--compile.enable --compile.enable_async_tensor_parallel\n")
+    sc, err = _import(path, "--cluster", "dgx-h100-ndr")
+    assert sc.training.tp_comm_overlap and "1.09-1.10x" in err and "optimistic" in err
