@@ -529,3 +529,19 @@ def test_bound_flag_ranks_the_same_best_and_prunes_the_rest(tmp_path):
     assert flow == [{k: v for k, v in r.items() if k not in drop} for r in table if r["network"] == "flow"]
     pruned = [r for r in table if r["status"] == "pruned"]
     assert len(pruned) == fast["pruned"] and all(r["reason"].startswith("lower bound") for r in pruned)
+
+
+def test_a_sweep_that_ranks_nothing_says_why(tmp_path):
+    # every layout asks for torchtitan's per-op checkpointing on an MoE model: all invalid, for
+    # the one reason the sweep then prints with its count
+    code, out, err = run_cli("sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--topology", "dgx-h100-ndr",
+                             "--set", "training.seq_length=4096", "--set", "training.global_batch_size=32",
+                             "--set", "training.recompute=selective-op", "--set", "parallelism.tp=1",
+                             "--out", str(tmp_path / "s.csv"), "--no-plots")
+    assert code == 0, err
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert rows and all(r["status"] == "invalid" for r in rows)
+    text = " ".join(out.split())
+    assert "no layout could be ranked" in text and f"{len(rows)} x training.recompute: recompute selective-op" in text
