@@ -78,6 +78,13 @@ def test_tokens_per_step_sequence_parallel_and_booleans(tmp_path):
         (8, False, 64, 8, "full")
 
 
+def test_a_toml_that_says_how_it_is_run_is_still_a_toml(tmp_path):
+    path = _write(tmp_path, '# run: NGPU=8 CONFIG_FILE=this.toml ./run_train.sh\n[model]\nname = "llama3"\n'
+                            'flavor = "8B"\n[activation_checkpoint]\nmode = "full"\n', "job.toml")
+    sc, _ = _import(path, "--cluster", "dgx-h100-ndr:8")
+    assert (sc.model.name, sc.training.recompute, sc.training.seq_length) == ("llama3-8b", "full", 2048)
+
+
 def test_the_mxfp8_config_on_blackwell(tmp_path):
     # its SelectiveAC over MXFP8 linears is not modelled (their GEMMs are not aten.mm); with full
     # checkpointing it imports

@@ -69,7 +69,7 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
 
 def export_text(sc, fmt: str = "megatron") -> str:
     """The launch of a scenario: Megatron-LM's torchrun line with the GPUs and the flags, a
-    Megatron-Bridge ConfigContainer YAML or a torchtitan job TOML."""
+    Megatron-Bridge ConfigContainer YAML, a torchtitan job TOML or its trainer's launch line."""
     if fmt in ("torchtitan", "bridge", "torchtitan-launch"):
         import importlib
 

@@ -25,8 +25,9 @@ LAUNCH_MARKS = ("run_train.sh", "torchtitan.train", "torchtitan/train.py")
 
 
 def is_launch(text: str) -> bool:
-    """Whether a file is a launch of torchtitan's trainer (not a TOML job file)."""
-    return any(m in text for m in LAUNCH_MARKS)
+    """Whether a file is a launch of torchtitan's trainer (not a TOML job file): a mark outside
+    comments (a TOML may say in one how it is run)."""
+    return any(m in line.split("#", 1)[0] for line in text.splitlines() for m in LAUNCH_MARKS)
 
 
 def format_of(path, text: str | None = None) -> str:
