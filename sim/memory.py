@@ -43,8 +43,9 @@ STATE_BYTES = {
     "fp32": (4, 4, 8),
 }
 ACT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "mxfp8": 2, "nvfp4": 2, "fp32": 4}
-"""Bytes per stored activation element. fp8/mxfp8/nvfp4 GEMMs still store 16-bit activations
-(counted as TE's BF16 layers; its quantised copies of GEMM inputs are transient here)."""
+"""Bytes per stored activation element. fp8/mxfp8/nvfp4 keep 16-bit activations but for the
+GEMM inputs Transformer Engine keeps quantised (layer_activation_bytes)."""
+LOW_PRECISION = ("fp8", "mxfp8", "nvfp4")
 
 # NCCL allocates per communicator NCCL_BUFFSIZE (default 4 MiB, NCCL environment-variable docs)
 # per channel and direction; we allow 2 x 8 channels per communicator the rank belongs to.
@@ -120,7 +121,8 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
                            sequence_parallel: bool, recompute: str, attention_backend: str,
                            precision: str = "bf16", routing_imbalance: float = 1.0,
                            etp: int | None = None,
-                           recompute_modules: tuple = workload.DEFAULT_RECOMPUTE_MODULES) -> float:
+                           recompute_modules: tuple = workload.DEFAULT_RECOMPUTE_MODULES,
+                           fp8_recipe: str | None = None) -> float:
     """Activation bytes one decoder layer keeps for the backward of one microbatch, per GPU.
     `routing_imbalance` (MoE): the busiest expert rank's token share relative to the mean
     (training.moe_routing_imbalance); its expert activations scale with it. `etp` (MoE): the
@@ -148,6 +150,18 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     (core_attn, mlp, moe, shared_experts; tensor_parallel.checkpoint) keeps only the module's input,
     output-discarding (layernorm, mla_up_proj, moe_act; CheckpointWithoutOutput) frees the
     module's output; the terms in _attention_activation_bytes and _mlp_activation_bytes.
+
+    Low precision (fp8, mxfp8, nvfp4; `fp8_recipe` delayed or current for fp8): Transformer
+    Engine keeps a quantised GEMM's input for its weight gradient in the GEMM's format
+    (q = workload.GEMM_INPUT_BYTES: 1 for FP8, 1 + 1/32 MXFP8, 0.5 + 1/16 NVFP4; TE linear.py
+    saved_inputmat, layernorm_linear.py ln_out_to_save, grouped_linear.py), and where nothing
+    else keeps the 16-bit tensor that is all there is: the QKV and fc1 inputs (the fused norm
+    writes its output quantised), the fc2 input (the activation's output, which its backward
+    does not need), the experts' fc1 and fc2 inputs; a shared expert's fc1 keeps a quantised copy
+    of the router's 16-bit input. The output projection's input is the attention's own saved
+    output; under delayed scaling it keeps a quantised copy besides (Megatron-Core attention.py
+    sets save_original_input on linear_proj for the other recipes). MLA's projections keep their
+    16-bit accounting.
     """
     p = ACT_BYTES[precision]
     s = seq // cp
@@ -161,8 +175,10 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
         return _op_sac_bytes(model, layer, p, seq=seq, micro_batch=micro_batch, tp=tp, cp=cp,
                              sequence_parallel=sp, precision=precision)
     mods = tuple(recompute_modules) if recompute == "selective" else ()
-    act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend, mods)
-    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods)
+    q = workload.GEMM_INPUT_BYTES[precision] if precision in LOW_PRECISION else p
+    delayed = precision == "fp8" and (fp8_recipe or "delayed") == "delayed"
+    act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend, mods, q, delayed)
+    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods, q)
 
 
 def _op_sac_bytes(model, layer: int, p: int, *, seq: int, micro_batch: int, tp: int, cp: int,
@@ -191,9 +207,12 @@ def _op_sac_bytes(model, layer: int, p: int, *, seq: int, micro_batch: int, tp: 
 
 def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: float, sbh: int,
                                 recompute: str, attention_backend: str,
-                                mods: tuple = workload.DEFAULT_RECOMPUTE_MODULES) -> float:
+                                mods: tuple = workload.DEFAULT_RECOMPUTE_MODULES, q: float | None = None,
+                                delayed: bool = False) -> float:
     """The norm and attention terms of `layer_activation_bytes` (MLA or grouped-query widths);
-    `mods` the selective recompute's modules (() without selective recompute)."""
+    `mods` the selective recompute's modules (() without selective recompute); `q` the bytes of
+    a quantised GEMM input kept (default p), `delayed` FP8 delayed scaling."""
+    q = p if q is None else q
     a = model.num_attention_heads
     hidden_drop = model.hidden_dropout > 0
     attn_drop = model.attention_dropout > 0
@@ -216,7 +235,8 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
     # TransformerLayer._forward_attention: input_layernorm_checkpoint
     # .discard_output_and_register_recompute): its output, the down-projections' input, is freed
     if not (model.multi_latent_attention and "layernorm" in mods):
-        act += p * sbh * rep                                   # QKV (or latent down-proj) input
+        # QKV (or latent down-proj) input: TE's LayerNormLinear keeps its norm output quantised
+        act += (p if model.multi_latent_attention else q) * sbh * rep
     act += p * s * b * latent                                  # MLA compressed latents (replicated)
     # mla_up_proj: multi_latent_attention.py get_query_key_value_tensors runs the up-projections
     # and RoPE in a CheckpointWithoutOutput (qkv_up_checkpoint) whose outputs (query, key, value)
@@ -224,6 +244,8 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
     if not (model.multi_latent_attention and "mla_up_proj" in mods):
         act += p * s * b * (q_dim + k_dim + v_dim) / t         # Q, K, V
     act += p * s * b * attn_out_dim / t                        # output-projection input
+    if delayed:
+        act += q * s * b * attn_out_dim / t                    # its quantised copy (delayed scaling)
     if hidden_drop:
         act += 2 * sbh * rep                                   # two 1-byte dropout masks
     if attention_backend == "flash":
@@ -240,16 +262,17 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
 
 def _mlp_activation_bytes(model, layer: int, act: float, p: int, s: int, b: int, t: int, rep: float,
                           sbh: int, routing_imbalance: float, etp: int | None,
-                          mods: tuple = ()) -> float:
+                          mods: tuple = (), q: float | None = None) -> float:
     """The MLP or MoE terms of `layer_activation_bytes`, added in order to the attention's `act`;
-    `mods` the selective recompute's modules."""
+    `mods` the selective recompute's modules, `q` the bytes of a quantised GEMM input kept."""
+    q = p if q is None else q
     moe = model.is_moe_layer(layer)
     # layernorm (MoE layers): pre_mlp_layernorm is a module of its own (Megatron-Core
     # gpt_layer_specs.py: a TE norm when num_experts, else fused into LayerNormMLP) checkpointed
     # output-discarding (transformer_layer.py _forward_pre_mlp_layernorm, pre_mlp_norm_checkpoint
     # .discard_output_and_register_recompute): its output, the router's input, is freed
     if not (moe and "layernorm" in mods):
-        act += p * sbh * rep                                   # fc1 / router input
+        act += (p if moe else q) * sbh * rep                   # fc1 (quantised) / router (16-bit) input
     gated = 2 if model.activation == "swiglu" else 1
     if moe and "moe" in mods:
         # moe: moe_layer.py MoELayer.forward runs the whole layer in tensor_parallel.checkpoint
@@ -263,23 +286,25 @@ def _mlp_activation_bytes(model, layer: int, act: float, p: int, s: int, b: int,
         tokens = k * routing_imbalance
         # dispatched (permuted) tokens: each of the k copies is an expert fc1 input (tp-sharded
         # sequence after the all-to-all when SP, replicated otherwise)
-        act += tokens * p * sbh * (rep if etp is None or etp == t else etp / t)
+        act += tokens * q * sbh * (rep if etp is None or etp == t else etp / t)
         # moe_act: experts.py TEGroupedMLP.forward runs the activation in a CheckpointWithoutOutput
         # (activation_checkpoint) and discards its output, the expert fc2 input
         if "moe_act" in mods:
             act += tokens * p * s * b * gated * fe / t         # expert activation inputs only
         else:
-            act += tokens * p * s * b * (gated * fe + fe) / t  # expert activation and fc2 inputs
+            act += tokens * s * b * (p * gated * fe + q * fe) / t   # expert activation and fc2 inputs
         # shared_experts: moe_layer.py MoELayer.shared_experts_compute runs the shared experts in
         # tensor_parallel.checkpoint, keeping only their input (the router's, counted above)
         if model.moe_shared_experts and "shared_experts" not in mods:
             fs = model.moe_shared_experts * fe
-            act += p * s * b * (gated * fs + fs) / t
+            act += s * b * (p * gated * fs + q * fs) / t
+            if q != p:
+                act += q * sbh * rep                           # shared fc1's quantised input
     elif "mlp" not in mods:
         # mlp: transformer_layer.py TransformerLayer._forward_mlp runs the dense MLP in
         # tensor_parallel.checkpoint (recompute_mlp), keeping only its input (fc1's, counted above)
         f = model.ffn_hidden_size
-        act += p * s * b * (gated * f + f) / t                 # activation input, fc2 input
+        act += s * b * (p * gated * f + q * f) / t             # activation input, fc2 input
     return act
 
 
@@ -449,7 +474,8 @@ def stage_activation_bytes(sc: Scenario) -> list[float]:
             kinds[moe, policy] = layer_activation_bytes(m, layer, recompute=policy,
                                                         attention_backend=t.attention_backend, precision=t.precision,
                                                         routing_imbalance=d.moe_expert_load, etp=p.etp,
-                                                        recompute_modules=t.recompute_modules, **kw)
+                                                        recompute_modules=t.recompute_modules,
+                                                        fp8_recipe=t.fp8_recipe, **kw)
         return kinds[moe, policy]
 
     for s in range(d.num_virtual_stages):
@@ -505,7 +531,7 @@ def memory_report(sc: Scenario) -> MemoryReport:
                     m, layer, seq=t.seq_length, micro_batch=t.micro_batch_size, tp=p.tp, cp=p.cp,
                     sequence_parallel=p.sequence_parallel, recompute="none",
                     attention_backend=t.attention_backend, precision=t.precision,
-                    routing_imbalance=d.moe_expert_load, etp=p.etp)
+                    routing_imbalance=d.moe_expert_load, etp=p.etp, fp8_recipe=t.fp8_recipe)
             return kinds[moe]
 
         starts = {g[0]: g for g in d.recompute_groups} if t.recompute == "full" else None
