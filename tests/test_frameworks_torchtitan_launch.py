@@ -193,6 +193,8 @@ def test_stage_sizes_as_torchtitan_splits():
 @pytest.mark.parametrize("schedule,extra,sizes", [
     ("1F1B", "", (8, 9, 8, 7)),                              # one stage a rank, uneven: a layout
     ("GPipe", "", (8, 9, 8, 7)),
+    ("1F1B", "--parallelism.pipeline_parallel_first_stage_less_layers 2 "        # 36 effective, 9 each
+             "--parallelism.pipeline_parallel_last_stage_less_layers 2 ", (7, 9, 9, 7)),
     ("Interleaved1F1B", "", (4, 5, 4, 4, 4, 4, 4, 3)),       # two a rank by default
     # 3 layers a stage: 12 stages of 34 effective, the first ten one more (three a rank)
     ("Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage 3 ", (2,) + (3,) * 9 + (2, 1)),
@@ -208,6 +210,11 @@ def test_pipeline_split_of_a_launch(tmp_path, schedule, extra, sizes):
                             "--parallelism.tensor_parallel_degree 2\n")
     sc, _ = _import(path, "--cluster", "dgx-h100-ndr")
     assert sc.derived.layers_per_virtual_stage == sizes
+    # one stage a rank and only the ends different: Megatron's counts; else uneven: a layout
+    p = sc.parallelism
+    ends = schedule in ("1F1B", "GPipe") and len(set(sizes[1:-1])) == 1 and len(set(sizes)) > 1
+    assert (p.decoder_first_pipeline_num_layers is not None) == ends
+    assert (p.pipeline_model_parallel_layout is not None) == (not ends and len(set(sizes)) > 1)
     assert (sc.derived.embedding_stages[0], sc.derived.loss_stages[-1]) == (0, len(sizes) - 1)
     # torchtitan's stage_ids_this_rank: looped, or (r, 2pp - 1 - r) in a V
     v = schedule in ("ZBVZeroBubble", "DualPipeV")

@@ -249,3 +249,39 @@ def test_interrupted_sweep_aborts_its_pool_and_names_its_stream(tmp_path, monkey
                    "run the same command again to resume\n")
     assert calls == ["abort"]
     assert len(stream_path(out).read_text().splitlines()) == 1 + 2 and not out.exists()
+
+
+def test_abort_keeps_the_pool_threads_invalid_state_error_quiet():
+    """Python 3.11's pool thread fails the futures a Ctrl-C cancelled (concurrent/futures/process.py
+    terminate_broken), raising InvalidStateError in that thread: LocalExecutor.abort keeps that
+    traceback off the user's terminal, and lets any other thread error through."""
+    import threading
+    from concurrent.futures import InvalidStateError
+
+    from sim.sweep.executors import LocalExecutor
+
+    ex = LocalExecutor(workers=1)
+    real = ex._pool.shutdown
+
+    def shutdown(**kw):
+        for exc in (InvalidStateError("CANCELLED"), ValueError("other")):
+            def boom(exc=exc):
+                raise exc
+            t = threading.Thread(target=boom)
+            t.start()
+            t.join()
+        real(**kw)
+
+    ex._pool.shutdown = shutdown
+    seen = []
+    before = threading.excepthook
+    def recorder(args):
+        seen.append(args.exc_type)
+
+    threading.excepthook = recorder
+    try:
+        ex.abort()
+        assert seen == [ValueError]                # the InvalidStateError was kept quiet
+        assert threading.excepthook is recorder    # abort put back what it found
+    finally:
+        threading.excepthook = before

@@ -171,8 +171,9 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
     """The pipeline split, torchtitan's (stage_sizes) over its stage count (pipeline_parallel.py
     get_pipeline_stage_info: from layers_per_stage, else one stage a rank for single-stage schedules,
     two for the others), as sim5d's keys: one Megatron's account_for_*_in_pipeline_split gives by
-    those flags, an even one as it is, any other as a pipeline_model_parallel_layout (stage s on
-    its rank as torchtitan places it, looped or V-shaped)."""
+    those flags, an even one as it is, one stage a rank with only the end stages different by
+    decoder_first / last_pipeline_num_layers, any other as a pipeline_model_parallel_layout (stage
+    s on its rank as torchtitan places it, looped or V-shaped)."""
     key = "parallelism.pipeline_parallel_first_stage_less_layers"
     if first < 0 or last < 0:
         raise t.error(key, f"first / last stage less layers ({first}, {last}) must not be negative")
@@ -204,6 +205,14 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
         p["account_for_loss_in_pipeline_split"] = last == 1
         return
     if len(set(sizes)) == 1:
+        return
+    middle = set(sizes[1:-1])
+    if vpp == 1 and schedule not in V_SCHEDULES and len(middle) <= 1:
+        # only the end stages differ: Megatron's decoder_first / last_pipeline_num_layers say it
+        m = middle.pop() if middle else None
+        for k, n in (("first", sizes[0]), ("last", sizes[-1])):
+            if n != m:
+                p[f"decoder_{k}_pipeline_num_layers"] = n
         return
     p["pipeline_model_parallel_layout"] = "|".join(
         ("E" if i == 0 else "") + (f"t*{n}" if n else "") + ("L" if i == stages - 1 else "")

@@ -107,14 +107,30 @@ class LocalExecutor:
     def abort(self):
         """Stop at once (Ctrl-C, an error): the workers are terminated instead of finishing their
         tasks, whose results nobody would read (a batch of layouts can take minutes); the pool
-        sees them gone and fails what was pending, and `shutdown` returns."""
-        procs = getattr(self._pool, "_processes", None) or {}  # no public handle before 3.14
-        for p in list(procs.values()):
-            try:
-                p.terminate()
-            except (OSError, ValueError):  # already gone, or closed
-                pass
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        sees them gone and fails what was pending, and `shutdown` returns. Python 3.11's pool
+        thread (concurrent/futures/process.py terminate_broken) then fails every pending future,
+        the ones map_unordered cancelled too, which raises InvalidStateError in that thread and
+        printed its traceback under the one-line message: ignored while the pool shuts down."""
+        import threading
+        from concurrent.futures import InvalidStateError
+
+        previous = threading.excepthook
+
+        def quiet(args):
+            if not issubclass(args.exc_type, InvalidStateError):
+                previous(args)
+
+        threading.excepthook = quiet
+        try:
+            procs = getattr(self._pool, "_processes", None) or {}  # no public handle before 3.14
+            for p in list(procs.values()):
+                try:
+                    p.terminate()
+                except (OSError, ValueError):  # already gone, or closed
+                    pass
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            threading.excepthook = previous
 
 
 def _first_line(e: BaseException) -> str:
