@@ -243,3 +243,29 @@ def test_async_tp_is_imported_with_its_measured_shortfall(tmp_path):
                             "--compile.enable --compile.enable_async_tensor_parallel\n")
     sc, err = _import(path, "--cluster", "dgx-h100-ndr")
     assert sc.training.tp_comm_overlap and "1.09-1.10x" in err and "optimistic" in err
+
+
+# --- a launch from before the Python configs: its job TOML with flags over it ------------------
+def test_a_pre_refactor_launch_reads_its_job_file_with_the_flags_over_it(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parent / "data" / "launches" / "torchtitan_llama3_70b.toml", tmp_path / "job.toml")
+    # run_train.sh's CONFIG_FILE (torchtitan v0.2): the file's TP 8 and local batch 8 overridden,
+    # a converter and its recipe added (nested flag), a metrics flag that does not change the step
+    path = _write(tmp_path, "NGPU=8 CONFIG_FILE=job.toml ./run_train.sh --training.local_batch_size 2 "
+                            "--parallelism.tensor_parallel_degree 4 --model.converters=quantize.linear.float8 "
+                            "--quantize.linear.float8.recipe_name tensorwise --metrics.enable_wandb\n")
+    sc, err = _import(path, "--cluster", "dgx-h100-ndr")
+    p, t = sc.parallelism, sc.training
+    assert (p.tp, p.dp, t.micro_batch_size, t.global_batch_size, t.seq_length) == (4, 2, 2, 4, 8192)
+    assert (t.precision, t.fp8_recipe, t.recompute) == ("fp8", "current", "full")
+    assert "job file" in err and "[metrics]" in err
+    # torchrun with --job.config-file (dashes), 2 nodes of 8: the file's values as they are
+    path = _write(tmp_path, "torchrun --nnodes 2 --nproc_per_node 8 torchtitan/train.py "
+                            "--job.config-file job.toml\n", "multi.sh")
+    sc, _ = _import(path, "--cluster", "dgx-h100-ndr")
+    assert (sc.derived.num_gpus, sc.parallelism.tp, sc.parallelism.dp, sc.training.micro_batch_size) == (16, 8, 2, 8)
+    path = _write(tmp_path, "NGPU=8 CONFIG_FILE=missing.toml ./run_train.sh\n", "gone.sh")
+    code, _, err = run_cli("import", str(path), "--cluster", "dgx-h100-ndr")
+    assert code == 2 and "--job.config_file" in err and "missing.toml" in err and "Traceback" not in err

@@ -15,7 +15,8 @@ The fields map as the TOML's did (sim.frameworks.torchtitan), the batch now coun
 a microbatch is num_tokens_per_microbatch_per_dp_rank / max_context_length sequences, a step
 num_tokens_per_train_step tokens (default: a microbatch x num_pp_microbatches under PP x the
 data-parallel ranks; trainer.py). Checkpointing: SelectiveAC (the default of Trainer.Config) is
-`recompute: selective-op`, FullAC full, none none.
+`recompute: selective-op`, FullAC full, none none. A launch from before the Python configs
+(`--job.config_file`, run_train.sh's CONFIG_FILE) is its job TOML with the flags over it.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _launch(tokens: list, path: str) -> tuple[dict, list]:
     head = tokens[:entry]
     for i, (t, line) in enumerate(head):
         name, eq, val = t.partition("=")
-        if eq and name in ("NGPU", "MODULE", "CONFIG"):
+        if eq and name in ("NGPU", "MODULE", "CONFIG", "CONFIG_FILE"):
             env[name] = (val, line)
         elif name in _LAUNCHER_GPUS:
             val = val or (head[i + 1][0] if i + 1 < len(head) else "")
@@ -245,13 +246,9 @@ def _toml_data(key: tuple, fields: dict, path: str) -> dict:
     return data
 
 
-def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
-    """(the scenario mapping, notes for stderr) of a torchtitan launch: its fields read as the
-    TOML job file's sections by sim.frameworks.torchtitan."""
-    from sim.frameworks import megatron, torchtitan, unread_notes
-
-    env, args = _launch(megatron._tokens(text, path), path)
-    key, fields, same, unknown = _config(env, _flags(args, path), path)
+def _launched(env: dict, gpus: int | None, path: str) -> int | None:
+    """The GPUs the launch runs (run_train.sh: NGPU, default 8; torchrun: nodes x per node),
+    which --cluster's count, when given, must equal."""
     if "NGPU" in env and not env["NGPU"][0].isdigit():
         raise ConfigError(f"NGPU {env['NGPU'][0]!r} must be an integer", key="NGPU", file=path, line=env["NGPU"][1])
     launched = (int(env["NGPU"][0]) if "NGPU" in env else _DEFAULT_GPUS) if env["run_train"] else \
@@ -259,6 +256,68 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
     if gpus is not None and launched is not None and gpus != launched:
         raise ConfigError(f"--cluster gives {gpus} GPUs, the launch runs {launched}; give one count",
                           key="--cluster", file=path)
+    return launched
+
+
+def _typed(raw, like):
+    """A pre-refactor flag's value as the TOML's type for its key (`like`, None when absent)."""
+    if raw is True or isinstance(like, bool):
+        return raw is True or str(raw).lower() == "true"
+    if isinstance(like, list):
+        return [x.strip() for x in str(raw).split(",") if x.strip()]
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except (TypeError, ValueError):
+            pass
+    return raw
+
+
+def _job_file(flags: dict, env: dict, path: str) -> tuple[dict, list]:
+    """The job TOML a pre-refactor launch names (`--job.config_file`, or run_train.sh's
+    CONFIG_FILE; found beside the launch, else from the working folder) with the launch's
+    `--section.key value` flags over it (torchtitan/config/manager.py before 9810191: the command
+    line overrides the file), and the notes."""
+    from pathlib import Path
+
+    from sim.frameworks import torchtitan
+
+    given, line = flags.pop("job.config_file", None) or env.get("CONFIG_FILE", (None, None))
+    here = Path(path).parent / given
+    file = here if here.is_file() else Path(given)
+    if not file.is_file():
+        raise ConfigError(f"the job file {given!r} the launch names is not there (looked beside the launch and in "
+                          "the working folder)", key="--job.config_file", file=path, line=line)
+    data = torchtitan._load(file.read_text(encoding="utf-8"), str(file))
+    for name, (raw, line) in flags.items():
+        *tables, key = name.split(".")
+        if not tables:
+            raise ConfigError(f"--{name} is not a --section.option flag", key=f"--{name}", file=path, line=line)
+        table = data
+        for t in tables:
+            table = table.setdefault(t, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--{name}: {t} is a value in the job file, not a section", key=f"--{name}",
+                                  file=path, line=line)
+        table[key] = _typed(raw, [] if name == "model.converters" else table.get(key))
+    return data, [f"job file {file}: read with the launch's {len(flags)} flags over it"]
+
+
+def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
+    """(the scenario mapping, notes for stderr) of a torchtitan launch: its fields read as the
+    TOML job file's sections by sim.frameworks.torchtitan. A launch from before the Python
+    configs names its job TOML instead (`_job_file`)."""
+    from sim.frameworks import megatron, torchtitan, unread_notes
+
+    env, args = _launch(megatron._tokens(text, path), path)
+    flags = _flags(args, path)
+    launched = _launched(env, gpus, path)
+    if "job.config_file" in flags or ("CONFIG_FILE" in env and "config" not in flags):
+        data, notes = _job_file(flags, env, path)
+        d, more = torchtitan.scenario_of(torchtitan._Toml(data, path), cluster=cluster, gpus=gpus or launched,
+                                         name=name)
+        return d, notes + more
+    key, fields, same, unknown = _config(env, flags, path)
     before = [f"--module {key[0]} --config {key[1]}: the fields of torchtitan's shipped config "
               f"(models/{key[0]}/config_registry.py at b5bcd76) with the launch's flags over them"]
     tail = (["loss: ChunkedLossWrapper's chunked cross-entropy is not modelled (sim5d keeps the whole fp32 "
