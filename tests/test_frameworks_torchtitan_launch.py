@@ -167,6 +167,14 @@ def test_export_imports_back_to_the_same_scenario(tmp_path, scenario, sets):
     assert ("run_train.sh" in text) == (scenario == "llama3-8b-h100x8-zbv")
 
 
+def test_export_names_the_models_whose_configs_it_knows():
+    # GPT-3 has no torchtitan config; the DeepSeek-V3 scenario's model is not the preset's (its MTP)
+    for scenario, words in (("gpt3-175b-a100x64", ["model gpt3-175b:", "llama3-8b"]),
+                            ("deepseek-v3-h800x2048-dualpipe", ["differs from every bundled preset"])):
+        code, _, err = run_cli("export", scenario, "--format", "torchtitan-launch")
+        assert code == 2 and "model" in err and all(w in err for w in words), err
+
+
 def test_export_refuses_what_the_trainer_cannot_run():
     for sets, key in ((FSDP + ["training.precision=fp8", "training.fp8_recipe=current"], "training.precision"),
                       (FSDP + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4"], "parallelism.cp"),

@@ -344,6 +344,13 @@ def _base(sc) -> tuple[str, str]:
 
     like, t = preset_like(sc.model), sc.training
     config = _BASE.get((like, t.precision))
+    known = {m for m, _ in _BASE} | {"llama3-405b"}
+    models = ", ".join(sorted(known))
+    if like not in known:
+        what = (f"model {sc.model.name} differs from every bundled preset (layers, widths, experts or MTP)"
+                if like is None else f"model {like}")
+        raise ConfigError(f"{what}: sim5d knows torchtitan's shipped configs of {models} only, each model as the "
+                          "preset has it (a flag cannot change a config's model)", key="model")
     if config is None:
         have = ", ".join(f"{m} {p}" for m, p in _BASE)
         why = ("; llama3_405b converts its linears to row-wise float8, which sim5d does not model"
