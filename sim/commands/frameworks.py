@@ -32,14 +32,14 @@ def _check_format(fmt: str) -> None:
         raise ConfigError(f"--format {fmt!r} must be one of {', '.join(FORMATS)}", key="--format")
 
 
-def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str = "megatron") -> tuple[dict, list]:
+def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str | None = None) -> tuple[dict, list]:
     """(scenario mapping, notes) of a launch file (Megatron-LM flags or a torchtitan TOML),
     validated as a scenario."""
     import importlib
 
     from sim.config import build_scenario
 
-    from sim.frameworks import is_launch
+    from sim.frameworks import format_of, is_launch
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -47,6 +47,7 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
         raise ConfigError(f"{path}: no such file", key="FILE") from None
     except (UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"{path}: cannot be read as a text file ({e})", key="FILE") from None
+    fmt = fmt or format_of(path, text)                  # the file's name, or its text for a launch
     if fmt == "torchtitan" and is_launch(text):
         fmt = "torchtitan-launch"                       # a launch, not a job TOML
     module = importlib.import_module(f"sim.frameworks.{fmt.replace('-', '_')}")
@@ -141,20 +142,13 @@ def register(app: typer.Typer) -> None:
         reported on stderr as not modelled with the reason; contradictions exit 2."""
         import yaml
 
-        from sim.frameworks import format_of
-
-        try:
-            sniff = file.read_text(encoding="utf-8", errors="replace") if file.suffix.lower() not in (
-                ".toml", ".yaml", ".yml") else None
-        except OSError:
-            sniff = None                                 # import_launch says why it cannot read it
-        fmt = format_ or format_of(file, sniff)
-        _check_format(fmt)
+        if format_ is not None:
+            _check_format(format_)
         if out is not None:
             from sim.report import check_path
 
             check_path(out, "--out")
-        data, notes = import_launch(file, cluster=cluster, name=name, fmt=fmt)
+        data, notes = import_launch(file, cluster=cluster, name=name, fmt=format_)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
         text = yaml.safe_dump(data, sort_keys=False)

@@ -102,13 +102,15 @@ def _launch(tokens: list, path: str) -> tuple[dict, list]:
 def _flags(args: list, path: str) -> dict:
     """The trainer's arguments: {name (underscores, no dashes): (value, line)}; the checkpointing
     subcommand as `activation_checkpoint`."""
+    from sim.frameworks.megatron import _EXPAND
+
     out: dict = {}
     i = 0
     while i < len(args):
         t, line = args[i]
         if t.startswith("$"):
-            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; put echo "
-                              "before the launch, run it, and import what it prints", file=path, line=line)
+            raise ConfigError(f"{t!r} is a shell variable: sim5d reads the launch, it does not run it; {_EXPAND}",
+                              file=path, line=line)
         sub = re.fullmatch(r"activation[-_]checkpoint:([\w-]+)", t)
         if sub:
             out["activation_checkpoint"] = (sub.group(1), line)
@@ -125,8 +127,7 @@ def _flags(args: list, path: str) -> dict:
             val = True                                   # a boolean flag
         if isinstance(val, str) and "$" in val:
             raise ConfigError(f"--{name} {val!r} is a shell variable: sim5d reads the launch, it does not run it; "
-                              "put echo before the launch, run it, and import what it prints",
-                              key=f"--{name}", file=path, line=line)
+                              f"{_EXPAND}", key=f"--{name}", file=path, line=line)
         if name in out:
             raise ConfigError(f"--{name} is given twice (lines {out[name][1]} and {line}); keep one",
                               key=f"--{name}", file=path, line=line)
