@@ -33,8 +33,9 @@ def _check_format(fmt: str) -> None:
 
 
 def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str | None = None) -> tuple[dict, list]:
-    """(scenario mapping, notes) of a launch file (Megatron-LM flags or a torchtitan TOML),
-    validated as a scenario."""
+    """(scenario mapping, notes) of a launch file in `fmt` (default: what its name, or for a
+    launch of torchtitan's trainer its text, says: sim.frameworks.format_of), validated as a
+    scenario."""
     import importlib
 
     from sim.config import build_scenario
