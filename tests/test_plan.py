@@ -5,6 +5,7 @@ on a grid), the Llama 3 paper's setting, the checkpoint inputs by hand, and the 
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
@@ -428,6 +429,39 @@ def test_plan_text_output(tmp_path):
     # the winner's layout names its recompute mode (it had been a bare "none" or "full")
     best = next(r for r in json.loads((tmp_path / "p" / "plan.json").read_text()) if r.get("winner"))
     assert f"mbs{best['parallelism']['micro_batch_size']} recompute {best['parallelism']['recompute']}" in out
+
+
+def test_plan_says_why_a_candidate_has_no_layout(tmp_path):
+    """6 GPUs for a model of 4 heads and 2 layers, a global batch of 16 and 256 tokens: the
+    factor 3 fits neither tp, pp, cp nor dp, so every layout is invalid. The table keeps its
+    columns (the row says "below"); below it the candidate's reasons, grouped by the key each
+    names, with counts equal to the sweep table's own (counted here from its CSV)."""
+    import csv
+    from collections import Counter
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"model": TINY}))
+    code, out, err = run_cli("plan", "--model", str(model), "--tokens", "20B", "--cluster", "dgx-a100-hdr:8,6",
+                             *SMALL_SWEEP, "--monte-carlo", "0", "--out", str(tmp_path / "p"),
+                             "--html", str(tmp_path / "p.html"))
+    assert code == 0, err
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())
+    bad = next(r for r in rows if r["num_gpus"] == 6)
+    assert bad["status"] == "no layout" and rows[0]["status"] == "ok"
+    table = list(csv.DictReader(open(bad["sweep_table"])))
+    assert table and all(r["status"] == "invalid" for r in table)
+    by_key = Counter(r["reason"].split(": ", 1)[0] for r in table)
+    assert bad["reason"] == f"no layout ranked: {len(table)} evaluated, {len(table)} invalid, 0 out of memory, 0 errors"
+    assert [int(line.split(" layouts")[0].replace(",", "")) for line in bad["reasons"]] == \
+        sorted(by_key.values(), reverse=True)[:3]
+    assert any("global_batch_size (16) must be divisible" in line for line in bad["reasons"])
+    text = " ".join(out.split())
+    assert "6 x dgx-a100-hdr │ no layout ranked (below)" in text
+    assert f"6 x dgx-a100-hdr: {bad['reason']}" in text
+    page = (tmp_path / "p.html").read_text()
+    for line in bad["reasons"]:
+        assert " ".join(line.split()) in text
+        assert html.escape(line) in page     # the HTML report says it too
 
 
 # ------------------------------------------------------------ run and compare --tokens ----

@@ -544,4 +544,4 @@ def test_a_sweep_that_ranks_nothing_says_why(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert rows and all(r["status"] == "invalid" for r in rows)
     text = " ".join(out.split())
-    assert "no layout could be ranked" in text and f"{len(rows)} x training.recompute: recompute selective-op" in text
+    assert "no layout could be ranked" in text and f"{len(rows):,} layouts: training.recompute: recompute selective-op" in text

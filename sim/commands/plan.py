@@ -218,7 +218,7 @@ def _table(res, spec, chart, json_path) -> None:
 
     for r in res.rows:
         if r["status"] != "ok":
-            t.add_row(r["cluster"], r.get("reason", r["status"]), *(["-"] * 8), "")
+            t.add_row(r["cluster"], "no layout ranked (below)", *(["-"] * 8), "")
             continue
         mc = r.get("monte_carlo")
         if mc and "goodput" in mc:
@@ -246,6 +246,9 @@ def _table(res, spec, chart, json_path) -> None:
     if any((r.get("monte_carlo") or {}).get("closed_form_in_ci") is False for r in res.rows):
         con.print("CF outside CI: the closed form's expected wall time lies outside the Monte Carlo's interval (every "
                   "candidate's runs use the same seed, so an unlucky draw marks them together; try another --seed)")
+    for r in res.rows:
+        if r["status"] != "ok":
+            con.print(f"{r['cluster']}: {r['reason']}" + "".join(f"\n  {line}" for line in r.get("reasons", ())))
     if res.winner is not None:
         con.print(f"[bold]winner[/bold] ({res.reason}): {res.winner['summary']}")
     else:

@@ -137,14 +137,6 @@ def _write_extras(res, html, export, export_format=None) -> None:
         write_export(export, res.best_scenario, fmt=export_format)
 
 
-def _reasons(table: list, top: int = 3) -> list[tuple[str, int]]:
-    """The commonest reasons layouts were not ranked (invalid, out of memory, errors), most first."""
-    from collections import Counter
-
-    counts = Counter(r["reason"] for r in table if r["status"] != "ok" and r.get("reason"))
-    return counts.most_common(top)
-
-
 def _print(res) -> None:
     from rich.table import Table
 
@@ -171,7 +163,9 @@ def _print(res) -> None:
                       f"{r['bubble_fraction']:.1%}", f"{r['exposed_comm_fraction']:.1%}", r["network"])
         con.print(t)
     else:
-        con.print("[red]no layout could be ranked[/red]" + "".join(f"\n  {n} x {why}" for why, n in _reasons(res.table)))
+        from sim.sweep import unranked_reasons
+
+        con.print("[red]no layout could be ranked[/red]" + "".join(f"\n  {line}" for line in unranked_reasons(res.table)))
     for n in res.notes:
         con.print(f"note: {n}")
     con.print(f"table: {res.out}; stream: {res.stream}" + (f"; charts: {', '.join(map(str, res.plots))}"

@@ -224,12 +224,12 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
            "sweep_table": str(res.out)}
     best = res.table[0] if res.table and res.table[0]["status"] == "ok" else None
     if best is None:
+        from sim.sweep import unranked_reasons
+
         c = res.counts
-        why = next((r.get("reason") for s in ("error", "unsupported", "oom", "invalid") for r in res.table
-                    if r["status"] == s and r.get("reason")), None)
-        row.update(status="no layout", reason=(f"no layout ranked: {c['evaluated']} evaluated, {c['invalid']} invalid, "
-                                                f"{c['out_of_memory']} out of memory, {c['errors']} errors"
-                                                + (f" (e.g. {why})" if why else "")))
+        row.update(status="no layout", reason=(f"no layout ranked: {c['evaluated']:,} evaluated, {c['invalid']:,} "
+                                                f"invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} errors"),
+                   reasons=unranked_reasons(res.table))
         return row
     prep = prepare(sspec)
     sc = build(prep.base, prep.layouts[best["index"]], best["network"])

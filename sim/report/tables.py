@@ -165,6 +165,9 @@ def plan_report(rows: list[dict], *, title: str, deadline_days=None, budget_usd=
     for r in rows:
         if r.get("summary"):
             sections.append(("", f'<p class="note">{R.esc(r["summary"])}</p>'))
+        elif r.get("reason"):     # a candidate without a layout: why (plan.json's reason and reasons)
+            why = "".join(f"<br>{R.esc(line)}" for line in r.get("reasons", ()))
+            sections.append(("", f'<p class="note">{R.esc(r["cluster"] + ": " + r["reason"])}{why}</p>'))
     return R.page("sim5d plan", title, sections)
 
 

@@ -552,6 +552,25 @@ def _counts(table, bound: bool = False) -> dict:
             **({"pruned": c["pruned"]} if bound else {})}
 
 
+def unranked_reasons(table, top: int = 3) -> list[str]:
+    """Why layouts were not ranked (invalid, out of memory, errors), one line a group, most
+    layouts first: the reasons are grouped by the scenario key each names (the text before its
+    first ': '), so that layouts differing only in the value tried (tp 3, 6 and 9 against 64
+    heads) count together: "N layouts: REASON" for a group of one reason, else "N layouts on
+    KEY, e.g. RULE" with the group's commonest reason (less its key)."""
+    from collections import Counter
+
+    groups: dict = {}
+    for r in table:
+        why = r.get("reason")
+        if r["status"] not in ("ok", "dominated", "pruned") and why:
+            groups.setdefault(why.split(": ", 1)[0] if ": " in why else why, Counter())[why] += 1
+    ranked = sorted(groups.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))[:top]
+    return [f"{sum(c.values()):,} layouts: {c.most_common(1)[0][0]}" if len(c) == 1 else
+            f"{sum(c.values()):,} layouts on {key}, e.g. {c.most_common(1)[0][0].split(': ', 1)[1]}"
+            for key, c in ranked]
+
+
 def _notes(table, counts, spec) -> list[str]:
     notes = []
     n_flow = counts["flow_simulated"]
