@@ -385,6 +385,30 @@ def test_sizes_are_binary_as_nccl_tests_reads_them(capsys):
     assert d["size_bytes"] == 1024
 
 
+def test_sizes_are_the_bytes_nccl_tests_moves(capsys):
+    """nccl-tests 2.19.6 (src/common.cu setupArgs, each op's GetCollByteCount) moves whole floats,
+    and for all_gather, reduce_scatter and alltoall each rank's part in whole 16-byte blocks; it
+    prints and times that size. By hand: 1 MiB over 72 ranks (a GB200 NVL72 rack) is
+    262,144 floats, 3,640.9 a rank, cut to 3,640 (a multiple of 4): 72 x 3,640 x 4 = 1,048,320
+    bytes, count 3,640; 64 B over 8 ranks is 2 floats a rank, cut to 0; an all-reduce of 1,001
+    bytes is 250 floats, 1,000 bytes."""
+    out = _table(capsys, "all_to_all", "--topology", "gb200-nvl72", "--gpus", "72", "--sizes", "1M:8M:8")
+    rows = _fields(out)
+    assert [(int(f[0]), int(f[1])) for f in rows] == [(1_048_320, 3_640), (8_387_712, 29_124)]
+    topo = load_topology("gb200-nvl72")
+    r = simulate_collective(topo, "all_to_all", 72, 1_048_320)
+    assert float(rows[0][5]) == pytest.approx(r.time_ns / 1e3, abs=0.006)      # the cut size is timed
+    assert "2 of 2 sizes cut, e.g. 1048576 -> 1048320" in out
+    rows = _fields(_table(capsys, "all_gather", "--topology", "dgx-h100-ndr", "--gpus", "8", "--sizes", "64:128"))
+    assert [(int(f[0]), int(f[1]), float(f[5])) for f in rows][0] == (0, 0, 0.0)
+    assert (int(rows[1][0]), int(rows[1][1])) == (128, 4)
+    d = json.loads(_table(capsys, "all_reduce", "--topology", "dgx-h100-ndr", "--gpus", "8", "--size", "1001",
+                          "--json"))
+    assert (d["size_bytes"], d["requested_bytes"]) == (1000, 1001)
+    out = _table(capsys, "all_reduce", "--topology", "dgx-h100-ndr", "--gpus", "8", "--sizes", "1K:4K")
+    assert "# size:" not in out                    # nothing cut, nothing said
+
+
 def test_sim5d_format_keeps_the_algorithm_and_protocol(capsys):
     out = _table(capsys, "all_reduce", "--topology", "dgx-h100-ndr", "--gpus", "8", "--sizes",
                  "1K:8G:8388608", "--format", "sim5d")

@@ -63,22 +63,23 @@ def register(app: typer.Typer) -> None:
             size_list = parse_size_range(sizes)
         topo = load_topology(topology, key="--topology")
         graph = build_graph(topo, nodes_for(topo, gpus))
-        rows = []
-        for nb in size_list:
-            r = simulate_collective(topo, op, gpus, nb, algorithm=algorithm, protocol=protocol,
-                                    network=network, graph=graph)
-            rows.append(r)
+        tested = [NT.tested_bytes(op, nb, gpus) for nb in size_list]   # what nccl-tests moves
+        rows = [simulate_collective(topo, op, gpus, nb, algorithm=algorithm, protocol=protocol,
+                                    network=network, graph=graph) for nb in tested]
         head = {"op": op, "topology": topo.name, "gpus": gpus, "nodes": graph.graph["num_nodes"],
                 "network": network}
         if as_json:
-            if size is not None:
-                out = {**head, **rows[0].to_json()}
-            else:
-                out = {**head, "rows": [r.to_json() for r in rows]}
+            js = [{**r.to_json(), "requested_bytes": nb} for r, nb in zip(rows, size_list)]
+            out = {**head, **js[0]} if size is not None else {**head, "rows": js}
             typer.echo(json.dumps(out))
             return
         typer.echo(f"# sim5d collective {op} on {topo.name}: {gpus} GPUs on {graph.graph['num_nodes']} "
                    f"node(s), network={network}, algorithm={algorithm}, protocol={protocol}")
+        cut = [(a, b) for a, b in zip(size_list, tested) if a != b]
+        if cut:
+            typer.echo(f"# size: the bytes nccl-tests moves, "
+                       + ("each rank's part whole 16-byte blocks" if op in NT.PER_RANK_OPS else "whole floats")
+                       + f" ({len(cut)} of {len(size_list)} sizes cut, e.g. {cut[0][0]} -> {cut[0][1]})")
         if fmt == "nccl-tests":
             for line in _nccl_tests_lines(NT, op, gpus, size_list, sizes is not None, rows):
                 typer.echo(line)

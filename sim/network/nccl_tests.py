@@ -93,11 +93,29 @@ def parse_size_range(text: str, *, key: str = "--sizes") -> list[int]:
     return sizes
 
 
+PER_RANK_OPS = ("all_gather", "reduce_scatter", "all_to_all")
+"""The ops whose count is per rank: nccl-tests cuts each rank's part to whole 16-byte blocks."""
+
+
 def elements(op: str, nbytes: int, nranks: int, wordsize: int = 4) -> int:
-    """nccl-tests' 'count' column (float elements): per-rank count for gather/scatter/alltoall."""
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    """nccl-tests' 'count' column (float elements) for the size `tested_bytes` returns: the
+    per-rank count for gather, scatter and all-to-all, else the whole buffer's."""
+    if op in PER_RANK_OPS:
         return nbytes // (wordsize * max(nranks, 1))
     return nbytes // wordsize
+
+
+def tested_bytes(op: str, nbytes: int, nranks: int, wordsize: int = 4) -> int:
+    """The bytes nccl-tests moves and prints for a requested size (NVIDIA/nccl-tests 2.19.6,
+    src/common.cu setupArgs and each op's GetCollByteCount): whole elements; for all_gather,
+    reduce_scatter and alltoall each rank's part cut to a multiple of 16 bytes
+    (`(count/nranks) & ~(16/eltSize - 1)`), so 1 MiB over 72 ranks is 72 x 3,640 floats =
+    1,048,320 bytes and 64 B over 8 ranks is 0."""
+    count = nbytes // wordsize
+    if op in PER_RANK_OPS:
+        block = max(16 // wordsize, 1)
+        return (count // max(nranks, 1)) // block * block * max(nranks, 1) * wordsize
+    return count * wordsize
 
 
 # ---- nccl-tests' printed table (NVIDIA/nccl-tests src/util.cu: writeResultHeader,
