@@ -12,7 +12,8 @@ inside a function alike):
 3. the scenario: sim.config
 4. the memory calculator
 5. the engine (sim.engine and sim.engine.parallel)
-6. what uses a step: validation, calibration, compare, sweep, plan, reports, docs, framework launches
+6. what uses a step: validation and the accuracy notes drawn from it, calibration, compare, sweep,
+   plan, reports, docs, framework launches
 7. the front: the CLI commands, the Python API
 """
 
@@ -34,7 +35,7 @@ LAYERS = (
     ("sim.config",),
     ("sim.memory",),
     ("sim.engine*",),
-    ("sim.validate", "sim.calibrate*", "sim.compare", "sim.sweep*", "sim.plan*", "sim.report*", "sim.docs",
+    ("sim.validate", "sim.accuracy", "sim.calibrate*", "sim.compare", "sim.sweep*", "sim.plan*", "sim.report*", "sim.docs",
      "sim.frameworks*"),
     ("sim.commands*", "sim.cli", "sim.api", "sim.__main__"),
 )

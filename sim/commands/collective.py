@@ -75,11 +75,7 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"# sim5d collective {op} on {topo.name}: {gpus} GPUs on {graph.graph['num_nodes']} "
                    f"node(s), network={network}, algorithm={algorithm}, protocol={protocol}")
-        cut = [(a, b) for a, b in zip(size_list, tested) if a != b]
-        if cut:
-            typer.echo(f"# size: the bytes nccl-tests moves, "
-                       + ("each rank's part whole 16-byte blocks" if op in NT.PER_RANK_OPS else "whole floats")
-                       + f" ({len(cut)} of {len(size_list)} sizes cut, e.g. {cut[0][0]} -> {cut[0][1]})")
+        _say_cut(NT, op, size_list, tested)
         if fmt == "nccl-tests":
             for line in _nccl_tests_lines(NT, op, gpus, size_list, sizes is not None, rows):
                 typer.echo(line)
@@ -93,6 +89,15 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {r.nbytes:>12} {elements(op, r.nbytes, gpus):>12} {'float':>6} {redop:>6} "
                        f"{r.time_ns / 1e3:>11.2f} {r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f}  "
                        f"{r.algorithm:<12} {r.protocol}")
+
+
+def _say_cut(NT, op: str, size_list: list, tested: list) -> None:
+    """A `#` line where a requested size is not what nccl-tests moves (NT.tested_bytes)."""
+    cut = [(a, b) for a, b in zip(size_list, tested) if a != b]
+    if cut:
+        typer.echo("# size: the bytes nccl-tests moves, "
+                   + ("each rank's part whole 16-byte blocks" if op in NT.PER_RANK_OPS else "whole floats")
+                   + f" ({len(cut)} of {len(size_list)} sizes cut, e.g. {cut[0][0]} -> {cut[0][1]})")
 
 
 def _nccl_tests_lines(NT, op: str, gpus: int, size_list: list, sweep: bool, rows) -> list:

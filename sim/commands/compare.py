@@ -90,6 +90,22 @@ def register(app: typer.Typer) -> None:
         else:
             _table(rows, n_tokens, chart)
         _check_fits(rows, strict)
+        _accuracy(rows, list(set_ or []))
+
+
+def _accuracy(rows: list[dict], overrides: list) -> None:
+    """sim.accuracy's notes on stderr, each once, naming the scenarios it is about."""
+    import sys
+
+    from sim.accuracy import notes
+    from sim.config import load_scenario
+
+    by_note: dict = {}
+    for r in rows:
+        for n in notes(load_scenario(r["file"], overrides)):
+            by_note.setdefault(n, []).append(r["name"])
+    for n, names in by_note.items():
+        print(f"{', '.join(names)}: {n}", file=sys.stderr)
 
 
 def _goodput(rows: list[dict], overrides: list, tokens: float | None) -> None:

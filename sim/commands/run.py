@@ -232,6 +232,10 @@ def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool
         typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
     else:
         print_summary(sc, summary, run, n_tokens, how, folder, html)
+    from sim.accuracy import notes
+
+    for line in notes(sc):       # how far sim5d was from measured steps like this one
+        print(line, file=sys.stderr)
     check_fit(sc, memory, strict)
 
 

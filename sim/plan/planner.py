@@ -390,7 +390,20 @@ def plan(spec: PlanSpec) -> PlanResult:
     if any(r.get("status") == "ok" and r.get("energy_mwh") is None for r in rows):
         notes.append("energy needs the device profile's extra.power_w (watts per GPU); the bundled profiles "
                      "have none")
+    notes += _accuracy(scenarios)
     return PlanResult(rows=rows, winner=winner, reason=why, notes=notes, scenarios=scenarios)
+
+
+def _accuracy(scenarios: dict) -> list[str]:
+    """sim.accuracy's notes on the candidates' best layouts, each note once, naming the
+    candidates it is about where it is not about all of them."""
+    from sim.accuracy import notes
+
+    by_note: dict = {}
+    for label, sc in scenarios.items():
+        for n in notes(sc):
+            by_note.setdefault(n, []).append(label)
+    return [n if len(labels) == len(scenarios) else f"{', '.join(labels)}: {n}" for n, labels in by_note.items()]
 
 
 # ----------------------------------------------------------------------------------------------

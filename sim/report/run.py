@@ -222,8 +222,11 @@ def run_report(result, summary: dict, records, pp_of: dict, mem: dict, grouped: 
     note = (f'<p class="note">Lanes: the lowest traced rank of each pipeline stage (--trace-ranks). '
             f'{"The step has too many actions to draw one by one: actions less than 1/1000 of the step apart are merged into one bar (hover for what it holds; striped: several kinds), and exposed communication is left to the breakdown below. " if summarised else ""}'
             f"Drag to zoom, double-click to reset; hover a bar for its microbatch and times.</p>")
+    from sim.accuracy import notes
+
+    trust = "".join(f'<p class="note accuracy">{R.esc(n)}</p>' for n in notes(sc))   # as `sim5d run` says
     sections = [
-        ("The step", numbers),
+        ("The step", numbers + trust),
         ("Pipeline timeline", R.figure(timeline, "timeline") + note),
         ("Where the time goes, per stage", R.figure(breakdown_figure(result.breakdowns, result.pp_rank_of),
                                                      "breakdown")),

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.accuracy import notes as accuracy_notes
 from sim.errors import ConfigError
 from sim.sweep import space
 from sim.sweep.evaluate import build
@@ -473,7 +474,9 @@ def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Pa
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
     return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out,
-                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec)], resumed=resumed,
+                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec),
+                                                         *(accuracy_notes(best_sc) if best_sc is not None else [])],
+                       resumed=resumed,
                        executor=getattr(run.executor, "name", spec.executor),
                        workers=max(1, getattr(run.executor, "workers", 1)), title=title, best_scenario=best_sc)
 
