@@ -706,7 +706,12 @@ def _attention_op_time_s(op: Op, phase: str, device: DeviceProfile, precision: s
     causal = full > 0 and op.flops_fwd < CAUSAL_FLOPS_RATIO * full
     # attn_scores is (sq, sk, d), attn_values (sq, d, sk): the key length is the larger of n, k
     sk = max(op.n, op.k)
-    rate = attention_rate_flops(device, phase, sk, causal=causal, precision=precision)
+    # a sliding window of w keys (op.window): the kernel visits each query block's w / 128 + 1
+    # key blocks, the diagonal one half masked and the window's far edge partly masked, which is
+    # causal attention over a sequence of w keys, per entry computed (FlashAttention-2, Dao 2023,
+    # local attention: key blocks outside the window are skipped); so the causal rate at w
+    rate = attention_rate_flops(device, phase, op.window or sk, causal=causal or bool(op.window),
+                                precision=precision)
     q = 1.0
     if p.sm_count:
         rows = op.m if phase == "fwd" else sk

@@ -81,11 +81,13 @@ class ModelIn(_Strict):
     hf_config: Optional[str] = None
     """A Hugging Face `config.json` to start from (a path, relative to the scenario file's folder;
     or the model's folder holding it): LlamaForCausalLM (Llama 2/3/3.1), MixtralForCausalLM,
-    Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV3ForCausalLM (MLA, shared
-    experts, first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers).
-    Every field that shapes the model is mapped to the keys below; the others are listed on stderr
-    as not changing a step; a value sim5d cannot model (a sliding window in use, an unknown
-    architecture) is an error. The other keys override the config's values. Not with `preset`."""
+    Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (sliding window on
+    the layers layer_types names), DeepseekV3ForCausalLM (MLA, shared experts,
+    first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers). Every field
+    that shapes the model is mapped to the keys below (sliding_window W as window_size W - 1 and
+    window_attn_skip_freq); the others are listed on stderr as not changing a step; a value sim5d
+    cannot model (an unknown architecture) is an error. The other keys override the config's
+    values. Not with `preset`."""
     name: Optional[str] = None
     """Label for reports (default: the preset name or 'custom')."""
     num_layers: Optional[int] = Field(None, ge=1)
@@ -156,6 +158,17 @@ class ModelIn(_Strict):
     each depth adds, on the stage with the loss, an RMSNorm of the hidden states and of the next
     token's embedding, a 2h -> h projection, one transformer layer of the last decoder layer's
     kind and the shared output head and loss. Default 0."""
+    window_size: Optional[int] = Field(None, ge=0)
+    """Sliding-window attention (Megatron-Core window_size = (window_size, 0), `--window-size`):
+    each query attends to itself and the window_size keys before it (transformers' sliding_window
+    W is window_size W - 1; GPT-OSS: 127, Mistral 7B v0.1: 4095). The flash-attention kernel
+    computes only those entries, timed at the causal rate of a sequence of window_size + 1 keys;
+    model FLOPs (MFU) keep the full count, as Megatron-LM's logged TFLOP/s do. Not with
+    context parallelism or MLA. Default 0: full causal attention."""
+    window_attn_skip_freq: Optional[Union[int, list[int]]] = None
+    """Which layers attend within window_size (Megatron-Core `--window-attn-skip-freq`,
+    is_layer_window_attention): N >= 2, every N-th layer (1-based) attends fully and the rest within
+    the window (GPT-OSS: 2); or one 0/1 flag per layer, 1 = windowed. Default: every layer."""
 
 
 class ClusterIn(_Strict):
@@ -755,7 +768,7 @@ LIMITS = {
     "model.moe_ffn_hidden_size": 1 << 22, "model.max_position_embeddings": 1 << 24,
     # shared experts (DeepSeek: 1 or 2) widen the shared MLP to shared x moe_ffn_hidden_size
     "model.moe_shared_experts": 1 << 8, "model.first_k_dense_layers": 4096, "model.moe_layer_freq": 4096,
-    "model.mtp_num_layers": 64,
+    "model.mtp_num_layers": 64, "model.window_size": 1 << 24,
     "training.seq_length": 1 << 24, "training.global_batch_size": 1 << 24,
     "training.micro_batch_size": 1 << 16, "num_microbatches": 1 << 17, "num_gpus": 1 << 20,
 }
@@ -779,6 +792,27 @@ def _check_model_shape(model: ModelSpec, err) -> None:
     if not model.kv_channels and not model.multi_latent_attention and model.hidden_size % heads:
         raise err("model.hidden_size", f"hidden_size ({model.hidden_size}) must be divisible by "
                   f"num_attention_heads ({heads}), or give kv_channels (the head width)")
+    _check_window(model, err)
+
+
+def _check_window(model: ModelSpec, err) -> None:
+    """Sliding-window attention: window_attn_skip_freq only with a window, N >= 2 or one 0/1 flag
+    per layer with at least one windowed layer; not with MLA (Megatron-Core's attention.py
+    asserts window_size (-1, -1) for it)."""
+    freq = model.window_attn_skip_freq
+    if freq and not model.window_size:
+        raise err("model.window_attn_skip_freq", "applies only with model.window_size (the sliding "
+                  "window): give window_size or remove window_attn_skip_freq")
+    if isinstance(freq, tuple):
+        if len(freq) != model.num_layers or any(f not in (0, 1) for f in freq) or not any(freq):
+            raise err("model.window_attn_skip_freq", f"a list must give one flag per layer ({model.num_layers}), "
+                      "each 0 (full attention) or 1 (within window_size), at least one 1")
+    elif freq == 1:
+        raise err("model.window_attn_skip_freq", "1 makes every layer attend fully (every 1st layer): "
+                  "remove window_size, or give N >= 2 (every N-th layer full)")
+    if model.window_size and model.multi_latent_attention:
+        raise err("model.window_size", "sliding-window attention with multi_latent_attention: "
+                  "Megatron-Core's MLA has no window (it asserts window_size (-1, -1))")
 
 
 def _build_model(m, lines, file) -> ModelSpec:
@@ -1278,8 +1312,12 @@ def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
                   f"num_experts ({model.num_experts})")
 
 
-def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err) -> None:
-    """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP."""
+def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, model: ModelSpec) -> None:
+    """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP; no sliding window under cp."""
+    if cp > 1 and any(model.window_of(i) for i in range(model.num_layers)):
+        raise err("parallelism.context_parallel_size", f"context_parallel_size ({cp}) with sliding-window "
+                  f"attention (model.window_size {model.window_size}): not modelled (which key chunks a "
+                  "windowed ring step may skip); use context_parallel_size 1")
     if cp > 1 and t.seq_length % (2 * cp):
         raise err("training.seq_length", f"seq_length ({t.seq_length}) must be divisible by 2 x "
                   f"context_parallel_size = 2 x {cp} = {2 * cp} (zig-zag load balancing splits each "
@@ -1439,7 +1477,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     _check_heads(model, tp, err)
     etp = _expert_tp(model, p, tp, cp, dp, ep, err)
     _check_mlp_split(model, tp, err)
-    _check_sequence_split(t, p, tp, cp, err)
+    _check_sequence_split(t, p, tp, cp, err, model)
     cp_comm_type = _cp_comm_type(model, p, tp, cp, err)
     _check_where_they_apply(model, p, t, ep, etp, pp, schedule, err)
     m = _microbatches(t, dp, err)

@@ -1,8 +1,8 @@
 """A model from a Hugging Face `config.json`: `model: {hf_config: PATH}` in a scenario.
 
 Families (the config's `architectures`, else its `model_type`): LlamaForCausalLM (Llama 2, 3,
-3.1), MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and
-DeepseekV3ForCausalLM. The model is the one transformers builds from the file (4.57,
+3.1), MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+GptOssForCausalLM and DeepseekV3ForCausalLM. The model is the one transformers builds from the file (4.57,
 models/<family>/configuration_ and modeling_<family>.py): every field of the file is
 
 - mapped to a sim5d model key (sim.models.ModelSpec; the table of `_common` and each family's
@@ -10,8 +10,7 @@ models/<family>/configuration_ and modeling_<family>.py): every field of the fil
 - named in a note on stderr as not changing a training step's time or memory (rope_theta, token
   ids, the file's dtype, ...), grouped by why, or
 - refused (sim5d's exit code 2, the file, the field and the rule): an unknown architecture, a
-  field of the wrong type, a value sim5d cannot model (a sliding window some layer uses; biases
-  on the attention but not the MLP, unless the scenario chooses with add_bias_linear /
+  field of the wrong type, a value sim5d cannot model (biases on the attention but not the MLP, unless the scenario chooses with add_bias_linear /
   add_qkv_bias; MoE layers not of the form "the first k dense, then every n-th").
 
 A field the file leaves out takes transformers' default for that family (named in a note). The
@@ -264,19 +263,25 @@ def _ranges(layers: list) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def _no_sliding_window(r: _Reader, sliding: list, window) -> None:
-    """sim5d has full causal attention only: a window some layer uses is refused."""
+def _sliding_window(r: _Reader, sliding: list, window) -> None:
+    """The layers (0-based) that attend within a sliding window of `window` tokens, as sim5d's
+    window_size (transformers' mask keeps keys q - window + 1 .. q: window_size window - 1, as
+    Megatron-Bridge converts it, e.g. gpt_oss_bridge.py) and window_attn_skip_freq (every layer:
+    none; every N-th full: N; else one 0/1 flag per layer)."""
+    names = tuple(n for n in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+                  if n in r.data)
     if window is None or not sliding:
         for name in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"):
             r.note(name)
         return
+    if window < 2:
+        raise r.error("sliding_window", f"{window}: a window of at least 2 tokens (the query and one key "
+                      "before it); 1 would attend to the query alone")
     L = r.keys["num_layers"]
-    which = "every layer attends" if len(sliding) == L else f"layers {_ranges(sliding)} of 0-{L - 1} attend"
-    name = "use_sliding_window" if "use_sliding_window" in r.data else "sliding_window"
-    raise r.error(name, f"{json.dumps(r.data.get(name))}: {which} within a sliding window of {window} tokens, "
-                  "and sim5d models full causal attention only (no sliding-window attention); to "
-                  "simulate full attention, use a copy of the config with "
-                  f"{'use_sliding_window false' if name == 'use_sliding_window' else 'sliding_window null'}")
+    r.put("window_size", window - 1, *names)
+    if len(sliding) < L:
+        every = next((n for n in range(2, L + 1) if sliding == [i for i in range(L) if (i + 1) % n]), None)
+        r.put("window_attn_skip_freq", every or [int(i in sliding) for i in range(L)], *names)
 
 
 def _layer_types(r: _Reader, L: int):
@@ -304,7 +309,7 @@ def _mixtral(r: _Reader) -> None:
     r.put("num_experts", r.int("num_local_experts"), "num_local_experts")
     r.put("moe_router_topk", r.int("num_experts_per_tok"), "num_experts_per_tok")
     r.put("moe_ffn_hidden_size", r.keys["ffn_hidden_size"], "intermediate_size")
-    _no_sliding_window(r, list(range(r.keys["num_layers"])), r.int("sliding_window", null=True))
+    _sliding_window(r, list(range(r.keys["num_layers"])), r.int("sliding_window", null=True))
 
 
 def _qwen_sliding(r: _Reader) -> None:
@@ -313,11 +318,11 @@ def _qwen_sliding(r: _Reader) -> None:
     L = r.keys["num_layers"]
     window = r.int("sliding_window", null=True) if r.flag("use_sliding_window") else None
     if window is None:               # transformers: sliding_window = None unless use_sliding_window
-        _no_sliding_window(r, [], None)
+        _sliding_window(r, [], None)
         return
     named = _layer_types(r, L)
     first = r.int("max_window_layers", low=0) if named is None else L
-    _no_sliding_window(r, named if named is not None else list(range(min(first, L), L)), window)
+    _sliding_window(r, named if named is not None else list(range(min(first, L), L)), window)
 
 
 def _qwen2(r: _Reader) -> None:
@@ -355,7 +360,31 @@ def _qwen3_moe(r: _Reader) -> None:
         for name in ("num_experts_per_tok", "moe_intermediate_size"):
             r.note(name)
     window = r.int("sliding_window", null=True) if r.flag("use_sliding_window") else None
-    _no_sliding_window(r, list(range(L)), window)
+    _sliding_window(r, list(range(L)), window)
+
+
+def _gpt_oss(r: _Reader) -> None:
+    """GPT-OSS (transformers models/gpt_oss): every layer MoE (num_local_experts, top
+    num_experts_per_tok, experts intermediate_size wide), biases on the attention projections and
+    the experts (attention_bias; the experts' and the router's always), sliding-window attention on
+    the layers layer_types names (by default every other layer from the first)."""
+    _common(r)
+    bias = r.flag("attention_bias")
+    if not bias:
+        r.issue("attention_bias", "false leaves the attention without biases while GPT-OSS's experts keep "
+                "theirs; give model.add_bias_linear next to hf_config to choose", ("add_bias_linear",))
+    r.put("add_bias_linear", bias, "attention_bias")
+    r.put("add_qkv_bias", False)
+    r.put("num_experts", r.int("num_local_experts"), "num_local_experts")
+    r.put("moe_router_topk", r.int("num_experts_per_tok"), "num_experts_per_tok")
+    r.put("moe_ffn_hidden_size", r.keys["ffn_hidden_size"], "intermediate_size")
+    L = r.keys["num_layers"]
+    named = _layer_types(r, L)
+    # GptOssConfig: layer_types default "sliding_attention" where (i + 1) % 2, else full
+    sliding = named if named is not None else [i for i in range(L) if (i + 1) % 2]
+    _sliding_window(r, sliding, r.int("sliding_window", null=True))
+    r.note("swiglu_limit", NUMERICS)
+    r.note("swiglu_alpha", NUMERICS)
 
 
 def _deepseek_v3(r: _Reader) -> None:
@@ -434,6 +463,14 @@ FAMILIES = {f.arch: f for f in (
             {**_QWEN_DEFAULTS, "num_key_value_heads": 4, "head_dim": None, "attention_bias": False,
              "decoder_sparse_step": 1, "mlp_only_layers": None, "max_window_layers": None},
             _qwen3_moe, (_QK_NORM,)),
+    _Family("GptOssForCausalLM", "gpt_oss",
+            {"hidden_act": "silu", "max_position_embeddings": 131072, "tie_word_embeddings": False,
+             "attention_bias": True, "attention_dropout": 0.0, "sliding_window": 128, "layer_types": None,
+             "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4},
+            _gpt_oss, ("attention sinks (a learned logit per head added to each softmax row, "
+                       "self_attn.sinks: 64 parameters a layer) are not modelled",
+                       "the experts' gate is GPT-OSS's clamped SiLU (x sigmoid(1.702 x), swiglu_limit): "
+                       "modelled as swiglu's three matrices (the same GEMMs)")),
     _Family("DeepseekV3ForCausalLM", "deepseek_v3",
             {"hidden_act": "silu", "max_position_embeddings": 4096, "tie_word_embeddings": False,
              "attention_bias": False, "attention_dropout": 0.0, "q_lora_rank": 1536, "n_shared_experts": 1,

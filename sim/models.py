@@ -80,6 +80,16 @@ class ModelSpec:
     hidden states and one of the next token's embedding (the shared embedding), their
     concatenation projected 2h -> h (`eh_proj`), one transformer layer of the last decoder
     layer's kind, and the shared output head and loss. 0 = none (DeepSeek-V3 trains with 1)."""
+    # --- Sliding-window attention (Mistral, Gemma, GPT-OSS) ---
+    window_size: int = 0
+    """Sliding-window attention: a query attends to itself and the `window_size` keys before it
+    (Megatron-Core TransformerConfig.window_size = (window_size, 0), flash attention's
+    window_size_left; transformers' sliding_window W is window_size W - 1, as Megatron-Bridge
+    converts it). 0 = full causal attention."""
+    window_attn_skip_freq: object = 0
+    """Which layers use the window (Megatron-Core transformer/utils.py is_layer_window_attention):
+    0 = every layer; N = every N-th layer (1-based) attends fully and the others within the window
+    (GPT-OSS: 2); a tuple of num_layers flags, 1 = windowed."""
     source: str = ""
     """Citation for the dimensions."""
 
@@ -97,6 +107,8 @@ class ModelSpec:
         if self.num_experts and not self.moe_ffn_hidden_size:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
             derived.append("moe_ffn_hidden_size")
+        if isinstance(self.window_attn_skip_freq, list):
+            object.__setattr__(self, "window_attn_skip_freq", tuple(self.window_attn_skip_freq))
         object.__setattr__(self, "_derived", tuple(derived))
         """The fields filled in here (not given), for `with_`."""
 
@@ -113,6 +125,23 @@ class ModelSpec:
         if not self.is_moe or layer < self.first_k_dense_layers:
             return False
         return (layer - self.first_k_dense_layers) % self.moe_layer_freq == 0
+
+    def window_of(self, layer: int) -> int:
+        """The attention window of decoder layer `layer` (0-based): window_size where the layer
+        attends within it (Megatron-Core is_layer_window_attention, whose layer_number is 1-based),
+        0 for full causal attention. MTP layers take the last decoder layer's."""
+        if not self.window_size:
+            return 0
+        layer = min(layer, self.num_layers - 1)
+        freq = self.window_attn_skip_freq
+        if isinstance(freq, tuple):
+            return self.window_size if freq[layer] else 0
+        return self.window_size if not freq or (layer + 1) % freq else 0
+
+    def layer_kind(self, layer: int) -> tuple:
+        """What makes two decoder layers cost different: routed experts or not, and the attention
+        window. Layers of one kind are timed once."""
+        return self.is_moe_layer(layer), self.window_of(layer)
 
     def with_(self, **changes) -> "ModelSpec":
         """This spec with `changes` (a preset with a user's overrides). The fields this spec

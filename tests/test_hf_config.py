@@ -117,6 +117,50 @@ def test_config_without_a_preset_gives_the_hand_checked_model(write_yaml, folder
     assert abs((n - 2 * m.vocab_size * h) / 1e9 - nonembedding_b) / nonembedding_b < 0.01
 
 
+@pytest.mark.parametrize("base,changes,window,freq", [
+    # transformers' mask keeps keys q - W + 1 .. q: Megatron-Core's window_size W - 1, as
+    # Megatron-Bridge converts it (gpt_oss_bridge.py, exaone45_bridge.py: (sliding_window - 1, 0))
+    ("Mixtral-8x7B-v0.1", {"sliding_window": 4096}, 4095, 0),                      # every layer
+    ("Qwen2.5-7B", {"use_sliding_window": True, "max_window_layers": 20},           # layers 20-27
+     131071, [0] * 20 + [1] * 8),
+    ("Qwen3-8B", {"use_sliding_window": True, "sliding_window": 4096,               # 0, 2, ...: every 2nd full
+                  "layer_types": ["sliding_attention", "full_attention"] * 18}, 4095, 2),
+    ("Qwen3-8B", {"use_sliding_window": True, "sliding_window": 4096,               # 2, 5, ...: every 3rd full
+                  "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 12}, 4095, 3),
+    ("Qwen2.5-7B", {"use_sliding_window": False, "max_window_layers": 20}, 0, 0),   # off: full attention
+])
+def test_sliding_windows_become_window_size_and_skip_freq(tmp_path, write_yaml, base, changes, window, freq):
+    """Each layer's window from the config equals Megatron-Core's is_layer_window_attention on
+    the mapped keys (every N-th layer, 1-based, full)."""
+    path = config(tmp_path, base, **changes)
+    m = load_scenario(scenario(write_yaml, {"hf_config": str(path)})).model
+    assert (m.window_size, list(m.window_attn_skip_freq) if isinstance(m.window_attn_skip_freq, tuple)
+            else m.window_attn_skip_freq) == (window, freq)
+    data = json.loads(path.read_text())
+    types = data.get("layer_types") or (["full_attention"] * 20 + ["sliding_attention"] * 8
+                                        if base == "Qwen2.5-7B" else ["sliding_attention"] * m.num_layers)
+    want = [window if window and t == "sliding_attention" else 0 for t in types]
+    assert [m.window_of(i) for i in range(m.num_layers)] == want
+
+
+def test_gpt_oss_config_gives_the_published_model():
+    """tests/data/hf/gpt-oss-120b/config.json holds transformers' GptOssConfig defaults (its
+    configuration_gpt_oss.py @02b8f42: "the defaults will yield a similar configuration to that of
+    the GPT-OSS-120B model") with layer_types written out. OpenAI's gpt-oss model card (Table 1):
+    gpt-oss-120b has 36 layers, 116.83B parameters, 5.13B active per token. Sliding window 128 on
+    the even layers: window_size 127, every 2nd layer full, as Megatron-Bridge converts it."""
+    from sim.workload.params import active_params
+
+    h = hf_config.read(HF / "gpt-oss-120b" / "config.json")
+    m = PRESETS["llama3-8b"].with_(**h.keys, name="gpt-oss-120b")
+    assert (m.num_layers, m.num_experts, m.moe_router_topk, m.kv_channels, m.num_query_groups,
+            m.add_bias_linear, m.window_size, m.window_attn_skip_freq) == (36, 128, 4, 64, 8, True, 127, 2)
+    assert round(total_params(m) / 1e9, 2) == 116.83
+    assert round(active_params(m, count_embedding_lookup=False) / 1e9, 2) == 5.13
+    assert [m.window_of(i) for i in range(4)] == [127, 0, 127, 0]
+    assert any("attention sinks" in r for r in h.remarks)
+
+
 def test_moe_layer_patterns_become_first_k_dense_and_freq(tmp_path, write_yaml):
     """DeepSeek: layer i routed when i >= first_k_dense_replace and i % moe_layer_freq == 0
     (first 1, freq 2: layers 2, 4, 6, ...); Qwen3-MoE: when (i + 1) % decoder_sparse_step == 0
@@ -260,17 +304,8 @@ def _refused(write_yaml, model: dict, *needles: str, name: str = "bad.yaml") -> 
     ("Meta-Llama-3-8B", {"num_hidden_layers": 0}, ("num_hidden_layers: 0 must be at least 1",)),
     # a dimension missing: no default taken
     ("Meta-Llama-3-8B", {"intermediate_size": REMOVE}, ("intermediate_size: missing",)),
-    # a sliding window some layer uses: Mixtral (every layer), Qwen2 (the layers from max_window_layers)
-    ("Mixtral-8x7B-v0.1", {"sliding_window": 4096},
-     ("sliding_window: 4096: every layer attends within a sliding window of 4096 tokens",
-      "sim5d models full causal attention only", "sliding_window null")),
-    ("Qwen2.5-7B", {"use_sliding_window": True, "max_window_layers": 20},
-     ("use_sliding_window: true: layers 20-27 of 0-27 attend within a sliding window of 131072 tokens",
-      "use_sliding_window false")),
-    ("Qwen3-8B", {"use_sliding_window": True, "sliding_window": 4096,
-                  "layer_types": ["sliding_attention", "full_attention"] * 18},
-     ("use_sliding_window: true: layers 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34 "
-      "of 0-35 attend within a sliding window of 4096",)),
+    # a window of one token (the query alone)
+    ("Mixtral-8x7B-v0.1", {"sliding_window": 1}, ("sliding_window: 1: a window of at least 2 tokens",)),
     # biases sim5d cannot place; MoE layers not of sim5d's form; an activation it does not know
     ("Meta-Llama-3-8B", {"attention_bias": True},
      ("attention_bias: true puts biases on q, k, v and o_proj but not the MLP", "add_qkv_bias next to hf_config")),

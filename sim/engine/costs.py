@@ -161,10 +161,12 @@ class DeviceCostModel(CostModel):
                 "correction_bwd": self._ns(compute.memory_time_s(bwd, self.device), "one ring step's accumulation")}
 
     def layer(self, layer: int) -> LayerCost:
-        # layers of one kind (dense or MoE) are identical: time one representative of each
-        moe = self.sc.model.is_moe_layer(layer)
-        first = next(i for i in range(self.sc.model.num_layers) if self.sc.model.is_moe_layer(i) == moe)
-        return self._layer(moe, first)
+        # layers of one kind (dense or MoE, and their attention window) are identical: time one
+        # representative of each
+        m = self.sc.model
+        kind = m.layer_kind(layer)
+        first = next(i for i in range(m.num_layers) if m.layer_kind(i) == kind)
+        return self._layer(kind[0], first)
 
     @lru_cache(maxsize=None)
     def embedding_ns(self, phase: str) -> int:

@@ -49,7 +49,8 @@ _MODEL_VALUE = {
     "moe_router_num_groups": "--moe-router-num-groups", "moe_router_group_topk": "--moe-router-group-topk",
     "q_lora_rank": "--q-lora-rank", "kv_lora_rank": "--kv-lora-rank", "qk_head_dim": "--qk-head-dim",
     "qk_pos_emb_head_dim": "--qk-pos-emb-head-dim", "v_head_dim": "--v-head-dim",
-    "mtp_num_layers": "--mtp-num-layers",
+    "mtp_num_layers": "--mtp-num-layers", "window_size": "--window-size",
+    "window_attn_skip_freq": "--window-attn-skip-freq",
     "tensor_model_parallel_size": "--tensor-model-parallel-size",
     "pipeline_model_parallel_size": "--pipeline-model-parallel-size",
     "context_parallel_size": "--context-parallel-size",
@@ -292,6 +293,9 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict, dict]:
             value = c.get("model", key)
             if key == "moe_layer_freq" and isinstance(value, list):
                 value = _layer_freq(c, value)
+            elif key in ("window_size", "window_attn_skip_freq") and isinstance(value, list):
+                # TransformerConfig's (left, right) tuple and its 0/1 list, as Megatron-LM's flags write them
+                value = ",".join(map(str, value)) if key == "window_size" else str(value).replace(" ", "")
             elif key == "cp_comm_type":                 # one type, or one a layer (a list)
                 value = value if isinstance(value, list) else [value]
             else:
@@ -655,6 +659,10 @@ def _export_value(flag: str, value):
     """A flag's text as the field's YAML value: numbers as numbers, --cp-comm-type's list as it is."""
     if flag in ("--cp-comm-type", "--recompute-modules"):
         return value
+    if flag == "--window-size":                    # TransformerConfig.window_size: (left, right)
+        return [int(x) for x in str(value).split(",")]
+    if flag == "--window-attn-skip-freq" and str(value).startswith(("[", "'[")):
+        return [int(x) for x in str(value).strip("'[]").split(",")]
     for kind in (int, float):
         try:
             return kind(value)

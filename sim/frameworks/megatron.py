@@ -128,6 +128,7 @@ _VALUE_FLAGS = set(_INT) | set(_FLOAT) | {
     "--pipeline-model-parallel-layout", "--cp-comm-type", "--fp8-format", "--fp8-recipe", "--fp4-format",
     "--fp4-recipe", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
     "--recompute-modules", "--data-parallel-sharding-strategy", "--attention-backend", "--main-grads-dtype",
+    "--window-size", "--window-attn-skip-freq",
     *STATE_TYPES, *NOT_STEP_TIME}
 """Flags that take a value; an unknown flag takes one when a non-flag follows it."""
 _LAUNCHER_GPUS = {"--nnodes": "nodes", "--nproc-per-node": "per_node", "--nproc_per_node": "per_node"}
@@ -411,6 +412,63 @@ def _amax_flag_without_fp8(f: Flags, notes: list) -> None:
         notes.append("--tp-only-amax-red: no effect without FP8 delayed scaling (it narrows the amax reduction)")
 
 
+def _list_expr(text: str):
+    """A Python list expression of 0/1 flags as Megatron-LM's moe_freq_type evaluates it
+    ("[1,1,1,0]*3", "([1]*3+[0]*1)*3"): lists of integers, + and * by an integer, parentheses;
+    None for anything else."""
+    import ast
+
+    def ev(node):
+        if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and type(e.value) is int for e in node.elts):
+            return [e.value for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(a, list) and isinstance(b, list):
+                return a + b
+            if isinstance(node.op, ast.Mult) and isinstance(a, list) and type(b) is int and 0 <= b <= 4096:
+                return a * b
+            return None
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        return None
+    try:
+        out = ev(ast.parse(str(text).strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    return out if isinstance(out, list) else None
+
+
+def _window(f: Flags, d: dict, notes: list) -> None:
+    """--window-size LEFT,RIGHT (megatron/training/arguments.py tuple_type; -1: unbounded) and
+    --window-attn-skip-freq (an integer N, or a list expression of one 0/1 flag a layer,
+    moe_freq_type): sim5d's model.window_size and window_attn_skip_freq."""
+    size, freq = f.get("--window-size"), f.get("--window-attn-skip-freq")
+    if size is None:
+        if freq is not None:
+            raise f.error("--window-attn-skip-freq", "--window-attn-skip-freq applies with --window-size")
+        return
+    try:
+        left, right = (int(x) for x in str(size).strip("()").split(","))
+    except ValueError:
+        raise f.error("--window-size", f"--window-size {size!r} must be LEFT,RIGHT (two integers)") from None
+    if right != 0:
+        raise f.error("--window-size", f"--window-size {size}: a right window of {right} lets a query see keys "
+                      "after it; sim5d models causal decoders only (RIGHT 0)")
+    if left < 0:
+        notes.append(f"--window-size {size}: an unbounded left window is full causal attention")
+        return
+    _set(d, "model.window_size", left)
+    if freq is not None:
+        if str(freq).isdigit():
+            _set(d, "model.window_attn_skip_freq", int(freq))
+        else:
+            flags = _list_expr(freq)
+            if flags is None:
+                raise f.error("--window-attn-skip-freq", f"--window-attn-skip-freq {freq!r}: sim5d reads an "
+                              "integer or a list expression of 0/1 flags such as [1,1,1,0]*12")
+            _set(d, "model.window_attn_skip_freq", flags)
+
+
 def _moe(f: Flags, d: dict, notes: list) -> None:
     experts = f.integer("--num-experts")
     shared = f.integer("--moe-shared-expert-intermediate-size")
@@ -650,6 +708,7 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
     _direct(f, d)
     _model(f, d, notes)
     _moe(f, d, notes)
+    _window(f, d, notes)
     p = d["parallelism"]
     tp, pp, cp = (p.get(k, 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                        "context_parallel_size"))
@@ -752,6 +811,12 @@ def _model_flags(m, seq_length: int) -> list[str]:
                 f"--v-head-dim {m.v_head_dim}"]
     if m.mtp_num_layers:
         out.append(f"--mtp-num-layers {m.mtp_num_layers}")
+    if m.window_size:
+        out.append(f"--window-size {m.window_size},0")
+        freq = m.window_attn_skip_freq
+        if freq:
+            out.append("--window-attn-skip-freq " + (shlex.quote(str(list(freq)).replace(" ", ""))
+                                                     if isinstance(freq, tuple) else str(freq)))
     return out
 
 

@@ -59,7 +59,7 @@ class LayerParts:
         self._actions: dict = {}
         pb.me = pb.reps[pp_rank]
         m = pb.sc.model
-        self.num_layers, self.heads, self.layer_kind = m.num_layers, 1 + m.mtp_num_layers, m.is_moe_layer
+        self.num_layers, self.heads, self.layer_kind = m.num_layers, 1 + m.mtp_num_layers, m.layer_kind
 
         def run(make) -> tuple:
             prog: list = []
@@ -71,7 +71,7 @@ class LayerParts:
 
         first_of = {}
         for layer in range(m.num_layers + m.mtp_num_layers):
-            first_of.setdefault(m.is_moe_layer(layer), layer)
+            first_of.setdefault(m.layer_kind(layer), layer)
         self.fwd, self.bwd = {}, {}
         for kind, layer in first_of.items():
             self.fwd[kind] = run(lambda prog: pb._forward_layer(prog, pp_rank, layer, 0))

@@ -58,10 +58,10 @@ def _per_sequence(model: ModelSpec, seq_length: int, causal: bool, recompute: st
     the layers the policy re-runs (None: every layer)."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    by_kind: dict[bool, tuple[float, float]] = {}
+    by_kind: dict[tuple, tuple[float, float]] = {}
     model_f = extra_f = 0.0
     for layer in range(model.num_layers):
-        kind = model.is_moe_layer(layer)
+        kind = model.layer_kind(layer)
         if kind not in by_kind:
             ops = layer_ops(model, layer, micro_batch_size=1, seq_length=seq_length, causal=causal,
                             flash_attention=True)

@@ -203,6 +203,10 @@ class Op:
     """A batched GEMM launched as one kernel per problem (the routed experts: Transformer
     Engine's GroupedLinear runs one cuBLAS GEMM per local expert, multi_stream_cublas_gemm in
     TE @e7c550c5 transformer_engine/common/gemm/cublaslt_gemm.cu): each pays the launch overhead."""
+    window: int = 0
+    """Sliding-window attention (flash): the keys each query sees, itself included
+    (ModelSpec.window_size + 1); 0 = every key before it (sim.compute times it as causal
+    attention over this many keys)."""
     host_syncs: int = 0
     """Times the host blocks on the GPU after issuing this op's forward (a device-to-host read
     the next ops need: the MoE dispatcher's token counts, `moe_host_syncs`); the host issues
@@ -240,6 +244,8 @@ class _Ctx:
     """Per-tensor FP8 casts also write the FP8 transpose (FP8_TRANSPOSE_BYTES)."""
     moe_syncs: int = 0
     """Host syncs per MoE layer's forward (moe_host_syncs)."""
+    window: int = 0
+    """This layer's attention window (ModelSpec.window_of): 0 = full causal attention."""
 
     @property
     def s_local(self) -> int:
@@ -409,12 +415,19 @@ def _core_attention(c: _Ctx, model: ModelSpec, heads: int, kv_heads: int, d_qk: 
         o = c.b * heads * sq * d_v * ea
         lse = c.b * heads * sq * 4
         fs, fv = half * full_scores, half * full_values
+        keys = c.window + 1 if c.causal and c.window and c.window + 1 < sk else 0
+        if keys:
+            # sliding window: query i sees keys i - window .. i; summed over the sequence, in the
+            # causal convention's continuous form (s^2 / 2 at keys = s), keys * s - keys^2 / 2
+            # score entries instead of s^2 / 2 (the config refuses a window with cp > 1: sq = sk)
+            share = (keys * sk - keys * keys / 2) / (sq * sk)
+            fs, fv = share * full_scores, share * full_values
         scores = Op("attn_scores", "attention", batch, sq, sk, d_qk, fs, 2 * fs, 0.0,
                     bytes_fwd=q + kk, bytes_bwd=2 * (q + kk), tp_sharded=True,
-                    selective_recompute=True, flops_bwd_extra=fs)
+                    selective_recompute=True, flops_bwd_extra=fs, window=keys)
         values = Op("attn_values", "attention", batch, sq, d_v, sk, fv, 2 * fv, 0.0,
                     bytes_fwd=v + o + lse, bytes_bwd=2 * v + 2 * o + lse, tp_sharded=True,
-                    selective_recompute=True)
+                    selective_recompute=True, window=keys)
         return [scores, values]
     # Unfused (Megatron's CoreAttention): batched GEMMs materialise the s x s scores; the causal
     # mask is applied to a fully computed matrix. K and V are expanded to every query head.
@@ -601,6 +614,10 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
                   precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
                   sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention,
                   fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose, moe_syncs=moe_syncs)
+    if model.window_of(layer):
+        if cp > 1:
+            raise ValueError("sliding-window attention with cp > 1 is not modelled")
+        c = replace(c, window=model.window_of(layer))
     h = model.hidden_size
     ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
     ops += _attention_block(c, model)
