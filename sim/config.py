@@ -168,7 +168,7 @@ class ModelIn(_Strict):
     window_attn_skip_freq: Optional[Union[int, list[int]]] = None
     """Which layers attend within window_size (Megatron-Core `--window-attn-skip-freq`,
     is_layer_window_attention): N >= 2, every N-th layer (1-based) attends fully and the rest within
-    the window (GPT-OSS: 2); or one 0/1 flag per layer, 1 = windowed. Default: every layer."""
+    the window (GPT-OSS: 2); or one 0/1 flag per layer, 1 = windowed. Default (or 0): every layer."""
 
 
 class ClusterIn(_Strict):
@@ -807,9 +807,9 @@ def _check_window(model: ModelSpec, err) -> None:
         if len(freq) != model.num_layers or any(f not in (0, 1) for f in freq) or not any(freq):
             raise err("model.window_attn_skip_freq", f"a list must give one flag per layer ({model.num_layers}), "
                       "each 0 (full attention) or 1 (within window_size), at least one 1")
-    elif freq == 1:
-        raise err("model.window_attn_skip_freq", "1 makes every layer attend fully (every 1st layer): "
-                  "remove window_size, or give N >= 2 (every N-th layer full)")
+    elif freq == 1 or freq < 0:
+        raise err("model.window_attn_skip_freq", f"{freq}: give N >= 2 (every N-th layer attends fully; 1 would "
+                  "make every layer full: remove window_size instead) or 0 (every layer windowed)")
     if model.window_size and model.multi_latent_attention:
         raise err("model.window_size", "sliding-window attention with multi_latent_attention: "
                   "Megatron-Core's MLA has no window (it asserts window_size (-1, -1))")

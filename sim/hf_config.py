@@ -2,16 +2,17 @@
 
 Families (the config's `architectures`, else its `model_type`): LlamaForCausalLM (Llama 2, 3,
 3.1), MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-GptOssForCausalLM and DeepseekV3ForCausalLM. The model is the one transformers builds from the file (4.57,
-models/<family>/configuration_ and modeling_<family>.py): every field of the file is
+GptOssForCausalLM and DeepseekV3ForCausalLM. The model is the one transformers builds from the
+file (4.57, models/<family>/configuration_ and modeling_<family>.py): every field of the file is
 
 - mapped to a sim5d model key (sim.models.ModelSpec; the table of `_common` and each family's
   reader below), or
 - named in a note on stderr as not changing a training step's time or memory (rope_theta, token
   ids, the file's dtype, ...), grouped by why, or
 - refused (sim5d's exit code 2, the file, the field and the rule): an unknown architecture, a
-  field of the wrong type, a value sim5d cannot model (biases on the attention but not the MLP, unless the scenario chooses with add_bias_linear /
-  add_qkv_bias; MoE layers not of the form "the first k dense, then every n-th").
+  field of the wrong type, a value sim5d cannot model (biases on the attention but not the MLP,
+  unless the scenario chooses with add_bias_linear / add_qkv_bias; MoE layers not of the form "the
+  first k dense, then every n-th").
 
 A field the file leaves out takes transformers' default for that family (named in a note). The
 scenario's other model keys override the config's values (each named in a note).

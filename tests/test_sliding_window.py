@@ -100,7 +100,8 @@ def test_the_step_is_shorter_by_the_attention_it_skips():
 
 @pytest.mark.parametrize("model, par, key, words", [
     ({"window_attn_skip_freq": 2}, {}, "model.window_attn_skip_freq", "applies only with model.window_size"),
-    ({"window_size": 63, "window_attn_skip_freq": 1}, {}, "model.window_attn_skip_freq", "every layer attend fully"),
+    ({"window_size": 63, "window_attn_skip_freq": 1}, {}, "model.window_attn_skip_freq", "give N >= 2"),
+    ({"window_size": 63, "window_attn_skip_freq": -2}, {}, "model.window_attn_skip_freq", "-2: give N >= 2"),
     ({"window_size": 63, "window_attn_skip_freq": [1, 0]}, {}, "model.window_attn_skip_freq", "one flag per layer (4)"),
     ({"window_size": 63, "window_attn_skip_freq": [0, 0, 0, 0]}, {}, "model.window_attn_skip_freq", "at least one 1"),
     ({"window_size": 63}, {"cp": 2, "dp": 4}, "parallelism.context_parallel_size", "sliding-window attention"),

@@ -165,7 +165,8 @@ def _print(res) -> None:
     else:
         from sim.sweep import unranked_reasons
 
-        con.print("[red]no layout could be ranked[/red]" + "".join(f"\n  {line}" for line in unranked_reasons(res.table)))
+        con.print("[red]no layout could be ranked[/red]"
+                  + "".join(f"\n  {line}" for line in unranked_reasons(res.table)))
     for n in res.notes:
         con.print(f"note: {n}")
     con.print(f"table: {res.out}; stream: {res.stream}" + (f"; charts: {', '.join(map(str, res.plots))}"

@@ -419,7 +419,8 @@ def _list_expr(text: str):
     import ast
 
     def ev(node):
-        if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and type(e.value) is int for e in node.elts):
+        if isinstance(node, ast.List) and all(isinstance(e, ast.Constant) and type(e.value) is int
+                                              for e in node.elts):
             return [e.value for e in node.elts]
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             a, b = ev(node.left), ev(node.right)

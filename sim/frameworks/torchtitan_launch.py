@@ -348,8 +348,8 @@ def _base(sc) -> tuple[str, str]:
     known = {m for m, _ in _BASE} | {"llama3-405b"}
     models = ", ".join(sorted(known))
     if like not in known:
-        what = (f"model {sc.model.name} differs from every bundled preset (layers, widths, experts, MTP or attention window)"
-                if like is None else f"model {like}")
+        what = (f"model {sc.model.name} differs from every bundled preset (layers, widths, experts, MTP or "
+                "attention window)" if like is None else f"model {like}")
         raise ConfigError(f"{what}: sim5d knows torchtitan's shipped configs of {models} only, each model as the "
                           "preset has it (a flag cannot change a config's model)", key="model")
     if config is None:
