@@ -80,7 +80,8 @@ class ModelIn(_Strict):
     """Bundled preset to start from; the other keys override its fields."""
     hf_config: Optional[str] = None
     """A Hugging Face `config.json` to start from (a path, relative to the scenario file's folder;
-    or the model's folder holding it): LlamaForCausalLM (Llama 2/3/3.1), MixtralForCausalLM,
+    or the model's folder holding it): LlamaForCausalLM (Llama 2/3/3.1), MistralForCausalLM,
+    MixtralForCausalLM,
     Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (sliding window on
     the layers layer_types names), DeepseekV3ForCausalLM (MLA, shared experts,
     first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers). Every field

@@ -1,7 +1,7 @@
 """A model from a Hugging Face `config.json`: `model: {hf_config: PATH}` in a scenario.
 
 Families (the config's `architectures`, else its `model_type`): LlamaForCausalLM (Llama 2, 3,
-3.1), MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+3.1), MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
 GptOssForCausalLM and DeepseekV3ForCausalLM. The model is the one transformers builds from the
 file (4.57, models/<family>/configuration_ and modeling_<family>.py): every field of the file is
 
@@ -304,6 +304,14 @@ def _llama(r: _Reader) -> None:
     _biases(r, "attention_bias", "mlp_bias")
 
 
+def _mistral(r: _Reader) -> None:
+    """Mistral (7B v0.1: a window of 4096 on every layer; later releases sliding_window null):
+    Llama's layers without biases, every layer within sliding_window."""
+    _common(r)
+    _biases(r, None, None)
+    _sliding_window(r, list(range(r.keys["num_layers"])), r.int("sliding_window", null=True))
+
+
 def _mixtral(r: _Reader) -> None:
     _common(r)
     _biases(r, None, None)
@@ -452,6 +460,9 @@ _QK_NORM = ("q_norm and k_norm, the per-head RMSNorms of queries and keys (2 x h
             "and two small kernels a layer), are not modelled")
 FAMILIES = {f.arch: f for f in (
     _Family("LlamaForCausalLM", "llama", _LLAMA_DEFAULTS, _llama),
+    _Family("MistralForCausalLM", "mistral",
+            {**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
+             "sliding_window": 4096}, _mistral),
     _Family("MixtralForCausalLM", "mixtral",
             {**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32,
              "sliding_window": None}, _mixtral),

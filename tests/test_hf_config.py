@@ -88,6 +88,22 @@ def test_config_gives_the_preset_field_by_field(write_yaml, folder, preset, diff
     assert folder in sc.model.source and "config.json" in sc.model.source
 
 
+def test_mistral_config_gives_the_published_model():
+    """Mistral-7B-v0.1 (tests/data/hf/Mistral-7B-v0.1/config.json): Llama's layers, GQA 8, a
+    4,096-token window on every layer (window_size 4,095, Megatron-Bridge's mistral bridge
+    mcore_to_hf_window_size: HF = left + 1). Jiang et al. 2023 (Mistral 7B) Table 1: dim 4096, 32
+    layers, head dim 128, hidden 14336, 32 heads, 8 KV heads, window 4096, vocab 32000; the
+    Hugging Face model page: 7.24B parameters."""
+    h = hf_config.read(HF / "Mistral-7B-v0.1" / "config.json")
+    m = PRESETS["llama3-8b"].with_(**h.keys, name="mistral-7b")
+    assert (m.num_layers, m.hidden_size, m.kv_channels, m.ffn_hidden_size, m.num_attention_heads,
+            m.num_query_groups, m.vocab_size, m.window_size, m.window_attn_skip_freq) == (
+        32, 4096, 128, 14336, 32, 8, 32000, 4095, 0)
+    assert (m.add_bias_linear, m.add_qkv_bias, m.tie_embeddings) == (False, False, False)
+    assert round(total_params(m) / 1e9, 2) == 7.24
+    assert all(m.window_of(i) == 4095 for i in range(32))
+
+
 @pytest.mark.parametrize("folder,published_b,nonembedding_b", [
     # model cards: Qwen2.5-7B 7.61B (6.53B non-embedding); Qwen3-8B 8.2B (6.95B non-embedding)
     ("Qwen2.5-7B", 7.61, 6.53), ("Qwen3-8B", 8.2, 6.95)])
