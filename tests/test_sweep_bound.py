@@ -36,6 +36,7 @@ MOE = {"preset": "llama3-8b", "num_layers": 4, "hidden_size": 256, "num_attentio
        "num_query_groups": 4, "ffn_hidden_size": 512, "vocab_size": 1024, "num_experts": 4,
        "moe_router_topk": 2, "max_position_embeddings": 8192}
 MTP = {**DENSE, "mtp_num_layers": 1}
+WINDOW = {**DENSE, "window_size": 255, "window_attn_skip_freq": 2}   # two layer kinds: windowed and full
 
 # (model, GPUs, topology, --set): dense on two H100 nodes, long sequences (CP) on one A100 node,
 # MoE (EP) on an H200 node, MTP with its head on an A100 node, MoE with the EP all-to-all overlap
@@ -89,6 +90,8 @@ PROGRAMS = [
     (MOE, {"tp": 2, "pp": 1, "dp": 4, "ep": 2, "sequence_parallel": True}, {}),
     (MTP, {"tp": 2, "pp": 2, "dp": 2, "pipeline_schedule": "interleaved-1f1b", "vpp": 2,
            "sequence_parallel": True}, {}),
+    (WINDOW, {"tp": 2, "pp": 2, "dp": 2, "pipeline_schedule": "1f1b", "sequence_parallel": True},
+     {"seq_length": 8192}),
 ]
 
 
