@@ -176,6 +176,23 @@ def _qwen3_moe_presets() -> dict:
     return presets
 
 
+def _gpt_oss_120b() -> ModelSpec:
+    """GPT-OSS-120B: every layer MoE, sliding window on every other layer, biases."""
+    return ModelSpec(
+        name="gpt-oss-120b", num_layers=36, hidden_size=2880, num_attention_heads=64, num_query_groups=8,
+        kv_channels=64, ffn_hidden_size=2880, vocab_size=201088, activation="swiglu", normalization="rmsnorm",
+        add_bias_linear=True, position_embedding_type="rope", max_position_embeddings=131072,
+        tie_embeddings=False, num_experts=128, moe_router_topk=4, moe_ffn_hidden_size=2880,
+        window_size=127, window_attn_skip_freq=2,
+        source=("OpenAI, gpt-oss-120b & gpt-oss-20b model card (Aug 2025) Table 1: 36 layers, 116.83B total "
+                "and 5.13B active parameters, 128 experts, top-4, residual width 2880; transformers "
+                "GptOssConfig (configuration_gpt_oss.py): head_dim 64, 64 query and 8 KV heads, "
+                "intermediate_size 2880, vocab_size 201088, sliding_window 128 on the layers where "
+                "(i + 1) % 2 (window_size 127, every 2nd layer full, as Megatron-Bridge's gpt_oss_bridge.py "
+                "converts it), attention_bias true (and the experts' biases), untied embeddings. "
+                "Attention sinks and the clamped SwiGLU not modelled"))
+
+
 def _nemotron4_340b() -> ModelSpec:
     """Nemotron-4 340B: GQA, squared-ReLU MLP."""
     # Squared ReLU is a non-gated 2-matrix MLP: the same shapes (params, FLOPs, activations) as
@@ -197,7 +214,8 @@ def _nemotron4_340b() -> ModelSpec:
 def _build() -> dict:
     """Every bundled preset, in the order they are listed."""
     return {**_megatron_gpt_presets(), **_llama3_presets(), "mixtral-8x7b": _mixtral(),
-            "deepseek-v3": _deepseek_v3(), **_qwen3_moe_presets(), "nemotron4-340b": _nemotron4_340b()}
+            "deepseek-v3": _deepseek_v3(), **_qwen3_moe_presets(), "gpt-oss-120b": _gpt_oss_120b(),
+            "nemotron4-340b": _nemotron4_340b()}
 
 
 PRESETS.update(_build())

@@ -249,6 +249,15 @@ def test_overriding_a_preset_derives_again_what_the_preset_derived():
     assert base.with_(vocab_size=2000) == ModelSpec("x", 2, 1024, 16, 2000)
 
 
+def test_gpt_oss_120b_params():
+    """OpenAI's gpt-oss model card, Table 1: 116.83B parameters, 5.13B active per token (without
+    the input embedding); a sliding window of 128 tokens on every other layer from the first."""
+    m = PRESETS["gpt-oss-120b"]
+    assert round(total_params(m) / 1e9, 2) == 116.83
+    assert round(active_params(m, count_embedding_lookup=False) / 1e9, 2) == 5.13
+    assert [m.window_of(i) for i in range(4)] == [127, 0, 127, 0]
+
+
 @pytest.mark.parametrize("name,layers,hidden,moe_ffn,total_b,active_b", [
     ("qwen3-30b-a3b", 48, 2048, 768, 30.5, 3.3),
     ("qwen3-235b-a22b", 94, 4096, 1536, 235, 22)])
