@@ -410,9 +410,12 @@ def test_sweep_exports_its_winner_as_a_launch(tmp_path):
                                                       best["pipeline_model_parallel_size"],
                                                       best["context_parallel_size"], best["data_parallel_size"],
                                                       best["zero_stage"])
-    # torchtitan runs no ZeRO-1: the winner is refused with the reason, naming --export
-    code, _, err = run_cli(*SWEEP, "--out", str(tmp_path / "s2.csv"), "--export", str(tmp_path / "best.toml"))
+    # torchtitan runs no ZeRO-1: the winner is refused with the reason, naming --export and how to
+    # rank only what it runs, after the results are printed (the sweep's minutes are not lost)
+    code, out, err = run_cli(*SWEEP, "--out", str(tmp_path / "s2.csv"), "--export", str(tmp_path / "best.toml"))
     assert code == 2 and "--export" in err and "parallelism.zero_stage" in err
+    assert "--set parallelism.zero_stage=..." in " ".join(err.split())
+    assert "layouts evaluated" in out and "best layouts" in out
 
 
 def test_sweep_exports_its_winner_as_a_torchtitan_launch(tmp_path):
@@ -454,6 +457,13 @@ def test_plan_exports_its_winner(tmp_path):
     want = rows[0]["parallelism"]
     assert (p.tp, p.pp, p.cp, p.dp, p.zero_stage) == (want["tp"], want["pp"], want["cp"], want["dp"],
                                                       want["zero_stage"])
+    # a winner torchtitan cannot run (ZeRO-1): exit 2 after the table, naming plan's own option
+    code, out, err = run_cli("plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:8",
+                             "--sweep-set", "parallelism.pipeline_schedule=1f1b", "--sweep-set", "training.recompute=none",
+                             "--sweep-set", "parallelism.zero_stage=1", "--monte-carlo", "0", "--top", "0",
+                             "--out", str(tmp_path / "plan"), "--export", str(tmp_path / "w.toml"))
+    assert code == 2 and "--sweep-set parallelism.zero_stage=..." in " ".join(err.split()), err
+    assert "8 x dgx-h100-ndr" in out and "winner" in out and not (tmp_path / "w.toml").exists()
 
 
 def test_an_out_path_that_cannot_be_written_exits_2(tmp_path):

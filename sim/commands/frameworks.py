@@ -105,10 +105,11 @@ def check_export(export: Path | None, fmt: str | None) -> None:
         check_path(export, "--export")
 
 
-def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None) -> None:
+def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None, restrict: str = "--set") -> None:
     """The winner of a sweep or plan as a launch file in `fmt`, by default the one its suffix
     implies: a torchtitan TOML for a .toml path, a Megatron-Bridge YAML for .yaml / .yml, else
-    Megatron-LM's flags; what the framework cannot run exits 2 naming `flag` and the key."""
+    Megatron-LM's flags; what the framework cannot run exits 2 naming `flag` and the key, and how
+    to keep the search (`restrict`: its option) to what the framework runs."""
     from sim.frameworks import format_of
 
     fmt = fmt or format_of(path)
@@ -117,7 +118,8 @@ def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None)
     try:
         text = export_text(sc, fmt)
     except ConfigError as e:
-        raise ConfigError(f"{flag} {path}: the winner cannot be written for {fmt}: {e.key}: {e.message}",
+        raise ConfigError(f"{flag} {path}: the winner cannot be written for {fmt}: {e.key}: {e.message}; to rank "
+                          f"only what {fmt} runs, fix or list that key's values with {restrict} {e.key}=...",
                           key=flag) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

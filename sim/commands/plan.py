@@ -185,15 +185,15 @@ def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:
         from sim.report.tables import plan_report
 
         report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd))
-    path, fmt = export
-    if path is not None and res.winner is not None:
-        from sim.commands.frameworks import write_export
-
-        write_export(path, res.scenarios.get(res.winner["cluster"]), fmt=fmt)
     if as_json:
         typer.echo(json.dumps(res.rows))
     else:
         _table(res, spec, chart, out / "plan.json")
+    path, fmt = export
+    if path is not None and res.winner is not None:     # after the table: a refused export exits 2
+        from sim.commands.frameworks import write_export
+
+        write_export(path, res.scenarios.get(res.winner["cluster"]), fmt=fmt, restrict="--sweep-set")
     if res.winner is None:
         raise ConfigError(res.reason + "; see the table and the chart",
                           key="--deadline" if deadline_days is not None and "deadline" in res.reason

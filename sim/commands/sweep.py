@@ -100,7 +100,6 @@ def register(app: typer.Typer) -> None:
                   "run the same command again to resume", file=sys.stderr)
             raise typer.Exit(130)
         c = res.counts
-        _write_extras(res, html, export, export_format)
         if as_json:
             typer.echo(json.dumps({
                 "evaluated": c["evaluated"], "feasible": c["feasible"], "wall_s": res.wall_s, "best": res.best,
@@ -110,8 +109,9 @@ def register(app: typer.Typer) -> None:
                 "executor": res.executor, "workers": res.workers,
                 "out": str(res.out), "stream": str(res.stream), "plots": [str(p) for p in res.plots],
                 "notes": res.notes, **({"pruned": c["pruned"]} if "pruned" in c else {})}))
-            return
-        _print(res)
+        else:
+            _print(res)
+        _write_extras(res, html, export, export_format)     # after the results: a refused export exits 2
 
 
 def _check_paths(html, export, export_format) -> None:
