@@ -10,6 +10,7 @@ everything is plain frozen dataclasses (`Scenario`).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -452,6 +453,9 @@ class ScenarioIn(_Strict):
     parallelism: ParallelIn = ParallelIn()
     training: TrainingIn
     simulation: SimulationIn = SimulationIn()
+    derived: Optional[dict] = None
+    """What sim5d derives from the rest (a run's resolved.yaml writes it): each value given must
+    equal the derived one, so that a resolved.yaml runs again as it is; not an input."""
 
 
 SECTION_MODELS = {"model": ModelIn, "cluster": ClusterIn, "parallelism": ParallelIn,
@@ -1489,7 +1493,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
 
     name = raw.name or default_name
     _check_name(name, err)
-    return Scenario(
+    sc = Scenario(
         name=name, model=model,
         cluster=Cluster(topology=with_domain_nodes(topo, topo.domain_nodes(num_nodes)), gpu=gpu, num_nodes=num_nodes,
                         failure_rate_per_gpu_hour=raw.cluster.failure_rate_per_gpu_hour,
@@ -1519,6 +1523,23 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
                         moe_expert_load=moe_expert_load(model, t, tp, cp, bool(p.sequence_parallel))),
         source=file or "",
     )
+    _check_derived(raw.derived, sc, err)
+    return sc
+
+
+def _check_derived(given: dict | None, sc: Scenario, err) -> None:
+    """A resolved.yaml's `derived` section: every key one sim5d derives, every value equal to it
+    (lists and tuples alike)."""
+    if given is None:
+        return
+    want = json.loads(json.dumps(resolved_dict(sc)["derived"]))
+    for key, value in given.items():
+        if key not in want:
+            raise err(f"derived.{key}", f"not a value sim5d derives{did_you_mean(key, want)}; derived: "
+                      f"{', '.join(want)}")
+        if json.loads(json.dumps(value)) != want[key]:
+            raise err(f"derived.{key}", f"{value!r}, but the scenario gives {want[key]!r}: derived values are "
+                      "not inputs (a resolved.yaml's are checked); remove derived or change the inputs")
 
 
 def _check_moe_dispatch(model: ModelSpec, t, ep: int, etp: int, err) -> None:

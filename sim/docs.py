@@ -50,8 +50,8 @@ def scenario_keys_markdown() -> str:
            "device-profile files a scenario names follow the scenario's.", ""]
     top = ScenarioIn.model_fields
     out += ["## top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    out += [f"| `name` | {_type(top['name'].annotation)} | {_default(top['name'])} | "
-            f"{(top['name'].description or '').replace(chr(10), ' ')} |", ""]
+    out += [f"| `{k}` | {_type(top[k].annotation)} | {_default(top[k])} | "
+            f"{' '.join((top[k].description or '').split())} |" for k in ("name", "derived")] + [""]
     spec = {f.name: f.default for f in dataclasses.fields(ModelSpec)
             if f.default is not dataclasses.MISSING}
     for section, model in SECTION_MODELS.items():

@@ -3,6 +3,8 @@ key in the message, no traceback)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -295,6 +297,26 @@ def test_resolved_yaml_round_trips(write_yaml, tmp_path):
     again["model"] = {k: v for k, v in again["model"].items()}
     sc2 = build_scenario(yaml.safe_load(yaml.safe_dump(again)))
     assert resolved_dict(sc2) == r
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-h800x2048-dualpipe", "llama3-405b-h100x16384-cp16-128k",
+                                  "mixtral-8x7b-h200x16-dualpipev", "gpt-7.5b-a100x32-zbh2"])
+def test_a_runs_resolved_yaml_runs_again(name, tmp_path):
+    """resolved.yaml as `sim5d run` writes it (derived section included) is a scenario: it builds
+    to the same resolved values; a derived value that differs is refused (exit 2, file:line, key)."""
+    from sim.config import write_resolved
+
+    path = tmp_path / "resolved.yaml"
+    write_resolved(load_scenario(name), path)
+    first = yaml.safe_load(path.read_text())
+    again = json.loads(json.dumps(resolved_dict(load_scenario(str(path)))))   # tuples as YAML lists
+    assert {k: v for k, v in again.items() if k != "name"} == {k: v for k, v in first.items() if k != "name"}
+    text = path.read_text().replace(f"  num_microbatches: {first['derived']['num_microbatches']}\n",
+                                    "  num_microbatches: 1000000\n")
+    path.write_text(text)
+    code, _, err = run_cli("run", str(path), "--json")
+    assert code == 2 and "derived.num_microbatches" in err and "1000000, but the scenario gives" in err
+    assert "resolved.yaml:" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in (__import__("conftest").REPO / "scenarios").glob("*.yaml")))
