@@ -84,7 +84,8 @@ class ModelIn(_Strict):
     or the model's folder holding it): LlamaForCausalLM (Llama 2/3/3.1), MistralForCausalLM,
     MixtralForCausalLM,
     Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (sliding window on
-    the layers layer_types names), DeepseekV3ForCausalLM (MLA, shared experts,
+    the layers layer_types names), Llama4ForConditionalGeneration (its text_config; chunked
+    attention, a shared expert), DeepseekV3ForCausalLM (MLA, shared experts,
     first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers). Every field
     that shapes the model is mapped to the keys below (sliding_window W as window_size W - 1 and
     window_attn_skip_freq); the others are listed on stderr as not changing a step; a value sim5d
@@ -167,10 +168,16 @@ class ModelIn(_Strict):
     computes only those entries, timed at the causal rate of a sequence of window_size + 1 keys;
     model FLOPs (MFU) keep the full count, as Megatron-LM's logged TFLOP/s do. Not with
     context parallelism or MLA. Default 0: full causal attention."""
+    attention_chunk_size: Optional[int] = Field(None, ge=0)
+    """Chunked attention (Llama 4; transformers' attention_chunk_size, 8192): a query attends to
+    the keys before it within its own chunk of this many tokens, (s // C) C^2 / 2 + (s % C)^2 / 2
+    entries of the s^2 / 2, timed as causal attention over C keys; model FLOPs keep the full
+    count. Not with window_size, context parallelism or MLA. Default 0: none."""
     window_attn_skip_freq: Optional[Union[int, list[int]]] = None
-    """Which layers attend within window_size (Megatron-Core `--window-attn-skip-freq`,
-    is_layer_window_attention): N >= 2, every N-th layer (1-based) attends fully and the rest within
-    the window (GPT-OSS: 2); or one 0/1 flag per layer, 1 = windowed. Default (or 0): every layer."""
+    """Which layers attend locally, within window_size or their attention_chunk_size chunk
+    (Megatron-Core `--window-attn-skip-freq`, is_layer_window_attention): N >= 2, every N-th
+    layer (1-based) attends fully and the rest locally (GPT-OSS: 2, Llama 4: 4); or one 0/1 flag
+    per layer, 1 = local. Default (or 0): every layer."""
 
 
 class ClusterIn(_Strict):
@@ -773,7 +780,7 @@ LIMITS = {
     "model.moe_ffn_hidden_size": 1 << 22, "model.max_position_embeddings": 1 << 24,
     # shared experts (DeepSeek: 1 or 2) widen the shared MLP to shared x moe_ffn_hidden_size
     "model.moe_shared_experts": 1 << 8, "model.first_k_dense_layers": 4096, "model.moe_layer_freq": 4096,
-    "model.mtp_num_layers": 64, "model.window_size": 1 << 24,
+    "model.mtp_num_layers": 64, "model.window_size": 1 << 24, "model.attention_chunk_size": 1 << 24,
     "training.seq_length": 1 << 24, "training.global_batch_size": 1 << 24,
     "training.micro_batch_size": 1 << 16, "num_microbatches": 1 << 17, "num_gpus": 1 << 20,
 }
@@ -805,9 +812,12 @@ def _check_window(model: ModelSpec, err) -> None:
     per layer with at least one windowed layer; not with MLA (Megatron-Core's attention.py
     asserts window_size (-1, -1) for it)."""
     freq = model.window_attn_skip_freq
-    if freq and not model.window_size:
+    if freq and not (model.window_size or model.attention_chunk_size):
         raise err("model.window_attn_skip_freq", "applies only with model.window_size (the sliding "
-                  "window): give window_size or remove window_attn_skip_freq")
+                  "window) or attention_chunk_size: give one or remove window_attn_skip_freq")
+    if model.window_size and model.attention_chunk_size:
+        raise err("model.attention_chunk_size", "with window_size: a layer attends within a sliding window or "
+                  "within chunks, and sim5d's window_attn_skip_freq chooses layers for one of them; keep one")
     if isinstance(freq, tuple):
         if len(freq) != model.num_layers or any(f not in (0, 1) for f in freq) or not any(freq):
             raise err("model.window_attn_skip_freq", f"a list must give one flag per layer ({model.num_layers}), "
@@ -815,9 +825,10 @@ def _check_window(model: ModelSpec, err) -> None:
     elif freq == 1 or freq < 0:
         raise err("model.window_attn_skip_freq", f"{freq}: give N >= 2 (every N-th layer attends fully; 1 would "
                   "make every layer full: remove window_size instead) or 0 (every layer windowed)")
-    if model.window_size and model.multi_latent_attention:
-        raise err("model.window_size", "sliding-window attention with multi_latent_attention: "
-                  "Megatron-Core's MLA has no window (it asserts window_size (-1, -1))")
+    local = "window_size" if model.window_size else "attention_chunk_size" if model.attention_chunk_size else None
+    if local and model.multi_latent_attention:
+        raise err(f"model.{local}", f"{local} with multi_latent_attention: Megatron-Core's MLA has no "
+                  "window (it asserts window_size (-1, -1)), and sim5d models none")
 
 
 def _build_model(m, lines, file) -> ModelSpec:
@@ -1319,10 +1330,11 @@ def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
 
 def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, model: ModelSpec) -> None:
     """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP; no sliding window under cp."""
-    if cp > 1 and any(model.window_of(i) for i in range(model.num_layers)):
-        raise err("parallelism.context_parallel_size", f"context_parallel_size ({cp}) with sliding-window "
-                  f"attention (model.window_size {model.window_size}): not modelled (which key chunks a "
-                  "windowed ring step may skip); use context_parallel_size 1")
+    if cp > 1 and any(model.window_of(i) or model.chunk_of(i) for i in range(model.num_layers)):
+        raise err("parallelism.context_parallel_size", f"context_parallel_size ({cp}) with sliding-window or "
+                  f"chunked attention (model.window_size {model.window_size}, attention_chunk_size "
+                  f"{model.attention_chunk_size}): not modelled (which key chunks a local ring step may "
+                  "skip); use context_parallel_size 1")
     if cp > 1 and t.seq_length % (2 * cp):
         raise err("training.seq_length", f"seq_length ({t.seq_length}) must be divisible by 2 x "
                   f"context_parallel_size = 2 x {cp} = {2 * cp} (zig-zag load balancing splits each "

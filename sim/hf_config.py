@@ -2,7 +2,8 @@
 
 Families (the config's `architectures`, else its `model_type`): LlamaForCausalLM (Llama 2, 3,
 3.1), MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
-GptOssForCausalLM and DeepseekV3ForCausalLM. The model is the one transformers builds from the
+GptOssForCausalLM, Llama4ForConditionalGeneration (its text_config) / Llama4ForCausalLM and
+DeepseekV3ForCausalLM. The model is the one transformers builds from the
 file (4.57, models/<family>/configuration_ and modeling_<family>.py): every field of the file is
 
 - mapped to a sim5d model key (sim.models.ModelSpec; the table of `_common` and each family's
@@ -36,6 +37,7 @@ INFERENCE = "token ids and inference or generation settings"
 METADATA = "file metadata (the scenario's training.precision sets the step's precision)"
 ROUTER = "router training details sim5d does not time (a few small ops per MoE layer)"
 CHECKED = "checked, nothing to model"
+VISION = "the vision encoder and the image tokens (sim5d simulates the language model's training on text)"
 GENERIC = "transformers' generic settings (no effect on the model's shapes)"
 
 _GENERATION = ("max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
@@ -170,13 +172,14 @@ class _Family:
 
 
 # ----------------------------------------------------------------------------------------------
-def _common(r: _Reader, *, head_dim: bool = True) -> None:
-    """The fields every family shares: dimensions, GQA, the gated SiLU MLP, RMSNorm, RoPE."""
+def _common(r: _Reader, *, head_dim: bool = True, ffn: str = "intermediate_size") -> None:
+    """The fields every family shares: dimensions, GQA, the gated SiLU MLP (`ffn`: the dense
+    MLP's width field), RMSNorm, RoPE."""
     r.put("num_layers", r.int("num_hidden_layers"), "num_hidden_layers")
     r.put("hidden_size", r.int("hidden_size"), "hidden_size")
     r.put("num_attention_heads", r.int("num_attention_heads"), "num_attention_heads")
     r.put("vocab_size", r.int("vocab_size"), "vocab_size")
-    r.put("ffn_hidden_size", r.int("intermediate_size"), "intermediate_size")
+    r.put("ffn_hidden_size", r.int(ffn), ffn)
     r.put("max_position_embeddings", r.int("max_position_embeddings"), "max_position_embeddings")
     r.put("tie_embeddings", r.flag("tie_word_embeddings"), "tie_word_embeddings")
     r.put("attention_dropout", r.number("attention_dropout", 0, 1), "attention_dropout")
@@ -278,24 +281,30 @@ def _sliding_window(r: _Reader, sliding: list, window) -> None:
     if window < 2:
         raise r.error("sliding_window", f"{window}: a window of at least 2 tokens (the query and one key "
                       "before it); 1 would attend to the query alone")
-    L = r.keys["num_layers"]
     r.put("window_size", window - 1, *names)
-    if len(sliding) < L:
-        every = next((n for n in range(2, L + 1) if sliding == [i for i in range(L) if (i + 1) % n]), None)
-        r.put("window_attn_skip_freq", every or [int(i in sliding) for i in range(L)], *names)
+    _local_layers(r, sliding, names)
 
 
-def _layer_types(r: _Reader, L: int):
-    """transformers' `layer_types` (Qwen2/3, 4.53 on): None, or the list of each layer's
-    attention, full_attention or sliding_attention."""
+def _local_layers(r: _Reader, local: list, names: tuple) -> None:
+    """The layers (0-based) that attend locally (within a window or a chunk) as sim5d's
+    window_attn_skip_freq: none for every layer, N where every N-th is full, else one flag each."""
+    L = r.keys["num_layers"]
+    if len(local) < L:
+        every = next((n for n in range(2, L + 1) if local == [i for i in range(L) if (i + 1) % n]), None)
+        r.put("window_attn_skip_freq", every or [int(i in local) for i in range(L)], *names)
+
+
+def _layer_types(r: _Reader, L: int, local: str = "sliding_attention"):
+    """transformers' `layer_types` (Qwen2/3, 4.53 on; Llama 4): None, or the layers whose
+    attention is `local` (sliding_attention, chunked_attention) rather than full_attention."""
     types = r.data.get("layer_types")
     if types is None:
         return None
-    known = ("full_attention", "sliding_attention")
+    known = ("full_attention", local)
     if not isinstance(types, list) or len(types) != L or any(t not in known for t in types):
         raise r.error("layer_types", f"must be null or a list of num_hidden_layers ({L}) entries, each "
                       f"{' or '.join(known)}")
-    return [i for i, t in enumerate(types) if t == "sliding_attention"]
+    return [i for i, t in enumerate(types) if t == local]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,6 +405,77 @@ def _gpt_oss(r: _Reader) -> None:
     r.note("swiglu_alpha", NUMERICS)
 
 
+def _llama4_text(r: _Reader) -> None:
+    """Llama 4's language model (transformers models/llama4, Llama4TextConfig): dense layers of
+    intermediate_size_mlp, MoE layers (moe_layers, else every interleave_moe_layer_step-th from
+    step - 1) with num_local_experts routed experts and one shared expert, all intermediate_size
+    wide, no biases; chunked attention of attention_chunk_size on the RoPE layers (layer_types,
+    else no_rope_layers' 1s: every layer but each no_rope_layer_interval-th), full on the others."""
+    _common(r, ffn="intermediate_size_mlp")
+    _biases(r, "attention_bias", None)
+    L = r.keys["num_layers"]
+    experts = r.int("num_local_experts", low=0)
+    moe = r.value("moe_layers")
+    if moe is None:
+        step = r.int("interleave_moe_layer_step")
+        moe = list(range(step - 1, L, step))
+    elif not isinstance(moe, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in moe):
+        raise r.error("moe_layers", f"{moe!r} must be a list of layer numbers (integers)")
+    _moe_layers(r, sorted(moe) if experts else [], ("moe_layers", "interleave_moe_layer_step", "num_local_experts"))
+    if experts and moe:
+        r.put("num_experts", experts, "num_local_experts")
+        r.put("moe_router_topk", r.int("num_experts_per_tok"), "num_experts_per_tok")
+        r.put("moe_ffn_hidden_size", r.int("intermediate_size"), "intermediate_size")
+        r.put("moe_shared_experts", 1, "intermediate_size")          # Llama4TextMoe.shared_expert
+    local = _layer_types(r, L, "chunked_attention")
+    if local is None:
+        rope = r.value("no_rope_layers")
+        if rope:
+            if not isinstance(rope, list) or len(rope) != L or any(x not in (0, 1) for x in rope):
+                raise r.error("no_rope_layers", f"must be a list of num_hidden_layers ({L}) flags 0 or 1")
+            local = [i for i, x in enumerate(rope) if x]
+        else:
+            n = r.int("no_rope_layer_interval")
+            local = [i for i in range(L) if (i + 1) % n]
+    chunk = r.int("attention_chunk_size", null=True)
+    names = tuple(n for n in ("attention_chunk_size", "layer_types", "no_rope_layers", "no_rope_layer_interval")
+                  if n in r.data)
+    if chunk is None or not local:
+        for name in names:
+            r.note(name)
+    else:
+        r.put("attention_chunk_size", chunk, *names)
+        _local_layers(r, local, names)
+    for name in ("attn_temperature_tuning", "floor_scale", "attn_scale"):
+        r.note(name, NUMERICS)
+    r.note("use_qk_norm")            # the family's remark says what it leaves out
+
+
+def _llama4(r: _Reader) -> None:
+    """Llama4ForConditionalGeneration: its text_config read as Llama 4's language model
+    (_llama4_text), every field named under text_config.; the vision encoder and the image
+    tokens noted as not modelled (text-only training)."""
+    text = r.value("text_config")
+    if not isinstance(text, dict):
+        raise r.error("text_config", f"{text!r} ({_json_type(text)}) must be an object (the language model)")
+    t = _Reader(text, r.path, FAMILIES["Llama4ForCausalLM"])
+    _llama4_text(t)
+    for key, value in t.keys.items():
+        r.put(key, value, *(f"text_config.{n}" if n in text else n for n in t.origin[key]))
+    r.mapped.add("text_config")
+    for k in text:
+        sub = f"text_config.{k}"
+        if k in t.issues:
+            r.issues[sub] = t.issues[k]
+        elif k in t.noted or k not in t.mapped:
+            r.noted[sub] = t.noted.get(k) or NOT_MODELLED.get(k, "not read by transformers' Llama4TextConfig")
+    r.defaulted.update({f"text_config.{k}": v for k, v in t.defaulted.items()})
+    r.remarks.extend(FAMILIES["Llama4ForCausalLM"].remarks + tuple(t.remarks))
+    for name in ("vision_config", "boi_token_index", "eoi_token_index", "image_token_index"):
+        r.note(name, VISION)
+    r.note("tie_word_embeddings")    # the language model's own (text_config) is the one read
+
+
 def _deepseek_v3(r: _Reader) -> None:
     _common(r, head_dim=False)
     mla = "unused by MLA (every head has its own key and value; the widths are qk_nope_head_dim, "\
@@ -483,6 +563,15 @@ FAMILIES = {f.arch: f for f in (
                        "self_attn.sinks: 64 parameters a layer) are not modelled",
                        "the experts' gate is GPT-OSS's clamped SiLU (x sigmoid(1.702 x), swiglu_limit): "
                        "modelled as swiglu's three matrices (the same GEMMs)")),
+    _Family("Llama4ForCausalLM", "llama4_text",
+            {"hidden_act": "silu", "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False,
+             "attention_bias": False, "attention_dropout": 0.0, "num_key_value_heads": 8, "head_dim": 128,
+             "num_experts_per_tok": 1, "num_local_experts": 16, "moe_layers": None, "interleave_moe_layer_step": 1,
+             "no_rope_layers": None, "no_rope_layer_interval": 4, "attention_chunk_size": 8192,
+             "intermediate_size_mlp": 16384, "layer_types": None},
+            _llama4_text, ("use_qk_norm: the L2 norm of queries and keys on the RoPE layers (no parameters, a "
+                           "small kernel a layer) is not modelled",)),
+    _Family("Llama4ForConditionalGeneration", "llama4", {}, _llama4),
     _Family("DeepseekV3ForCausalLM", "deepseek_v3",
             {"hidden_act": "silu", "max_position_embeddings": 4096, "tie_word_embeddings": False,
              "attention_bias": False, "attention_dropout": 0.0, "q_lora_rank": 1536, "n_shared_experts": 1,

@@ -86,10 +86,14 @@ class ModelSpec:
     (Megatron-Core TransformerConfig.window_size = (window_size, 0), flash attention's
     window_size_left; transformers' sliding_window W is window_size W - 1, as Megatron-Bridge
     converts it). 0 = full causal attention."""
+    attention_chunk_size: int = 0
+    """Chunked attention (Llama 4, transformers' attention_chunk_size): a query attends to the keys
+    before it in its own chunk of this many tokens. 0 = none. Not with window_size."""
     window_attn_skip_freq: object = 0
-    """Which layers use the window (Megatron-Core transformer/utils.py is_layer_window_attention):
-    0 = every layer; N = every N-th layer (1-based) attends fully and the others within the window
-    (GPT-OSS: 2); a tuple of num_layers flags, 1 = windowed."""
+    """Which layers attend locally, within window_size or their chunk (Megatron-Core
+    transformer/utils.py is_layer_window_attention): 0 = every layer; N = every N-th layer
+    (1-based) attends fully and the others locally (GPT-OSS: 2; Llama 4's chunks: 4); a tuple of
+    num_layers flags, 1 = local."""
     source: str = ""
     """Citation for the dimensions."""
 
@@ -126,22 +130,30 @@ class ModelSpec:
             return False
         return (layer - self.first_k_dense_layers) % self.moe_layer_freq == 0
 
-    def window_of(self, layer: int) -> int:
-        """The attention window of decoder layer `layer` (0-based): window_size where the layer
-        attends within it (Megatron-Core is_layer_window_attention, whose layer_number is 1-based),
-        0 for full causal attention. MTP layers take the last decoder layer's."""
-        if not self.window_size:
-            return 0
+    def _local(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) attends locally (Megatron-Core
+        is_layer_window_attention, whose layer_number is 1-based). MTP layers take the last
+        decoder layer's."""
         layer = min(layer, self.num_layers - 1)
         freq = self.window_attn_skip_freq
         if isinstance(freq, tuple):
-            return self.window_size if freq[layer] else 0
-        return self.window_size if not freq or (layer + 1) % freq else 0
+            return bool(freq[layer])
+        return not freq or bool((layer + 1) % freq)
+
+    def window_of(self, layer: int) -> int:
+        """The sliding window of decoder layer `layer`: window_size where it attends within it, 0
+        for full causal attention."""
+        return self.window_size if self.window_size and self._local(layer) else 0
+
+    def chunk_of(self, layer: int) -> int:
+        """The attention chunk of decoder layer `layer`: attention_chunk_size where it attends
+        within its chunk, 0 for full causal attention."""
+        return self.attention_chunk_size if self.attention_chunk_size and self._local(layer) else 0
 
     def layer_kind(self, layer: int) -> tuple:
         """What makes two decoder layers cost different: routed experts or not, and the attention
-        window. Layers of one kind are timed once."""
-        return self.is_moe_layer(layer), self.window_of(layer)
+        window or chunk. Layers of one kind are timed once."""
+        return self.is_moe_layer(layer), self.window_of(layer), self.chunk_of(layer)
 
     def with_(self, **changes) -> "ModelSpec":
         """This spec with `changes` (a preset with a user's overrides). The fields this spec

@@ -89,6 +89,35 @@ def test_config_gives_the_preset_field_by_field(write_yaml, folder, preset, diff
     assert folder in sc.model.source and "config.json" in sc.model.source
 
 
+@pytest.mark.parametrize("changes, total_b, moe_layers", [
+    ({}, 109, list(range(48))),                                                    # Scout
+    ({"num_local_experts": 128, "interleave_moe_layer_step": 2}, 400, list(range(1, 48, 2))),  # Maverick
+])
+def test_llama4_config_gives_the_published_model(tmp_path, changes, total_b, moe_layers):
+    """tests/data/hf/Llama-4-Scout-17B-16E/config.json: a Llama4ForConditionalGeneration whose
+    text_config holds transformers' Llama4TextConfig defaults (its checkpoint
+    meta-llama/Llama-4-Scout-17B-16E); Maverick's differ in 128 experts on every other layer.
+    Meta's Llama 4 model card: 17B active parameters each, 109B (Scout) and 400B (Maverick) in
+    total with the vision encoder sim5d leaves out (about 1B): within 1.5%. Chunked attention of 8,192
+    tokens on the RoPE layers, every 4th layer (NoPE) full; one shared expert of 8,192."""
+    from sim.workload.params import active_params
+
+    data = json.loads((HF / "Llama-4-Scout-17B-16E" / "config.json").read_text())
+    data["text_config"].update(changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    h = hf_config.read(path)
+    m = PRESETS["llama3-8b"].with_(**h.keys, name="llama4")
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.moe_ffn_hidden_size, m.moe_shared_experts,
+            m.moe_router_topk, m.num_query_groups) == (48, 5120, 16384, 8192, 1, 1, 8)
+    assert [i for i in range(48) if m.is_moe_layer(i)] == moe_layers
+    assert [m.chunk_of(i) for i in range(8)] == [8192, 8192, 8192, 0] * 2 and m.window_size == 0
+    assert round(active_params(m) / 1e9) == 17
+    assert abs(total_params(m) / 1e9 - total_b) / total_b < 0.015
+    assert "text_config" in h.mapped and h.noted["vision_config"].startswith("the vision encoder")
+    assert "text_config.attention_chunk_size" in h.origin["attention_chunk_size"]
+
+
 def test_mistral_config_gives_the_published_model():
     """Mistral-7B-v0.1 (tests/data/hf/Mistral-7B-v0.1/config.json): Llama's layers, GQA 8, a
     4,096-token window on every layer (window_size 4,095, Megatron-Bridge's mistral bridge

@@ -104,7 +104,7 @@ def test_the_step_is_shorter_by_the_attention_it_skips():
     ({"window_size": 63, "window_attn_skip_freq": -2}, {}, "model.window_attn_skip_freq", "-2: give N >= 2"),
     ({"window_size": 63, "window_attn_skip_freq": [1, 0]}, {}, "model.window_attn_skip_freq", "one flag per layer (4)"),
     ({"window_size": 63, "window_attn_skip_freq": [0, 0, 0, 0]}, {}, "model.window_attn_skip_freq", "at least one 1"),
-    ({"window_size": 63}, {"cp": 2, "dp": 4}, "parallelism.context_parallel_size", "sliding-window attention"),
+    ({"window_size": 63}, {"cp": 2, "dp": 4}, "parallelism.context_parallel_size", "sliding-window or chunked"),
     ({"window_size": -1}, {}, "model.window_size", "greater than or equal to 0"),
 ])
 def test_bad_windows_exit_2(write_yaml, model, par, key, words):
@@ -155,3 +155,55 @@ def test_megatron_flags_round_trip(tmp_path):
         launch.write_text(launch.read_text().split(" --window-size")[0] + " " + bad + "\n")
         code, _, err = run_cli("import", str(launch), "--cluster", "dgx-h100-ndr", "--out", str(tmp_path / "x.yaml"))
         assert code == 2 and words in err and "Traceback" not in err, err
+
+
+# ----------------------------------------------------------------- chunked attention (Llama 4) ----
+def test_chunked_entries_by_hand():
+    """Chunks of C = 1,024 over s = 3,584 (three whole chunks and half of one): each query sees
+    the keys before it in its chunk. Enumerated: 3 x 1,024 x 1,025 / 2 + 512 x 513 / 2 =
+    1,705,728 entries; sim5d's count in the causal convention, 3 x 1,024^2 / 2 + 512^2 / 2 =
+    1,703,936, is the enumeration less half of each chunk's diagonal ((3 x 1,024 + 512) / 2).
+    Timed at the causal rate of a 1,024-key sequence; every 4th layer full."""
+    s, c = 3584, 1024
+    i = np.arange(s)[:, None]
+    j = np.arange(s)[None, :]
+    enumerated = int(((j <= i) & (j // c == i // c)).sum())
+    assert enumerated == 1_705_728
+    data = _scenario(seq=s)
+    data["model"].update(attention_chunk_size=c, window_attn_skip_freq=4)
+    m = build_scenario(data).model
+    ops = {o.name: o for o in workload.layer_ops(m, 0, micro_batch_size=1, seq_length=s)}
+    heads, d = m.num_attention_heads, m.kv_channels
+    assert ops["attn_scores"].flops_fwd == 2 * heads * d * (enumerated - s / 2) == 2 * heads * d * 1_703_936
+    assert ops["attn_scores"].window == c
+    assert [m.chunk_of(i) for i in range(4)] == [c, c, c, 0]
+    full = {o.name: o for o in workload.layer_ops(m, 3, micro_batch_size=1, seq_length=s)}
+    assert full["attn_scores"].window == 0 and full["attn_scores"].flops_fwd == 2 * heads * d * s * s / 2
+    dev = load_device("h100-sxm-80gb")
+    p = compute.compute_params(dev)
+    op = ops["attn_scores"]
+    ctas = op.batch * -(-s // compute.ATTENTION_BLOCK)
+    q = -(-ctas // p.sm_count) / (ctas / p.sm_count)
+    want = max(op.flops_fwd * q / compute.attention_rate_flops(dev, "fwd", c, causal=True),
+               op.bytes_fwd / p.hbm_bytes_per_s) + p.overhead_s("attention") / 2
+    assert compute.ops_time_s([op], "fwd", dev, "bf16") == pytest.approx(want, rel=1e-12)
+
+
+def test_chunks_shorten_the_step_and_their_rules(write_yaml):
+    data = _scenario(seq=32768)
+    full = simulate(build_scenario(data)).summary()["step_time_s"]
+    data["model"].update(attention_chunk_size=8192, window_attn_skip_freq=4)
+    res = simulate(build_scenario(data))
+    assert_engine_invariants(res)
+    assert res.summary()["step_time_s"] < full
+    for model, key, words in (({"attention_chunk_size": 64, "window_size": 63}, "model.attention_chunk_size",
+                               "keep one"),
+                              ({"attention_chunk_size": 64, "window_attn_skip_freq": 1}, "model.window_attn_skip_freq",
+                               "give N >= 2")):
+        bad = _scenario()
+        bad["model"].update(model)
+        code, _, err = run_cli("run", write_yaml(bad), "--json")
+        assert code == 2 and key in err and words in err and "Traceback" not in err, err
+    # Megatron-LM has no chunked attention: its export refuses it, naming the key
+    code, _, err = run_cli("export", write_yaml(data, "c.yaml"), "--format", "megatron")
+    assert code == 2 and "model.attention_chunk_size" in err and "no chunked attention" in err, err

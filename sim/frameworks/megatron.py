@@ -731,6 +731,9 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
 def _refuse(sc) -> None:
     """What Megatron-LM cannot run, or sim5d cannot write as its flags: ConfigError naming the key."""
     m, p, t = sc.model, sc.parallelism, sc.training
+    if m.attention_chunk_size:
+        raise ConfigError("attention_chunk_size: Megatron-LM has no chunked attention (Llama 4's); no flag "
+                          "writes it", key="model.attention_chunk_size")
     if t.recompute == "full" and t.recompute_method == "every":
         raise ConfigError("recompute_method every is torchtitan's layer-level checkpointing; Megatron-Core's "
                           "methods are uniform and block", key="training.recompute_method")

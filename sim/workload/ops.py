@@ -204,9 +204,9 @@ class Op:
     Engine's GroupedLinear runs one cuBLAS GEMM per local expert, multi_stream_cublas_gemm in
     TE @e7c550c5 transformer_engine/common/gemm/cublaslt_gemm.cu): each pays the launch overhead."""
     window: int = 0
-    """Sliding-window attention (flash): the keys each query sees, itself included
-    (ModelSpec.window_size + 1); 0 = every key before it (sim.compute times it as causal
-    attention over this many keys)."""
+    """Sliding-window or chunked attention (flash): the most keys a query sees, itself included
+    (ModelSpec.window_size + 1, or the chunk); 0 = every key before it (sim.compute times it as
+    causal attention over this many keys)."""
     host_syncs: int = 0
     """Times the host blocks on the GPU after issuing this op's forward (a device-to-host read
     the next ops need: the MoE dispatcher's token counts, `moe_host_syncs`); the host issues
@@ -246,6 +246,8 @@ class _Ctx:
     """Host syncs per MoE layer's forward (moe_host_syncs)."""
     window: int = 0
     """This layer's attention window (ModelSpec.window_of): 0 = full causal attention."""
+    chunk: int = 0
+    """This layer's attention chunk (ModelSpec.chunk_of): 0 = full causal attention."""
 
     @property
     def s_local(self) -> int:
@@ -421,6 +423,12 @@ def _core_attention(c: _Ctx, model: ModelSpec, heads: int, kv_heads: int, d_qk: 
             # causal convention's continuous form (s^2 / 2 at keys = s), keys * s - keys^2 / 2
             # score entries instead of s^2 / 2 (the config refuses a window with cp > 1: sq = sk)
             share = (keys * sk - keys * keys / 2) / (sq * sk)
+            fs, fv = share * full_scores, share * full_values
+        elif c.causal and c.chunk and c.chunk < sk:
+            # chunks of C: causal attention within each, (s // C) C^2 / 2 + (s % C)^2 / 2 entries
+            # in the same convention; the kernel is causal attention over C keys (keys = C)
+            keys = c.chunk
+            share = ((sk // keys) * keys * keys / 2 + (sk % keys) ** 2 / 2) / (sq * sk)
             fs, fv = share * full_scores, share * full_values
         scores = Op("attn_scores", "attention", batch, sq, sk, d_qk, fs, 2 * fs, 0.0,
                     bytes_fwd=q + kk, bytes_bwd=2 * (q + kk), tp_sharded=True,
@@ -614,10 +622,10 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
                   precision=precision, tp=tp, cp=cp, ep=ep, etp=etp,
                   sequence_parallel=sequence_parallel, causal=causal, flash_attention=flash_attention,
                   fp8_recipe=fp8_recipe, fp8_transpose=fp8_transpose, moe_syncs=moe_syncs)
-    if model.window_of(layer):
+    if model.window_of(layer) or model.chunk_of(layer):
         if cp > 1:
-            raise ValueError("sliding-window attention with cp > 1 is not modelled")
-        c = replace(c, window=model.window_of(layer))
+            raise ValueError("sliding-window or chunked attention with cp > 1 is not modelled")
+        c = replace(c, window=model.window_of(layer), chunk=model.chunk_of(layer))
     h = model.hidden_size
     ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
     ops += _attention_block(c, model)
