@@ -427,6 +427,9 @@ def _llama4_text(r: _Reader) -> None:
         r.put("moe_router_topk", r.int("num_experts_per_tok"), "num_experts_per_tok")
         r.put("moe_ffn_hidden_size", r.int("intermediate_size"), "intermediate_size")
         r.put("moe_shared_experts", 1, "intermediate_size")          # Llama4TextMoe.shared_expert
+    else:
+        for name in ("num_experts_per_tok", "intermediate_size"):
+            r.note(name)
     local = _layer_types(r, L, "chunked_attention")
     if local is None:
         rope = r.value("no_rope_layers")
