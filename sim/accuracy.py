@@ -73,11 +73,11 @@ def measure(workers: int = 1) -> dict:
 
     sets = sorted({s for r in REGIMES for s in r.sets})
     res = validate.run(tuple(sets), workers=workers)["sets"]
-    scenarios = {(c.set, c.id): c.scenario for c in validate.cases(tuple(sets))}
+    scenarios = {(c.set, c.id): build_scenario(c.scenario) for c in validate.cases(tuple(sets))}
     out = {}
     for reg in REGIMES:
         rows = [(row["id"], round(row["error_pct"], 1)) for s in reg.sets for row in res[s]["cases"]
-                if reg.holds(build_scenario(scenarios[(s, row["id"])]))]
+                if reg.holds(scenarios[(s, row["id"])])]
         out[reg.name] = {"sets": list(reg.sets), "cases": [{"id": i, "error_pct": e} for i, e in rows]}
     return out
 
@@ -117,6 +117,15 @@ def notes(sc) -> list[str]:
             data = data or load()
             out.append(describe(reg, [c["error_pct"] for c in data[reg.name]["cases"]]))
     return out
+
+
+def notes_by_label(scenarios: dict) -> dict:
+    """{note: [the labels of the scenarios it is about]} for {label: scenario} (compare, plan)."""
+    by_note: dict = {}
+    for label, sc in scenarios.items():
+        for n in notes(sc):
+            by_note.setdefault(n, []).append(label)
+    return by_note
 
 
 def main(argv: list[str] | None = None) -> int:

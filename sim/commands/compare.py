@@ -97,14 +97,10 @@ def _accuracy(rows: list[dict], overrides: list) -> None:
     """sim.accuracy's notes on stderr, each once, naming the scenarios it is about."""
     import sys
 
-    from sim.accuracy import notes
+    from sim.accuracy import notes_by_label
     from sim.config import load_scenario
 
-    by_note: dict = {}
-    for r in rows:
-        for n in notes(load_scenario(r["file"], overrides)):
-            by_note.setdefault(n, []).append(r["name"])
-    for n, names in by_note.items():
+    for n, names in notes_by_label({r["name"]: load_scenario(r["file"], overrides) for r in rows}).items():
         print(f"{', '.join(names)}: {n}", file=sys.stderr)
 
 

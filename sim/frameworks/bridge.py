@@ -659,10 +659,6 @@ def _export_value(flag: str, value):
     """A flag's text as the field's YAML value: numbers as numbers, --cp-comm-type's list as it is."""
     if flag in ("--cp-comm-type", "--recompute-modules"):
         return value
-    if flag == "--window-size":                    # TransformerConfig.window_size: (left, right)
-        return [int(x) for x in str(value).split(",")]
-    if flag == "--window-attn-skip-freq" and str(value).startswith(("[", "'[")):
-        return [int(x) for x in str(value).strip("'[]").split(",")]
     for kind in (int, float):
         try:
             return kind(value)
@@ -751,6 +747,11 @@ def from_scenario(sc) -> str:
         model["moe_layer_freq"] = [0] * m.first_k_dense_layers + [1] * (m.num_layers - m.first_k_dense_layers)
     elif "--moe-layer-freq" in v:
         model["moe_layer_freq"] = int(v["--moe-layer-freq"])
+    if m.window_size:                              # TransformerConfig's (left, right) and its int or 0/1 list
+        model["window_size"] = [m.window_size, 0]
+        if m.window_attn_skip_freq:
+            freq = m.window_attn_skip_freq
+            model["window_attn_skip_freq"] = list(freq) if isinstance(freq, tuple) else freq
     dist_opt = p.zero_stage == 1
     out["ddp"]["use_distributed_optimizer"] = out["optimizer"]["use_distributed_optimizer"] = dist_opt
     out["ddp"]["use_megatron_fsdp"] = p.zero_stage >= 2

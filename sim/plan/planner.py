@@ -397,13 +397,10 @@ def plan(spec: PlanSpec) -> PlanResult:
 def _accuracy(scenarios: dict) -> list[str]:
     """sim.accuracy's notes on the candidates' best layouts, each note once, naming the
     candidates it is about where it is not about all of them."""
-    from sim.accuracy import notes
+    from sim.accuracy import notes_by_label
 
-    by_note: dict = {}
-    for label, sc in scenarios.items():
-        for n in notes(sc):
-            by_note.setdefault(n, []).append(label)
-    return [n if len(labels) == len(scenarios) else f"{', '.join(labels)}: {n}" for n, labels in by_note.items()]
+    return [n if len(labels) == len(scenarios) else f"{', '.join(labels)}: {n}"
+            for n, labels in notes_by_label(scenarios).items()]
 
 
 # ----------------------------------------------------------------------------------------------
