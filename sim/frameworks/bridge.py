@@ -667,6 +667,21 @@ def _export_value(flag: str, value):
     return value
 
 
+def _layer_patterns(model: dict, m, v: dict) -> None:
+    """The per-layer fields as TransformerConfig holds them: moe_layer_freq (an int, or a 0/1 list
+    with dense layers first), window_size (left, right) and window_attn_skip_freq (an int or a
+    0/1 list)."""
+    if m.is_moe and m.first_k_dense_layers:
+        model["moe_layer_freq"] = [0] * m.first_k_dense_layers + [1] * (m.num_layers - m.first_k_dense_layers)
+    elif "--moe-layer-freq" in v:
+        model["moe_layer_freq"] = int(v["--moe-layer-freq"])
+    if m.window_size:
+        model["window_size"] = [m.window_size, 0]
+        if m.window_attn_skip_freq:
+            freq = m.window_attn_skip_freq
+            model["window_attn_skip_freq"] = list(freq) if isinstance(freq, tuple) else freq
+
+
 def _refuse_bridge(sc) -> None:
     """What Megatron-Bridge cannot run beyond Megatron-LM's refusals (sim.frameworks.megatron._refuse)."""
     m, t = sc.model, sc.training
@@ -743,15 +758,7 @@ def from_scenario(sc) -> str:
     model["should_pad_vocab"] = False              # the scenario's vocabulary as it is
     if m.num_query_groups == m.num_attention_heads:
         model["num_query_groups"] = m.num_attention_heads
-    if m.is_moe and m.first_k_dense_layers:
-        model["moe_layer_freq"] = [0] * m.first_k_dense_layers + [1] * (m.num_layers - m.first_k_dense_layers)
-    elif "--moe-layer-freq" in v:
-        model["moe_layer_freq"] = int(v["--moe-layer-freq"])
-    if m.window_size:                              # TransformerConfig's (left, right) and its int or 0/1 list
-        model["window_size"] = [m.window_size, 0]
-        if m.window_attn_skip_freq:
-            freq = m.window_attn_skip_freq
-            model["window_attn_skip_freq"] = list(freq) if isinstance(freq, tuple) else freq
+    _layer_patterns(model, m, v)
     dist_opt = p.zero_stage == 1
     out["ddp"]["use_distributed_optimizer"] = out["optimizer"]["use_distributed_optimizer"] = dist_opt
     out["ddp"]["use_megatron_fsdp"] = p.zero_stage >= 2
