@@ -115,6 +115,13 @@ class ModelIn(_Strict):
     """Linear layers carry biases."""
     add_qkv_bias: Optional[bool] = None
     """QKV projection carries a bias even without add_bias_linear."""
+    qk_layernorm: Optional[bool] = None
+    """A norm (of `normalization`'s kind) over each head's queries and one over its keys after
+    the QKV projection (Megatron-Core `--qk-layernorm`: q_layernorm and k_layernorm, TENorm over
+    the head width; Qwen3's q_norm and k_norm): two small kernels a layer, 2 x head width
+    parameters, the queries and keys before the norms kept for the backward. With
+    multi_latent_attention Megatron-Core's flag builds MLA's latent norms, which sim5d counts
+    with MLA always: true or absent there. Default false."""
     position_embedding_type: Optional[Literal["learned_absolute", "rope"]] = None
     """Position encoding: a learned table or RoPE."""
     max_position_embeddings: Optional[int] = Field(None, ge=1)
@@ -839,6 +846,17 @@ def _build_model(m, lines, file) -> ModelSpec:
                               line=_line(lines, ("model",)))
         return PRESETS[m]
     given = m.model_dump(exclude_none=True)
+    spec = _model_of(given, lines, file)
+    if given.get("qk_layernorm") is False and spec.multi_latent_attention:
+        raise ConfigError("false with multi_latent_attention: Megatron-Core's flag builds MLA's latent norms "
+                          "there (q_layernorm, kv_layernorm), which sim5d counts with MLA always; remove it or "
+                          "set true", key="model.qk_layernorm", file=file, line=_line(lines, ("model", "qk_layernorm")))
+    return spec
+
+
+def _model_of(given: dict, lines, file) -> ModelSpec:
+    """The ModelSpec of a model mapping's given keys (`_build_model`)."""
+    given = dict(given)
     preset = given.pop("preset", None)
     if "hf_config" in given:
         return _hf_model(given, preset, lines, file)

@@ -354,12 +354,14 @@ def _qwen2(r: _Reader) -> None:
 def _qwen3(r: _Reader) -> None:
     _common(r)
     _biases(r, "attention_bias", None)
+    r.put("qk_layernorm", True)      # Qwen3Attention: q_norm and k_norm, RMSNorms over head_dim
     _qwen_sliding(r)
 
 
 def _qwen3_moe(r: _Reader) -> None:
     _common(r)
     _biases(r, "attention_bias", None)
+    r.put("qk_layernorm", True)      # Qwen3MoeAttention: q_norm and k_norm, as Qwen3's
     L = r.keys["num_layers"]
     experts = r.int("num_experts", low=0)
     step = r.int("decoder_sparse_step")
@@ -539,8 +541,6 @@ _LLAMA_DEFAULTS = {"num_key_value_heads": None, "hidden_act": "silu", "max_posit
 _QWEN_DEFAULTS = {"hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
                   "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
                   "attention_dropout": 0.0}
-_QK_NORM = ("q_norm and k_norm, the per-head RMSNorms of queries and keys (2 x head_dim parameters "
-            "and two small kernels a layer), are not modelled")
 FAMILIES = {f.arch: f for f in (
     _Family("LlamaForCausalLM", "llama", _LLAMA_DEFAULTS, _llama),
     _Family("MistralForCausalLM", "mistral",
@@ -553,11 +553,11 @@ FAMILIES = {f.arch: f for f in (
             {**_QWEN_DEFAULTS, "num_key_value_heads": 32, "head_dim": None}, _qwen2),
     _Family("Qwen3ForCausalLM", "qwen3",
             {**_QWEN_DEFAULTS, "num_key_value_heads": 32, "head_dim": 128, "attention_bias": False},
-            _qwen3, (_QK_NORM,)),
+            _qwen3),
     _Family("Qwen3MoeForCausalLM", "qwen3_moe",
             {**_QWEN_DEFAULTS, "num_key_value_heads": 4, "head_dim": None, "attention_bias": False,
              "decoder_sparse_step": 1, "mlp_only_layers": None, "max_window_layers": None},
-            _qwen3_moe, (_QK_NORM,)),
+            _qwen3_moe),
     _Family("GptOssForCausalLM", "gpt_oss",
             {"hidden_act": "silu", "max_position_embeddings": 131072, "tie_word_embeddings": False,
              "attention_bias": True, "attention_dropout": 0.0, "sliding_window": 128, "layer_types": None,

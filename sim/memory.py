@@ -130,7 +130,8 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
 
     Term by term (p = bytes per element, 2 for 16-bit; s the local sequence = seq / cp):
       norms:      two norm inputs, 2 x p*s*b*h                      (SP: / t)
-      attention:  QKV input p*s*b*h (SP: / t); Q, K, V p*s*b*(h, kv, kv)/t; output-projection
+      attention:  QKV input p*s*b*h (SP: / t); Q, K, V p*s*b*(h, kv, kv)/t (qk_layernorm: Q and K
+                  again, before the norms, p*s*b*(h + kv)/t); output-projection
                   input p*s*b*h_attn/t; unfused scores: softmax output p*a*s^2*b/t, plus with
                   attention dropout its mask a*s^2*b/t and output p*a*s^2*b/t; flash attention
                   keeps only the fp32 log-sum-exp 4*a*s*b/t; hidden-dropout mask s*b*h (SP: / t)
@@ -243,6 +244,11 @@ def _attention_activation_bytes(model, p: int, s: int, b: int, t: int, rep: floa
     # are discarded after the core attention (discard_output_and_register_recompute)
     if not (model.multi_latent_attention and "mla_up_proj" in mods):
         act += p * s * b * (q_dim + k_dim + v_dim) / t         # Q, K, V
+    if model.qk_layernorm and not model.multi_latent_attention:
+        # q_layernorm / k_layernorm: each TE norm keeps its input, the queries and keys before it
+        # (Transformer Engine's RMSNorm / LayerNorm save x for the backward; Megatron-Core
+        # attention.py applies them after the QKV split, before RoPE)
+        act += p * s * b * (q_dim + k_dim) / t
     act += p * s * b * attn_out_dim / t                        # output-projection input
     if delayed:
         act += q * s * b * attn_out_dim / t                    # its quantised copy (delayed scaling)

@@ -36,6 +36,11 @@ class ModelSpec:
     """Linear layers carry biases (GPT-2/3, Megatron GPT) or not (Llama, Mixtral, DeepSeek)."""
     add_qkv_bias: bool = False
     """QKV projection has a bias even when add_bias_linear is False (e.g. Qwen2)."""
+    qk_layernorm: bool = False
+    """A norm (of `normalization`'s kind) over each head's queries and keys after the QKV
+    projection (Megatron-Core qk_layernorm: q_layernorm and k_layernorm; Qwen3's q_norm and
+    k_norm, OLMo 2, Gemma 3). With multi_latent_attention the flag builds MLA's latent norms,
+    which sim5d counts with MLA always: true there (derived)."""
     position_embedding_type: str = "learned_absolute"
     """'learned_absolute' (a max_position_embeddings x h table) or 'rope' (no parameters)."""
     max_position_embeddings: int = 2048
@@ -108,6 +113,11 @@ class ModelSpec:
         if not self.kv_channels:
             object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
             derived.append("kv_channels")
+        if self.multi_latent_attention and not self.qk_layernorm:
+            # Megatron-Core builds MLA's latent norms with qk_layernorm; sim5d counts them always
+            object.__setattr__(self, "qk_layernorm", True)
+            derived.append("qk_layernorm")
+        object.__setattr__(self, "qk_layernorm", bool(self.qk_layernorm))     # (with_ resets it to 0)
         if self.num_experts and not self.moe_ffn_hidden_size:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
             derived.append("moe_ffn_hidden_size")
@@ -158,7 +168,7 @@ class ModelSpec:
     def with_(self, **changes) -> "ModelSpec":
         """This spec with `changes` (a preset with a user's overrides). The fields this spec
         derived rather than was given (`__post_init__`: ffn_hidden_size 4h, num_query_groups,
-        kv_channels h / heads, moe_ffn_hidden_size) are derived again from the changed values
+        kv_channels h / heads, moe_ffn_hidden_size, qk_layernorm with MLA) are derived again from the changed values
         unless `changes` gives them: a preset's hidden_size overridden gets its own head width."""
         again = {f: 0 for f in self._derived if f not in changes}
         return replace(self, **again, **changes)

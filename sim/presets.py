@@ -154,8 +154,8 @@ def _qwen3_moe_presets() -> dict:
     """Qwen3-30B-A3B and Qwen3-235B-A22B."""
     presets: dict = {}
     # Qwen3 MoE: every layer MoE (decoder_sparse_step 1), no shared expert, GQA with 128-wide
-    # heads (wider than hidden / heads), QK RMSNorm per head (not modelled: 2 x 128 parameters and
-    # two small norm kernels a layer, under 1e-6 of the parameters).
+    # heads (wider than hidden / heads), an RMSNorm over each head's queries and keys
+    # (Qwen3Attention q_norm / k_norm: qk_layernorm).
     for name, layers, hidden, heads, ffn, moe_ffn, total, active in (
             ("qwen3-30b-a3b", 48, 2048, 32, 6144, 768, "30.5B", "3.3B"),
             ("qwen3-235b-a22b", 94, 4096, 64, 12288, 1536, "235B", "22B")):
@@ -165,14 +165,14 @@ def _qwen3_moe_presets() -> dict:
             num_query_groups=4, kv_channels=128, ffn_hidden_size=ffn, vocab_size=151936,
             activation="swiglu", normalization="rmsnorm", add_bias_linear=False,
             position_embedding_type="rope", max_position_embeddings=40960, tie_embeddings=False,
-            num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=moe_ffn,
+            qk_layernorm=True, num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=moe_ffn,
             source=(f"Qwen/{hf} config.json: num_hidden_layers {layers}, hidden_size {hidden}, "
                     f"num_attention_heads {heads}, num_key_value_heads 4, head_dim 128, "
                     f"intermediate_size {ffn}, moe_intermediate_size {moe_ffn}, num_experts 128, "
                     "num_experts_per_tok 8, decoder_sparse_step 1, vocab_size 151936, "
                     "max_position_embeddings 40960, rms_norm, silu, no biases, tie_word_embeddings "
-                    f"false; Qwen3 Technical Report (arXiv 2505.09388): {total} total, {active} "
-                    "activated parameters; QK-norm not modelled"))
+                    f"false, q_norm and k_norm (RMSNorm over head_dim); Qwen3 Technical Report "
+                    f"(arXiv 2505.09388): {total} total, {active} activated parameters"))
     return presets
 
 

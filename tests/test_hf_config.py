@@ -148,12 +148,12 @@ def test_config_without_a_preset_gives_the_hand_checked_model(write_yaml, folder
         assert (m.add_bias_linear, m.add_qkv_bias) == (False, True)
         h, layer = 3584, 3584 * 3584 * 2 + 2 * 3584 * 512 + (28 + 8) * 128 + 3 * 3584 * 18944 + 2 * 3584
     else:
-        # head_dim 128 = hidden / heads here; QK-norm not modelled (2 x 128 a layer)
+        # head_dim 128 = hidden / heads here; q_norm and k_norm: 2 x 128 a layer (qk_layernorm)
         assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_query_groups, m.kv_channels,
                 m.ffn_hidden_size, m.vocab_size, m.max_position_embeddings) == (
             36, 4096, 32, 8, 128, 12288, 151936, 40960)
-        assert (m.add_bias_linear, m.add_qkv_bias) == (False, False)
-        h, layer = 4096, 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096
+        assert (m.add_bias_linear, m.add_qkv_bias, m.qk_layernorm) == (False, False, True)
+        h, layer = 4096, 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
     assert (m.activation, m.normalization, m.position_embedding_type, m.tie_embeddings, m.is_moe) == (
         "swiglu", "rmsnorm", "rope", False, False)
     assert layer_params(m, 0).total == layer
@@ -318,7 +318,7 @@ def test_run_a_small_scenario_from_a_config(write_yaml, tmp_path):
     assert code == 0, err
     summary = json.loads(out)
     assert summary["step_time_s"] > 0 and summary["num_gpus"] == 8
-    assert "note: model.hf_config" in err and "q_norm and k_norm" in err
+    assert "note: model.hf_config" in err and "q_norm" not in err      # modelled: qk_layernorm
 
 
 # ----------------------------------------------------------------------------------------------

@@ -268,11 +268,14 @@ def test_qwen3_moe_dimensions_and_params(name, layers, hidden, moe_ffn, total_b,
     assert (m.num_layers, m.hidden_size, m.moe_ffn_hidden_size) == (layers, hidden, moe_ffn)
     assert (m.num_experts, m.moe_router_topk, m.num_query_groups, m.kv_channels) == (128, 8, 4, 128)
     assert all(m.is_moe_layer(i) for i in range(layers)) and not m.moe_shared_experts
-    # hand count: q and o 2 x h x 128 heads; k, v 2 x h x 4 x 128; 128 experts of 3 x h x f; the
-    # router 128 h; two norms; untied embedding and head, the final norm
+    # hand count: q and o 2 x h x 128 heads; k, v 2 x h x 4 x 128, q_norm and k_norm 2 x 128; 128
+    # experts of 3 x h x f; the router 128 h; two norms; untied embedding and head, the final norm
     h, a = hidden, m.num_attention_heads
-    attn = 2 * h * a * 128 + 2 * h * 4 * 128
+    attn = 2 * h * a * 128 + 2 * h * 4 * 128 + 2 * 128
     layer = attn + 128 * 3 * h * moe_ffn + 128 * h + 2 * h
     assert total_params(m) == layers * layer + 2 * 151936 * h + h
+    # the checkpoints' bf16 bytes (model.safetensors.index.json metadata total_size of
+    # Qwen/Qwen3-30B-A3B: 61,064,245,248; Qwen/Qwen3-235B-A22B: 470,187,269,120), 2 bytes a parameter
+    assert 2 * total_params(m) == {"qwen3-30b-a3b": 61_064_245_248, "qwen3-235b-a22b": 470_187_269_120}[name]
     assert total_params(m) / 1e9 == pytest.approx(total_b, rel=0.005)
     assert active_params(m) / 1e9 == pytest.approx(active_b, rel=0.03)

@@ -110,7 +110,7 @@ def test_bridge_moe_set_transcribes_its_rows_and_holds_the_large_models_within_1
     assert len(large) == 11 and all(abs(v) < 15.0 for v in large.values()), large
     small = {k: v for k, v in err.items() if "-q30-" in k or "-gptoss-" in k}
     assert len(small) == 10 and all(v < -15.0 for v in small.values()), small
-    assert d["mape_pct"] <= 21.0       # 20.0%: GPT-OSS's sliding window made its rows 2-4 points more optimistic
+    assert d["mape_pct"] <= 20.5       # 19.6% (20.0% before the QK norms; the window made GPT-OSS 2-4 points more optimistic)
 
 
 def test_vtrain_cases_run_on_the_cluster_vtrain_states():

@@ -262,6 +262,8 @@ def non_gemm_params(m: ModelSpec) -> int:
     per_layer = 2 * norm
     if m.multi_latent_attention:
         per_layer += m.q_lora_rank + m.kv_lora_rank
+    elif m.qk_layernorm:                         # Qwen3: q_norm and k_norm over the head width
+        per_layer += 2 * norm // h * m.kv_channels
     if m.add_bias_linear:                        # GPT-OSS: q, k, v and o biases, each active expert's two
         per_layer += (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels + h
         per_layer += m.moe_router_topk * (2 * m.moe_ffn_hidden_size + h)

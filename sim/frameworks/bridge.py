@@ -68,7 +68,7 @@ _MODEL_VALUE = {
 _MODEL_SWITCH = {
     "share_embeddings_and_output_weights": ("--untie-embeddings-and-output-weights", False),
     "add_bias_linear": ("--disable-bias-linear", False), "add_qkv_bias": ("--add-qkv-bias", True),
-    "multi_latent_attention": ("--multi-latent-attention", True),
+    "qk_layernorm": ("--qk-layernorm", True), "multi_latent_attention": ("--multi-latent-attention", True),
     "sequence_parallel": ("--sequence-parallel", True), "tp_comm_overlap": ("--tp-comm-overlap", True),
     "moe_pad_expert_input_to_capacity": ("--moe-pad-expert-input-to-capacity", True),
     "account_for_embedding_in_pipeline_split": ("--account-for-embedding-in-pipeline-split", True),
@@ -84,7 +84,7 @@ _MODEL_OWN = {"seq_length", "position_embedding_type", "gated_linear_unit", "act
 _MODEL_NOT_STEP_TIME = {
     "rotary_base", "rotary_percent", "rope_scaling", "rope_scaling_factor", "rotary_scaling_factor",
     "seq_len_interpolation_factor", "init_method_std", "layernorm_epsilon", "layernorm_zero_centered_gamma",
-    "apply_residual_connection_post_layernorm", "qk_layernorm", "params_dtype", "pipeline_dtype",
+    "apply_residual_connection_post_layernorm", "params_dtype", "pipeline_dtype",
     "autocast_dtype", "init_method", "output_layer_init_method", "moe_router_load_balancing_type",
     "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_router_score_function", "moe_router_enable_expert_bias",
     "moe_router_bias_update_rate", "moe_router_pre_softmax", "moe_router_dtype", "moe_grouped_gemm",

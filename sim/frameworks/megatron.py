@@ -47,7 +47,7 @@ NOT_STEP_TIME = (
     "--moe-router-bias-update-rate", "--moe-router-pre-softmax", "--moe-grouped-gemm",
     "--moe-permute-fusion", "--moe-router-fusion", "--rotary-base", "--rotary-percent",
     "--rotary-scaling-factor", "--use-rotary-position-embeddings", "--norm-epsilon", "--layernorm-epsilon",
-    "--apply-layernorm-1p", "--qk-layernorm", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
+    "--apply-layernorm-1p", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
     "--fp8-margin", "--ddp-bucket-size", "--ddp-average-in-collective",
     "--check-for-nan-in-loss-and-grad", "--use-flash-attn", "--overlap-p2p-communication",
     "--dataloader-type", "--num-workers", "--tokenizer-hf-include-special-tokens",
@@ -102,6 +102,7 @@ _FLOAT = {"--hidden-dropout": "model.hidden_dropout", "--attention-dropout": "mo
 _BOOL = {  # switch -> (key, value when given)
     "--untie-embeddings-and-output-weights": ("model.tie_embeddings", False),
     "--disable-bias-linear": ("model.add_bias_linear", False), "--add-qkv-bias": ("model.add_qkv_bias", True),
+    "--qk-layernorm": ("model.qk_layernorm", True),
     "--multi-latent-attention": ("model.multi_latent_attention", True),
     "--sequence-parallel": ("parallelism.sequence_parallel", True),
     "--overlap-grad-reduce": ("training.overlap_grad_reduce", True),
@@ -806,7 +807,9 @@ def _model_flags(m, seq_length: int) -> list[str]:
     if m.num_query_groups != m.num_attention_heads:
         out += ["--group-query-attention", f"--num-query-groups {m.num_query_groups}"]
     for flag, on in (("--swiglu", m.activation == "swiglu"), ("--untie-embeddings-and-output-weights", not m.tie_embeddings),
-                     ("--disable-bias-linear", not m.add_bias_linear), ("--add-qkv-bias", m.add_qkv_bias)):
+                     ("--disable-bias-linear", not m.add_bias_linear), ("--add-qkv-bias", m.add_qkv_bias),
+                     # with MLA the flag builds the latent norms, which sim5d counts there always
+                     ("--qk-layernorm", m.qk_layernorm or m.multi_latent_attention)):
         if on:
             out.append(flag)
     if m.multi_latent_attention:

@@ -77,8 +77,8 @@ and dC and read-modify-writes the fp32 main_grad (Megatron gradient_accumulation
 Dropout masks are 1 byte per element.
 
 Op names (stable; engines may key on them):
-  layer: input_norm, qkv_proj | (MLA) q_down_proj, q_norm, q_up_proj (or q_proj), kv_down_proj,
-         kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
+  layer: input_norm, qkv_proj, [q_layernorm, k_layernorm when qk_layernorm] | (MLA) q_down_proj,
+         q_norm, q_up_proj (or q_proj), kv_down_proj, kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
          when not flash], attn_values, out_proj, attn_bias_dropout_add, pre_mlp_norm,
          dense: fc1, act, fc2 | MoE: router, router_topk, moe_preprocess, moe_permute,
          [moe_sort_chunks when a rank holds several experts], expert_fc1, expert_act, expert_fc2,
@@ -361,6 +361,16 @@ def _norm(c: _Ctx, name: str, rows: int, width: int, *, residual_fork: bool, seq
                         seq_sharded=seq_sharded)
 
 
+def _head_norm(c: _Ctx, name: str, heads: int, d: int) -> Op:
+    """Megatron-Core's q_layernorm / k_layernorm (`qk_layernorm`; attention.py
+    SelfAttention.get_query_key_value_tensors: a TENorm over each head's
+    hidden_size_per_attention_head, applied to the local heads' queries or keys after the QKV
+    split and before RoPE): one norm kernel of `heads` x d per token, its bytes as `_norm`'s
+    (forward reads x and writes y; backward reads dy and x, writes dx); no residual fork."""
+    e = c.ea * c.tokens * heads * d
+    return _elementwise(name, c.tokens * heads, d, 2 * e, 3 * e, tp_sharded=True)
+
+
 def _dropout_bytes(rows: float, width: int, ea: int, p: float) -> tuple[float, float]:
     """A standalone dropout: forward reads x, writes y and the mask; backward reads dy and the
     mask, writes dx."""
@@ -496,6 +506,8 @@ def _attention_block(c: _Ctx, model: ModelSpec) -> list[Op]:
     else:
         kv_heads = _div(model.num_query_groups, tp, "num_query_groups")
         ops.append(_gemm(c, "qkv_proj", T, (heads + 2 * kv_heads) * d_qk, h, tp_sharded=True))
+        if model.qk_layernorm:
+            ops += [_head_norm(c, "q_layernorm", heads, d_qk), _head_norm(c, "k_layernorm", kv_heads, d_qk)]
         if model.position_embedding_type == "rope":
             ops.append(_rope(c, heads * d_qk, kv_heads * d_qk))
     ops += _core_attention(c, model, heads, kv_heads, d_qk, d_v)

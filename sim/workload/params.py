@@ -10,7 +10,7 @@ Layout (Megatron-LM / Megatron-Core, Shoeybi et al. 2019 sec. 3; Narayanan et al
 - Replicated on every TP rank (`tp_replicated`): norm weights (and LayerNorm biases), the biases
   of row-parallel layers (added after the all-reduce / reduce-scatter), the MoE router, and for
   MLA the down-projections (Megatron builds linear_q_down_proj / linear_kv_down_proj with
-  parallel_mode='duplicated') and the RMSNorms on the latents.
+  parallel_mode='duplicated') and the RMSNorms on the latents; the QK norms (qk_layernorm).
 - Routed experts (`routed_experts`): all num_experts experts of the layer. Expert parallelism
   places num_experts/ep of them on a rank, and expert tensor parallelism (etp; Megatron's
   expert_tensor_parallel_size, default = tp) splits each of those: a rank holds
@@ -25,6 +25,8 @@ Sizes of the pieces (h hidden, a heads, g query groups, d kv_channels, f ffn_hid
   projection  a*d*h (+ h bias)
   MLP         gelu: 2*h*f (+ f + h); swiglu: 3*h*f (+ 2f + h)   (Megatron fuses gate+up in fc1)
   norms       layernorm: 2h each; rmsnorm: h each; two per layer
+  QK norms    qk_layernorm: a norm over d for the queries and one for the keys (Megatron-Core
+              q_layernorm / k_layernorm: hidden_size_per_attention_head wide, replicated)
   MLA         q_down h*q_lora, q_norm q_lora, q_up q_lora*a*(d_nope+d_rope),
               kv_down h*(kv_lora+d_rope), kv_norm kv_lora, kv_up kv_lora*a*(d_nope+d_v),
               projection a*d_v*h       (DeepSeek-V2 report sec. 2.1; Megatron-Core MLA)
@@ -177,7 +179,7 @@ def _attention_params(model: ModelSpec) -> tuple[int, int]:
     d, g = model.kv_channels, model.num_query_groups
     qkv_out = (a + 2 * g) * d
     sharded = h * qkv_out + a * d * h
-    replicated = 0
+    replicated = 2 * norm_params(model, d) if model.qk_layernorm else 0
     if model.add_bias_linear or model.add_qkv_bias:
         sharded += qkv_out
     if model.add_bias_linear:
