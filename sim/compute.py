@@ -156,7 +156,8 @@ CAUSAL_FLOPS_RATIO = 0.75
 
 
 ELEMENTWISE_CLASSES = {
-    "norm": ("input_norm", "pre_mlp_norm", "final_norm", "q_norm", "kv_norm", "q_layernorm", "k_layernorm"),
+    "norm": ("input_norm", "pre_mlp_norm", "final_norm", "q_norm", "kv_norm", "q_layernorm", "k_layernorm",
+             "post_attn_norm", "post_mlp_norm"),
     "activation": ("act", "expert_act", "shared_act"),
     "softmax": ("attn_softmax",),
     "dropout": ("attn_dropout", "embedding_dropout"),

@@ -115,6 +115,12 @@ class ModelIn(_Strict):
     """Linear layers carry biases."""
     add_qkv_bias: Optional[bool] = None
     """QKV projection carries a bias even without add_bias_linear."""
+    post_norms: Optional[bool] = None
+    """A norm (of `normalization`'s kind) on the attention block's output and one on the MLP's,
+    before each residual add, besides the pre-norms (Gemma 2/3's post_attention_layernorm and
+    post_feedforward_layernorm; Megatron-Bridge's Gemma providers run them in
+    TERowParallelLinearLayerNorm after the output projection and fc2): two norm kernels over the
+    hidden size a layer, their weights, their inputs kept for the backward. Default false."""
     qk_layernorm: Optional[bool] = None
     """A norm (of `normalization`'s kind) over each head's queries and one over its keys after
     the QKV projection (Megatron-Core `--qk-layernorm`: q_layernorm and k_layernorm, TENorm over

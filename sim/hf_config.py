@@ -172,9 +172,9 @@ class _Family:
 
 
 # ----------------------------------------------------------------------------------------------
-def _common(r: _Reader, *, head_dim: bool = True, ffn: str = "intermediate_size") -> None:
+def _common(r: _Reader, *, head_dim: bool = True, ffn: str = "intermediate_size", act: str = "hidden_act") -> None:
     """The fields every family shares: dimensions, GQA, the gated SiLU MLP (`ffn`: the dense
-    MLP's width field), RMSNorm, RoPE."""
+    MLP's width field, `act` its activation's), RMSNorm, RoPE."""
     r.put("num_layers", r.int("num_hidden_layers"), "num_hidden_layers")
     r.put("hidden_size", r.int("hidden_size"), "hidden_size")
     r.put("num_attention_heads", r.int("num_attention_heads"), "num_attention_heads")
@@ -186,7 +186,7 @@ def _common(r: _Reader, *, head_dim: bool = True, ffn: str = "intermediate_size"
     r.put("hidden_dropout", 0.0)
     r.put("normalization", "rmsnorm")
     r.put("position_embedding_type", "rope")
-    _activation(r)
+    _activation(r, act)
     if head_dim:
         kv = r.int("num_key_value_heads", null=True)
         if kv is not None:           # null: transformers' MHA (as many KV heads as query heads)
@@ -204,16 +204,17 @@ _GATED = {"silu": "", "swish": "", "gelu": "GeGLU", "gelu_new": "GeGLU", "gelu_p
           "gelu_fast": "GeGLU", "gelu_accurate": "GeGLU", "quick_gelu": "GeGLU", "relu": "ReGLU"}
 
 
-def _activation(r: _Reader) -> None:
+def _activation(r: _Reader, name: str = "hidden_act") -> None:
     """Every family's MLP is gated (gate_proj, up_proj, down_proj): sim5d's swiglu. SiLU is
-    SwiGLU itself; another gate function has the same three matrices (a note)."""
-    act = r.text("hidden_act")
+    SwiGLU itself; another gate function has the same three matrices (a note). `name`: the
+    config's field (Gemma's hidden_activation)."""
+    act = r.text(name)
     if act not in _GATED:
-        raise r.error("hidden_act", f"{act!r}: sim5d models the gated MLP of {r.family.arch} with the "
+        raise r.error(name, f"{act!r}: sim5d models the gated MLP of {r.family.arch} with the "
                       f"activations {', '.join(_GATED)}{did_you_mean(act, _GATED)}")
-    r.put("activation", "swiglu", "hidden_act")
+    r.put("activation", "swiglu", name)
     if _GATED[act]:
-        r.remarks.append(f"hidden_act {act!r}: a gated MLP ({_GATED[act]}), modelled as swiglu's three "
+        r.remarks.append(f"{name} {act!r}: a gated MLP ({_GATED[act]}), modelled as swiglu's three "
                          "matrices (the same GEMMs; only the elementwise gate function differs)")
 
 
@@ -272,10 +273,10 @@ def _sliding_window(r: _Reader, sliding: list, window) -> None:
     window_size (transformers' mask keeps keys q - window + 1 .. q: window_size window - 1, as
     Megatron-Bridge converts it, e.g. gpt_oss_bridge.py) and window_attn_skip_freq (every layer:
     none; every N-th full: N; else one 0/1 flag per layer)."""
-    names = tuple(n for n in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
-                  if n in r.data)
+    fields = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "sliding_window_pattern")
+    names = tuple(n for n in fields if n in r.data)
     if window is None or not sliding:
-        for name in ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types"):
+        for name in fields:
             r.note(name)
         return
     if window < 2:
@@ -456,15 +457,16 @@ def _llama4_text(r: _Reader) -> None:
     r.note("use_qk_norm")            # the family's remark says what it leaves out
 
 
-def _llama4(r: _Reader) -> None:
-    """Llama4ForConditionalGeneration: its text_config read as Llama 4's language model
-    (_llama4_text), every field named under text_config.; the vision encoder and the image
-    tokens noted as not modelled (text-only training)."""
+def _text_config(r: _Reader, text_arch: str, text_class: str, vision: tuple) -> None:
+    """A vision-language config (Llama 4's, Gemma 3's): its text_config read as the language
+    model's family `text_arch`, every field named under text_config.; the vision encoder and the
+    image tokens (`vision`: the fields) noted as not modelled (text-only training)."""
     text = r.value("text_config")
     if not isinstance(text, dict):
         raise r.error("text_config", f"{text!r} ({_json_type(text)}) must be an object (the language model)")
-    t = _Reader(text, r.path, FAMILIES["Llama4ForCausalLM"])
-    _llama4_text(t)
+    fam = FAMILIES[text_arch]
+    t = _Reader(text, r.path, fam)
+    fam.read(t)
     for key, value in t.keys.items():
         r.put(key, value, *(f"text_config.{n}" if n in text else n for n in t.origin[key]))
     r.mapped.add("text_config")
@@ -473,12 +475,56 @@ def _llama4(r: _Reader) -> None:
         if k in t.issues:
             r.issues[sub] = t.issues[k]
         elif k in t.noted or k not in t.mapped:
-            r.noted[sub] = t.noted.get(k) or NOT_MODELLED.get(k, "not read by transformers' Llama4TextConfig")
+            r.noted[sub] = t.noted.get(k) or NOT_MODELLED.get(k, f"not read by transformers' {text_class}")
     r.defaulted.update({f"text_config.{k}": v for k, v in t.defaulted.items()})
-    r.remarks.extend(FAMILIES["Llama4ForCausalLM"].remarks + tuple(t.remarks))
-    for name in ("vision_config", "boi_token_index", "eoi_token_index", "image_token_index"):
+    r.remarks.extend(fam.remarks + tuple(t.remarks))
+    for name in vision:
         r.note(name, VISION)
     r.note("tie_word_embeddings")    # the language model's own (text_config) is the one read
+
+
+def _llama4(r: _Reader) -> None:
+    """Llama4ForConditionalGeneration: its text_config as Llama 4's language model (_llama4_text)."""
+    _text_config(r, "Llama4ForCausalLM", "Llama4TextConfig",
+                 ("vision_config", "boi_token_index", "eoi_token_index", "image_token_index"))
+
+
+def _gemma3_text(r: _Reader) -> None:
+    """Gemma 3's language model (transformers models/gemma3, Gemma3TextConfig, Gemma3ForCausalLM;
+    Gemma Team 2025, arXiv 2503.19786): Llama's layers with head_dim-wide heads, a gated GELU MLP
+    (hidden_activation), RMSNorms over each head's queries and keys (q_norm, k_norm: qk_layernorm)
+    and on the attention's and the MLP's outputs (post_attention_layernorm,
+    post_feedforward_layernorm: post_norms), no biases, tied embeddings; the layers attend within
+    sliding_window but every sliding_window_pattern-th (or those layer_types names full)."""
+    _common(r, act="hidden_activation")
+    _biases(r, "attention_bias", None)
+    r.put("qk_layernorm", True)
+    r.put("post_norms", True)
+    L = r.keys["num_layers"]
+    local = _layer_types(r, L)
+    if local is None:
+        n = r.int("sliding_window_pattern")
+        local = [i for i in range(L) if (i + 1) % n]
+    _sliding_window(r, local, r.int("sliding_window", null=True))
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if r.value(name) is not None:
+            raise r.error(name, f"{r.value(name)!r}: a soft cap (tanh) on the {'attention scores' if name[0] == 'a' else 'logits'} "
+                          "(Gemma 2's) is not modelled; Gemma 3 has none (null)")
+        r.note(name)
+    if r.flag("use_bidirectional_attention"):
+        raise r.error("use_bidirectional_attention", "true (EmbeddingGemma's encoder): sim5d simulates causal "
+                      "language-model training")
+    r.note("use_bidirectional_attention")
+    for name in ("query_pre_attn_scalar", "rope_local_base_freq"):
+        r.note(name, NUMERICS)
+
+
+def _gemma3(r: _Reader) -> None:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B, 12B, 27B): its text_config as Gemma 3's
+    language model (_gemma3_text)."""
+    _text_config(r, "Gemma3ForCausalLM", "Gemma3TextConfig",
+                 ("vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                  "mm_tokens_per_image"))
 
 
 def _deepseek_v3(r: _Reader) -> None:
@@ -541,6 +587,8 @@ _LLAMA_DEFAULTS = {"num_key_value_heads": None, "hidden_act": "silu", "max_posit
 _QWEN_DEFAULTS = {"hidden_act": "silu", "max_position_embeddings": 32768, "tie_word_embeddings": False,
                   "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
                   "attention_dropout": 0.0}
+GEMMA_EMBEDDING = ("the embedding's output scaled by sqrt(hidden_size) (an elementwise multiply on the first "
+                   "stage) is not modelled")
 FAMILIES = {f.arch: f for f in (
     _Family("LlamaForCausalLM", "llama", _LLAMA_DEFAULTS, _llama),
     _Family("MistralForCausalLM", "mistral",
@@ -575,6 +623,13 @@ FAMILIES = {f.arch: f for f in (
             _llama4_text, ("use_qk_norm: the L2 norm of queries and keys on the RoPE layers (no parameters, a "
                            "small kernel a layer) is not modelled",)),
     _Family("Llama4ForConditionalGeneration", "llama4", {}, _llama4),
+    _Family("Gemma3ForCausalLM", "gemma3_text",
+            {"vocab_size": 262208, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+             "tie_word_embeddings": True, "attention_bias": False, "attention_dropout": 0.0, "num_key_value_heads": 4,
+             "head_dim": 256, "sliding_window": 4096, "sliding_window_pattern": 6, "layer_types": None,
+             "final_logit_softcapping": None, "attn_logit_softcapping": None, "use_bidirectional_attention": False},
+            _gemma3_text, (GEMMA_EMBEDDING,)),
+    _Family("Gemma3ForConditionalGeneration", "gemma3", {}, _gemma3),
     _Family("DeepseekV3ForCausalLM", "deepseek_v3",
             {"hidden_act": "silu", "max_position_embeddings": 4096, "tie_word_embeddings": False,
              "attention_bias": False, "attention_dropout": 0.0, "q_lora_rank": 1536, "n_shared_experts": 1,

@@ -130,6 +130,7 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
 
     Term by term (p = bytes per element, 2 for 16-bit; s the local sequence = seq / cp):
       norms:      two norm inputs, 2 x p*s*b*h                      (SP: / t)
+                  (post_norms: two more, the attention's and the MLP's outputs)
       attention:  QKV input p*s*b*h (SP: / t); Q, K, V p*s*b*(h, kv, kv)/t (qk_layernorm: Q and K
                   again, before the norms, p*s*b*(h + kv)/t); output-projection
                   input p*s*b*h_attn/t; unfused scores: softmax output p*a*s^2*b/t, plus with
@@ -179,7 +180,12 @@ def layer_activation_bytes(model, layer: int, *, seq: int, micro_batch: int, tp:
     q = workload.GEMM_INPUT_BYTES[precision] if precision in LOW_PRECISION else p
     delayed = precision == "fp8" and (fp8_recipe or "delayed") == "delayed"
     act = _attention_activation_bytes(model, p, s, b, t, rep, sbh, recompute, attention_backend, mods, q, delayed)
-    return _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods, q)
+    act = _mlp_activation_bytes(model, layer, act, p, s, b, t, rep, sbh, routing_imbalance, etp, mods, q)
+    if model.post_norms:
+        # post_attn_norm and post_mlp_norm keep their inputs (TE's norms); the latter not where the
+        # dense MLP is recomputed (Megatron-Bridge's Gemma providers run it inside linear_fc2)
+        act += p * sbh * rep * (1 if "mlp" in mods and not model.is_moe_layer(layer) else 2)
+    return act
 
 
 def _op_sac_bytes(model, layer: int, p: int, *, seq: int, micro_batch: int, tp: int, cp: int,

@@ -36,6 +36,10 @@ class ModelSpec:
     """Linear layers carry biases (GPT-2/3, Megatron GPT) or not (Llama, Mixtral, DeepSeek)."""
     add_qkv_bias: bool = False
     """QKV projection has a bias even when add_bias_linear is False (e.g. Qwen2)."""
+    post_norms: bool = False
+    """A norm (of `normalization`'s kind) on the attention block's output and one on the MLP's,
+    before each residual add, besides the pre-norms (Gemma 2/3's post_attention_layernorm and
+    post_feedforward_layernorm; Megatron-Bridge's TERowParallelLinearLayerNorm)."""
     qk_layernorm: bool = False
     """A norm (of `normalization`'s kind) over each head's queries and keys after the QKV
     projection (Megatron-Core qk_layernorm: q_layernorm and k_layernorm; Qwen3's q_norm and

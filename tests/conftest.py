@@ -144,3 +144,26 @@ def run_json(*args: str) -> dict:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def added_kernels_ns(without: dict, with_: dict, names) -> tuple:
+    """(how much longer the step of scenario `with_` is than `without`'s, what the ops `names`
+    that `with_` adds to each layer cost by hand): one GPU, nothing overlapped, so each layer's
+    kernels run back to back: layers x microbatches x their forward and backward time, and the
+    optimizer's step over the weights they add."""
+    from sim import compute, workload
+    from sim.config import build_scenario
+    from sim.engine.simulate import simulate
+    from sim.workload.params import total_params
+
+    a, b = build_scenario(without), build_scenario(with_)
+    assert b.derived.num_gpus == 1 and a.model.num_layers == b.model.num_layers
+    dev, t = b.cluster.gpu, b.training
+    ops = [o for o in workload.layer_ops(b.model, 0, micro_batch_size=t.micro_batch_size, seq_length=t.seq_length)
+           if o.name in names]
+    assert {o.name for o in ops} == set(names)
+    per_layer = sum(compute.ops_time_s(ops, ph, dev, t.precision) for ph in compute.PHASES)
+    want = b.model.num_layers * t.global_batch_size // t.micro_batch_size * per_layer
+    want += (compute.optimizer_step_time_s(total_params(b.model), dev)
+             - compute.optimizer_step_time_s(total_params(a.model), dev))
+    return simulate(b).makespan_ns - simulate(a).makespan_ns, want * 1e9

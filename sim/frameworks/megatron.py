@@ -735,6 +735,10 @@ def _refuse(sc) -> None:
     if m.attention_chunk_size:
         raise ConfigError("attention_chunk_size: Megatron-LM has no chunked attention (Llama 4's); no flag "
                           "writes it", key="model.attention_chunk_size")
+    if m.post_norms:
+        raise ConfigError("post_norms: Megatron-LM has no flag for norms on the attention and MLP outputs "
+                          "(Megatron-Bridge builds them in its Gemma 2/3 providers' layer spec, not from a "
+                          "config field)", key="model.post_norms")
     if t.recompute == "full" and t.recompute_method == "every":
         raise ConfigError("recompute_method every is torchtitan's layer-level checkpointing; Megatron-Core's "
                           "methods are uniform and block", key="training.recompute_method")

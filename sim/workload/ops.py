@@ -79,10 +79,12 @@ Dropout masks are 1 byte per element.
 Op names (stable; engines may key on them):
   layer: input_norm, qkv_proj, [q_layernorm, k_layernorm when qk_layernorm] | (MLA) q_down_proj,
          q_norm, q_up_proj (or q_proj), kv_down_proj, kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
-         when not flash], attn_values, out_proj, attn_bias_dropout_add, pre_mlp_norm,
+         when not flash], attn_values, out_proj, [post_attn_norm when post_norms],
+         attn_bias_dropout_add, pre_mlp_norm,
          dense: fc1, act, fc2 | MoE: router, router_topk, moe_preprocess, moe_permute,
          [moe_sort_chunks when a rank holds several experts], expert_fc1, expert_act, expert_fc2,
-         [moe_unsort_chunks], moe_unpermute, [shared_fc1, shared_act, shared_fc2], then mlp_bias_dropout_add
+         [moe_unsort_chunks], moe_unpermute, [shared_fc1, shared_act, shared_fc2], then
+         [post_mlp_norm when post_norms], mlp_bias_dropout_add
   embedding (first stage): embedding_lookup, [position_embedding_add], [embedding_dropout]
   output (last stage): final_norm, lm_head, cross_entropy
 
@@ -641,12 +643,16 @@ def layer_ops(model: ModelSpec, layer: int, *, micro_batch_size: int, seq_length
     h = model.hidden_size
     ops = [_norm(c, "input_norm", c.tokens_sp, h, residual_fork=True)]
     ops += _attention_block(c, model)
+    if model.post_norms:             # on the output projection's (reduced) output, before the residual add
+        ops.append(_norm(c, "post_attn_norm", c.tokens_sp, h, residual_fork=False))
     ops.append(_bias_dropout_add(c, model, "attn_bias_dropout_add"))
     ops.append(_norm(c, "pre_mlp_norm", c.tokens_sp, h, residual_fork=True))
     if model.is_moe_layer(layer):
         ops += _moe_block(c, model, moe_dispatcher)
     else:
         ops += _dense_mlp(c, model, model.ffn_hidden_size)
+    if model.post_norms:
+        ops.append(_norm(c, "post_mlp_norm", c.tokens_sp, h, residual_fork=False))
     ops.append(_bias_dropout_add(c, model, "mlp_bias_dropout_add"))
     return _with_fp8_casts(c, ops)
 
@@ -756,7 +762,8 @@ def module_ops(ops: list[Op], module: str) -> list[Op]:
     elif module == "mla_up_proj":
         want = {"q_up_proj", "q_proj", "kv_up_proj", "rotary_emb"} if mla else set()
     elif module == "mlp":
-        want = set() if moe else {"fc1", "act", "fc2"}
+        # (Megatron-Bridge's Gemma providers run post_mlp_norm inside linear_fc2)
+        want = set() if moe else {"fc1", "act", "fc2", "post_mlp_norm"}
     elif module == "moe_act":
         want = {"expert_act"}
     elif module == "shared_experts":

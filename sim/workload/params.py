@@ -24,7 +24,7 @@ Sizes of the pieces (h hidden, a heads, g query groups, d kv_channels, f ffn_hid
   QKV         h*(a+2g)*d (+ (a+2g)*d bias)            MHA: g = a; GQA/MQA: g < a
   projection  a*d*h (+ h bias)
   MLP         gelu: 2*h*f (+ f + h); swiglu: 3*h*f (+ 2f + h)   (Megatron fuses gate+up in fc1)
-  norms       layernorm: 2h each; rmsnorm: h each; two per layer
+  norms       layernorm: 2h each; rmsnorm: h each; two per layer (four with post_norms)
   QK norms    qk_layernorm: a norm over d for the queries and one for the keys (Megatron-Core
               q_layernorm / k_layernorm: hidden_size_per_attention_head wide, replicated)
   MLA         q_down h*q_lora, q_norm q_lora, q_up q_lora*a*(d_nope+d_rope),
@@ -194,7 +194,7 @@ def layer_params(model: ModelSpec, layer: int) -> LayerParams:
         raise ValueError(f"layer {layer} out of range: the model has {model.num_layers} layers "
                          f"and {model.mtp_num_layers} MTP layers (0-based)")
     att_sh, att_rep = _attention_params(model)
-    norms = 2 * norm_params(model, model.hidden_size)
+    norms = (4 if model.post_norms else 2) * norm_params(model, model.hidden_size)
     routed = per_expert = 0
     if model.is_moe_layer(layer):
         e_sh, e_rep = _mlp_params(model, model.moe_ffn_hidden_size)
