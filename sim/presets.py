@@ -193,6 +193,23 @@ def _gpt_oss_120b() -> ModelSpec:
                 "Attention sinks and the clamped SwiGLU not modelled"))
 
 
+def _gemma3_27b() -> ModelSpec:
+    """Gemma 3 27B's language model: QK and post-sublayer norms, 5 of 6 layers within 1,024 tokens."""
+    return ModelSpec(
+        name="gemma3-27b", num_layers=62, hidden_size=5376, num_attention_heads=32, num_query_groups=16,
+        kv_channels=128, ffn_hidden_size=21504, vocab_size=262208, activation="swiglu", normalization="rmsnorm",
+        add_bias_linear=False, position_embedding_type="rope", max_position_embeddings=131072,
+        tie_embeddings=True, post_norms=True, qk_layernorm=True, window_size=1023, window_attn_skip_freq=6,
+        source=("google/gemma-3-27b-it config.json (Gemma3ForConditionalGeneration, transformers 4.50): "
+                "text_config 62 layers, hidden 5376, 32 heads of head_dim 128, 16 KV heads, "
+                "intermediate_size 21504, sliding_window 1024; transformers' Gemma3TextConfig defaults: "
+                "vocab_size 262208, gelu_pytorch_tanh (a gated MLP, modelled as swiglu's three matrices), "
+                "tied embeddings, sliding_window_pattern 6 (window_size 1023, every 6th layer full); "
+                "Gemma3DecoderLayer: q_norm, k_norm, post_attention_layernorm, post_feedforward_layernorm. "
+                "27.01B parameters, the checkpoint's 27.43B less its SigLIP encoder (Gemma Team 2025, "
+                "arXiv 2503.19786). The vision encoder and the embedding's sqrt(h) scale not modelled"))
+
+
 def _nemotron4_340b() -> ModelSpec:
     """Nemotron-4 340B: GQA, squared-ReLU MLP."""
     # Squared ReLU is a non-gated 2-matrix MLP: the same shapes (params, FLOPs, activations) as
@@ -215,7 +232,7 @@ def _build() -> dict:
     """Every bundled preset, in the order they are listed."""
     return {**_megatron_gpt_presets(), **_llama3_presets(), "mixtral-8x7b": _mixtral(),
             "deepseek-v3": _deepseek_v3(), **_qwen3_moe_presets(), "gpt-oss-120b": _gpt_oss_120b(),
-            "nemotron4-340b": _nemotron4_340b()}
+            "gemma3-27b": _gemma3_27b(), "nemotron4-340b": _nemotron4_340b()}
 
 
 PRESETS.update(_build())

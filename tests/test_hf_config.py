@@ -77,6 +77,7 @@ def config(tmp_path, base: str, name: str = "config.json", **changes) -> Path:
     ("Mixtral-8x7B-v0.1", "mixtral-8x7b", {}),
     ("Qwen3-30B-A3B", "qwen3-30b-a3b", {}),
     ("gpt-oss-120b", "gpt-oss-120b", {}),
+    ("gemma-3-27b-it", "gemma3-27b", {}),
     # the preset leaves out the MTP module DeepSeek-V3 trains with (num_nextn_predict_layers 1)
     ("DeepSeek-V3", "deepseek-v3", {"mtp_num_layers": 1}),
 ])

@@ -155,7 +155,8 @@ def test_dropout_masks_add_bytes():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_causal_attention_is_half_of_full(name):
     m = PRESETS[name]
-    layer = m.num_layers - 1
+    # the last layer that attends over the whole sequence (a window's causal half is not half)
+    layer = max(i for i in range(m.num_layers) if not (m.window_of(i) or m.chunk_of(i)))
     full = by_name(layer_ops(m, layer, micro_batch_size=2, seq_length=4096, causal=False))
     causal = by_name(layer_ops(m, layer, micro_batch_size=2, seq_length=4096, causal=True))
     for op_name, op in full.items():
@@ -259,10 +260,10 @@ def non_gemm_params(m: ModelSpec) -> int:
     if m.name.startswith("gpt") and not m.is_moe:
         return m.num_layers * 13 * h + 2 * h     # 3h+h+4h+h biases + two LayerNorms 4h; final 2h
     norm = 2 * h if m.normalization == "layernorm" else h   # LayerNorm: weight and bias; RMSNorm: weight
-    per_layer = 2 * norm
+    per_layer = (4 if m.post_norms else 2) * norm      # Gemma 3: norms after the attention and the MLP too
     if m.multi_latent_attention:
         per_layer += m.q_lora_rank + m.kv_lora_rank
-    elif m.qk_layernorm:                         # Qwen3: q_norm and k_norm over the head width
+    elif m.qk_layernorm:                         # Qwen3, Gemma 3: q_norm and k_norm over the head width
         per_layer += 2 * norm // h * m.kv_channels
     if m.add_bias_linear:                        # GPT-OSS: q, k, v and o biases, each active expert's two
         per_layer += (m.num_attention_heads + 2 * m.num_query_groups) * m.kv_channels + h
