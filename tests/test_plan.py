@@ -464,6 +464,30 @@ def test_plan_says_why_a_candidate_has_no_layout(tmp_path):
         assert html.escape(line) in page     # the HTML report says it too
 
 
+def test_plan_says_when_a_layout_leaves_gpus_of_its_racks_idle(tmp_path):
+    """8 GPUs of a GB200 NVL72 rack (2 of its 18 trays of 4) and 72 (the whole rack): the first
+    holds one rack's 72 GPUs and uses 8, its cost counts the 8 (a price per GPU-hour), and a note
+    says the rack rented whole costs 72 / 8 = 9x; the whole rack gets no note; a DGX H100 has no
+    NVLink domain of several servers (None)."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"model": TINY}))
+    code, out, err = run_cli("plan", "--model", str(model), "--tokens", "20B", "--cluster", "gb200-nvl72:8,72",
+                             "--cluster", "dgx-h100-ndr:8",
+                             *[a.replace("global_batch_size=16", "global_batch_size=144") for a in SMALL_SWEEP],
+                             "--monte-carlo", "0", "--out", str(tmp_path / "p"))
+    assert code == 0, err
+    rows = {r["cluster"]: r for r in json.loads((tmp_path / "p" / "plan.json").read_text())}
+    assert [rows[c]["nvlink_domain_gpus"] for c in ("8 x gb200-nvl72", "72 x gb200-nvl72", "8 x dgx-h100-ndr")] == [
+        72, 72, None]
+    r = rows["8 x gb200-nvl72"]
+    assert r["status"] == "ok" and r["cost_usd"] == pytest.approx(
+        8 * r["days"] * 24 * r["price_per_gpu_hour_usd"], rel=1e-12)
+    text = " ".join(out.split())
+    assert ("8 x gb200-nvl72: its 8 GPUs leave 64 of its NVLink domains' 72 idle; its cost counts the GPUs used "
+            "(a price per GPU-hour): where racks are rented whole it is 9x") in text
+    assert "72 x gb200-nvl72: its" not in text and "dgx-h100-ndr: its" not in text
+
+
 # ------------------------------------------------------------ run and compare --tokens ----
 def test_run_and_compare_print_the_goodput_adjusted_time(write_yaml, tmp_path):
     """`run --tokens`: time_to_train with goodput, and the failure-free days equal compare's

@@ -266,6 +266,7 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
         "ideal_cost_usd": (cand.gpus * run.model.work_s / 3600.0 * price) if price else None,
         "energy_mwh": j["energy_mwh"],
         "checkpoint_interval_s": j["checkpoint_interval_s"], "checkpoint_interval_steps": j["checkpoint_interval_steps"],
+        "nvlink_domain_gpus": _domain_gpus(sc),
         "run": j,
     })
     if spec.monte_carlo_runs:
@@ -278,6 +279,29 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
             row["monte_carlo"]["closed_form_in_ci"] = mc.contains(wall_s)
     row["summary"] = _summary(row, run, f"{cand.gpus} x {sc.cluster.gpu.name} ({sc.cluster.topology.name})")
     return row
+
+
+def _domain_gpus(sc) -> int | None:
+    """The GPUs of the NVLink domains (racks) the layout's nodes are in, idle ones included, on a
+    topology with domains of several nodes (a GB200 NVL72 rack's 18 trays of 4); None without."""
+    topo = sc.cluster.topology
+    if topo.nvlink_domain is None:
+        return None
+    domains = -(-sc.derived.num_nodes // topo.domain_nodes(sc.derived.num_nodes))
+    return domains * topo.nvlink_domain.nodes * topo.gpus_per_node
+
+
+def _rack_notes(rows: list) -> list[str]:
+    """A note for each candidate that leaves GPUs of its racks idle: its cost counts the GPUs it
+    uses (per-GPU prices), not the racks."""
+    out = []
+    for r in rows:
+        held = r.get("nvlink_domain_gpus")
+        if r.get("status") == "ok" and held and held > r["num_gpus"]:
+            out.append(f"{r['cluster']}: its {r['num_gpus']} GPUs leave {held - r['num_gpus']} of its NVLink "
+                       f"domains' {held} idle; its cost counts the GPUs used (a price per GPU-hour): where racks "
+                       f"are rented whole it is {held / r['num_gpus']:.3g}x")
+    return out
 
 
 def _summary(row: dict, run, who: str) -> str:
@@ -390,6 +414,7 @@ def plan(spec: PlanSpec) -> PlanResult:
     if any(r.get("status") == "ok" and r.get("energy_mwh") is None for r in rows):
         notes.append("energy needs the device profile's extra.power_w (watts per GPU); the bundled profiles "
                      "have none")
+    notes += _rack_notes(rows)
     notes += _accuracy(scenarios)
     return PlanResult(rows=rows, winner=winner, reason=why, notes=notes, scenarios=scenarios)
 
