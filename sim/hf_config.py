@@ -506,10 +506,10 @@ def _gemma3_text(r: _Reader) -> None:
         n = r.int("sliding_window_pattern")
         local = [i for i in range(L) if (i + 1) % n]
     _sliding_window(r, local, r.int("sliding_window", null=True))
-    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+    for name, on in (("attn_logit_softcapping", "attention scores"), ("final_logit_softcapping", "logits")):
         if r.value(name) is not None:
-            raise r.error(name, f"{r.value(name)!r}: a soft cap (tanh) on the {'attention scores' if name[0] == 'a' else 'logits'} "
-                          "(Gemma 2's) is not modelled; Gemma 3 has none (null)")
+            raise r.error(name, f"{r.value(name)!r}: a soft cap (tanh) on the {on} (Gemma 2's) is not modelled; "
+                          "Gemma 3 has none (null)")
         r.note(name)
     if r.flag("use_bidirectional_attention"):
         raise r.error("use_bidirectional_attention", "true (EmbeddingGemma's encoder): sim5d simulates causal "

@@ -78,9 +78,9 @@ Dropout masks are 1 byte per element.
 
 Op names (stable; engines may key on them):
   layer: input_norm, qkv_proj, [q_layernorm, k_layernorm when qk_layernorm] | (MLA) q_down_proj,
-         q_norm, q_up_proj (or q_proj), kv_down_proj, kv_norm, kv_up_proj; rotary_emb (RoPE models), attn_scores, [attn_softmax, attn_dropout
-         when not flash], attn_values, out_proj, [post_attn_norm when post_norms],
-         attn_bias_dropout_add, pre_mlp_norm,
+         q_norm, q_up_proj (or q_proj), kv_down_proj, kv_norm, kv_up_proj; rotary_emb (RoPE
+         models), attn_scores, [attn_softmax, attn_dropout when not flash], attn_values, out_proj,
+         [post_attn_norm when post_norms], attn_bias_dropout_add, pre_mlp_norm,
          dense: fc1, act, fc2 | MoE: router, router_topk, moe_preprocess, moe_permute,
          [moe_sort_chunks when a rank holds several experts], expert_fc1, expert_act, expert_fc2,
          [moe_unsort_chunks], moe_unpermute, [shared_fc1, shared_act, shared_fc2], then
