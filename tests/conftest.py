@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _missing_dependencies() -> list[str]:
     """pyproject.toml's runtime and test dependencies this Python cannot import (by the module
-    each installs: pyyaml's is yaml); [] where pyproject cannot be read (Python 3.10 without
+    each installs: pyyaml's is yaml, pytest-xdist's xdist); [] where pyproject cannot be read (Python 3.10 without
     tomli)."""
     import re
     from importlib.util import find_spec
@@ -27,7 +27,7 @@ def _missing_dependencies() -> list[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = project["dependencies"] + project["optional-dependencies"]["test"]
     names = [re.match(r"[A-Za-z0-9_.-]+", d).group() for d in wanted if ";" not in d]
-    module = {"pyyaml": "yaml"}
+    module = {"pyyaml": "yaml", "pytest-xdist": "xdist"}
     return [n for n in names if find_spec(module.get(n.lower(), n.lower())) is None]
 
 
