@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _missing_dependencies() -> list[str]:
     """pyproject.toml's runtime and test dependencies this Python cannot import (by the module
-    each installs: pyyaml's is yaml, pytest-xdist's xdist); [] where pyproject cannot be read (Python 3.10 without
-    tomli)."""
+    each installs: pyyaml's is yaml, pytest-xdist's xdist); [] where pyproject cannot be read
+    (Python 3.10 without tomli)."""
     import re
     from importlib.util import find_spec
 
