@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -38,6 +39,35 @@ if _MISSING:   # one clear line instead of a ModuleNotFoundError per test file
                 "(the README's test command)", returncode=4)
 
 import yaml  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request):
+    """Under pytest-xdist (the suite runs over every CPU), a test marked `alone` (it times real
+    work and needs a quiet machine) runs while no other worker runs a test: every test holds a
+    shared lock, an `alone` test the exclusive one, taken through a turnstile it keeps, so the
+    other workers' next tests wait for it rather than starve it (fcntl.flock on two files of the
+    run; in one process, or without fcntl, nothing)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    try:
+        import fcntl
+    except ImportError:                    # (no flock: Windows)
+        fcntl = None
+    if run is None or fcntl is None:
+        yield
+        return
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"sim5d-pytest-{run}"
+    with open(f"{base}.turnstile", "a") as gate, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if request.node.get_closest_marker("alone") is None:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+            yield
+        else:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield                          # (the turnstile held: the others wait at their next test)
 
 
 def pytest_addoption(parser):

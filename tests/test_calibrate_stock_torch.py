@@ -122,6 +122,7 @@ def gemm_rate() -> float:
     return 2 * BATCH * SEQ * HIDDEN * FFN / sorted(ts[5:])[10]
 
 
+@pytest.mark.alone
 def test_stock_transformer_encoder_calibrates_and_its_scenario_runs(tmp_path):
     """The model as issue #35 states it (no position table, no final norm, nn.Linear's default
     head bias): exit 0; the p=0 dropouts and the views ignored with one note, not fitted; a
@@ -180,6 +181,7 @@ def test_stock_transformer_encoder_calibrates_and_its_scenario_runs(tmp_path):
     _step_check(res, summary, steps)
 
 
+@pytest.mark.alone
 def test_causal_lm_with_positions_and_final_norm_is_read_whole(tmp_path):
     """With a learned position table, a final LayerNorm and a head without bias, the scenario's
     model is torch's parameter for parameter; only ReLU is named (written as gelu)."""

@@ -188,6 +188,7 @@ def test_cpu_trace_without_memory_or_file(tmp_path):
     assert code == 2 and "no such file" in err
 
 
+@pytest.mark.alone
 def test_real_check_trace_fitted_cpu_step(tmp_path, monkeypatch):
     """benchmarks/validate_cpu.py's GPT step: two steps profiled amid the timed ones, their trace
     calibrated, the step simulated on that profile: within validate_cpu's 15%."""
