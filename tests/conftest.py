@@ -46,19 +46,17 @@ def _alone_when_marked(request):
     """Under pytest-xdist (the suite runs over every CPU), a test marked `alone` (it times real
     work and needs a quiet machine) runs while no other worker runs a test: every test holds a
     shared lock, an `alone` test the exclusive one, taken through a turnstile it keeps, so the
-    other workers' next tests wait for it rather than starve it (fcntl.flock on two files of the
-    run; in one process, or without fcntl, nothing)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    other workers' next tests wait for it rather than starve it (fcntl.flock on two files named
+    by the controller's pid, the workers' parent, which removes them at its end; in one process,
+    or without fcntl, nothing)."""
     try:
         import fcntl
     except ImportError:                    # (no flock: Windows)
         fcntl = None
-    if run is None or fcntl is None:
+    if "PYTEST_XDIST_WORKER" not in os.environ or fcntl is None:
         yield
         return
-    import tempfile
-
-    base = Path(tempfile.gettempdir()) / f"sim5d-pytest-{run}"
+    base = _lock_base(os.getppid())
     with open(f"{base}.turnstile", "a") as gate, open(f"{base}.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         if request.node.get_closest_marker("alone") is None:
@@ -68,6 +66,19 @@ def _alone_when_marked(request):
         else:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield                          # (the turnstile held: the others wait at their next test)
+
+
+def _lock_base(controller_pid: int) -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"sim5d-pytest-{controller_pid}"
+
+
+def pytest_sessionfinish(session):
+    """The controller of an xdist run removes the `alone` lock files its workers made."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        for ext in (".lock", ".turnstile"):
+            Path(f"{_lock_base(os.getpid())}{ext}").unlink(missing_ok=True)
 
 
 def pytest_addoption(parser):
