@@ -474,7 +474,7 @@ def test_plan_says_when_a_layout_leaves_gpus_of_its_racks_idle(tmp_path):
     code, out, err = run_cli("plan", "--model", str(model), "--tokens", "20B", "--cluster", "gb200-nvl72:8,72",
                              "--cluster", "dgx-h100-ndr:8",
                              *[a.replace("global_batch_size=16", "global_batch_size=144") for a in SMALL_SWEEP],
-                             "--monte-carlo", "0", "--out", str(tmp_path / "p"))
+                             "--monte-carlo", "0", "--out", str(tmp_path / "p"), "--html", str(tmp_path / "p.html"))
     assert code == 0, err
     rows = {r["cluster"]: r for r in json.loads((tmp_path / "p" / "plan.json").read_text())}
     assert [rows[c]["nvlink_domain_gpus"] for c in ("8 x gb200-nvl72", "72 x gb200-nvl72", "8 x dgx-h100-ndr")] == [
@@ -483,9 +483,11 @@ def test_plan_says_when_a_layout_leaves_gpus_of_its_racks_idle(tmp_path):
     assert r["status"] == "ok" and r["cost_usd"] == pytest.approx(
         8 * r["days"] * 24 * r["price_per_gpu_hour_usd"], rel=1e-12)
     text = " ".join(out.split())
-    assert ("8 x gb200-nvl72: its 8 GPUs leave 64 of its NVLink domains' 72 idle; its cost counts the GPUs used "
-            "(a price per GPU-hour): where racks are rented whole it is 9x") in text
+    note = ("8 x gb200-nvl72: its 8 GPUs leave 64 of its NVLink domains' 72 idle; its cost counts the GPUs used "
+            "(a price per GPU-hour): where racks are rented whole it is 9x")
+    assert note in text
     assert "72 x gb200-nvl72: its" not in text and "dgx-h100-ndr: its" not in text
+    assert html.escape(note) in (tmp_path / "p.html").read_text()      # the report shows the notes too
 
 
 # ------------------------------------------------------------ run and compare --tokens ----

@@ -184,7 +184,8 @@ def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:
         from sim import report
         from sim.report.tables import plan_report
 
-        report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd))
+        report.write(html, plan_report(res.rows, title=title, deadline_days=deadline_days, budget_usd=budget_usd,
+                                       notes=res.notes))
     if as_json:
         typer.echo(json.dumps(res.rows))
     else:

@@ -147,9 +147,10 @@ _PLAN_COLUMNS = (("cluster", "cluster"), ("status", "status"), ("GPUs", "num_gpu
                  ("energy (MWh)", "energy_mwh", ".4g"), ("winner", "winner"), ("Pareto", "pareto"))
 
 
-def plan_report(rows: list[dict], *, title: str, deadline_days=None, budget_usd=None) -> str:
+def plan_report(rows: list[dict], *, title: str, deadline_days=None, budget_usd=None, notes=()) -> str:
     """`sim5d plan --html`: the candidates (sortable), days against dollars with the Pareto front,
-    the deadline, the budget and the winner."""
+    the deadline, the budget and the winner; the plan's notes (sim.plan.planner.plan's: defaults
+    used, racks held, accuracy) below."""
     rows = [{**r, "winner": bool(r.get("winner")), "pareto": bool(r.get("pareto"))} for r in rows]
     best = next((i for i, r in enumerate(rows) if r["winner"]), None)
     table = R.data_table(list(_PLAN_COLUMNS), rows, best=best, table_id="plan", key_prefix="rows")
@@ -168,6 +169,7 @@ def plan_report(rows: list[dict], *, title: str, deadline_days=None, budget_usd=
         elif r.get("reason"):     # a candidate without a layout: why (plan.json's reason and reasons)
             why = "".join(f"<br>{R.esc(line)}" for line in r.get("reasons", ()))
             sections.append(("", f'<p class="note">{R.esc(r["cluster"] + ": " + r["reason"])}{why}</p>'))
+    sections += [("", f'<p class="note">note: {R.esc(n)}</p>') for n in notes]
     return R.page("sim5d plan", title, sections)
 
 
