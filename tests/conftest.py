@@ -68,6 +68,13 @@ def _alone_when_marked(request):
             yield                          # (the turnstile held: the others wait at their next test)
 
 
+SMALL_LAUNCH = ("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
+                "--num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 "
+                "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --swiglu "
+                "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --bf16")
+"""A small Megatron-LM launch of 8 GPUs (a Llama-like model of 8 layers) to add flags to."""
+
+
 def _lock_base(controller_pid: int) -> Path:
     import tempfile
 

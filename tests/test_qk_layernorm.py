@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import added_kernels_ns, run_cli
+from conftest import SMALL_LAUNCH, added_kernels_ns, run_cli
 from sim import compute, workload
 from sim.config import build_scenario, load_scenario
 from sim.memory import layer_activation_bytes
@@ -80,11 +80,7 @@ def test_megatron_and_bridge_round_trip(tmp_path):
     """--qk-layernorm (Megatron-LM) and qk_layernorm (Megatron-Bridge) import to the key and are
     written back; an MLA model's export writes the flag (it builds MLA's latent norms)."""
     launch = tmp_path / "l.sh"
-    launch.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
-                      "--num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 "
-                      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --swiglu "
-                      "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --bf16 "
-                      "--qk-layernorm\n")
+    launch.write_text(SMALL_LAUNCH + " --qk-layernorm\n")
     out = tmp_path / "l.yaml"
     code, _, err = run_cli("import", str(launch), "--cluster", "dgx-h100-ndr", "--out", str(out))
     assert code == 0 and "qk-layernorm" not in err, err

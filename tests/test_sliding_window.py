@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_engine_invariants, run_cli
+from conftest import SMALL_LAUNCH, assert_engine_invariants, run_cli
 from sim import compute, workload
 from sim.config import build_scenario
 from sim.devices import load_device
@@ -129,11 +129,7 @@ def test_megatron_flags_round_trip(tmp_path):
     assert _list_expr("[1,0]*3") == [1, 0] * 3
     assert _list_expr("__import__('os')") is None and _list_expr("[1]*(10**9)") is None
     launch = tmp_path / "l.sh"
-    launch.write_text("torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 "
-                      "--num-attention-heads 16 --seq-length 4096 --max-position-embeddings 4096 "
-                      "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --swiglu "
-                      "--disable-bias-linear --normalization RMSNorm --position-embedding-type rope --bf16 "
-                      "--window-size 127,0 --window-attn-skip-freq \"([1]*3+[0]*1)*2\"\n")
+    launch.write_text(SMALL_LAUNCH + " --window-size 127,0 --window-attn-skip-freq \"([1]*3+[0]*1)*2\"\n")
     out = tmp_path / "l.yaml"
     code, _, err = run_cli("import", str(launch), "--cluster", "dgx-h100-ndr", "--out", str(out))
     assert code == 0, err
