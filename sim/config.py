@@ -85,7 +85,8 @@ class ModelIn(_Strict):
     MixtralForCausalLM,
     Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (sliding window on
     the layers layer_types names), Llama4ForConditionalGeneration (its text_config; chunked
-    attention, a shared expert), DeepseekV3ForCausalLM (MLA, shared experts,
+    attention, a shared expert), Gemma3ForConditionalGeneration / Gemma3ForCausalLM (QK and
+    post-sublayer norms, 5 of 6 layers windowed), DeepseekV3ForCausalLM (MLA, shared experts,
     first_k_dense_replace, moe_layer_freq, num_nextn_predict_layers as mtp_num_layers). Every field
     that shapes the model is mapped to the keys below (sliding_window W as window_size W - 1 and
     window_attn_skip_freq); the others are listed on stderr as not changing a step; a value sim5d

@@ -266,7 +266,7 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
         "ideal_cost_usd": (cand.gpus * run.model.work_s / 3600.0 * price) if price else None,
         "energy_mwh": j["energy_mwh"],
         "checkpoint_interval_s": j["checkpoint_interval_s"], "checkpoint_interval_steps": j["checkpoint_interval_steps"],
-        "nvlink_domain_gpus": _domain_gpus(sc),
+        "nvlink_domain_gpus": sc.cluster.topology.domain_gpus_held(sc.derived.num_nodes),
         "run": j,
     })
     if spec.monte_carlo_runs:
@@ -279,16 +279,6 @@ def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> 
             row["monte_carlo"]["closed_form_in_ci"] = mc.contains(wall_s)
     row["summary"] = _summary(row, run, f"{cand.gpus} x {sc.cluster.gpu.name} ({sc.cluster.topology.name})")
     return row
-
-
-def _domain_gpus(sc) -> int | None:
-    """The GPUs of the NVLink domains (racks) the layout's nodes are in, idle ones included, on a
-    topology with domains of several nodes (a GB200 NVL72 rack's 18 trays of 4); None without."""
-    topo = sc.cluster.topology
-    if topo.nvlink_domain is None:
-        return None
-    domains = -(-sc.derived.num_nodes // topo.domain_nodes(sc.derived.num_nodes))
-    return domains * topo.nvlink_domain.nodes * topo.gpus_per_node
 
 
 def _rack_notes(rows: list) -> list[str]:

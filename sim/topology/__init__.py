@@ -65,6 +65,15 @@ class TopologySpec:
         """GPUs of one NVLink domain as a job of `num_nodes` servers has it."""
         return self.gpus_per_node * self.domain_nodes(num_nodes)
 
+    def domain_gpus_held(self, num_nodes: int) -> int | None:
+        """The GPUs of the NVLink domains (racks) a job of `num_nodes` servers is in, idle ones
+        included (its servers fill domains of `domain_nodes` each); None on a topology without
+        domains of several servers."""
+        if self.nvlink_domain is None:
+            return None
+        domains = -(-num_nodes // self.domain_nodes(num_nodes))
+        return domains * self.nvlink_domain.nodes * self.gpus_per_node
+
 
 _DOMAIN_VARIANTS: dict = {}
 

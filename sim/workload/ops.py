@@ -354,23 +354,23 @@ def _elementwise(name: str, rows: float, width: int, bytes_fwd: float, bytes_bwd
               selective_recompute=selective, host_syncs=host_syncs)
 
 
-def _norm(c: _Ctx, name: str, rows: int, width: int, *, residual_fork: bool, seq_sharded=True) -> Op:
+def _norm(c: _Ctx, name: str, rows: int, width: int, *, residual_fork: bool, seq_sharded=True,
+          tp_sharded: bool = False) -> Op:
     """LayerNorm / RMSNorm: forward reads x, writes y (2 passes of rows x width); backward reads
     dy and x, writes dx (3). At a residual fork (pre-norm layers) autograd also sums the branch
     gradient with the residual-path gradient: read 2, write 1 (3 more)."""
     e = c.ea * rows * width
     return _elementwise(name, rows, width, 2 * e, (6 if residual_fork else 3) * e,
-                        seq_sharded=seq_sharded)
+                        seq_sharded=seq_sharded, tp_sharded=tp_sharded)
 
 
 def _head_norm(c: _Ctx, name: str, heads: int, d: int) -> Op:
     """Megatron-Core's q_layernorm / k_layernorm (`qk_layernorm`; attention.py
     SelfAttention.get_query_key_value_tensors: a TENorm over each head's
     hidden_size_per_attention_head, applied to the local heads' queries or keys after the QKV
-    split and before RoPE): one norm kernel of `heads` x d per token, its bytes as `_norm`'s
-    (forward reads x and writes y; backward reads dy and x, writes dx); no residual fork."""
-    e = c.ea * c.tokens * heads * d
-    return _elementwise(name, c.tokens * heads, d, 2 * e, 3 * e, tp_sharded=True)
+    split and before RoPE): a `_norm` over rows of d, `heads` of them per token, on the local
+    heads (TP-sharded, not sequence-sharded); no residual fork."""
+    return _norm(c, name, c.tokens * heads, d, residual_fork=False, seq_sharded=False, tp_sharded=True)
 
 
 def _dropout_bytes(rows: float, width: int, ea: int, p: float) -> tuple[float, float]:
