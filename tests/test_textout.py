@@ -228,14 +228,16 @@ def test_a_ranks_records_in_order_are_pythons_sort(rows):
 
 @compiled
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp"]), st.sampled_from(["b", "a", "é"]),
-                          st.integers(0, 4), st.integers(-1, 3)), max_size=30),
+@given(st.lists(st.tuples(st.one_of(st.integers(0, 3), st.sampled_from([-5, 10**9])),
+                          st.sampled_from(["compute", "mark", "dp"]), st.sampled_from(["b", "a", "é"]),
+                          st.integers(0, 4), st.integers(-1, 3)), max_size=60),
        st.sampled_from([("rank", "start_ns", "end_ns", "stream", "name"), ("rank", "start_ns", "stream"),
                         ("name",), ("end_ns", "cat", "rank")]))
 def test_records_sorted_by_fields_are_pythons_sort(rows, fields):
     """outputs.sort_records (timeline.csv's order, the trace's): sorted() with attrgetter of the
-    fields, ties in their order (the same objects), sorted input and not; an int past 64 bits
-    leaves it to Python."""
+    fields, ties in their order (the same objects), sorted input and not, ranks of a narrow range
+    (sorted by rank first, then run by run) and of a wide one; an int past 64 bits leaves it to
+    Python."""
     from operator import attrgetter
 
     recs = [_rec(rank, stream, name, "cat" if s % 2 else "cab", s, s + d) for rank, stream, name, s, d in rows]

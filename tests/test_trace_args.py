@@ -321,6 +321,27 @@ def test_busiest_link_series_stay_within_capacity(llama):
         assert integral == pytest.approx(s.bytes, rel=1e-9)
 
 
+def test_shared_loads_on_a_dict_are_numpys_sums(mixtral, monkeypatch):
+    """Each shared entry's per-link sums, added on a dict for a few flows, are the floats
+    np.unique and np.bincount give (the same order of additions), and so are the busiest links'
+    series."""
+    import numpy as np
+
+    from sim.network import link_load
+
+    log = mixtral.link_load.log
+    small = [e for e in log.shared if e[1] is not None and e[3] is None]
+    assert len(small) >= 30
+    fast = [link_load._shared_loads(e) for e in small]
+    series = mixtral.link_load.busiest(8)
+    monkeypatch.setattr(link_load, "SMALL_SHARED_FLOWS", 0)
+    for (links, sums), e in zip(fast, small):
+        want = link_load._shared_loads(e)
+        assert links.dtype == want[0].dtype and sums.dtype == want[1].dtype
+        assert np.array_equal(links, want[0]) and sums.tobytes() == want[1].tobytes()
+    assert mixtral.link_load.busiest(8) == series
+
+
 @pytest.mark.parametrize("name, ranks", [("mixtral-8x7b-h100x64-dualpipe", "representative"),
                                          ("llama3-8b-h100x16-1f1b", "all")])
 def test_keeping_link_loads_changes_no_result(name, ranks):
