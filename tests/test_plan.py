@@ -452,9 +452,20 @@ def test_plan_says_why_a_candidate_has_no_layout(tmp_path):
     assert table and all(r["status"] == "invalid" for r in table)
     by_key = Counter(r["reason"].split(": ", 1)[0] for r in table)
     assert bad["reason"] == f"no layout ranked: {len(table)} evaluated, {len(table)} invalid, 0 out of memory, 0 errors"
-    assert [int(line.split(" layouts")[0].replace(",", "")) for line in bad["reasons"]] == \
+    assert [int(line.split(" layouts")[0].replace(",", "")) for line in bad["reasons"][:-1]] == \
         sorted(by_key.values(), reverse=True)[:3]
     assert any("global_batch_size (16) must be divisible" in line for line in bad["reasons"])
+    # then the batches that would pass the batch rule: 3 x 2^k nearest 16 below and above, 12
+    # and 24, with how many of the refused layouts (micro-batch x dp dividing them) each passes
+    refused = [int(r["micro_batch_size"]) * int(r["dp"]) for r in table
+               if r["reason"].startswith("training.global_batch_size: global_batch_size (16)")]
+    n12, n24 = (sum(1 for m in refused if b % m == 0) for b in (12, 24))
+    assert refused and n12 and n24 >= n12
+    assert bad["reasons"][-1] == (
+        f"{len(refused):,} layouts failed the batch rule (global batch 16 divisible by micro-batch x "
+        f"data-parallel size); 12 or 24 would pass it for {n12:,} and {n24:,} of them (--sweep-set "
+        "training.global_batch_size=12; 6 GPUs = 3 x 2: every data-parallel size divides 3 x a large "
+        "enough power of two)")
     text = " ".join(out.split())
     assert "6 x dgx-a100-hdr │ no layout ranked (below)" in text
     assert f"6 x dgx-a100-hdr: {bad['reason']}" in text
@@ -462,6 +473,31 @@ def test_plan_says_why_a_candidate_has_no_layout(tmp_path):
     for line in bad["reasons"]:
         assert " ".join(line.split()) in text
         assert html.escape(line) in page     # the HTML report says it too
+
+
+def test_following_the_batch_hint_replans_into_the_same_folder(tmp_path):
+    """The hint's batch, given on the same --out, is another sweep: its table has the sweep id in
+    its name (the first plan's stays, each resumes its own) and the candidate ranks a layout;
+    a stream plan cannot resume says to delete it (plan has no --restart)."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"model": TINY}))
+
+    def plan(*sets):
+        code, out, err = run_cli("plan", "--model", str(model), "--tokens", "20B", "--cluster", "dgx-a100-hdr:6",
+                                 *SMALL_SWEEP, *sets, "--monte-carlo", "0", "--out", str(tmp_path / "p"), "--json")
+        return code, (json.loads(out)[0] if code == 0 else None), err
+
+    code, first, err = plan()
+    assert code == 2 and "no candidate has a layout" in err
+    code, row, err = plan("--sweep-set", "training.global_batch_size=12")
+    assert code == 0 and row["status"] == "ok", err
+    tables = sorted(p.name for p in (tmp_path / "p" / "sweeps").glob("*.csv") if not p.name.endswith(".stream.csv"))
+    assert len(tables) == 2 and Path(row["sweep_table"]).name in tables      # tiny-dgx-a100-hdr-6gpu-<8 of the id>.csv
+    assert all(len(t.rsplit("-", 1)[1]) == len("01234567.csv") for t in tables)
+    stream = Path(row["sweep_table"] + ".stream.csv")
+    stream.write_text(stream.read_text().replace(",ok,", ",bad,", 1))
+    code, _, err = plan("--sweep-set", "training.global_batch_size=12")
+    assert code == 2 and "delete that file" in err and "--restart" not in err, err
 
 
 def test_plan_says_when_a_layout_leaves_gpus_of_its_racks_idle(tmp_path):

@@ -267,6 +267,51 @@ def test_rerun_of_a_finished_sweep_reuses_it_and_other_sweeps_are_refused(tmp_pa
     assert code == 2 and "another sweep" in err and "--restart" in err and "Traceback" not in err
 
 
+def test_default_table_names_keep_variants_apart(tmp_path, monkeypatch):
+    """Without --out the table is sweeps/MODEL-TOPOLOGY-Ngpu.csv; with --set the sweep id's first 8
+    characters come before .csv, so that two variants each keep and resume their own table
+    instead of the second being refused for the first's stream."""
+    from sim.sweep import SweepSpec, default_out, prepare
+
+    plain = SweepSpec(model="llama3-8b", gpus=8, topology="dgx-a100-hdr")
+    assert default_out(plain, prepare(plain)) == Path("sweeps/llama3-8b-dgx-a100-hdr-8gpu.csv")
+    ids = []
+    for batch in (32, 64):
+        spec = SweepSpec(model="llama3-8b", gpus=8, topology="dgx-a100-hdr",
+                         overrides=[f"training.global_batch_size={batch}"])
+        prep = prepare(spec)
+        assert default_out(spec, prep) == Path(f"sweeps/llama3-8b-dgx-a100-hdr-8gpu-{prep.sweep_id[:8]}.csv")
+        ids.append(prep.sweep_id[:8])
+    assert ids[0] != ids[1]
+    monkeypatch.chdir(tmp_path)
+    for batch in ("16", "32"):
+        code, out, err = run_cli("sweep", *TINY, *FIXED, "--set", f"training.global_batch_size={batch}", "--json")
+        assert code == 0, err
+    assert len([p for p in (tmp_path / "sweeps").glob("*.csv") if not p.name.endswith(".stream.csv")]) == 2
+
+
+def test_a_batch_no_layout_passes_gets_a_hint(tmp_path):
+    """24 GPUs (3 x 8) and a global batch of 16: every data-parallel size carries the 3, so the
+    batch rule refuses every layout the other rules let through, and the sweep's note names the
+    batches 3 x 2^k nearest below and above, 12 and 24, with how many of the refused each passes
+    (counted here from the table)."""
+    code, out, err = run_cli("sweep", *[a if a != "8" else "24" for a in TINY], *FIXED,
+                             "--out", str(tmp_path / "t.csv"), "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["ranked"] == 0
+    refused = [r["micro_batch_size"] * r["dp"] for r in read_table(tmp_path / "t.csv")
+               if str(r["reason"]).startswith("training.global_batch_size: global_batch_size (16)")]
+    counts = [sum(1 for m in refused if b % m == 0) for b in (12, 24)]
+    assert refused and counts[0] > 0
+    assert (f"{len(refused):,} layouts failed the batch rule (global batch 16 divisible by micro-batch x "
+            f"data-parallel size); 12 or 24 would pass it for {counts[0]:,} and {counts[1]:,} of them (--set "
+            "training.global_batch_size=12; 24 GPUs = 3 x 8") in " ".join(res["notes"])
+    ok = run_cli("sweep", *[a if a != "8" else "24" for a in TINY], *FIXED, "--set", "training.global_batch_size=12",
+                 "--out", str(tmp_path / "u.csv"), "--json")
+    assert ok[0] == 0 and json.loads(ok[1])["ranked"] > 0, ok[2]
+
+
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "12"], ["--gpus (12)", "whole nodes of 8"]),
     (["--topology", "dgx-z100"], ["--topology", "unknown topology"]),

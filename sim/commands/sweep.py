@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
         executor: str = typer.Option("local", "--executor", help="local (process pool) or ray."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Local processes (default: the cores)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Table FILE, .csv or .parquet "
-                                           "(default: a .csv in sweeps/ named after the model, topology and GPU count)."),
+                                           "(default: a .csv in sweeps/ named after the model, topology and GPU count, and with --set "
+                                           "after the sweep's id, so that each variant resumes its own)."),
         top: int = typer.Option(8, "--top", help="Best layouts re-simulated with the flow network (0: none)."),
         flow_within: float = typer.Option(5.0, "--flow-within", help="Also re-simulate with flow every "
                                           "layout whose analytical step time is within this many percent "

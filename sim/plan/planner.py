@@ -200,37 +200,63 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
                               f"({', '.join(sorted(known))})", key="--price")
 
 
+_STREAM_ADVICE = (("pass --restart to discard it and sweep again, or give another --out",
+                   "delete that file to sweep again, or give another --out"),
+                  ("give another --out or pass --restart to discard them",
+                   "give another --out or delete that file to discard them"),
+                  ("delete the stream or pass --restart", "delete that file"))
+"""The sweep's advice on a stream it cannot resume (sim.sweep.store), as plan words it."""
+
+
+def _sweep(spec: PlanSpec, cand: Candidate) -> tuple:
+    """(the candidate's SweepSpec, its bounded sweep's result), the sweep's errors worded for plan."""
+    from sim.sweep import SweepSpec, run_sweep
+
+    # the sweep's default table name in OUT/sweeps/ (its id in the name under --sweep-set: each
+    # variant resumes its own)
+    sspec = SweepSpec(model=spec.model, gpus=cand.gpus, topology=cand.topology, overrides=list(spec.sweep_overrides),
+                      workers=spec.workers, out_folder=spec.out / "sweeps", top=spec.top,
+                      flow_within=spec.flow_within, plots=False, bound=not spec.exhaustive)
+    try:
+        return sspec, run_sweep(sspec, progress=spec.progress)
+    except ConfigError as e:
+        if e.key in ("--gpus", "--topology"):
+            raise ConfigError(f"--cluster {cand.topology}:{cand.gpus}: {e.message}", key="--cluster") from None
+        # the sweep's own wording names its --set; here the keys came from --sweep-set; plan has
+        # no --restart (its --restart-time is the reliability model's): the stream file is deleted
+        msg = e.message.replace("(--set ", "(--sweep-set ")
+        for sweep_says, plan_says in _STREAM_ADVICE:
+            msg = msg.replace(sweep_says, plan_says)
+        where = (e.file or "").replace("--set", "--sweep-set", 1) if (e.file or "").startswith("--set") else e.file
+        raise ConfigError(msg, key=e.key, file=where, line=e.line) from None
+
+
+def _no_layout(row: dict, res, cand: Candidate) -> dict:
+    """A candidate's row where its sweep ranked nothing: the counts, the commonest reasons and
+    the batch hint (sim.sweep.batch_hint)."""
+    from sim.sweep import batch_hint, unranked_reasons
+
+    c = res.counts
+    hint = batch_hint(res.table, cand.gpus, res.global_batch_size, "--sweep-set")
+    row.update(status="no layout", reason=(f"no layout ranked: {c['evaluated']:,} evaluated, {c['invalid']:,} "
+                                            f"invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} errors"),
+               reasons=unranked_reasons(res.table) + ([hint] if hint else []))
+    return row
+
+
 def evaluate(spec: PlanSpec, cand: Candidate, scenarios: dict | None = None) -> dict:
     """One candidate's row (see the module docstring)."""
     from sim.plan.montecarlo import monte_carlo
     from sim.plan.training_run import training_run, with_reliability
-    from sim.sweep import SweepSpec, prepare, run_sweep
+    from sim.sweep import prepare
     from sim.sweep.evaluate import build
 
-    out_csv = spec.out / "sweeps" / f"{_slug(spec.model)}-{Path(cand.topology).stem}-{cand.gpus}gpu.csv"
-    sspec = SweepSpec(model=spec.model, gpus=cand.gpus, topology=cand.topology, overrides=list(spec.sweep_overrides),
-                      workers=spec.workers, out=out_csv, top=spec.top, flow_within=spec.flow_within, plots=False,
-                      bound=not spec.exhaustive)
-    try:
-        res = run_sweep(sspec, progress=spec.progress)
-    except ConfigError as e:
-        if e.key in ("--gpus", "--topology"):
-            raise ConfigError(f"--cluster {cand.topology}:{cand.gpus}: {e.message}", key="--cluster") from None
-        # the sweep's own wording names its --set; here the keys came from --sweep-set
-        msg = e.message.replace("(--set ", "(--sweep-set ")
-        where = (e.file or "").replace("--set", "--sweep-set", 1) if (e.file or "").startswith("--set") else e.file
-        raise ConfigError(msg, key=e.key, file=where, line=e.line) from None
+    sspec, res = _sweep(spec, cand)
     row = {"cluster": cand.label, "topology": cand.topology, "num_gpus": cand.gpus, "status": "ok",
            "sweep_table": str(res.out)}
     best = res.table[0] if res.table and res.table[0]["status"] == "ok" else None
     if best is None:
-        from sim.sweep import unranked_reasons
-
-        c = res.counts
-        row.update(status="no layout", reason=(f"no layout ranked: {c['evaluated']:,} evaluated, {c['invalid']:,} "
-                                                f"invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} errors"),
-                   reasons=unranked_reasons(res.table))
-        return row
+        return _no_layout(row, res, cand)
     prep = prepare(sspec)
     sc = build(prep.base, prep.layouts[best["index"]], best["network"])
     if scenarios is not None:
@@ -305,12 +331,6 @@ def _summary(row: dict, run, who: str) -> str:
     every = (f"checkpoint every {fmt_duration(run.model.interval_s)}" if j["checkpoint_interval_s"]
              else "no checkpoint")
     return f"{who}: {j['expected_days']:,.1f} days{cost}; goodput {j['goodput']:.1%}, {every}"
-
-
-def _slug(model) -> str:
-    from sim.sweep import _model_label
-
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", _model_label(model))
 
 
 def fmt_days(d: float) -> str:

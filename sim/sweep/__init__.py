@@ -33,6 +33,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ class SweepSpec:
     executor: str = "local"
     workers: int | None = None
     out: Path | None = None
+    """The table FILE; None: `default_out`'s name in `out_folder`."""
+    out_folder: Path = Path("sweeps")
     top: int = DEFAULT_TOP
     flow_within: float = DEFAULT_FLOW_WITHIN
     """After the --top flow re-simulations, also re-simulate with flow every layout whose
@@ -113,6 +116,8 @@ class SweepResult:
     """What was swept: the model, GPUs, topology, sequence and global batch."""
     best_scenario: object = None
     """The winner as a Scenario (`sweep --export`), None when none ranked."""
+    global_batch_size: int = 0
+    """The global batch every layout was given (the default's or --set's)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,7 +253,12 @@ def prepare(spec: SweepSpec) -> Prepared:
 
 
 def default_out(spec: SweepSpec, prep: Prepared) -> Path:
-    return Path("sweeps") / f"{prep.model_name}-{prep.topology}-{spec.gpus}gpu.csv"
+    """`out_folder`/MODEL-TOPOLOGY-Ngpu.csv, with the sweep id's first 8 characters before .csv
+    where --set or an option other than the defaults made it another sweep (each such variant
+    keeps, and resumes, its own table, instead of meeting the plain sweep's stream)."""
+    plain = not spec.overrides and not spec.tp_across_nodes and spec.memory_fraction == 1.0
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{prep.model_name}-{prep.topology}-{spec.gpus}gpu")
+    return Path(spec.out_folder) / (stem + ("" if plain else f"-{prep.sweep_id[:8]}") + ".csv")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -474,11 +484,12 @@ def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Pa
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
     return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out,
-                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec),
+                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec, prep.global_batch_size),
                                                          *(accuracy_notes(best_sc) if best_sc is not None else [])],
                        resumed=resumed,
                        executor=getattr(run.executor, "name", spec.executor),
-                       workers=max(1, getattr(run.executor, "workers", 1)), title=title, best_scenario=best_sc)
+                       workers=max(1, getattr(run.executor, "workers", 1)), title=title, best_scenario=best_sc,
+                       global_batch_size=prep.global_batch_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -574,8 +585,38 @@ def unranked_reasons(table, top: int = 3) -> list[str]:
             for key, c in ranked]
 
 
-def _notes(table, counts, spec) -> list[str]:
+def batch_hint(table, gpus: int, global_batch: int, flag: str = "--set") -> str | None:
+    """Where the batch rule (global batch divisible by micro-batch x data-parallel size) refused
+    layouts and none ranked: the nearest global batches below and above of the form (the GPU
+    count's odd factor) x 2^k, which every data-parallel size divides up to its power of two, and
+    how many of the refused layouts each would pass that rule (a power-of-two batch on 72 or 96
+    GPUs fails every layout whose dp carries the 9 or the 3: 288 or 576, 384 or 768)."""
+    refused = [r["micro_batch_size"] * r["dp"] for r in table if r["status"] == "invalid"
+               and str(r.get("reason") or "").startswith("training.global_batch_size: global_batch_size (")]
+    if not refused or any(r["status"] == "ok" for r in table):
+        return None
+    odd = gpus
+    while odd % 2 == 0:
+        odd //= 2
+    below = odd * 2 ** max(0, (global_batch // odd).bit_length() - 1) if global_batch >= odd else None
+    above = odd
+    while above <= global_batch:
+        above *= 2
+    tries = [b for b in (below, above) if b is not None and b != global_batch]
+    passed = [sum(1 for m in refused if b % m == 0) for b in tries]
+    pick = min(tries, key=lambda b: (abs(math.log(b / global_batch)), -b))     # the nearer by ratio
+    return (f"{len(refused):,} layouts failed the batch rule (global batch {global_batch:,} divisible by "
+            f"micro-batch x data-parallel size); {' or '.join(f'{b:,}' for b in tries)} would pass it for "
+            f"{' and '.join(f'{n:,}' for n in passed)} of them ({flag} training.global_batch_size={pick}; "
+            f"{gpus:,} GPUs = {odd} x {gpus // odd}: every data-parallel size divides {odd} x a large enough "
+            "power of two)")
+
+
+def _notes(table, counts, spec, global_batch: int) -> list[str]:
     notes = []
+    hint = batch_hint(table, spec.gpus, global_batch)
+    if hint:
+        notes.append(hint)
     n_flow = counts["flow_simulated"]
     if n_flow and counts["ranked"] > n_flow:
         notes.append(f"ranks 1-{n_flow} are flow-network step times, the rest analytical (column "
