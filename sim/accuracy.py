@@ -10,7 +10,11 @@ that the same rule picks out of its sets: the errors sim5d made on those steps a
   measured step was longer than sim5d's (docs/accuracy.md: host time and small kernels).
 - `moe`: MoE with 10B active or more (Qwen3-235B-A22B, DeepSeek-V3).
 - `dense-fp8`: dense models in FP8 (the h100-published set's FP8 rows; the gap grows with the
-  GPU count). MXFP8 and NVFP4 have no set of measured steps yet.
+  GPU count).
+- `gb300`: any step on GB300 (Blackwell Ultra): its profile carries GB200's fitted constants
+  (no GB300 matmul measurement or calibration set), and the measured GB300 steps of the
+  bridge-moe and bridge-dense sets run 1.1-1.3x faster than GB200's where sim5d gives 1.0-1.1x.
+  The two MoE regimes leave GB300 steps to this one.
 
 The errors are kept in sim/data/validation/regimes.json, written by `python -m sim.accuracy
 --write` from `sim5d validate` (tests/test_accuracy.py computes them again and compares), so that
@@ -53,15 +57,24 @@ class Regime:
         return bool(self.rule(sc))
 
 
+def _gb300(sc) -> bool:
+    return sc.cluster.gpu.name == GB300
+
+
+GB300 = "gb300-288gb"
+"""The device profile of the `gb300` regime."""
+
 REGIMES = (
     Regime("moe-few-active", "MoE models with under 10B active parameters", "H100, GB200, B200",
            ("bridge-moe",),
-           lambda sc: sc.model.is_moe and _active(sc) < FEW_ACTIVE),
+           lambda sc: sc.model.is_moe and _active(sc) < FEW_ACTIVE and not _gb300(sc)),
     Regime("moe", "MoE models with 10B active parameters or more", "H100, GB200, B200",
            ("bridge-moe",),
-           lambda sc: sc.model.is_moe and _active(sc) >= FEW_ACTIVE),
+           lambda sc: sc.model.is_moe and _active(sc) >= FEW_ACTIVE and not _gb300(sc)),
     Regime("dense-fp8", "dense models in FP8", "H100, 8-2,048 GPUs", ("h100-published",),
            lambda sc: not sc.model.is_moe and sc.training.precision == "fp8"),
+    Regime("gb300", "models on GB300 GPUs (MoE and dense, MXFP8 and NVFP4)", "GB300 NVL72, 8-256 GPUs",
+           ("bridge-moe", "bridge-dense"), _gb300),
 )
 
 

@@ -29,7 +29,7 @@ import yaml
 
 DATA = Path(__file__).resolve().parent / "data" / "validation"
 SETS = ("korthikanti", "narayanan", "zero-bubble", "vtrain-single", "vtrain-multi", "h100-calibration",
-        "h100-published", "gb200-calibration", "bridge-moe")
+        "h100-published", "gb200-calibration", "bridge-moe", "bridge-dense")
 CALIBRATION_SETS = {"h100-calibration": "h100_calibration.yaml", "gb200-calibration": "gb200_calibration.yaml"}
 """Sets of measured steps a device constant is fitted to (sim.calibrate.step_fit): in sample."""
 KORTHIKANTI_FIT_VARIANTS = ("baseline_no_recompute", "full_recompute", "selective_recompute")
@@ -220,6 +220,14 @@ def bridge_moe_cases() -> list[Case]:
     return [Case("bridge-moe", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_moe.yaml")]
 
 
+def bridge_dense_cases() -> list[Case]:
+    """Dense steps of Megatron-Bridge's performance summary (bridge_dense.yaml: Llama 3 70B on 64
+    GB200 and 64 GB300 in MXFP8 and NVFP4, each with its recipe's layout): out of sample."""
+    from sim.calibrate.step_fit import load_runs
+
+    return [Case("bridge-dense", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_dense.yaml")]
+
+
 LOO = {s: partial(calibration_loo, s) for s in CALIBRATION_SETS}
 """Sets whose cases were fitted to, with their leave-one-out errors."""
 
@@ -231,7 +239,8 @@ def cases(sets=SETS) -> list[Case]:
                 "zero-bubble": zero_bubble_cases, "vtrain-single": lambda: vtrain_cases("single"),
                 "vtrain-multi": lambda: vtrain_cases("multi"),
                 **{c: partial(calibration_cases, c) for c in CALIBRATION_SETS},
-                "h100-published": h100_published_cases, "bridge-moe": bridge_moe_cases}[s]()
+                "h100-published": h100_published_cases, "bridge-moe": bridge_moe_cases,
+                "bridge-dense": bridge_dense_cases}[s]()
     return out
 
 

@@ -33,9 +33,13 @@ def test_each_case_is_in_the_regime_its_scenario_says():
     data = accuracy.load()
     few = {c["id"] for c in data["moe-few-active"]["cases"]}
     large = {c["id"] for c in data["moe"]["cases"]}
-    ids = [c.id for c in validate.bridge_moe_cases()]
+    ids = [c.id for c in validate.bridge_moe_cases() if "-gb300x" not in c.id]
     assert few == {i for i in ids if "-q30-" in i or "-gptoss-" in i} and len(few) == 10
     assert large == {i for i in ids if "-q235-" in i or "-dsv3-" in i} and len(large) == 12
+    # every GB300 step of both Megatron-Bridge sets, and only those, is in the gb300 regime
+    gb300 = {c["id"] for c in data["gb300"]["cases"]}
+    both = validate.bridge_moe_cases() + validate.bridge_dense_cases()
+    assert gb300 == {c.id for c in both if "gb300" in c.scenario["cluster"]["topology"]} and len(gb300) == 6
     fp8 = {c["id"] for c in data["dense-fp8"]["cases"]}
     assert fp8 == {c.id for c in validate.h100_published_cases() if c.id.endswith("-fp8")} and len(fp8) == 6
     # and the stored errors are the validation's own rounding of predicted against measured
@@ -64,10 +68,15 @@ def test_the_rules_on_scenarios():
     assert accuracy.notes(dense) == []
     fp8 = build_scenario(base_scenario(cluster={"topology": "dgx-h100-ndr"}, training={"precision": "fp8"}))
     assert [r.name for r in accuracy.REGIMES if r.holds(fp8)] == ["dense-fp8"]
-    big = build_scenario({"model": {"preset": "deepseek-v3"}, "cluster": {"topology": "dgx-h100-ndr"},
-                          "parallelism": {"tp": 1, "pp": 1, "ep": 8, "dp": 8},
-                          "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8}})
-    assert [r.name for r in accuracy.REGIMES if r.holds(big)] == ["moe"]
+    big = {"model": {"preset": "deepseek-v3"}, "cluster": {"topology": "dgx-h100-ndr"},
+           "parallelism": {"tp": 1, "pp": 1, "ep": 8, "dp": 8},
+           "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 8}}
+    assert [r.name for r in accuracy.REGIMES if r.holds(build_scenario(big))] == ["moe"]
+    # on GB300 (two trays of 4): the gb300 regime alone for MoE, beside dense-fp8 for dense FP8
+    on_gb300 = {"topology": "gb300-nvl72", "num_nodes": 2}
+    assert [r.name for r in accuracy.REGIMES if r.holds(build_scenario({**big, "cluster": on_gb300}))] == ["gb300"]
+    fp8 = build_scenario(base_scenario(cluster=on_gb300, training={"precision": "fp8"}))
+    assert [r.name for r in accuracy.REGIMES if r.holds(fp8)] == ["dense-fp8", "gb300"]
 
 
 def test_commands_print_the_note(write_yaml, tmp_path):

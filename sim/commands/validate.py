@@ -14,7 +14,8 @@ def register(app: typer.Typer) -> None:
     def validate_cmd(
         sets: Optional[str] = typer.Option(None, "--sets", help="Comma-separated sets (default all): "
                                            "korthikanti, narayanan, zero-bubble, vtrain-single, vtrain-multi, "
-                                           "h100-calibration, h100-published, gb200-calibration, bridge-moe."),
+                                           "h100-calibration, h100-published, gb200-calibration, bridge-moe, "
+                                           "bridge-dense."),
         workers: int = typer.Option(0, "--workers", help="Processes (default: the CPU count)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
