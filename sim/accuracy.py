@@ -65,7 +65,7 @@ GB300 = "gb300-288gb"
 """The device profile of the `gb300` regime."""
 
 REGIMES = (
-    Regime("moe-few-active", "MoE models with under 10B active parameters", "H100, GB200, B200",
+    Regime("moe-few-active", "MoE models with under 10B active parameters", "H100, GB200, B200, B300",
            ("bridge-moe",),
            lambda sc: sc.model.is_moe and _active(sc) < FEW_ACTIVE and not _gb300(sc)),
     Regime("moe", "MoE models with 10B active parameters or more", "H100, GB200, B200",

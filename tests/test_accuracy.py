@@ -34,7 +34,7 @@ def test_each_case_is_in_the_regime_its_scenario_says():
     few = {c["id"] for c in data["moe-few-active"]["cases"]}
     large = {c["id"] for c in data["moe"]["cases"]}
     ids = [c.id for c in validate.bridge_moe_cases() if "-gb300x" not in c.id]
-    assert few == {i for i in ids if "-q30-" in i or "-gptoss-" in i} and len(few) == 10
+    assert few == {i for i in ids if "-q30-" in i or "-gptoss-" in i} and len(few) == 11
     assert large == {i for i in ids if "-q235-" in i or "-dsv3-" in i} and len(large) == 12
     # every GB300 step of both Megatron-Bridge sets, and only those, is in the gb300 regime
     gb300 = {c["id"] for c in data["gb300"]["cases"]}
@@ -49,7 +49,7 @@ def test_each_case_is_in_the_regime_its_scenario_says():
 
 
 @pytest.mark.parametrize("errors, words", [
-    ([-10.0, -20.0, -30.0], "3 measured steps of MoE models with under 10B active parameters (H100, GB200, B200; "
+    ([-10.0, -20.0, -30.0], "3 measured steps of MoE models with under 10B active parameters (H100, GB200, B200, B300; "
                             "sim5d validate --sets bridge-moe) sim5d's steps were 10-30% shorter than measured "
                             "(median 20%): expect this step to be optimistic"),
     ([-5.0, 5.0, 1.0], "sim5d's steps were from 5% shorter to 5% longer than measured (median 1% longer) ("),

@@ -72,11 +72,11 @@ def test_the_measured_low_precision_steps_fit():
     from sim.memory import memory_report
 
     checked = 0
-    for case in validate.bridge_moe_cases() + validate.h100_published_cases():
+    for case in validate.bridge_moe_cases() + validate.bridge_dense_cases() + validate.h100_published_cases():
         sc = build_scenario(case.scenario, default_name=case.id)
         if sc.training.precision not in ("fp8", "mxfp8", "nvfp4"):
             continue
         report = memory_report(sc)
         assert report.peak_bytes <= report.capacity_bytes, case.id
         checked += 1
-    assert checked == 23
+    assert checked == 31           # 23, and GB300's 4 MoE rows and bridge-dense's 4
