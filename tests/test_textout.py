@@ -247,6 +247,8 @@ def test_records_sorted_by_fields_are_pythons_sort(rows, fields):
     assert C.sort_records(want, tuple(outputs._FIELDS[f] for f in fields)) == want
     huge = [_rec(start=2**64), _rec(start=1)]
     assert C.sort_records(huge, (4,)) is None and outputs.sort_records(huge, "start_ns") == huge[::-1]
+    wide = [_rec(start=s) for s in (2**63 - 1, -2**63, 0, 5, -7)]         # a range past a signed 64-bit int
+    assert C.sort_records(wide, (4,)) == sorted(wide, key=attrgetter("start_ns"))
 
 
 def test_names_no_program_has_get_their_fields_as_text():
