@@ -13,7 +13,7 @@ that the same rule picks out of its sets: the errors sim5d made on those steps a
   GPU count).
 - `gb300`: any step on GB300 (Blackwell Ultra): its profile carries GB200's fitted constants
   (no GB300 matmul measurement or calibration set), and the measured GB300 steps of the
-  bridge-moe and bridge-dense sets run 1.1-1.3x faster than GB200's where sim5d gives 1.0-1.1x.
+  bridge-moe and bridge-dense sets run 1.1-1.5x faster than GB200's where sim5d gives 1.0-1.1x.
   The two MoE regimes leave GB300 steps to this one.
 
 The errors are kept in sim/data/validation/regimes.json, written by `python -m sim.accuracy

@@ -79,4 +79,4 @@ def test_the_measured_low_precision_steps_fit():
         report = memory_report(sc)
         assert report.peak_bytes <= report.capacity_bytes, case.id
         checked += 1
-    assert checked == 31           # 23, and GB300's 4 MoE rows and bridge-dense's 4
+    assert checked == 37           # 23, GB300's 4 MoE rows and bridge-dense's 10

@@ -125,27 +125,31 @@ def test_bridge_moe_set_transcribes_its_rows_and_holds_the_large_models_within_1
     assert d["mape_pct"] <= 20.5       # 19.8% (19.6% over the 22 rows before the GB300 and B300 ones)
 
 
-def test_bridge_dense_set_gb200_within_6_percent_and_gb300_pessimistic():
-    """Llama 3 70B on 64 GB200 and 64 GB300 in MXFP8 and NVFP4 (bridge_dense.yaml), out of sample:
-    the GB200 rows within 6% (+0.7%, -5.2%); the GB300 rows, measured 1.31x and 1.50x GB200's
-    tokens/s, are about a third longer in sim5d, whose GB300 profile has GB200's fitted
-    constants and so runs the same layout in the same time (docs/accuracy.md). A GB300
-    measurement that closes it must change this test."""
+def test_bridge_dense_set_gb200_within_16_percent_and_gb300_pessimistic():
+    """Llama 3 70B on 64 and Llama 3.1 405B on 256 GB200 and GB300 (FP8, MXFP8, NVFP4;
+    bridge_dense.yaml), out of sample: the GB200 rows within 16% (70B +0.7%, -5.2%; 405B 8-16%
+    long, its compute: docs/accuracy.md); the GB300 rows, measured 1.19-1.50x GB200's
+    tokens/s, are 27-37% longer in sim5d, whose GB300 profile has GB200's fitted constants and so
+    runs the same layout in the same time. A GB300 measurement that closes it must change this
+    test."""
     from sim.config import build_scenario
     from sim.engine.simulate import simulate
 
     cases = {c.id: c for c in validate.bridge_dense_cases()}
     tps = _transcribed("bridge_dense.yaml", cases)
-    assert len(tps) == 4
+    assert len(tps) == 10
     assert tps["llama3-70b-gb300x64-mxfp8-tp1pp4vp5"] / tps["llama3-70b-gb200x64-mxfp8-tp2pp4vp5"] == \
         pytest.approx(1.31, abs=0.005)
     d = validate.run(("bridge-dense",), workers=2)["sets"]["bridge-dense"]
     err = {r["id"]: r["error_pct"] for r in d["cases"]}
-    assert all(abs(v) < 6.0 for k, v in err.items() if "gb200" in k), err
-    assert all(25.0 < v < 40.0 for k, v in err.items() if "gb300" in k), err
-    gb300 = cases["llama3-70b-gb300x64-mxfp8-tp1pp4vp5"].scenario
-    same = {**gb300, "cluster": {**gb300["cluster"], "topology": "gb200-nvl72"}}
-    steps = [simulate(build_scenario(s)).summary()["step_time_s"] for s in (gb300, same)]
+    gb200 = {k: v for k, v in err.items() if "-gb200x" in k}
+    assert len(gb200) == 5 and all(abs(v) < 16.0 for v in gb200.values()), gb200
+    assert all(abs(v) < 6.0 for k, v in gb200.items() if k.startswith("llama3-70b-")), gb200
+    gb300 = {k: v for k, v in err.items() if "-gb300x" in k}
+    assert len(gb300) == 5 and all(25.0 < v < 40.0 for v in gb300.values()), gb300
+    gb300_70b = cases["llama3-70b-gb300x64-mxfp8-tp1pp4vp5"].scenario
+    same = {**gb300_70b, "cluster": {**gb300_70b["cluster"], "topology": "gb200-nvl72"}}
+    steps = [simulate(build_scenario(s)).summary()["step_time_s"] for s in (gb300_70b, same)]
     assert steps[0] == pytest.approx(steps[1], rel=0.01)        # sim5d: GB300 = GB200, layout for layout
 
 
