@@ -290,6 +290,39 @@ def test_default_table_names_keep_variants_apart(tmp_path, monkeypatch):
     assert len([p for p in (tmp_path / "sweeps").glob("*.csv") if not p.name.endswith(".stream.csv")]) == 2
 
 
+def test_pipeline_split_counting_embedding_and_loss_is_swept(tmp_path):
+    """A 6-layer model on 8 GPUs: no pp of 4 divides 6 layers, but with Megatron-Core's
+    account_for_embedding/loss_in_pipeline_split the split divides 6 + 2 = 8, so the sweep offers
+    pp 4 (1F1B, and interleaved with vpp 2: 8 / 4 / 2 = 1 each) and ranks them, each row the step
+    of the same scenario simulated alone; pp 1 layouts cannot take the flags (invalid, saying so)."""
+    from sim.sweep import SweepSpec, prepare
+    from sim.sweep.evaluate import build
+
+    args = [a if a != "model.num_layers=4" else "model.num_layers=6" for a in TINY]
+    sets = ["--set", "parallelism.tp=1", "--set", "parallelism.pp=[1,4]", "--set", "parallelism.zero_stage=1",
+            "--set", "training.recompute=none", "--set", "training.micro_batch_size=1",
+            "--set", "parallelism.pipeline_schedule=[1f1b,interleaved-1f1b]"]
+    acc = ["--set", "parallelism.account_for_embedding_in_pipeline_split=true",
+           "--set", "parallelism.account_for_loss_in_pipeline_split=true"]
+    code, out, err = run_cli("sweep", *args, *sets, "--out", str(tmp_path / "plain.csv"), "--json")
+    assert code == 0 and all(r["pp"] == 1 for r in read_table(tmp_path / "plain.csv") if r["status"] == "ok")
+    code, out, err = run_cli("sweep", *args, *sets, *acc, "--out", str(tmp_path / "acc.csv"), "--json", "--top", "0")
+    assert code == 0, err
+    rows = read_table(tmp_path / "acc.csv")
+    ok = {(r["pp"], r["vpp"], r["pipeline_schedule"]) for r in rows if r["status"] == "ok"}
+    assert ok == {(4, 1, "1f1b"), (4, 2, "interleaved-1f1b")}, ok
+    assert all(r["status"] == "invalid" and "account_for" in r["reason"] for r in rows if r["pp"] == 1)
+    given = [*args, *sets, *acc]
+    spec = SweepSpec(model="llama3-8b", gpus=8, topology="dgx-a100-hdr",
+                     overrides=[v for flag, v in zip(given, given[1:]) if flag == "--set"])
+    prep = prepare(spec)
+    for r in rows:
+        if r["status"] == "ok":
+            sc = build(prep.base, prep.layouts[r["index"]])
+            assert sc.parallelism.account_for_embedding_in_pipeline_split
+            assert simulate(sc).summary()["step_time_s"] == pytest.approx(r["step_time_s"], rel=1e-9)
+
+
 def test_a_batch_no_layout_passes_gets_a_hint(tmp_path):
     """24 GPUs (3 x 8) and a global batch of 16: every data-parallel size carries the 3, so the
     batch rule refuses every layout the other rules let through, and the sweep's note names the

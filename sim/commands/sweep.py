@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         network), re-simulate the best with the flow network and rank them by step time. Results
         stream to FILE.stream.csv as they finish; rerunning the same command resumes.
 
-        Defaults (each can be set with --set): seq_length min(model's max, 8192); global batch 4,194,304 tokens / seq_length; overlap_grad_reduce and overlap_param_gather on; sequence_parallel when tp > 1. Grid: tp divides a node; pp divides the rest, <= layers; cp while seq_length / cp >= 4096; ep divides the experts (MoE); every schedule, vpp dividing layers / pp; micro-batch 1-8 up to 16,384 tokens; ZeRO 1-3; recompute none, selective, full."""
+        Defaults (each can be set with --set): seq_length min(model's max, 8192); global batch 4,194,304 tokens / seq_length; overlap_grad_reduce and overlap_param_gather on; sequence_parallel when tp > 1. Grid: tp divides a node; pp divides the rest, <= layers (with account_for_embedding/loss_in_pipeline_split set, the embedding and loss count as layers); cp while seq_length / cp >= 4096; ep divides the experts (MoE); every schedule, vpp dividing layers / pp; micro-batch 1-8 up to 16,384 tokens; ZeRO 1-3; recompute none, selective, full."""
         from sim.sweep import SweepSpec, run_sweep
 
         if workers is not None and workers < 1:

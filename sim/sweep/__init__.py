@@ -200,6 +200,21 @@ def _take_grid(data: dict) -> Grid:
     return Grid(**grid_kw)
 
 
+PIPELINE_SPLIT_KEYS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                      "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+"""Keys that split the layers over the pipeline stages: they apply to the layouts with pp > 1
+(with pp 1 build_scenario refuses them: such layouts are `invalid`, saying why), not to the
+one-GPU probe."""
+
+
+def _split_layers(model, parallelism: dict) -> int:
+    """The layers the pipeline split divides: Megatron-Core counts the embedding and the loss as
+    one layer each under account_for_embedding/loss_in_pipeline_split (94 + 2 = 96 for Qwen3-235B,
+    whose recipes run pp 4 and 8; transformer_config.py), so pp and vpp are enumerated over them."""
+    return (model.num_layers + int(parallelism.get("account_for_embedding_in_pipeline_split") is True)
+            + int(parallelism.get("account_for_loss_in_pipeline_split") is True))
+
+
 def _probe_model(data: dict):
     """The model and device as build_scenario resolves them (and the user's other keys checked
     once, with their own messages)."""
@@ -207,8 +222,7 @@ def _probe_model(data: dict):
 
     probe = copy.deepcopy(data)
     probe["cluster"]["num_nodes"] = 1
-    probe["parallelism"] = {k: v for k, v in probe["parallelism"].items()
-                            if k not in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")}
+    probe["parallelism"] = {k: v for k, v in probe["parallelism"].items() if k not in PIPELINE_SPLIT_KEYS}
     probe["parallelism"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                 data_parallel_size=1)
     # the probe's layout (one GPU, no EP) is not one the EP all-to-all overlap applies to
@@ -240,7 +254,7 @@ def prepare(spec: SweepSpec) -> Prepared:
     dom_topo = with_domain_nodes(topo, data["cluster"].get("nodes_per_nvlink_domain"))
     layouts = space.enumerate_layouts(
         gpus=spec.gpus, gpus_per_node=dom_topo.gpus_per_domain(nodes),
-        num_layers=model.num_layers,
+        num_layers=_split_layers(model, data["parallelism"]),
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
     ident = json.dumps({"version": 1, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
