@@ -332,11 +332,13 @@ def _mean_signed(rows) -> float | None:
     return sum(r["error_pct"] for r in rows) / len(rows) if rows else None
 
 
-def run(sets=SETS, *, workers: int = 1, progress=None) -> dict:
+def run(sets=SETS, *, workers: int = 1, progress=None, keep=None) -> dict:
     """Predict every case of `sets`; returns {"sets": {name: {"mape_pct", "mape_held_out_pct",
     "mean_signed_error_pct", "n", "n_fitted", "cases"}}} (held out: the cases no constant was fitted to). Sets of `LOO`
-    also give each case's `loo_error_pct` and the set's `mape_loo_pct` (leave-one-out)."""
-    todo = cases(sets)
+    also give each case's `loo_error_pct` and the set's `mape_loo_pct` (leave-one-out).
+    `keep` (Case -> bool): only those cases, and each set's figures over them (sim.accuracy
+    needs the cases its regimes pick, not the rest of their sets)."""
+    todo = [c for c in cases(sets) if keep is None or keep(c)]
     rows = []
     loo: dict = {}
     if workers > 1 and len(todo) > 8:
