@@ -73,7 +73,7 @@ REGIMES = (
            lambda sc: sc.model.is_moe and _active(sc) >= FEW_ACTIVE and not _gb300(sc)),
     Regime("dense-fp8", "dense models in FP8", "H100, 8-2,048 GPUs", ("h100-published",),
            lambda sc: not sc.model.is_moe and sc.training.precision == "fp8"),
-    Regime("gb300", "models on GB300 GPUs (MoE and dense, MXFP8 and NVFP4)", "GB300 NVL72, 8-256 GPUs",
+    Regime("gb300", "models on GB300 GPUs (MoE and dense; FP8, MXFP8, NVFP4)", "GB300 NVL72, 8-256 GPUs",
            ("bridge-moe", "bridge-dense"), _gb300),
 )
 

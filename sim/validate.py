@@ -222,7 +222,8 @@ def bridge_moe_cases() -> list[Case]:
 
 def bridge_dense_cases() -> list[Case]:
     """Dense steps of Megatron-Bridge's performance summary (bridge_dense.yaml: Llama 3 70B on 64
-    GB200 and 64 GB300 in MXFP8 and NVFP4, each with its recipe's layout): out of sample."""
+    and Llama 3.1 405B on 256 GB200 and GB300, FP8, MXFP8 and NVFP4, each with its recipe's
+    layout): out of sample."""
     from sim.calibrate.step_fit import load_runs
 
     return [Case("bridge-dense", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_dense.yaml")]
