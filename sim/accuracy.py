@@ -57,12 +57,12 @@ class Regime:
         return bool(self.rule(sc))
 
 
-def _gb300(sc) -> bool:
-    return sc.cluster.gpu.name == GB300
-
-
 GB300 = "gb300-288gb"
 """The device profile of the `gb300` regime."""
+
+
+def _gb300(sc) -> bool:
+    return sc.cluster.gpu.name == GB300
 
 REGIMES = (
     Regime("moe-few-active", "MoE models with under 10B active parameters", "H100, GB200, B200, B300",

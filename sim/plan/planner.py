@@ -200,17 +200,9 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
                               f"({', '.join(sorted(known))})", key="--price")
 
 
-_STREAM_ADVICE = (("pass --restart to discard it and sweep again, or give another --out",
-                   "delete that file to sweep again, or give another --out"),
-                  ("give another --out or pass --restart to discard them",
-                   "give another --out or delete that file to discard them"),
-                  ("delete the stream or pass --restart", "delete that file"))
-"""The sweep's advice on a stream it cannot resume (sim.sweep.store), as plan words it."""
-
-
 def _sweep(spec: PlanSpec, cand: Candidate) -> tuple:
     """(the candidate's SweepSpec, its bounded sweep's result), the sweep's errors worded for plan."""
-    from sim.sweep import SweepSpec, run_sweep
+    from sim.sweep import SweepSpec, run_sweep, store
 
     # the sweep's default table name in OUT/sweeps/ (its id in the name under --sweep-set: each
     # variant resumes its own)
@@ -225,7 +217,9 @@ def _sweep(spec: PlanSpec, cand: Candidate) -> tuple:
         # the sweep's own wording names its --set; here the keys came from --sweep-set; plan has
         # no --restart (its --restart-time is the reliability model's): the stream file is deleted
         msg = e.message.replace("(--set ", "(--sweep-set ")
-        for sweep_says, plan_says in _STREAM_ADVICE:
+        for sweep_says, plan_says in ((store.DISCARD_DAMAGED, "delete that file to sweep again, or give another --out"),
+                                      (store.DISCARD_OTHER, "give another --out or delete that file to discard them"),
+                                      (store.DISCARD_HEADER, "delete that file")):
             msg = msg.replace(sweep_says, plan_says)
         where = (e.file or "").replace("--set", "--sweep-set", 1) if (e.file or "").startswith("--set") else e.file
         raise ConfigError(msg, key=e.key, file=where, line=e.line) from None

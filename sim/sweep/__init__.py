@@ -609,13 +609,9 @@ def batch_hint(table, gpus: int, global_batch: int, flag: str = "--set") -> str 
                and str(r.get("reason") or "").startswith("training.global_batch_size: global_batch_size (")]
     if not refused or any(r["status"] == "ok" for r in table):
         return None
-    odd = gpus
-    while odd % 2 == 0:
-        odd //= 2
-    below = odd * 2 ** max(0, (global_batch // odd).bit_length() - 1) if global_batch >= odd else None
-    above = odd
-    while above <= global_batch:
-        above *= 2
+    odd = gpus >> ((gpus & -gpus).bit_length() - 1)            # gpus without its factors of 2
+    below = odd << ((global_batch // odd).bit_length() - 1) if global_batch >= odd else None
+    above = 2 * below if below else odd                          # (below is the largest at most the batch)
     tries = [b for b in (below, above) if b is not None and b != global_batch]
     passed = [sum(1 for m in refused if b % m == 0) for b in tries]
     pick = min(tries, key=lambda b: (abs(math.log(b / global_batch)), -b))     # the nearer by ratio

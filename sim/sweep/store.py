@@ -68,8 +68,12 @@ FIELD_LIMIT = csv.field_size_limit()
 """The csv module's largest field, 131,072 characters by default
 (https://docs.python.org/3/library/csv.html#csv.field_size_limit): reading a longer one raises
 csv.Error."""
-RESTART = ("; the stream is damaged (not as sim5d writes it): pass --restart to discard it and sweep "
-           "again, or give another --out")
+DISCARD_DAMAGED = "pass --restart to discard it and sweep again, or give another --out"
+DISCARD_OTHER = "give another --out or pass --restart to discard them"
+DISCARD_HEADER = "delete the stream or pass --restart"
+"""How to get past a stream that cannot be resumed, as `sim5d sweep` words it (sim.plan.planner
+words it for plan, which has no --restart)."""
+RESTART = f"; the stream is damaged (not as sim5d writes it): {DISCARD_DAMAGED}"
 
 
 def read_stream(path: Path, sweep_id: str, layout_ids: list | None = None) -> tuple[list[dict], str | None]:
@@ -148,7 +152,7 @@ def _check_header(fields: list[str], f: str) -> None:
     else:
         what = f"{len(fields)} columns, {len(STREAM_COLUMNS)} expected"
     raise ConfigError(f"the first line is not the header of a sim5d sweep stream of this version ({what}); "
-                      "delete the stream or pass --restart", key="header", file=f, line=1)
+                      f"{DISCARD_HEADER}", key="header", file=f, line=1)
 
 
 def _row(fields: list[str], f: str, n: int, sweep_id: str, layout_ids: list | None) -> dict:
@@ -161,8 +165,8 @@ def _row(fields: list[str], f: str, n: int, sweep_id: str, layout_ids: list | No
     if raw["sweep_id"] != sweep_id:
         raise ConfigError(
             f"sweep_id = {raw['sweep_id'][:40]!r}: the stream holds the results of another sweep (this "
-            f"one is {sweep_id}: the model, GPUs, topology, --set values or grid differ); give another "
-            "--out or pass --restart to discard them", key="sweep_id", file=f, line=n)
+            f"one is {sweep_id}: the model, GPUs, topology, --set values or grid differ); {DISCARD_OTHER}",
+            key="sweep_id", file=f, line=n)
 
     def bad(k: str, rule: str) -> ConfigError:
         return ConfigError(f"{k} = {raw[k][:40]!r} {rule}{RESTART}", key=k, file=f, line=n)
