@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from sim import pipeline_layout
 from sim.devices import PRECISION_NEEDS, DeviceProfile, load_device
 from sim.errors import ConfigError
-from sim.fields import _line, _where, key_error, pydantic_errors, raise_all  # noqa: F401 (re-exported)
+from sim.fields import Strict, _line, _where, key_error, pydantic_errors, raise_all  # noqa: F401 (re-exported)
 from sim.models import MODEL_FIELDS, ModelSpec
 from sim.paths import bundled_dir
 from sim.pipeline_layout import LayoutError
@@ -64,16 +64,12 @@ V_SCHEDULES = ("zbv", "dualpipev")
 
 
 # ----------------------------------------------------------------------------------------------
-# Pydantic models: the boundary. Field docstrings are the user documentation of each key.
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
-                              frozen=True)
-
-
+# Pydantic models: the boundary (sim.fields.Strict). Field docstrings are the user documentation of
+# each key (docs/scenario-keys.md, sim.docs).
 PositiveInt = Field(ge=1)
 
 
-class ModelIn(_Strict):
+class ModelIn(Strict):
     """A model given as a mapping. Start from a preset with `preset:` and override fields, or
     give every required dimension."""
 
@@ -194,7 +190,7 @@ class ModelIn(_Strict):
     per layer, 1 = local. Default (or 0): every layer."""
 
 
-class ClusterIn(_Strict):
+class ClusterIn(Strict):
     topology: str
     """A bundled topology name or a path to a topology YAML."""
     num_nodes: Optional[int] = Field(None, ge=1)
@@ -227,7 +223,7 @@ class ClusterIn(_Strict):
     Figs. 3-5; no LLM-training figure is published with the Llama 3 counts)."""
 
 
-class ParallelIn(_Strict):
+class ParallelIn(Strict):
     tensor_model_parallel_size: int = Field(1, ge=1)
     """TP: each layer's matrices split over this many GPUs (alias tp). Default 1."""
     pipeline_model_parallel_size: int = Field(1, ge=1)
@@ -300,7 +296,7 @@ class ParallelIn(_Strict):
     FSDP2; Megatron-FSDP with PP reduces every microbatch: set it)."""
 
 
-class TrainingIn(_Strict):
+class TrainingIn(Strict):
     seq_length: int = Field(ge=1)
     """Tokens per sequence."""
     micro_batch_size: int = Field(1, ge=1)
@@ -452,7 +448,7 @@ class TrainingIn(_Strict):
         return v
 
 
-class SimulationIn(_Strict):
+class SimulationIn(Strict):
     network: Literal["flow", "analytical"] = "flow"
     """flow: links shared by concurrent flows (max-min fair); analytical: alpha-beta."""
     ranks: Literal["representative", "all"] = "representative"
@@ -465,7 +461,7 @@ class SimulationIn(_Strict):
     SMs to communication (DeepSeek-V3 technical report, sec. 3.2.2), i.e. 20/132 = 0.15."""
 
 
-class ScenarioIn(_Strict):
+class ScenarioIn(Strict):
     name: Optional[str] = None
     """Scenario name (default: the file stem)."""
     model: Union[str, ModelIn]

@@ -8,8 +8,12 @@ sim.compute.ComputeIn), so the documentation cannot drift from what the loaders 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import textwrap
 import typing
+from functools import cache
 
 
 def _type(annotation) -> str:
@@ -26,6 +30,31 @@ def _type(annotation) -> str:
     if args and origin is not None:
         return " or ".join(_type(a) for a in args)
     return getattr(annotation, "__name__", str(annotation))
+
+
+@cache
+def field_docs(model) -> dict:
+    """{key: its docstring} of a pydantic model's fields and its bases': the string literal right
+    after each annotated assignment in the class's source, cleaned as inspect.cleandoc does (what
+    pydantic's `use_attribute_docstrings` would read at every import; read here only)."""
+    from pydantic import BaseModel
+
+    out: dict = {}
+    for klass in reversed(model.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass is BaseModel:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for a, b in zip(body, body[1:]):
+            if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                    and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                out[a.target.id] = inspect.cleandoc(b.value.value)
+    return out
+
+
+def _doc(model, key: str) -> str:
+    """A key's meaning in one line: its Field description, else its docstring (`field_docs`)."""
+    text = model.model_fields[key].description or field_docs(model).get(key, "")
+    return " ".join(text.split())
 
 
 def _default(field) -> str:
@@ -51,7 +80,7 @@ def scenario_keys_markdown() -> str:
     top = ScenarioIn.model_fields
     out += ["## top level", "", "| key | type | default | meaning |", "|---|---|---|---|"]
     out += [f"| `{k}` | {_type(top[k].annotation)} | {_default(top[k])} | "
-            f"{' '.join((top[k].description or '').split())} |" for k in ("name", "derived")] + [""]
+            f"{_doc(ScenarioIn, k)} |" for k in ("name", "derived")] + [""]
     spec = {f.name: f.default for f in dataclasses.fields(ModelSpec)
             if f.default is not dataclasses.MISSING}
     for section, model in SECTION_MODELS.items():
@@ -59,7 +88,7 @@ def scenario_keys_markdown() -> str:
         if section == "model":
             out[-2] = "| key | type | default without a preset | meaning |"
         for key, f in model.model_fields.items():
-            text = " ".join((f.description or "").split()).replace("|", "\\|")
+            text = _doc(model, key).replace("|", "\\|")
             default = _default(f)
             derived = type(spec.get(key)) is int and spec.get(key) == 0   # 0: derived, see the text
             if section == "model" and default == "-" and key in spec and not derived:
@@ -90,7 +119,7 @@ def _rows(model, prefix: str = "") -> list:
         if sub is not None:
             rows += _rows(sub, f"{prefix}{key}.")
             continue
-        text = " ".join((f.description or "").split()).replace("|", "\\|")
+        text = _doc(model, key).replace("|", "\\|")
         default = '`""`' if f.default == "" else _default(f)
         rows.append(f"| `{prefix}{key}` | {_type(f.annotation).replace('|', '/')} | {default} | {text} |")
     return rows
