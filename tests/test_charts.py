@@ -556,9 +556,10 @@ def test_work_in_the_background_answers_from_a_child_or_not_at_all(monkeypatch):
     stopped; without a second CPU it does not fork and gives the default."""
     import os
 
+    from sim.engine import background
     from sim.engine.background import Background
 
-    monkeypatch.setattr(outputs, "writer_cpus", lambda: 2)
+    monkeypatch.setattr(background, "writer_cpus", lambda: 2)
     parent = os.getpid()
     big = {k: "x" * 100 for k in range(5000)}
     job = Background(lambda: (os.getpid(), big))
@@ -571,8 +572,100 @@ def test_work_in_the_background_answers_from_a_child_or_not_at_all(monkeypatch):
     t = time.perf_counter()
     slow.discard()
     assert time.perf_counter() - t < 5 and slow.result("gone") == "gone"
-    monkeypatch.setattr(outputs, "writer_cpus", lambda: 1)
+    monkeypatch.setattr(background, "writer_cpus", lambda: 1)
     assert Background(lambda: os.getpid()).result("default") == "default"
+
+
+def _write_pid_file(path, text):
+    """A call for Preforked: writes its process id and `text` to `path`."""
+    import os
+
+    path.write_text(f"{os.getpid()} {text}")
+
+
+def _fail(message):
+    raise RuntimeError(message)
+
+
+def test_a_preforked_child_runs_the_calls_sent_to_it_after_its_imports(tmp_path, monkeypatch):
+    """sim.engine.background.Preforked: the child imports its modules at once (not this
+    process), runs each call sent later in a process of its own (a payload larger than a pipe's
+    buffer arrives whole), and finish() says per call, in order, whether it ran; one discarded
+    is stopped at once; without a second CPU it does not fork and finish() says so."""
+    import os
+    import sys
+    import time
+
+    from sim.engine import background
+    from sim.engine.background import Preforked
+
+    monkeypatch.setattr(background, "writer_cpus", lambda: 2)
+    assert "colorsys" not in sys.modules            # (a module nothing here imports)
+    pf = Preforked(("colorsys",))
+    assert pf.running and "colorsys" not in sys.modules
+    big = "x" * 300_000
+    pf.call(_write_pid_file, tmp_path / "a", big)
+    pf.call(_fail, "no")
+    pf.call(_write_pid_file, tmp_path / "b", "small")
+    assert pf.finish() == [True, False, True] and not pf.running
+    pids = {int((tmp_path / f).read_text().split()[0]) for f in "ab"}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert (tmp_path / "a").read_text().split()[1] == big
+    slow = Preforked(("colorsys",))
+    slow.call(time.sleep, 60)
+    t = time.perf_counter()
+    slow.discard()
+    assert time.perf_counter() - t < 5 and not slow.running and slow.finish() is None
+    monkeypatch.setattr(background, "writer_cpus", lambda: 1)
+    assert not Preforked(("colorsys",)).running
+
+
+def test_charts_drawn_by_the_chart_process_are_the_same_files(tmp_path, monkeypatch):
+    """`sim5d run` has its charts drawn by a process that imported matplotlib during the step
+    (write_outputs' `charts`): every output file is byte for byte what drawing them here gives,
+    with every rank traced (the breakdown and memory charts get their stages' lanes only) and
+    in the time-share view; a chart that process failed to draw is drawn here."""
+    from sim.commands.run import write_outputs
+    from sim.engine import background, charts
+    from sim.engine.background import Preforked
+
+    monkeypatch.setattr(background, "writer_cpus", lambda: 2)
+    cases = [(simulate(load_scenario("mixtral-8x7b-h200x16-dualpipev")), "all"), (_sim(pp=4, gbs=128), None)]
+    for k, (res, ranks) in enumerate(cases):
+        write_outputs(res, tmp_path / f"here{k}", ranks)
+        write_outputs(res, tmp_path / f"child{k}", ranks, charts=Preforked(("sim.engine.charts",)))
+        here = sorted(p.relative_to(tmp_path / f"here{k}") for p in (tmp_path / f"here{k}").rglob("*") if p.is_file())
+        assert {"plots/pipeline.png", "plots/breakdown.png", "plots/memory.png"} <= set(map(str, here))
+        for f in here:
+            if f.name != "summary.json":
+                assert (tmp_path / f"child{k}" / f).read_bytes() == (tmp_path / f"here{k}" / f).read_bytes(), f
+    original = charts.draw_pipeline
+    monkeypatch.setattr(charts, "draw_pipeline", lambda *a: _fail("in the child"))
+    pf = Preforked(("sim.engine.charts",))              # its draw_pipeline fails; this process's does not
+    monkeypatch.setattr(charts, "draw_pipeline", original)
+    said = []
+    finish = pf.finish
+    monkeypatch.setattr(pf, "finish", lambda: said.append(finish()) or said[-1])
+    write_outputs(cases[1][0], tmp_path / "redrawn", charts=pf)
+    assert said == [[True, True, False]]                 # breakdown, memory, pipeline
+    redrawn = (tmp_path / "redrawn/plots/pipeline.png").read_bytes()
+    assert redrawn == (tmp_path / "here1/plots/pipeline.png").read_bytes()
+
+
+def test_sim5d_run_draws_its_charts_in_the_chart_process(tmp_path):
+    """The whole command: `sim5d run` (a process of its own, which forks the chart process where
+    it has a second CPU) writes the charts that drawing them in this process gives, and says
+    nothing of its chart process."""
+    from sim.commands.run import write_outputs
+
+    name = "llama3-8b-h100x8-zbv"
+    got = subprocess.run([sys.executable, "-m", "sim", "run", name, "--out", str(tmp_path / "cli")], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    assert "Traceback" not in got.stderr and "chart" not in got.stderr
+    write_outputs(simulate(load_scenario(name)), tmp_path / "here")
+    for chart in ("pipeline", "breakdown", "memory"):
+        assert (tmp_path / f"cli/plots/{chart}.png").read_bytes() == (tmp_path / f"here/plots/{chart}.png").read_bytes()
 
 
 @pytest.mark.parametrize("name", ["llama3-405b-h100x16384", "mixtral-8x7b-h100x64-dualpipe"])

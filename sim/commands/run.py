@@ -39,13 +39,15 @@ def trace_ranks_of(result, spec: str | None) -> list:
 
 
 def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path | None = None,
-                  prepared: tuple | None = None) -> dict:
+                  prepared: tuple | None = None, charts=None) -> dict:
     """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
     resolved.yaml and plots/ under `out`, and with `html` the HTML report (sim.report.run) there.
     `trace_ranks` (`trace_ranks_of`): whose records the timeline, the traces, the pipeline and
     memory charts and the report's timeline hold; summary.json and the breakdown charts cover
     every rank. `prepared`: sim.engine.slice_args.program_tables of the step (the
-    representatives' walks and args tables), where made already."""
+    representatives' walks and args tables), where made already. `charts`: a running
+    sim.engine.background.Preforked that has imported matplotlib (`sim5d run` forks it before
+    the step), which then draws the charts from their data (`_send_charts`): the same files."""
     from sim.config import write_resolved
     from sim.engine import kineto, outputs
     from sim.engine.slice_args import slice_args
@@ -71,22 +73,14 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     plots = out / "plots"
     kineto.clear_traces(out / "traces")
     # the Kineto traces in sixteen writers (of about equal numbers of ranks: the largest output,
-    # in pieces small enough for the list scheduling to even out the CPUs); the three charts in
-    # two, the pipeline chart and the other two (each writer that draws imports matplotlib, 0.25 s:
-    # on a small step the charts are the longest writer, and two of them run side by side)
+    # in pieces small enough for the list scheduling to even out the CPUs); the charts as
+    # write_with_charts says
     parts = [ranks[len(ranks) * k // 16: len(ranks) * (k + 1) // 16] for k in range(16)]
     by_rank = outputs.records_by_rank(recs, ranks)
     # one SliceArgs for the trace and the Kineto writers: its rank tables (each rank's program
     # built again, 7 ms a rank on the 1T row, and its table, unless `prepared` has them) are made
     # in each writer process once, when first asked for, and serve every later writer there
     args = slice_args(result, recs, *(prepared or (None, None)))
-
-    def charts():
-        outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
-        outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png", title)
-
-    def pipeline():
-        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title, by_rank)
 
     # (estimated CPU seconds, writer), the order the list scheduling starts them in
     n = len(recs)
@@ -100,14 +94,57 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html, by_rank))]
           if html is not None else []),
     ]
-    # the charts in one writer (one import of matplotlib) or side by side (each importing it),
-    # whichever the list scheduling would finish first
+    write_with_charts(tasks, n, charts, result, recs, pp_of, by_rank, mem, plots, title)
+    return summary
+
+
+def write_with_charts(tasks: list, n: int, charts, result, recs, pp_of: dict, by_rank: dict, mem: dict,
+                      plots: Path, title: str) -> None:
+    """Run the writers `tasks` ([(cost, fn)] for `n` records) and draw the three charts: by the
+    chart process `charts` where it runs (a writer here makes their data and sends it; a chart
+    it did not draw is drawn here after), else here, in one writer (one import of matplotlib)
+    or two side by side (each importing it), whichever the list scheduling would finish first."""
+    from sim.engine import outputs
+
+    def breakdown():
+        outputs.plot_breakdown(result.breakdowns, result.pp_rank_of, plots / "breakdown.png", title)
+
+    def memory():
+        outputs.plot_memory(mem, pp_of, result.memory.capacity_bytes, plots / "memory.png", title)
+
+    def pipeline():
+        outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title, by_rank)
+
+    if charts is not None and charts.running:
+        send = (WRITER_COST["chart_data"](n),
+                lambda: _send_charts(charts, result, recs, pp_of, by_rank, mem, plots, title))
+        outputs.run_writers(tasks + [send], n)
+        drew = charts.finish() or []
+        for ok, draw in zip(drew + [False] * 3, (breakdown, memory, pipeline)):
+            if not ok:
+                draw()
+        return
     draw = (WRITER_COST["pipeline"](n), WRITER_COST["charts"](n))
-    apart = tasks + [(draw[0], pipeline), (draw[1], charts)]
-    together = tasks + [(sum(draw) - MATPLOTLIB_IMPORT_S, lambda: (pipeline(), charts()))]
+    apart = tasks + [(draw[0], pipeline), (draw[1], lambda: (breakdown(), memory()))]
+    together = tasks + [(sum(draw) - MATPLOTLIB_IMPORT_S, lambda: (pipeline(), breakdown(), memory()))]
     cpus = outputs.writer_cpus()
     outputs.run_writers(min(together, apart, key=lambda ts: _list_schedule_s([c for c, _ in ts], cpus)), n)
-    return summary
+
+
+def _send_charts(charts, result, recs, pp_of: dict, by_rank: dict, mem: dict, plots: Path, title: str) -> None:
+    """The three charts' data to the chart process `charts` (a Preforked), in the order
+    write_outputs redraws the ones it did not draw: the breakdown and memory charts' (their
+    stages' lanes only), then the pipeline chart's (sim.engine.outputs.pipeline_chart)."""
+    from sim.engine import charts as draw
+    from sim.engine.outputs import pipeline_chart
+
+    stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
+    charts.call(draw.plot_breakdown, {r: result.breakdowns[r] for r in stages}, stages, plots / "breakdown.png",
+                title)
+    lanes = draw.one_per_stage({r: pp_of[r] for r in mem})
+    charts.call(draw.plot_memory, {r: mem[r] for r in lanes}, lanes, result.memory.capacity_bytes,
+                plots / "memory.png", title, max((b for pts in mem.values() for _, b in pts), default=0))
+    charts.call(draw.draw_pipeline, pipeline_chart(recs, pp_of, by_rank), plots / "pipeline.png", title)
 
 
 def _list_schedule_s(costs: list, cpus: int) -> float:
@@ -127,6 +164,7 @@ WRITER_COST = {
     "pipeline": lambda n: 0.45 + 1.65e-6 * n,
     "charts": lambda n: 0.6 + 0.3e-6 * n,
     "report": lambda n: 0.15 + 1.6e-6 * n,
+    "chart_data": lambda n: 0.01 + 1.5e-6 * n,
 }
 """Each writer's CPU seconds for `n` records of the traced ranks (the Kineto writer's: of its
 `ranks`), the order `outputs.run_writers` starts them in (largest first): measured on this
@@ -135,7 +173,9 @@ Llama 3 405B's and Nemotron-4 340B's bundled steps (43K, 32K; the report on the 
 GPT-3 175B; the per-record parts again on the 1T row after the writers' changes of December
 2026). The fixed parts are what does not grow with the step: each chart writer's import of
 matplotlib (MATPLOTLIB_IMPORT_S) and its figures, each Kineto rank's table of args, plotly's
-import. Estimates only: a wrong one changes the order, not the files."""
+import. "chart_data": the pipeline chart's data made for the chart process
+(sim.engine.outputs.pipeline_chart: 0.1 s on GPT-3 175B's 135K records, 1.5-2.3 s on the 1T
+row's time-share view). Estimates only: a wrong one changes the order, not the files."""
 
 
 def _write_report(result, summary, recs, pp_of, mem, path: Path, by_rank: dict) -> None:
@@ -167,53 +207,71 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
-        from sim.config import load_scenario
-
         n_tokens = None
         if tokens is not None:
             from sim.compare import parse_tokens
 
             n_tokens = parse_tokens(tokens)
-        sc = load_scenario(scenario, overrides=set_ or [])
-        if html is not None:
-            from sim.report import check_path
+        from sim.engine.background import Preforked
+        from sim.engine.charts import CHART_MODULES
 
-            check_path(html)
-        from rich.console import Console
+        # the chart process: it imports matplotlib (0.4 s) while this one loads the scenario and
+        # simulates the step, then draws the charts from their data (write_outputs); forked
+        # before any other helper of this command (Preforked)
+        charts = Preforked(("sim.engine.charts",) + CHART_MODULES)
+        try:
+            run_step(scenario, set_ or [], out, trace_ranks, html, charts, n_tokens=n_tokens, as_json=as_json,
+                     strict=strict)
+        finally:
+            charts.discard()
 
-        from sim.engine.background import Background
-        from sim.engine.simulate import cyclic_gc_paused, simulate
-        from sim.engine.slice_args import program_tables
 
-        # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),
-        # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
-        # (0.44 s on the 1T row, the tables 0.12 s on the 405B CP16 scenario's 16 ranks, which
-        # each writer process needing them would otherwise spend)
-        prepared = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
-        err = Console(stderr=True)
-        folder = out or Path("runs") / sc.name
-        # The step's objects and the outputs' records (millions in a large step) are freed by
-        # reference counting; the cyclic collector would only scan them again and again
-        # (sim.engine.simulate.cyclic_gc_paused). The result is left to the process's end (HELD):
-        # the collector, on again after the block, puts it with the oldest objects, which the
-        # little allocated after it does not make it scan.
-        with cyclic_gc_paused():
-            try:
-                if sys.stderr.isatty():
-                    with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
-                        result = simulate(sc, link_load=True)
-                else:
+def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str | None, html: Path | None,
+             charts, *, n_tokens, as_json: bool, strict: bool) -> None:
+    """`sim5d run`'s work once its flags are read: load, simulate, write the outputs (the
+    charts in the chart process `charts`, a Preforked, where it runs), print."""
+    from rich.console import Console
+
+    from sim.config import load_scenario
+    from sim.engine.background import Background
+    from sim.engine.simulate import cyclic_gc_paused, simulate
+    from sim.engine.slice_args import program_tables
+
+    sc = load_scenario(scenario, overrides=overrides)
+    if html is not None:
+        from sim.report import check_path
+
+        check_path(html)
+    # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),
+    # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
+    # (0.44 s on the 1T row, the tables 0.12 s on the 405B CP16 scenario's 16 ranks, which
+    # each writer process needing them would otherwise spend)
+    prepared = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
+    err = Console(stderr=True)
+    folder = out or Path("runs") / sc.name
+    # The step's objects and the outputs' records (millions in a large step) are freed by
+    # reference counting; the cyclic collector would only scan them again and again
+    # (sim.engine.simulate.cyclic_gc_paused). The result is left to the process's end (HELD):
+    # the collector, on again after the block, puts it with the oldest objects, which the
+    # little allocated after it does not make it scan.
+    with cyclic_gc_paused():
+        try:
+            if sys.stderr.isatty():
+                with err.status(f"simulating {sc.name} ({sc.derived.num_gpus} GPUs)..."):
                     result = simulate(sc, link_load=True)
-                note_python_writers(result.events)
-                summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None)
-            finally:
-                if prepared is not None:       # (an error before its answer was taken)
-                    prepared.discard()
-            memory = result.memory
-            how = ranks_note(result)
-            HELD.append(result)            # freed at the process's end, or not at all (sim.commands.HELD)
-            del result
-        print_result(sc, summary, memory, how, n_tokens, as_json=as_json, folder=folder, html=html, strict=strict)
+            else:
+                result = simulate(sc, link_load=True)
+            note_python_writers(result.events)
+            summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None,
+                                    charts)
+        finally:
+            if prepared is not None:       # (an error before its answer was taken)
+                prepared.discard()
+        memory = result.memory
+        how = ranks_note(result)
+        HELD.append(result)            # freed at the process's end, or not at all (sim.commands.HELD)
+        del result
+    print_result(sc, summary, memory, how, n_tokens, as_json=as_json, folder=folder, html=html, strict=strict)
 
 
 def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool, folder: Path,

@@ -1,4 +1,5 @@
-"""What `sim5d run` writes: timeline.csv, trace.json.gz (Chrome trace / Perfetto) and charts.
+"""What `sim5d run` writes: timeline.csv, trace.json.gz (Chrome trace / Perfetto) and the charts' data
+(drawn by sim.engine.charts; the chart functions are re-exported here).
 
 timeline.csv: one row per record (times in ns); `value_bytes`, on memory marks only, is the
 activation memory an action allocated (+) or freed (-).
@@ -28,6 +29,10 @@ from itertools import chain, groupby, repeat
 from operator import attrgetter
 from pathlib import Path
 
+from sim.engine.background import writer_cpus
+from sim.engine.charts import (_IDLE, _KIND_COLOURS, _NAMES, PIPELINE_DPI,  # noqa: F401 (re-exported)
+                               PIPELINE_WIDTH_IN, PNG_OPTIONS, draw_pipeline, one_per_stage, plot_breakdown,
+                               plot_memory, text_colour)
 from sim.engine.slice_args import _textout, name_key
 from sim.units import GiB
 
@@ -451,14 +456,6 @@ fork costs milliseconds; even a small step's three charts take 1 s in turn, 0.75
 pipeline chart with matplotlib's import)."""
 
 
-def writer_cpus() -> int:
-    """How many processes `run_writers` writes in at most: the CPUs this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):          # not Linux
-        return os.cpu_count() or 1
-
-
 def run_writers(tasks: list, n_records: int) -> None:
     """Run the output writers `tasks` ([(cost, fn)], fn() writes its files) over the CPUs this
     process may use: this process and a forked child per further CPU (it shares the parent's
@@ -528,10 +525,6 @@ def _next_task(fd: int):
         yield b[0]
 
 
-_KIND_COLOURS = {"F": "#3b75af", "B": "#e07b39", "I": "#5ab4d0", "W": "#6aa84f", "R": "#9e7fbf",
-                 "comm": "#c44e52", "optimizer": "#8c8c8c"}
-
-
 def _kind(rec) -> str:
     if rec.cat.startswith("comm:"):
         return "comm"
@@ -539,15 +532,6 @@ def _kind(rec) -> str:
         return "optimizer"
     head = rec.name.split(" ", 1)[0]
     return head if head in _KIND_COLOURS else "F"
-
-
-def one_per_stage(pp_rank_of: dict) -> dict:
-    """The lowest simulated rank of each pipeline stage (all ranks of a stage do the same work
-    in the symmetric layouts sim5d simulates; charts of 1,024 rows would be unreadable)."""
-    first: dict = {}
-    for rank, pp in sorted(pp_rank_of.items()):
-        first.setdefault(pp, rank)
-    return {rank: pp for pp, rank in first.items()}
 
 
 def stage_lanes(records, pp_rank_of: dict, grouped: dict | None = None) -> tuple:
@@ -700,8 +684,29 @@ def chart_boxes(records, rank: int) -> list:
     """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
     an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
     are DualPipe's overlapped pair and form one box."""
-    mine = [r for r in records if r.rank == rank and (
-        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]
+    return _boxes([r for r in records if r.rank == rank and (
+        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))])
+
+
+def _lane(records) -> tuple:
+    """(its marks and compute kernels, for `_boxes`; its exposed communication as (start, end))
+    of one rank's records, in one pass (the pipeline chart's, over a million records)."""
+    mine, comm = [], []
+    add, add_comm = mine.append, comm.append
+    for r in records:
+        stream = r.stream
+        if stream == "compute":
+            if r.cat.startswith("comm:"):
+                add_comm((r.start_ns, r.end_ns))
+            else:
+                add(r)
+        elif stream == "mark":
+            add(r)
+    return mine, comm
+
+
+def _boxes(mine: list) -> list:
+    """chart_boxes of a rank's marks and compute kernels (`mine`, any order; sorted here)."""
     # ordered by (start, marks first, end): three stable sorts, least significant key first (the
     # only streams here are "mark" and "compute", so marks first is the stream descending)
     mine.sort(key=attrgetter("end_ns"))
@@ -734,14 +739,6 @@ def chart_boxes(records, rank: int) -> list:
     return boxes
 
 
-PNG_OPTIONS = {"compress_level": 3}
-"""How `sim5d run`'s charts are compressed (Pillow's PNG writer; its default, 6, took 0.26 s of the
-1T row's 4,092-pixel-high pipeline chart, 3 takes 0.17 s for a file 10% larger; the same pixels)."""
-
-_NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)",
-          "R": "recompute", "optimizer": "optimizer", "comm": "exposed comm", "pair": "overlapped F&B",
-          "idle": "idle (bubble)"}
-_IDLE = "#e6e6e6"
 _MIN_BOX_PX = 10.0
 """Below this median box width the pipeline chart shows each stage's time shares instead."""
 _SHARE_PX = 3.0
@@ -769,36 +766,13 @@ def _time_in_bins(intervals, edges):
     return np.diff(cum[k] + inside)
 
 
-def _text_colour(hex_colour: str) -> str:
-    from matplotlib.colors import to_rgb
-
-    r, g, b = to_rgb(hex_colour)
-    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
-
-
-def _bars(ax, xranges, y0: float, dy: float, **style) -> None:
-    """`ax.broken_barh(xranges, (y0, dy), **style)`'s rectangles, the same vertices
-    (matplotlib 3.11 axes/_axes.py: (x0, y0), (x0, y1), (x1, y1), (x1, y0)) made in one numpy
-    step instead of a unit conversion per range (17,000 on the bundled Llama 3 405B chart), and
-    added without updating the data limits (the chart sets its own). The same pixels."""
-    import numpy as np
-    from matplotlib.collections import PolyCollection
-
-    xr = np.asarray(xranges, dtype=float).reshape(-1, 2)
-    v = np.empty((len(xr), 4, 2))
-    v[:, 0:2, 0] = xr[:, :1]
-    v[:, 2:4, 0] = (xr[:, 0] + xr[:, 1])[:, None]
-    v[:, (0, 3), 1] = y0
-    v[:, (1, 2), 1] = y0 + dy
-    ax.add_collection(PolyCollection(v, **style), autolim=False)
-
-
-def _draw_boxes(ax, y: int, boxes: list, comm: list, pt_per_ns: float, labels: list) -> set:
-    """One row of the detailed chart: a box per action, the halves of each overlapped pair
-    inside one black border, recompute and exposed comm on top; the microbatch numbers where
-    they fit are appended to `labels` (`_draw_labels`' entries)."""
+def _box_row(y: int, boxes: list, comm: list, pt_per_ns: float, labels: list) -> tuple:
+    """One row of the detailed chart: (its draw commands, the kinds it shows): a box per action,
+    the halves of each overlapped pair inside one black border, recompute and exposed comm on
+    top; the microbatch numbers where they fit are appended to `labels` (charts._draw_labels'
+    entries)."""
     segs: dict = {}
-    pairs, shown = [], set()
+    pairs, shown, cmds = [], set(), []
     for b in boxes:
         w = (b.end_ns - b.start_ns) / len(b.parts)
         for j, (kind, mb) in enumerate(b.parts):
@@ -806,60 +780,33 @@ def _draw_boxes(ax, y: int, boxes: list, comm: list, pt_per_ns: float, labels: l
             segs.setdefault(kind, []).append((x0 / 1e6, w / 1e6))
             size = min(7.0, 1.5 * w * pt_per_ns / max(1, len(mb)))
             if mb and size >= 4.5:
-                labels.append(((x0 + w / 2) / 1e6, y, mb, size, _text_colour(_KIND_COLOURS[kind])))
+                labels.append(((x0 + w / 2) / 1e6, y, mb, size, text_colour(_KIND_COLOURS[kind])))
         if len(b.parts) == 2:
             pairs.append((b.start_ns / 1e6, (b.end_ns - b.start_ns) / 1e6))
     for kind, xs in segs.items():
-        _bars(ax, xs, y - 0.4, 0.8, facecolors=_KIND_COLOURS[kind], edgecolor="white", linewidth=0.3, zorder=1)
+        cmds.append(("bars", xs, y - 0.4, 0.8, {"facecolors": _KIND_COLOURS[kind], "edgecolor": "white",
+                                                 "linewidth": 0.3, "zorder": 1}))
         shown.add(kind)
     rec = [(s / 1e6, (e - s) / 1e6) for b in boxes for s, e in b.recompute]
     for k, xs in (("R", rec), ("comm", [(s / 1e6, (e - s) / 1e6) for s, e in comm])):
         if xs:
-            _bars(ax, xs, y - 0.4, 0.8, facecolors=_KIND_COLOURS[k], linewidth=0, zorder=2)
+            cmds.append(("bars", xs, y - 0.4, 0.8, {"facecolors": _KIND_COLOURS[k], "linewidth": 0, "zorder": 2}))
             shown.add(k)
     if pairs:
-        _bars(ax, pairs, y - 0.4, 0.8, facecolors="none", edgecolor="black", linewidth=1.2, zorder=3)
+        cmds.append(("bars", pairs, y - 0.4, 0.8, _PAIR_STYLE))
         shown.add("pair")
-    return shown
+    return cmds, shown
 
 
-def _draw_labels(ax, labels: list, dpi: float) -> None:
-    """The microbatch numbers of the detailed chart, [(x, y, text, size in points, colour)], as
-    one collection of the glyphs' outlines (matplotlib.textpath), each centred on (x, y) as a
-    Text with ha and va "center" is: across its advance width and the font's ascent and descent
-    (the OS/2 table's typographic ones, as Text._get_layout reads them). A Text each would lay
-    out its line and read the font's tables again at every draw (matplotlib 3.11): 0.5 ms a
-    number, the bundled Llama 3 405B chart 0.71 s instead of 0.30 for its 832 numbers. `labels`
-    is kept as the collection's `sim5d_labels`."""
-    from matplotlib.collections import PathCollection
-    from matplotlib.font_manager import FontProperties, findfont, get_font
-    from matplotlib.textpath import TextPath, TextToPath
-    from matplotlib.transforms import Affine2D
-
-    font = get_font(findfont(FontProperties()))
-    os2, em = font.get_sfnt_table("OS/2"), font.get_sfnt_table("head")["unitsPerEm"]
-    mid = (os2["sTypoAscender"] + os2["sTypoDescender"]) / (2 * em)     # of the size, above the baseline
-    text_to_path = TextToPath()
-    paths, cache = [], {}
-    for _, _, text, size, _ in labels:
-        path = cache.get((text, size))
-        if path is None:
-            prop = FontProperties(size=size)
-            width = text_to_path.get_text_width_height_descent(text, prop, ismath=False)[0]
-            path = cache[text, size] = TextPath((-width / 2, -mid * size), text, prop=prop)
-        paths.append(path)
-    col = PathCollection(paths, offsets=[(x, y) for x, y, *_ in labels], offset_transform=ax.transData,
-                         transform=Affine2D().scale(dpi / 72), facecolors=[c for *_, c in labels], linewidths=0,
-                         zorder=4)
-    col.sim5d_labels = labels
-    ax.add_collection(col, autolim=False)
+_PAIR_STYLE = {"facecolors": "none", "edgecolor": "black", "linewidth": 1.2, "zorder": 3}
+"""The black border around DualPipe's overlapped F&B pairs."""
 
 
-def _draw_shares(ax, y: int, boxes: list, comm: list, edges) -> set:
-    """One row of the aggregated chart: per window, the share of time in each kind stacked from
-    the bottom of the row (the rest is idle); overlapped F&B phases inside black borders."""
+def _share_row(y: int, boxes: list, comm: list, edges, edges_ms) -> tuple:
+    """One row of the aggregated chart: (its draw commands, the kinds it shows): per window, the
+    share of time in each kind stacked from the bottom of the row (the rest is idle), a filled
+    step each; overlapped F&B phases inside black borders. `edges_ms`: `edges` / 1e6."""
     import numpy as np
-    from matplotlib.patches import StepPatch
 
     cats: dict = {k: [] for k in ("F", "B", "I", "W", "R", "optimizer")}
     for b in boxes:
@@ -869,14 +816,13 @@ def _draw_shares(ax, y: int, boxes: list, comm: list, edges) -> set:
     cats["comm"] = comm
     width = edges[1] - edges[0]
     base = np.zeros(len(edges) - 1)
-    shown = set()
+    shown, cmds = set(), []
     for k, ivs in cats.items():
         if not ivs:
             continue
         share = np.minimum(_time_in_bins(ivs, edges) / width, 1.0 - base)
         lower = y + 0.4 - 0.8 * base
-        ax.add_artist(StepPatch(lower - 0.8 * share, edges / 1e6, baseline=lower, fill=True,
-                                color=_KIND_COLOURS[k], linewidth=0, zorder=1))   # no costly autoscale
+        cmds.append(("step", lower - 0.8 * share, edges_ms, lower, _KIND_COLOURS[k]))
         base = base + share
         shown.add(k)
     spans: list = []
@@ -887,111 +833,51 @@ def _draw_shares(ax, y: int, boxes: list, comm: list, edges) -> set:
             else:
                 spans.append([b.start_ns, b.end_ns])
     if spans:
-        _bars(ax, [(s / 1e6, (e - s) / 1e6) for s, e in spans], y - 0.4, 0.8, facecolors="none",
-                       edgecolor="black", linewidth=1.2, zorder=3)
+        cmds.append(("bars", [(s / 1e6, (e - s) / 1e6) for s, e in spans], y - 0.4, 0.8, _PAIR_STYLE))
         shown.add("pair")
-    return shown
+    return cmds, shown
 
 
-def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str, grouped: dict | None = None) -> None:
-    """The schedule chart of the simulated step, a row per pipeline stage: a box per action
-    (forward, backward, ...) with its microbatch number where it fits, DualPipe's overlapped F&B
-    pairs as one black-bordered box (as `sim5d schedule --plot`), recompute and exposed
-    communication on top, idle time (bubble) grey. When the median box would be narrower than
-    10 pixels (too narrow for a number), each row shows instead the share of each kind in
-    windows of 3 pixels. The legend, below the axes, names only what the chart shows.
-    `grouped`: the records by rank, where grouped already (`stage_lanes`)."""
+def pipeline_chart(records, pp_rank_of: dict, grouped: dict | None = None) -> dict:
+    """What the pipeline chart draws (charts.draw_pipeline), made from the records without
+    matplotlib: a row per pipeline stage, a box per action (forward, backward, ...) with its
+    microbatch number where it fits, DualPipe's overlapped F&B pairs as one black-bordered box
+    (as `sim5d schedule --plot`), recompute and exposed communication on top, idle time (bubble)
+    grey. When the median box would be narrower than 10 pixels (too narrow for a number), each
+    row shows instead the share of each kind in windows of 3 pixels. `grouped`: the records by
+    rank, where grouped already (`stage_lanes`). Keys: commands (in drawing order), labels,
+    ticks, makespan_ns, xlabel, shown."""
     import numpy as np
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     stage_of, ranks, by_rank = stage_lanes(records, pp_rank_of, grouped)
     makespan = max(map(attrgetter("end_ns"), records), default=1) or 1
-    boxes = {rank: chart_boxes(by_rank[rank], rank) for rank in ranks}
-    comm = {rank: [(r.start_ns, r.end_ns) for r in by_rank[rank]
-                   if r.stream == "compute" and r.cat.startswith("comm:")] for rank in ranks}
-    width_in, dpi = 12.0, 110
-    fig = Figure(figsize=(width_in, 0.55 * len(ranks) + 2.0), dpi=dpi, layout="constrained")
-    ax = fig.subplots()
-    plot_in = width_in - 1.3                                   # the axes' width, about
+    boxes, comm = {}, {}
+    for rank in ranks:
+        mine, comm[rank] = _lane(by_rank[rank])
+        boxes[rank] = _boxes(mine)
+    plot_in, dpi = PIPELINE_WIDTH_IN - 1.3, PIPELINE_DPI      # the axes' width, about
     widths = sorted(b.end_ns - b.start_ns for bs in boxes.values() for b in bs)
     aggregate = bool(widths) and widths[len(widths) // 2] * plot_in * dpi / makespan < _MIN_BOX_PX
     edges = np.linspace(0, makespan, int(plot_in * dpi / _SHARE_PX) + 1)
-    shown, labels = {"idle"}, []
+    edges_ms = edges / 1e6
+    shown, labels, commands = {"idle"}, [], []
     for i, rank in enumerate(ranks):
-        _bars(ax, [(0, makespan / 1e6)], i - 0.4, 0.8, facecolors=_IDLE, linewidth=0, zorder=0)
-        if aggregate:
-            shown |= _draw_shares(ax, i, boxes[rank], comm[rank], edges)
-        else:
-            shown |= _draw_boxes(ax, i, boxes[rank], comm[rank], plot_in * 72 / makespan, labels)
-    if labels:
-        _draw_labels(ax, labels, dpi)
-    ax.set_yticks(range(len(ranks)), [f"pp {stage_of[r]}" for r in ranks])
-    ax.set_ylim(len(ranks) - 0.5, -0.5)
-    ax.set_xlim(0, makespan / 1e6)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+        commands.append(("bars", [(0, makespan / 1e6)], i - 0.4, 0.8,
+                         {"facecolors": _IDLE, "linewidth": 0, "zorder": 0}))
+        cmds, kinds = (_share_row(i, boxes[rank], comm[rank], edges, edges_ms) if aggregate else
+                       _box_row(i, boxes[rank], comm[rank], plot_in * 72 / makespan, labels))
+        commands += cmds
+        shown |= kinds
+    xlabel = "time (ms)"
     if aggregate:
         most = max(len(bs) for bs in boxes.values())
-        ax.set_xlabel(f"time (ms); {most} actions on the busiest stage are too narrow to draw one by one: "
-                      f"each column is the share of a {(edges[1] - edges[0]) / 1e6:.3g} ms window")
-    else:
-        ax.set_xlabel("time (ms)")
-    ax.set_title(title)
-    handles = []
-    for k in _NAMES:
-        if k in shown:
-            face = {"pair": "white", "idle": _IDLE}.get(k) or _KIND_COLOURS[k]
-            handles.append(Patch(facecolor=face, edgecolor="black" if k == "pair" else face,
-                                 linewidth=1.2 if k == "pair" else 0, label=_NAMES[k]))
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
-    fig.savefig(path, pil_kwargs=PNG_OPTIONS)
+        xlabel = (f"time (ms); {most} actions on the busiest stage are too narrow to draw one by one: "
+                  f"each column is the share of a {(edges[1] - edges[0]) / 1e6:.3g} ms window")
+    return {"commands": commands, "labels": labels, "ticks": [f"pp {stage_of[r]}" for r in ranks],
+            "makespan_ns": makespan, "xlabel": xlabel, "shown": shown}
 
 
-def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -> None:
-    """Per pipeline stage, the step split into compute, exposed communication and bubble."""
-    from matplotlib.figure import Figure
-
-    pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in breakdowns})
-    ranks = sorted(pp_rank_of, key=lambda r: pp_rank_of[r])
-    labels = [f"pp {pp_rank_of[r]}" for r in ranks]
-    comp = [breakdowns[r].compute_ns / 1e6 for r in ranks]
-    comm = [breakdowns[r].exposed_comm_ns / 1e6 for r in ranks]
-    bub = [breakdowns[r].bubble_ns / 1e6 for r in ranks]
-    fig = Figure(figsize=(8, 0.5 * len(ranks) + 1.8), layout="constrained")
-    ax = fig.subplots()
-    ax.barh(labels, comp, color="#3b75af", label="compute")
-    ax.barh(labels, comm, left=comp, color="#c44e52", label="exposed communication")
-    ax.barh(labels, bub, left=[a + b for a, b in zip(comp, comm)], color="#d9d9d9", label="bubble / idle")
-    ax.invert_yaxis()
-    ax.set_xlabel("time in the step (ms)")
-    ax.set_title(title)
-    fig.legend(loc="outside lower center", ncol=3, frameon=False)
-    fig.savefig(path, dpi=110, pil_kwargs=PNG_OPTIONS)
-
-
-def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, title: str) -> None:
-    """Memory per GPU over the step, a line per pipeline stage, from 0 to above the capacity."""
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    ax = fig.subplots()
-    pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in mem})
-    n = len(pp_rank_of)
-    colours = [f"C{i}" for i in range(n)] if n <= 10 else [colormaps["viridis"](0.9 * i / (n - 1)) for i in range(n)]
-    for colour, rank in zip(colours, sorted(pp_rank_of, key=lambda r: pp_rank_of[r])):
-        pts = mem[rank]
-        xs, ys = [], []
-        for (t, b), nxt in zip(pts, pts[1:] + [None]):
-            xs.append(t / 1e6)
-            ys.append(b / GiB)
-        ax.step(xs, ys, where="post", color=colour, label=f"pp {pp_rank_of[rank]}")
-    ax.axhline(capacity_bytes / GiB, color="k", linestyle="--", linewidth=1, label="capacity")
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel("GiB per GPU")
-    top = max([capacity_bytes] + [b for pts in mem.values() for _, b in pts]) / GiB
-    ax.set_ylim(0, 1.08 * top)
-    ax.set_title(title)
-    fig.legend(loc="outside right upper", fontsize="small", ncol=1 + len(pp_rank_of) // 17, frameon=False)
-    fig.savefig(path, dpi=110, pil_kwargs=PNG_OPTIONS)
+def plot_pipeline(records, pp_rank_of: dict, path: Path, title: str, grouped: dict | None = None) -> None:
+    """The schedule chart of the simulated step (`pipeline_chart`, drawn by
+    charts.draw_pipeline). The legend, below the axes, names only what the chart shows."""
+    draw_pipeline(pipeline_chart(records, pp_rank_of, grouped), path, title)
