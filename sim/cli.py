@@ -120,6 +120,9 @@ def console_main() -> None:
     import atexit
     import os
 
+    from sim.commands.run import start_early
+
+    start_early(sys.argv[1:])       # `sim5d run`'s chart process, forked before the set-up
     try:
         _main()
         code = 0

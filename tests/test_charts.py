@@ -600,9 +600,12 @@ def test_a_preforked_child_runs_the_calls_sent_to_it_after_its_imports(tmp_path,
     from sim.engine.background import Preforked
 
     monkeypatch.setattr(background, "writer_cpus", lambda: 2)
-    assert "colorsys" not in sys.modules            # (a module nothing here imports)
-    pf = Preforked(("colorsys",))
-    assert pf.running and "colorsys" not in sys.modules
+    name = f"sim5d_probe_{os.getpid()}"              # a module that says who imported it
+    said = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(f"import os\nopen({str(said)!r}, 'w').write(str(os.getpid()))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pf = Preforked((name,))
+    assert pf.running
     big = "x" * 300_000
     pf.call(_write_pid_file, tmp_path / "a", big)
     pf.call(_fail, "no")
@@ -611,6 +614,8 @@ def test_a_preforked_child_runs_the_calls_sent_to_it_after_its_imports(tmp_path,
     pids = {int((tmp_path / f).read_text().split()[0]) for f in "ab"}
     assert len(pids) == 2 and os.getpid() not in pids
     assert (tmp_path / "a").read_text().split()[1] == big
+    importer = int(said.read_text())                # the child, before the calls
+    assert importer != os.getpid() and importer not in pids and name not in sys.modules
     slow = Preforked(("colorsys",))
     slow.call(time.sleep, 60)
     t = time.perf_counter()
@@ -650,6 +655,28 @@ def test_charts_drawn_by_the_chart_process_are_the_same_files(tmp_path, monkeypa
     assert said == [[True, True, False]]                 # breakdown, memory, pipeline
     redrawn = (tmp_path / "redrawn/plots/pipeline.png").read_bytes()
     assert redrawn == (tmp_path / "here1/plots/pipeline.png").read_bytes()
+
+
+def test_the_console_script_forks_the_chart_process_for_sim5d_run_only(monkeypatch):
+    """sim.commands.run.start_early (the console script, before typer reads the command line):
+    `sim5d run ...` forks the chart process at once for run_cmd; its help, other commands and a
+    machine with one CPU do not."""
+    from sim.commands import run
+    from sim.engine import background
+
+    monkeypatch.setattr(background, "writer_cpus", lambda: 2)
+    monkeypatch.setattr(run, "EARLY", [])
+    for args in (["sweep", "--model", "x"], ["run", "--help"], ["run", "s.yaml", "-h"], []):
+        run.start_early(args)
+        assert run.EARLY == []
+    run.start_early(["run", "s.yaml", "--out", "o"])
+    (charts,) = run.EARLY
+    assert charts.running
+    charts.discard()
+    monkeypatch.setattr(background, "writer_cpus", lambda: 1)
+    run.EARLY.clear()
+    run.start_early(["run", "s.yaml"])
+    assert run.EARLY == []
 
 
 def test_sim5d_run_draws_its_charts_in_the_chart_process(tmp_path):

@@ -212,18 +212,42 @@ def register(app: typer.Typer) -> None:
             from sim.compare import parse_tokens
 
             n_tokens = parse_tokens(tokens)
-        from sim.engine.background import Preforked
-        from sim.engine.charts import CHART_MODULES
-
-        # the chart process: it imports matplotlib (0.4 s) while this one loads the scenario and
-        # simulates the step, then draws the charts from their data (write_outputs); forked
-        # before any other helper of this command (Preforked)
-        charts = Preforked(("sim.engine.charts",) + CHART_MODULES)
+        charts = EARLY.pop() if EARLY else chart_process()
         try:
             run_step(scenario, set_ or [], out, trace_ranks, html, charts, n_tokens=n_tokens, as_json=as_json,
                      strict=strict)
         finally:
             charts.discard()
+
+
+EARLY: list = []
+"""The chart process the console script forked as it started (`start_early`), for run_cmd."""
+
+
+def chart_process():
+    """`sim5d run`'s chart process (a sim.engine.background.Preforked): it imports matplotlib
+    (0.4 s) while this process loads the scenario and simulates the step, then draws the charts
+    from their data (write_outputs). Forked before any other helper of the command."""
+    from sim.engine.background import Preforked
+    from sim.engine.charts import CHART_MODULES
+
+    return Preforked(("sim.engine.charts",) + CHART_MODULES)
+
+
+def start_early(args: list) -> None:
+    """Called by the console script before it reads its command line (sim.cli.console_main):
+    for `sim5d run` (not its help) fork the chart process now, 0.2 s of command-line set-up
+    (typer's commands and their imports) before run_cmd would, which is what its import of
+    matplotlib has to overlap on a small step; an error before run_cmd takes it leaves it to
+    the process's exit, which stops it (atexit)."""
+    if args[:1] != ["run"] or any(a in ("-h", "--help") for a in args):
+        return
+    import atexit
+
+    charts = chart_process()
+    if charts.running:
+        EARLY.append(charts)
+        atexit.register(charts.discard)
 
 
 def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str | None, html: Path | None,
