@@ -590,8 +590,9 @@ def _fail(message):
 def test_a_preforked_child_runs_the_calls_sent_to_it_after_its_imports(tmp_path, monkeypatch):
     """sim.engine.background.Preforked: the child imports its modules at once (not this
     process), runs each call sent later in a process of its own (a payload larger than a pipe's
-    buffer arrives whole), and finish() says per call, in order, whether it ran; one discarded
-    is stopped at once; without a second CPU it does not fork and finish() says so."""
+    buffer arrives whole), and finish() says per call, in order, whether it ran; a call to a
+    child that died raises nothing and finish() says None; one discarded is stopped at once;
+    without a second CPU it does not fork."""
     import os
     import sys
     import time
@@ -616,6 +617,11 @@ def test_a_preforked_child_runs_the_calls_sent_to_it_after_its_imports(tmp_path,
     assert (tmp_path / "a").read_text().split()[1] == big
     importer = int(said.read_text())                # the child, before the calls
     assert importer != os.getpid() and importer not in pids and name not in sys.modules
+    gone = Preforked(("colorsys",))                  # a child that died: calls go nowhere, finish() says so
+    os.kill(gone._pid, 9)
+    time.sleep(0.2)
+    gone.call(_write_pid_file, tmp_path / "c", big)
+    assert gone.finish() is None and not (tmp_path / "c").exists()
     slow = Preforked(("colorsys",))
     slow.call(time.sleep, 60)
     t = time.perf_counter()

@@ -133,18 +133,22 @@ def write_with_charts(tasks: list, n: int, charts, result, recs, pp_of: dict, by
 
 def _send_charts(charts, result, recs, pp_of: dict, by_rank: dict, mem: dict, plots: Path, title: str) -> None:
     """The three charts' data to the chart process `charts` (a Preforked), in the order
-    write_outputs redraws the ones it did not draw: the breakdown and memory charts' (their
-    stages' lanes only), then the pipeline chart's (sim.engine.outputs.pipeline_chart)."""
+    write_with_charts redraws the ones it did not draw: the breakdown and memory charts' (their
+    stages' lanes only), then the pipeline chart's (sim.engine.outputs.pipeline_chart). All
+    three are made before the first is sent: a writer that fails here sends none, and the
+    task run again sends the three once."""
     from sim.engine import charts as draw
     from sim.engine.outputs import pipeline_chart
 
+    pipeline = pipeline_chart(recs, pp_of, by_rank)
     stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
+    lanes = draw.one_per_stage({r: pp_of[r] for r in mem})
+    peak = max((b for pts in mem.values() for _, b in pts), default=0)
     charts.call(draw.plot_breakdown, {r: result.breakdowns[r] for r in stages}, stages, plots / "breakdown.png",
                 title)
-    lanes = draw.one_per_stage({r: pp_of[r] for r in mem})
     charts.call(draw.plot_memory, {r: mem[r] for r in lanes}, lanes, result.memory.capacity_bytes,
-                plots / "memory.png", title, max((b for pts in mem.values() for _, b in pts), default=0))
-    charts.call(draw.draw_pipeline, pipeline_chart(recs, pp_of, by_rank), plots / "pipeline.png", title)
+                plots / "memory.png", title, peak)
+    charts.call(draw.draw_pipeline, pipeline, plots / "pipeline.png", title)
 
 
 def _list_schedule_s(costs: list, cpus: int) -> float:

@@ -107,7 +107,10 @@ class Preforked:
 
     def call(self, fn, *args) -> None:
         data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-        _write_all(self._jobs, len(data).to_bytes(8, "little") + data)
+        try:
+            _write_all(self._jobs, len(data).to_bytes(8, "little") + data)
+        except BrokenPipeError:                        # the child is gone: finish() says so
+            pass
 
     def finish(self) -> list | None:
         if self._pid is None:
