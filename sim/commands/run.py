@@ -116,7 +116,9 @@ def write_with_charts(tasks: list, n: int, charts, result, recs, pp_of: dict, by
         outputs.plot_pipeline(recs, pp_of, plots / "pipeline.png", title, by_rank)
 
     if charts is not None and charts.running:
-        send = (WRITER_COST["chart_data"](n),
+        # ordered by what it sets off: the chart process draws after it, so it goes first where
+        # the drawing is the longer (its own cost is the data's)
+        send = (WRITER_COST["chart_data"](n) + WRITER_COST["pipeline"](n) - MATPLOTLIB_IMPORT_S,
                 lambda: _send_charts(charts, result, recs, pp_of, by_rank, mem, plots, title))
         outputs.run_writers(tasks + [send], n)
         drew = charts.finish() or []
