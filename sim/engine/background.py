@@ -1,6 +1,9 @@
-"""One function run in a forked child while this process goes on, its answer pickled back through
-a pipe: `sim5d run` has the slice args' program walks made (sim.engine.slice_args.program_walks)
-on the CPU the engine's step leaves idle, instead of in each output writer after it."""
+"""Helper processes of `sim5d run`, forked to work while this process goes on. `Background`: one
+function run in a child, its answer pickled back through a pipe (the slice args' program walks,
+sim.engine.slice_args.program_walks, made on the CPU the engine's step leaves idle instead of in
+each output writer after it). `Preforked`: a child that imports modules at once and runs the
+calls sent to it later (the chart process, which has matplotlib imported by the time the step's
+charts are sent)."""
 
 from __future__ import annotations
 
