@@ -691,7 +691,7 @@ def test_sim5d_run_draws_its_charts_in_the_chart_process(tmp_path):
     nothing of its chart process."""
     from sim.commands.run import write_outputs
 
-    name = "llama3-8b-h100x8-zbv"
+    name = "gpt-1.7b-a100x8-gpipe"
     got = subprocess.run([sys.executable, "-m", "sim", "run", name, "--out", str(tmp_path / "cli")], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
