@@ -425,6 +425,16 @@ class TrainingIn(Strict):
     expert parallelism, pipeline_schedule 1f1b with one pipeline rank or interleaved-1f1b, no
     full recompute and at most one MTP layer (Megatron-Core's TransformerConfig rules). The
     schedule named stays the scenario's pipeline_schedule. Default false."""
+    moe_shared_expert_overlap: bool = False
+    """Megatron-Core --moe-shared-expert-overlap: the shared experts run on a stream of their own
+    under the dispatcher's communication, their fc1 and activation under the dispatch, their fc2
+    under the combine, and in the backward their gradients under the combine's and the
+    dispatch's (shared_experts.py, token_dispatcher.py @d98e8a6); without it they run in turn
+    with the rest of the MoE layer. Needs shared experts, expert parallelism, the alltoall or flex
+    dispatcher, no EP all-to-all overlap and no shared_experts in recompute_modules
+    (Megatron-Core's rules), and a schedule other than dualpipe / dualpipev (whose overlapped
+    pairs hide the all-to-alls already). A full recompute's re-run forward overlaps them as the
+    forward does; a selective recompute of moe re-runs them in turn. Default false."""
     checkpoint_interval_s: Union[float, Literal["optimal"]] = "optimal"
     """Training time between two checkpoints, seconds, or `optimal`: the interval that maximises
     the expected goodput under Poisson failures (Daly 2006's complete model, exact optimum;
@@ -538,6 +548,7 @@ class Training:
     moe_flex_dispatcher_backend: Optional[str] = None
     """deepep or hybridep with the flex dispatcher (deepep when not given), else None."""
     overlap_moe_expert_parallel_comm: bool = False
+    moe_shared_expert_overlap: bool = False
     tp_async_backward: bool = True
     checkpoint_interval_s: Union[str, float] = "optimal"
     """Seconds of training between checkpoints, or "optimal" (sim.plan)."""
@@ -1399,6 +1410,7 @@ def _check_where_they_apply(model: ModelSpec, p: ParallelIn, t: TrainingIn, ep: 
                   "needs training.moe_expert_capacity_factor (Megatron-Core raises the same)")
     _check_moe_dispatch(model, t, ep, etp, err)
     _check_ep_overlap(model, t, ep, pp, schedule, err)
+    _check_shared_expert_overlap(model, t, ep, schedule, err)
     _check_recompute_modules(model, t, err)
     _check_op_sac(model, t, err)
     _check_recompute_layers(t, p, err)
@@ -1761,6 +1773,31 @@ def _check_ep_overlap(model: ModelSpec, t, ep: int, pp: int, schedule: str, err)
     if model.mtp_num_layers > 1:
         raise err(key, f"the EP all-to-all overlap supports at most one MTP layer (model has "
                   f"{model.mtp_num_layers}; Megatron-Core asserts the same)")
+
+
+def _check_shared_expert_overlap(model: ModelSpec, t, ep: int, schedule: str, err) -> None:
+    """Megatron-Core's rules for moe_shared_expert_overlap (transformer_config.py @d98e8a6), and
+    sim5d's: without shared experts or expert parallelism the flag would do nothing (Megatron-Core
+    ignores it there), which a scenario must not say."""
+    if not t.moe_shared_expert_overlap:
+        return
+    key = "training.moe_shared_expert_overlap"
+    if not model.moe_shared_experts:
+        raise err(key, f"the shared experts' overlap needs shared experts; {model.name} has "
+                  "moe_shared_experts = 0")
+    if ep == 1:
+        raise err(key, "the shared experts' overlap hides them under the expert-parallel all-to-alls, "
+                  "which need expert_model_parallel_size > 1")
+    if t.overlap_moe_expert_parallel_comm:
+        raise err(key, "moe_shared_expert_overlap with overlap_moe_expert_parallel_comm (Megatron-Core: "
+                  "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm)")
+    if schedule in ("dualpipe", "dualpipev"):
+        raise err(key, f"moe_shared_expert_overlap is Megatron-Core's, for its schedules; {schedule} "
+                  "already runs each half of an overlapped pair's all-to-alls under the other half's "
+                  "compute, shared experts included")
+    if t.recompute == "selective" and "shared_experts" in (t.recompute_modules or ()):
+        raise err(key, "moe_shared_expert_overlap with recompute_modules value 'shared_experts' "
+                  "(Megatron-Core: shared_experts recompute cannot work with --moe-shared-expert-overlap)")
 
 
 def moe_expert_load(model: ModelSpec, t, tp: int, cp: int, sequence_parallel: bool) -> float:

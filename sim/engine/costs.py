@@ -123,7 +123,27 @@ class DeviceCostModel(CostModel):
         core_d.update(self._cp_correction_ns())
         experts = [op for op in ops[split:] if op.expert]
         expert = {ph: self._time(experts, ph) for ph in ("fwd", "dgrad", "wgrad")} if experts else None
-        return LayerCost(attn=blocks[0], mlp=blocks[1], attn_core=core_d, expert=expert)
+        return LayerCost(attn=blocks[0], mlp=blocks[1], attn_core=core_d, expert=expert,
+                         shared=self._shared_ns(ops[split:], blocks[1]) if experts else None)
+
+    def _shared_ns(self, mlp, block) -> dict | None:
+        """With training.moe_shared_expert_overlap, the shared experts' part of the MoE block,
+        {"fc1": {phase: ns}, "fc2": ...}: fc1 with its quantisation and the activation (run under
+        the dispatch), fc2 with its quantisation (under the combine). Each part is timed as
+        max(its kernels, its host issues); where the two parts outweigh the block's phase they
+        share it in proportion, so that the rest of the block is never negative."""
+        if not self.sc.training.moe_shared_expert_overlap:
+            return None
+        parts = {"fc1": [op for op in mlp if op.name.startswith(("shared_fc1", "shared_act"))],
+                 "fc2": [op for op in mlp if op.name.startswith("shared_fc2")]}
+        if not parts["fc1"]:
+            return None
+        out = {k: {ph: self._time(ops, ph) for ph in ("fwd", "dgrad", "wgrad")} for k, ops in parts.items()}
+        for ph in ("fwd", "dgrad", "wgrad"):
+            a, b, whole = out["fc1"][ph], out["fc2"][ph], block[ph]
+            if a + b > whole:
+                out["fc1"][ph], out["fc2"][ph] = whole * a // (a + b), whole * b // (a + b)
+        return out
 
     def _column_gemm_ns(self, block) -> dict:
         """The block's column-parallel GEMM (qkv_proj of an attention block, fc1 of a dense MLP),

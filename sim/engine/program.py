@@ -59,12 +59,15 @@ class LayerCost:
     bias-dropout-add, is after it), correction_fwd / correction_bwd (one ring step's
     online-softmax output correction / dQ-dK-dV accumulation, memory-bound).
     `expert` (MoE layers): the routed-expert GEMMs' part of `mlp`, per phase (fwd, dgrad,
-    wgrad), scaled by the routing imbalance."""
+    wgrad), scaled by the routing imbalance. `shared` (MoE layers with
+    training.moe_shared_expert_overlap): the shared experts' part of `mlp`, {"fc1": {phase: ns},
+    "fc2": ...}, which runs under the dispatcher's all-to-alls (sim.engine.parallel.ep)."""
 
     attn: dict
     mlp: dict
     attn_core: dict | None = None
     expert: dict | None = None
+    shared: dict | None = None
 
 
 class CostModel:
@@ -208,12 +211,15 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         tp_mlp = self._tp_mlp(layer)
         if ag and tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp all-gather mb{mb}", ag)
-        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch mb{mb}", "dispatch")
+        cat = "recompute" if tag == "R" else "compute"
+        shared = self._shared(c, layer)
+        self._a2a(prog, r, layer, f"{tag} L{layer} dispatch mb{mb}", "dispatch",
+                  shared and (shared["fc1"]["fwd"], f"{tag} L{layer} mlp shared fc1 mb{mb}", cat))
         self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather mb{mb}", "all_gather")
-        prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}",
-                            "recompute" if tag == "R" else "compute"))
+        prog.append(Compute(self._mlp_ns(c, layer, "fwd"), f"{tag} L{layer} mlp mb{mb}", cat))
         self._etp(prog, r, layer, f"{tag} L{layer} expert reduce-scatter mb{mb}", "reduce_scatter")
-        self._a2a(prog, r, layer, f"{tag} L{layer} combine mb{mb}")
+        self._a2a(prog, r, layer, f"{tag} L{layer} combine mb{mb}", "combine",
+                  shared and (shared["fc2"]["fwd"], f"{tag} L{layer} mlp shared fc2 mb{mb}", cat))
         if tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp {rs} mb{mb}", rs)
 
@@ -296,8 +302,18 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
                 # etp != tp: the backward of the dispatch's all-gather
                 self._etp(prog, r, layer, f"B {name} expert grad reduce-scatter", "reduce_scatter")
         if do_weight:
-            prog.append(Compute(self._mlp_ns(lc, layer, "wgrad") if block == "mlp" else c["wgrad"],
-                                f"{wk} {name} wgrad"))
+            prog.append(Compute(self._mlp_ns(lc, layer, "wgrad", shared_out=do_input) if block == "mlp"
+                                else c["wgrad"], f"{wk} {name} wgrad"))
+
+    def _shared_grad(self, c, layer, mb, part, do_weight):
+        """The shared experts' `part` (fc1, fc2) of an input-gradient backward that runs under
+        the all-to-all's gradient (`_a2a`'s `under`; sim.engine.parallel.ep): its input gradient,
+        and with `do_weight` (a full backward) its weight gradient too; None without the overlap."""
+        shared = self._shared(c, layer)
+        if shared is None:
+            return None
+        ns = shared[part]["dgrad"] + (shared[part]["wgrad"] if do_weight else 0)
+        return ns, f"{'B' if do_weight else 'I'} L{layer} mlp shared {part} mb{mb}", "compute"
 
     def _op_sac_recompute(self, prog, r, layer, mb, c):
         """torchtitan's per-op selective checkpointing (recompute selective-op): the first
@@ -324,10 +340,12 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         elif do_input and self.sc.training.recompute == "selective-op":
             self._op_sac_recompute(prog, r, layer, mb, c)
         if do_input:
-            self._a2a(prog, r, layer, f"B L{layer} combine-grad mb{mb}")
+            self._a2a(prog, r, layer, f"B L{layer} combine-grad mb{mb}", "combine-grad",
+                      self._shared_grad(c, layer, mb, "fc2", do_weight))
         self._backward_block(prog, r, layer, mb, "mlp", c.mlp, do_input, do_weight, c)
         if do_input:
-            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad mb{mb}", "dispatch-grad")
+            self._a2a(prog, r, layer, f"B L{layer} dispatch-grad mb{mb}", "dispatch-grad",
+                      self._shared_grad(c, layer, mb, "fc1", do_weight))
         self._backward_block(prog, r, layer, mb, "attn", c.attn, do_input, do_weight, c)
 
     # -- pipeline actions ----------------------------------------------------------------

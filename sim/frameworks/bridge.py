@@ -74,6 +74,7 @@ _MODEL_SWITCH = {
     "account_for_embedding_in_pipeline_split": ("--account-for-embedding-in-pipeline-split", True),
     "account_for_loss_in_pipeline_split": ("--account-for-loss-in-pipeline-split", True),
     "overlap_moe_expert_parallel_comm": ("--overlap-moe-expert-parallel-comm", True),
+    "moe_shared_expert_overlap": ("--moe-shared-expert-overlap", True),
     "tp_only_amax_red": ("--tp-only-amax-red", True),
     "bf16": ("--bf16", True), "fp16": ("--fp16", True),
 }

@@ -113,6 +113,7 @@ _BOOL = {  # switch -> (key, value when given)
     "--account-for-loss-in-pipeline-split": ("parallelism.account_for_loss_in_pipeline_split", True),
     "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
     "--overlap-moe-expert-parallel-comm": ("training.overlap_moe_expert_parallel_comm", True),
+    "--moe-shared-expert-overlap": ("training.moe_shared_expert_overlap", True),
 }
 STATE_TYPES = {"--exp-avg-dtype": ("exp_avg_dtype", ("fp32", "fp16", "bf16", "fp8")),
                "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", ("fp32", "fp16", "bf16", "fp8")),
@@ -724,8 +725,27 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
     _recompute(f, d)
     _fsdp(f, d)
     p["data_parallel_size"] = _data_parallel(launch, gpus, tp, pp, cp)
+    _shared_expert_overlap(d, notes)
     _unread(f, notes)
     return d, notes
+
+
+def _shared_expert_overlap(d: dict, notes: list) -> None:
+    """--moe-shared-expert-overlap where it changes nothing (Megatron-Core ignores it without
+    shared experts; with expert parallelism 1 there is no all-to-all to run them under): not
+    applied, said in a note (sim5d's scenario would refuse it; Megatron-Bridge's providers set it
+    for whole model families)."""
+    t = d["training"]
+    if not t.get("moe_shared_expert_overlap"):
+        return
+    why = None
+    if not d["model"].get("moe_shared_experts"):
+        why = "the model has no shared experts (Megatron-Core ignores the flag there)"
+    elif d["parallelism"].get("expert_model_parallel_size", 1) == 1:
+        why = "expert parallelism is 1, so there is no all-to-all to run the shared experts under"
+    if why:
+        del t["moe_shared_expert_overlap"]
+        notes.append(f"--moe-shared-expert-overlap not applied: {why}")
 
 
 # --- export -----------------------------------------------------------------------------------
@@ -853,6 +873,8 @@ def _moe_flags(m, t) -> list[str]:
         out.append("--moe-pad-expert-input-to-capacity")
     if t.overlap_moe_expert_parallel_comm:
         out.append("--overlap-moe-expert-parallel-comm")
+    if t.moe_shared_expert_overlap:
+        out.append("--moe-shared-expert-overlap")
     return out
 
 

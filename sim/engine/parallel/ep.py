@@ -21,24 +21,47 @@ expert gradients reduce over expert-DP (dp.DataParallel._grad_spec).
 `training.moe_token_dispatcher: flex` (DeepEP / HybridEP, expert TP 1) replaces the all-to-all by
 one `moe_dispatch` call per dispatch and combine: each token crosses the network once per node
 that holds one of its experts, then fans out over NVLink (sim.network.moe_dispatch).
+
+`training.moe_shared_expert_overlap` (Megatron-Core's --moe-shared-expert-overlap,
+shared_experts.py and token_dispatcher.py @d98e8a6): the shared experts run on a stream of their
+own, launched right after the dispatcher's token all-to-all (or flex dispatch) so that they run
+under it: fc1 and the activation under the dispatch, fc2 under the combine; in the backward
+(autograd launches the all-to-all first: "probs A2A -> tokens A2A -> shared experts fc1") fc2's
+gradients under the combine's gradient, fc1's under the dispatch's. Here: the token all-to-all
+launched, the shared part computed, the all-to-all waited for, the rest of the block after
+(LayerCost.shared; `_mlp_ns` leaves the shared part out of the block). The weight gradients go
+under the all-to-alls in a full backward, and stay in the weight-gradient action where the
+schedule splits them off.
 """
 
 from __future__ import annotations
 
-from sim.engine.core import Comm, CommSpec
+from sim.engine.core import Comm, CommSpec, Compute, Launch, Wait
 
 
 class ExpertParallel:
     """EP collectives and the routing imbalance (ProgramBuilder: `sc`, `sp`, `act_bytes`,
     `imbalance`, `_spec`)."""
 
-    def _mlp_ns(self, c, layer: int, phase: str) -> int:
+    def _mlp_ns(self, c, layer: int, phase: str, shared_out: bool = True) -> int:
         """The MLP block's time; on MoE layers the routed-expert part scaled by the routing
-        imbalance (the busiest EP rank's token share relative to the mean)."""
+        imbalance (the busiest EP rank's token share relative to the mean), and without the
+        shared experts' part where it runs under the all-to-alls (`_shared`; `shared_out` False:
+        a weight-gradient action split off from its backward, which keeps it)."""
         t = c.mlp[phase]
         if self.imbalance != 1.0 and c.expert is not None and self.sc.model.is_moe_layer(layer):
             t += int(round((self.imbalance - 1.0) * c.expert[phase]))
+        shared = self._shared(c, layer) if shared_out else None
+        if shared is not None:
+            t -= shared["fc1"][phase] + shared["fc2"][phase]
         return t
+
+    def _shared(self, c, layer: int):
+        """LayerCost.shared where the shared experts run under this layer's all-to-alls
+        (training.moe_shared_expert_overlap, an MoE layer, expert parallelism), else None."""
+        if c.shared is None or self.sc.parallelism.ep == 1 or not self.sc.model.is_moe_layer(layer):
+            return None
+        return c.shared
 
     def a2a_bytes(self) -> int:
         """All-to-all size per rank (nccl-tests' per-rank send buffer) of one MoE dispatch or
@@ -56,7 +79,7 @@ class ExpertParallel:
         size = tokens * m.moe_router_topk * 4
         return int(round(size * self.imbalance))
 
-    def _a2a(self, prog, pp_rank, layer, name, leg="combine"):
+    def _a2a(self, prog, pp_rank, layer, name, leg="combine", under=None):
         """One dispatch or combine (leg "dispatch" / "combine", forward) or its gradient
         ("dispatch-grad" / "combine-grad"). Megatron-Core's alltoall dispatcher
         (token_dispatcher.py MoEAlltoAllTokenDispatcher @d98e8a6): before the forward dispatch
@@ -64,12 +87,14 @@ class ExpertParallel:
         gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=tp_ep_group),
         num_experts int64 each) for the all-to-all splits; the dispatch moves the tokens, then the
         routing probabilities in a second all-to-all (token_dispatch: global_probs), and its
-        backward runs both again (probs first). The combine moves only the tokens."""
+        backward runs both again (probs first). The combine moves only the tokens. `under`:
+        (ns, name, category) of the shared experts' part that runs under the token all-to-all
+        (`_shared`)."""
         m, p = self.sc.model, self.sc.parallelism
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
         if self.sc.training.moe_token_dispatcher == "flex":
-            prog.append(Comm(self._dispatch_spec(), name))
+            self._tokens(prog, self._dispatch_spec(), name, under)
             return
         if leg == "dispatch":
             counts = p.etp * p.ep * m.num_experts * 8
@@ -79,10 +104,22 @@ class ExpertParallel:
             prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.probs_bytes(), "ep"),
                              f"{name} probs"))
         # every token's top-k copies of its hidden state leave for the experts' ranks
-        prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.a2a_bytes(), "ep"), name))
+        self._tokens(prog, self._spec("all_to_all", pp_rank, "ep", self.a2a_bytes(), "ep"), name, under)
         if leg == "dispatch":
             prog.append(Comm(self._spec("all_to_all", pp_rank, "ep", self.probs_bytes(), "ep"),
                              f"{name} probs"))
+
+    @staticmethod
+    def _tokens(prog, spec, name, under) -> None:
+        """The tokens' all-to-all (or flex dispatch): blocking, or launched with `under` =
+        (ns, name, category) computed while it runs and then waited for."""
+        if under is None:
+            prog.append(Comm(spec, name))
+            return
+        h = ("ep-shared", name, len(prog))
+        prog.append(Launch(h, spec, name, "ep"))
+        prog.append(Compute(*under))
+        prog.append(Wait(h, name))
 
     def _dispatch_spec(self):
         """The flex dispatcher's dispatch / combine (DeepEP, HybridEP; sim.network.moe_dispatch):
