@@ -150,3 +150,27 @@ def test_an_import_where_the_flag_changes_nothing_says_so(tmp_path):
     data, notes = import_launch(tmp_path / "l.sh", cluster="dgx-a100-hdr:64", fmt="megatron")
     assert "moe_shared_expert_overlap" not in data["training"]
     assert any("--moe-shared-expert-overlap not applied" in n and "no shared experts" in n for n in notes), notes
+
+
+def test_the_sweeps_bounds_stay_below_the_steps(tmp_path):
+    """The bounded sweep's lower bounds (sim.sweep.bound: kernels and blocking collectives, a
+    launched one counting nothing) stay at or below every simulated step of a small MoE sweep
+    with the overlap, the one-GPU probe leaving the flag to the layouts (sim.sweep.EP_ONLY_KEYS)."""
+    from sim.sweep import SweepSpec, prepare, run_sweep
+    from sim.sweep.bound import Bounds
+    from sim.units import ns_to_s
+
+    model = {"preset": "llama3-8b", "num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+             "num_query_groups": 4, "ffn_hidden_size": 512, "vocab_size": 1024, "num_experts": 4,
+             "moe_router_topk": 2, "moe_shared_experts": 1, "max_position_embeddings": 8192}
+    sets = ["training.seq_length=512", "training.global_batch_size=16", "training.moe_shared_expert_overlap=true",
+            "parallelism.tp=1", "parallelism.zero_stage=1", "training.recompute=none"]
+    spec = SweepSpec(model=model, gpus=8, topology="hgx-h200-ndr", overrides=sets, top=0, plots=False,
+                     out=tmp_path / "s.csv", bound=False, workers=1)
+    res = run_sweep(spec, progress=False)
+    rows = [r for r in res.table if r["status"] == "ok"]
+    assert len(rows) >= 10 and all(int(r["ep"]) > 1 for r in rows)     # (ep 1 refuses the flag)
+    bounds = Bounds(prepare(spec).base, prepare(spec).layouts)
+    for r in rows:
+        assert bounds.coarse_ns(r["index"]) <= bounds.fine_ns(r["index"]) and \
+            ns_to_s(bounds.fine_ns(r["index"])) <= r["step_time_s"], r["layout"]

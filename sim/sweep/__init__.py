@@ -215,6 +215,11 @@ def _split_layers(model, parallelism: dict) -> int:
             + int(parallelism.get("account_for_loss_in_pipeline_split") is True))
 
 
+EP_ONLY_KEYS = ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap")
+"""Training keys whose rules need expert parallelism, left out of the one-GPU probe (each
+layout of the sweep is checked with them)."""
+
+
 def _probe_model(data: dict):
     """The model and device as build_scenario resolves them (and the user's other keys checked
     once, with their own messages)."""
@@ -225,8 +230,8 @@ def _probe_model(data: dict):
     probe["parallelism"] = {k: v for k, v in probe["parallelism"].items() if k not in PIPELINE_SPLIT_KEYS}
     probe["parallelism"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
                                 data_parallel_size=1)
-    # the probe's layout (one GPU, no EP) is not one the EP all-to-all overlap applies to
-    probe["training"] = {**{k: v for k, v in probe["training"].items() if k != "overlap_moe_expert_parallel_comm"},
+    # the probe's layout (one GPU, no EP) is not one the EP overlaps apply to
+    probe["training"] = {**{k: v for k, v in probe["training"].items() if k not in EP_ONLY_KEYS},
                          "global_batch_size": 1, "micro_batch_size": 1}
     probe["training"].setdefault("seq_length", 2)
     return build_scenario(probe, default_name="sweep").model
