@@ -117,9 +117,7 @@ class DeviceCostModel(CostModel):
             # that overstates the parts against the whole block (max is subadditive) and can leave
             # the part after the core (block - qkv part - core) negative: the parts then share
             # the block's time in proportion, so that the three still sum to it.
-            a, b, whole = core_d["pre_" + ph], core_d[ph], blocks[0][ph]
-            if a + b > whole:
-                core_d["pre_" + ph], core_d[ph] = whole * a // (a + b), whole * b // (a + b)
+            core_d["pre_" + ph], core_d[ph] = _within(core_d["pre_" + ph], core_d[ph], blocks[0][ph])
         core_d.update(self._cp_correction_ns())
         experts = [op for op in ops[split:] if op.expert]
         expert = {ph: self._time(experts, ph) for ph in ("fwd", "dgrad", "wgrad")} if experts else None
@@ -129,20 +127,16 @@ class DeviceCostModel(CostModel):
     def _shared_ns(self, mlp, block) -> dict | None:
         """With training.moe_shared_expert_overlap, the shared experts' part of the MoE block,
         {"fc1": {phase: ns}, "fc2": ...}: fc1 with its quantisation and the activation (run under
-        the dispatch), fc2 with its quantisation (under the combine). Each part is timed as
-        max(its kernels, its host issues); where the two parts outweigh the block's phase they
-        share it in proportion, so that the rest of the block is never negative."""
+        the dispatch), fc2 with its quantisation (under the combine), kept within the block
+        (`_within`). Only MoE layers get it, and sim.config allows the flag only with shared
+        experts and expert parallelism."""
         if not self.sc.training.moe_shared_expert_overlap:
             return None
         parts = {"fc1": [op for op in mlp if op.name.startswith(("shared_fc1", "shared_act"))],
                  "fc2": [op for op in mlp if op.name.startswith("shared_fc2")]}
-        if not parts["fc1"]:
-            return None
         out = {k: {ph: self._time(ops, ph) for ph in ("fwd", "dgrad", "wgrad")} for k, ops in parts.items()}
         for ph in ("fwd", "dgrad", "wgrad"):
-            a, b, whole = out["fc1"][ph], out["fc2"][ph], block[ph]
-            if a + b > whole:
-                out["fc1"][ph], out["fc2"][ph] = whole * a // (a + b), whole * b // (a + b)
+            out["fc1"][ph], out["fc2"][ph] = _within(out["fc1"][ph], out["fc2"][ph], block[ph])
         return out
 
     def _column_gemm_ns(self, block) -> dict:
@@ -211,3 +205,12 @@ class DeviceCostModel(CostModel):
         # gradients, 4 in fp32 or with grad_reduce_in_fp32; the state's stored types)
         return self._ns(compute.optimizer_step_time_s(n_params, self.device, t.precision, grad_bytes=grad_bytes(t),
                                                       **optimizer_state(t)), "the optimizer step")
+
+
+def _within(a: int, b: int, whole: int) -> tuple:
+    """Two parts of a block, each timed as max(its kernels, its host issues): where they
+    outweigh the block (max is subadditive when the host sets the pace) they share its time in
+    proportion, so that the rest of the block is never negative."""
+    if a + b <= whole:
+        return a, b
+    return whole * a // (a + b), whole * b // (a + b)

@@ -212,7 +212,7 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         if ag and tp_mlp:
             self._tp(prog, r, f"{tag} L{layer} mlp all-gather mb{mb}", ag)
         cat = "recompute" if tag == "R" else "compute"
-        shared = self._shared(c, layer)
+        shared = c.shared
         self._a2a(prog, r, layer, f"{tag} L{layer} dispatch mb{mb}", "dispatch",
                   shared and (shared["fc1"]["fwd"], f"{tag} L{layer} mlp shared fc1 mb{mb}", cat))
         self._etp(prog, r, layer, f"{tag} L{layer} expert all-gather mb{mb}", "all_gather")
@@ -305,11 +305,12 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
             prog.append(Compute(self._mlp_ns(lc, layer, "wgrad", shared_out=do_input) if block == "mlp"
                                 else c["wgrad"], f"{wk} {name} wgrad"))
 
-    def _shared_grad(self, c, layer, mb, part, do_weight):
+    @staticmethod
+    def _shared_grad(c, layer, mb, part, do_weight):
         """The shared experts' `part` (fc1, fc2) of an input-gradient backward that runs under
         the all-to-all's gradient (`_a2a`'s `under`; sim.engine.parallel.ep): its input gradient,
         and with `do_weight` (a full backward) its weight gradient too; None without the overlap."""
-        shared = self._shared(c, layer)
+        shared = c.shared
         if shared is None:
             return None
         ns = shared[part]["dgrad"] + (shared[part]["wgrad"] if do_weight else 0)

@@ -46,22 +46,16 @@ class ExpertParallel:
     def _mlp_ns(self, c, layer: int, phase: str, shared_out: bool = True) -> int:
         """The MLP block's time; on MoE layers the routed-expert part scaled by the routing
         imbalance (the busiest EP rank's token share relative to the mean), and without the
-        shared experts' part where it runs under the all-to-alls (`_shared`; `shared_out` False:
-        a weight-gradient action split off from its backward, which keeps it)."""
+        shared experts' part where it runs under the all-to-alls (LayerCost.shared: set on MoE
+        layers under training.moe_shared_expert_overlap, which sim.config allows with expert
+        parallelism only; `shared_out` False: a weight-gradient action split off from its
+        backward, which keeps it)."""
         t = c.mlp[phase]
         if self.imbalance != 1.0 and c.expert is not None and self.sc.model.is_moe_layer(layer):
             t += int(round((self.imbalance - 1.0) * c.expert[phase]))
-        shared = self._shared(c, layer) if shared_out else None
-        if shared is not None:
-            t -= shared["fc1"][phase] + shared["fc2"][phase]
+        if shared_out and c.shared is not None:
+            t -= c.shared["fc1"][phase] + c.shared["fc2"][phase]
         return t
-
-    def _shared(self, c, layer: int):
-        """LayerCost.shared where the shared experts run under this layer's all-to-alls
-        (training.moe_shared_expert_overlap, an MoE layer, expert parallelism), else None."""
-        if c.shared is None or self.sc.parallelism.ep == 1 or not self.sc.model.is_moe_layer(layer):
-            return None
-        return c.shared
 
     def a2a_bytes(self) -> int:
         """All-to-all size per rank (nccl-tests' per-rank send buffer) of one MoE dispatch or
@@ -89,7 +83,7 @@ class ExpertParallel:
         routing probabilities in a second all-to-all (token_dispatch: global_probs), and its
         backward runs both again (probs first). The combine moves only the tokens. `under`:
         (ns, name, category) of the shared experts' part that runs under the token all-to-all
-        (`_shared`)."""
+        (LayerCost.shared)."""
         m, p = self.sc.model, self.sc.parallelism
         if not m.is_moe_layer(layer) or p.ep == 1:
             return
