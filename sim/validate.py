@@ -190,7 +190,7 @@ def calibration_cases(set_name: str) -> list[Case]:
     profile of the runs' topology: h100_calibration.yaml (NVIDIA/dgxc-benchmarking v25.02, NeMo,
     h100-sxm-80gb) or gb200_calibration.yaml (v25.05.01, NeMo 2.0, gb200-186gb on gb200-nvl72);
     each file's `common:` holds the settings its header states. In sample."""
-    return [Case(set_name, r.name, r.scenario, r.step_time_s) for r in _calibration_runs(set_name)]
+    return _step_cases(set_name, CALIBRATION_SETS[set_name])
 
 
 def calibration_loo(set_name: str) -> dict:
@@ -205,28 +205,28 @@ def h100_published_cases() -> list[Case]:
     """H100 steps of the same benchmark collection that nothing is fitted to (h100_published.yaml:
     the calibration recipes in FP8 and at 16x the GPUs, Nemotron-4 340B in BF16 and FP8), on
     the bundled h100-sxm-80gb profile: out of sample."""
+    return _step_cases("h100-published", "h100_published.yaml")
+
+
+def _step_cases(set_name: str, file: str) -> list[Case]:
+    """The measured steps of a step-time set file (sim.calibrate.step_fit.load_runs), as cases."""
     from sim.calibrate.step_fit import load_runs
 
-    return [Case("h100-published", r.name, r.scenario, r.step_time_s)
-            for r in load_runs(DATA / "h100_published.yaml")]
+    return [Case(set_name, r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / file)]
 
 
 def bridge_moe_cases() -> list[Case]:
     """MoE steps of Megatron-Bridge's performance summary (bridge_moe.yaml: Qwen3-235B-A22B,
     DeepSeek-V3, Qwen3-30B-A3B, GPT-OSS-120B on H100, GB200 and B200, each with its recipe's
     layout and settings): out of sample."""
-    from sim.calibrate.step_fit import load_runs
-
-    return [Case("bridge-moe", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_moe.yaml")]
+    return _step_cases("bridge-moe", "bridge_moe.yaml")
 
 
 def bridge_dense_cases() -> list[Case]:
     """Dense steps of Megatron-Bridge's performance summary (bridge_dense.yaml: Llama 3 70B on 64
     and Llama 3.1 405B on 256 GB200 and GB300, FP8, MXFP8 and NVFP4, each with its recipe's
     layout): out of sample."""
-    from sim.calibrate.step_fit import load_runs
-
-    return [Case("bridge-dense", r.name, r.scenario, r.step_time_s) for r in load_runs(DATA / "bridge_dense.yaml")]
+    return _step_cases("bridge-dense", "bridge_dense.yaml")
 
 
 LOO = {s: partial(calibration_loo, s) for s in CALIBRATION_SETS}
