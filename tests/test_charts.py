@@ -22,17 +22,25 @@ from sim.engine.simulate import simulate
 
 @pytest.fixture
 def figures(monkeypatch):
-    """Every Figure saved while the test runs (the charts build, save and drop their figures)."""
+    """Every Figure saved while the test runs (the charts build, save and drop their figures:
+    by savefig, or the pipeline chart, laid out already, by sim.engine.charts._save)."""
     from matplotlib.figure import Figure
 
+    from sim.engine import charts
+
     saved = []
-    original = Figure.savefig
+    original, save = Figure.savefig, charts._save
 
     def savefig(self, *args, **kwargs):
         saved.append(self)
         return original(self, *args, **kwargs)
 
+    def _save(fig, path):
+        saved.append(fig)
+        return save(fig, path)
+
     monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(charts, "_save", _save)
     return saved
 
 
@@ -114,6 +122,24 @@ def test_pipeline_chart_from_records_grouped_already_is_the_same(figures, tmp_pa
     assert _box_labels(figures[-1].axes[0]) == _box_labels(figures[-2].axes[0])
     a, b = (Image.open(tmp_path / f) for f in ("a.png", "b.png"))
     assert a.size == b.size and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("gbs", [8, 128])
+def test_pipeline_chart_laid_out_before_its_bars_is_matplotlibs_layout(gbs, tmp_path, monkeypatch):
+    """charts.draw_pipeline lays the figure out on its decorations alone, then adds the bars and
+    draws once (`_lay_out`, `_save`): the same PNG, byte for byte, as matplotlib's savefig of the
+    finished figure with its constrained layout, which lays it out with the bars and draws it
+    twice (the boxes with their numbers, and the time-share view)."""
+    from matplotlib.figure import Figure
+
+    from sim.engine import charts
+
+    res = _sim(pp=4, gbs=gbs)
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "once.png", "t")
+    monkeypatch.setattr(charts, "_lay_out", lambda fig: None)
+    monkeypatch.setattr(charts, "_save", lambda fig, path: Figure.savefig(fig, path, pil_kwargs=charts.PNG_OPTIONS))
+    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "twice.png", "t")
+    assert (tmp_path / "once.png").read_bytes() == (tmp_path / "twice.png").read_bytes()
 
 
 def test_pipeline_chart_aggregates_when_boxes_are_narrow(figures, tmp_path):

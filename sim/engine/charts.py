@@ -94,6 +94,26 @@ def _draw_labels(ax, labels: list, dpi: float) -> None:
     ax.add_collection(col, autolim=False)
 
 
+def _lay_out(fig) -> None:
+    """Lay `fig` out now (its layout engine's pass, on what it holds) and keep those positions
+    (`_save` then draws it once). Called before the artists inside the axes are added (the
+    pipeline chart's bars: clipped to the axes, they do not move the layout; the same pixels),
+    so that only the axes' decorations are laid out."""
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")
+
+
+def _save(fig, path: Path) -> None:
+    """`fig.savefig(path)` as PNG_OPTIONS says, at the figure's dpi, of a figure laid out
+    already (`_lay_out`): drawn once. savefig (matplotlib 3.11 FigureCanvasBase.print_figure)
+    draws a figure that has a layout engine, even the place-holder `_lay_out` leaves, a first
+    time without rendering, then again; its other settings are the defaults (the figure's own
+    colours, no bounding-box crop), and the same Agg canvas writes the same bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).print_png(path, pil_kwargs=PNG_OPTIONS)
+
+
 def draw_pipeline(chart: dict, path: Path, title: str) -> None:
     """plots/pipeline.png from `chart` (sim.engine.outputs.pipeline_chart: its lanes' draw
     commands in order, the microbatch numbers, the y ticks, the x extent and label, the kinds
@@ -106,15 +126,6 @@ def draw_pipeline(chart: dict, path: Path, title: str) -> None:
     dpi = PIPELINE_DPI
     fig = Figure(figsize=(PIPELINE_WIDTH_IN, 0.55 * len(chart["ticks"]) + 2.0), dpi=dpi, layout="constrained")
     ax = fig.subplots()
-    for cmd in chart["commands"]:
-        if cmd[0] == "bars":
-            _bars(ax, cmd[1], cmd[2], cmd[3], **cmd[4])
-        else:
-            _, values, edges, baseline, colour = cmd
-            ax.add_artist(StepPatch(values, edges, baseline=baseline, fill=True, color=colour, linewidth=0,
-                                    zorder=1))
-    if chart["labels"]:
-        _draw_labels(ax, chart["labels"], dpi)
     ax.set_yticks(range(len(chart["ticks"])), chart["ticks"])
     ax.set_ylim(len(chart["ticks"]) - 0.5, -0.5)
     ax.set_xlim(0, chart["makespan_ns"] / 1e6)
@@ -129,7 +140,17 @@ def draw_pipeline(chart: dict, path: Path, title: str) -> None:
             handles.append(Patch(facecolor=face, edgecolor="black" if k == "pair" else face,
                                  linewidth=1.2 if k == "pair" else 0, label=_NAMES[k]))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
-    fig.savefig(path, pil_kwargs=PNG_OPTIONS)
+    _lay_out(fig)
+    for cmd in chart["commands"]:
+        if cmd[0] == "bars":
+            _bars(ax, cmd[1], cmd[2], cmd[3], **cmd[4])
+        else:
+            _, values, edges, baseline, colour = cmd
+            ax.add_artist(StepPatch(values, edges, baseline=baseline, fill=True, color=colour, linewidth=0,
+                                    zorder=1))
+    if chart["labels"]:
+        _draw_labels(ax, chart["labels"], dpi)
+    _save(fig, path)
 
 
 def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -> None:
