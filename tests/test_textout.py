@@ -441,3 +441,112 @@ def test_kernel_kinds_are_the_python_ones(scenario):
         want = [kineto._Kinds(zero).of(r) for r in recs]
         assert C.kernel_kinds(recs, kinds.by_name, kinds.of) == want
         assert C.kernel_kinds(recs, kinds.by_name, kinds.of) == want
+
+
+LANE_ROWS = st.lists(st.tuples(st.sampled_from(["compute", "mark", "dp", "pp-recv"]),
+                               st.sampled_from(["compute", "comm:tp", "comm", "optimizer", "é"]),
+                               st.sampled_from(["F L0 mb1", "0F1", "x"]), st.integers(0, 4), st.integers(-1, 3)),
+                     max_size=40)
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(LANE_ROWS)
+def test_a_chart_lane_is_the_python_one(rows):
+    """chart_lane: the marks and compute kernels (not the compute stream's communication) in
+    chart order, (start, marks first, end), ties in their order (the same objects), and the
+    communication's (start, end) in record order, as the Python pass and its three stable sorts
+    give them; a time past 64 bits leaves it to Python."""
+    recs = [_rec(0, stream, name, cat, s, s + d) for stream, cat, name, s, d in rows]
+    mine, comm = outputs._lane_py(recs)
+    got = C.chart_lane(recs)
+    assert got[0] == outputs.in_chart_order(mine) and all(a is b for a, b in zip(got[0], mine))
+    assert got[1] == comm
+    assert C.chart_lane([_rec(start=2**64, end=2**64)]) is None
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp", "pp", "a-new"]),
+                          st.integers(0, 4), st.integers(-1, 3)), max_size=40))
+def test_the_traces_shown_records_are_the_python_ones(rows):
+    """trace_shown: no marks, nothing but compute kernels lasting 0 or less, sorted by (rank,
+    start, stream) with ties in their order (the same objects), and each rank's streams."""
+    recs = [_rec(rank, stream, "n", "c", s, s + d) for rank, stream, s, d in rows]
+    want = outputs._trace_shown_py(recs)
+    got = C.trace_shown(recs)
+    assert got == want and all(a is b for a, b in zip(got[0], want[0]))
+    assert C.trace_shown([_rec(stream="dp", start=0, end=2**64)]) is None
+
+
+FLOW_NAMES = ["F L1 mb3", "F L12 attn mb3", "B L1 mb3", "I L2 mb3", "I head mb3", "F mb3", "mb3 F", "F L1 mb30",
+              "B L1x mb3", "F\tL1\x1cmb3", "F L1 mb3 mb4", "F\u2003L1 mb3", "F L\u0663 mb3", "F L mb3", "R L1 mb3"]
+
+
+@compiled
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(FLOW_NAMES), st.sampled_from(["compute", "comm:pp"]),
+                          st.sampled_from(["compute", "pp"]), st.integers(0, 30), st.integers(0, 3)), max_size=30),
+       st.lists(st.tuples(st.sampled_from(["act", "grad"]), st.integers(0, 2), st.sampled_from([3, 30, 4]),
+                          st.integers(0, 3), st.integers(0, 35)), max_size=8, unique_by=lambda k: k[:4]),
+       st.sampled_from([None, {0: frozenset({1}), 1: frozenset({2, 12})}, {2: frozenset({1})}]))
+def test_arrow_ends_are_the_python_ones(rows, sends, layers):
+    """outputs.flow_ends with the compiled search and without: the first consuming kernel at or
+    after the receive (its first word F, or B / I; a word mb<n>; its layer the stage's), on
+    names split at any whitespace (tabs, U+001C, U+2003), kernels of 1 ns or less, the
+    communication skipped, ranks with no kernel, no match (the receive's time)."""
+    recs = [_rec(rank, stream, name, cat, s, s + d) for rank, name, cat, stream, s, d in rows]
+    shown = outputs._trace_shown_py(recs)[0]
+    p2p = {(what, stage, mb, dst): {"src": 9, "dst": dst, "consumed_ns": t} for what, stage, mb, dst, t in sends}
+    want = {}
+    for key, info in p2p.items():
+        want.setdefault(info["dst"], []).append(key)
+    expected = outputs._flow_ends_py(shown, p2p, layers, want) if p2p else {}
+    got = outputs.flow_ends(shown, p2p, layers)
+    assert got == expected and list(got) == list(expected)
+
+
+@compiled
+def test_arrow_ends_by_hand():
+    """An activation sent to rank 0 and consumed at 4: the backward at 5 and the comm at 6 are
+    passed over, the forward at 7 (2 ns long) is bound 1 ns in; a gradient consumed at 4 binds to
+    the backward at 5 of 1 ns at its start; one of another microbatch finds nothing (its own
+    time); under stage layers, a forward of another stage's layer is passed over (then the one at 8). A layer in
+    other digits (U+0663) leaves the search to Python."""
+    recs = [_rec(0, "compute", "B L1 mb3", "compute", 5, 6), _rec(0, "compute", "F L1 mb3", "comm:pp", 6, 8),
+            _rec(0, "compute", "F L2 mb3", "compute", 7, 9), _rec(0, "compute", "F L1 mb3", "compute", 8, 10)]
+    p2p = {("act", 0, 3, 0): {"src": 1, "dst": 0, "consumed_ns": 4},
+           ("grad", 1, 3, 0): {"src": 1, "dst": 0, "consumed_ns": 4},
+           ("act", 0, 5, 0): {"src": 1, "dst": 0, "consumed_ns": 4}}
+    assert outputs.flow_ends(recs, p2p) == {("act", 0, 3, 0): 8, ("grad", 1, 3, 0): 5, ("act", 0, 5, 0): 4}
+    assert outputs.flow_ends(recs, p2p, {0: frozenset({1})})[("act", 0, 3, 0)] == 9
+    odd = [_rec(0, "compute", "F L\u0663 mb3", "compute", 5, 9)]
+    assert C.flow_ends(odd, [(0, 0, True, "mb3", frozenset({3}))]) is None
+    assert outputs.flow_ends(odd, {("act", 0, 3, 0): {"src": 1, "dst": 0, "consumed_ns": 0}},
+                             {0: frozenset({3})}) == {("act", 0, 3, 0): 6}
+
+
+@compiled
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "gpt3-175b-a100x64",
+                                      "llama3-405b-h100x16384-cp16-128k"])
+def test_lanes_shown_records_and_arrow_ends_of_steps_are_the_python_ones(scenario):
+    """The three on whole steps: DualPipeV's two directions (a stage's layers in each), recompute,
+    context parallelism's streams."""
+    from sim.config import load_scenario
+    from sim.engine.simulate import simulate
+
+    sc = load_scenario(scenario)
+    res = simulate(sc)
+    recs = res.records_of(res.simulated_ranks)
+    by_rank = outputs.records_by_rank(recs, res.simulated_ranks)
+    for rank in res.simulated_ranks:
+        mine, comm = outputs._lane_py(by_rank[rank])
+        assert C.chart_lane(by_rank[rank]) == (outputs.in_chart_order(mine), comm)
+    shown, used = outputs._trace_shown_py(recs)
+    assert C.trace_shown(recs) == (shown, used)
+    want = {}
+    for key, info in res.p2p.items():
+        if "src" in info and "dst" in info:
+            want.setdefault(info["dst"], []).append(key)
+    ends = outputs.flow_ends(shown, res.p2p, outputs.stage_layers(sc))
+    assert len(ends) > 10 and ends == outputs._flow_ends_py(shown, res.p2p, outputs.stage_layers(sc), want)

@@ -962,6 +962,260 @@ static PyObject *rank_order(PyObject *self, PyObject *recs) {
     return out;
 }
 
+/* ---- the pipeline chart's lanes, the Chrome trace's slices and its arrows' ends (sim.engine.outputs) ---- */
+
+/* Whether the str `s` equals the ASCII text `lit` */
+static int str_is(PyObject *s, const char *lit) { return PyUnicode_CompareWithASCIIString(s, lit) == 0; }
+
+/* Whether the str `s` starts with the ASCII text `lit` of `n` characters */
+static int str_starts(PyObject *s, const char *lit, Py_ssize_t n) {
+    if (PyUnicode_GET_LENGTH(s) < n) return 0;
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyUnicode_READ(kind, d, i) != (Py_UCS4)(unsigned char)lit[i]) return 0;
+    return 1;
+}
+
+/* A Record's stream and category if both are str; 1 to give up, -1 with an error (not a Record) */
+static int stream_cat(PyObject *r, PyObject **stream, PyObject **cat) {
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+        PyErr_SetString(PyExc_TypeError, "_textout: not a Record");
+        return -1;
+    }
+    *stream = PyTuple_GET_ITEM(r, R_STREAM);
+    *cat = PyTuple_GET_ITEM(r, R_CAT);
+    return !PyUnicode_Check(*stream) || !PyUnicode_Check(*cat);
+}
+
+/* chart_lane(records) -> (marks and compute kernels, [(start_ns, end_ns)] of the communication
+ * on the compute stream) or None: sim.engine.outputs._lane_py's pass over one rank's records,
+ * the first in the chart's order (outputs.in_chart_order: by start_ns, marks first, end_ns,
+ * ties in their order); None where a time is not a 64-bit int or a stream or category not a
+ * str (the Python loop runs). */
+static PyObject *chart_lane(PyObject *self, PyObject *recs) {
+    if (!PyList_Check(recs)) {
+        PyErr_SetString(PyExc_TypeError, "chart_lane: expected a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
+    Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));
+    PyObject *comm = PyList_New(0), *mine = NULL, *out = NULL;
+    int gave_up = 0;
+    if (!v || !comm) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i), *stream, *cat;
+        int got = stream_cat(r, &stream, &cat), mark = 0;
+        if (got) {
+            gave_up = got > 0;
+            goto done;
+        }
+        if (str_is(stream, "compute")) {
+            if (str_starts(cat, "comm:", 5)) {
+                PyObject *t = PyTuple_Pack(2, PyTuple_GET_ITEM(r, R_START), PyTuple_GET_ITEM(r, R_END));
+                int bad = !t || PyList_Append(comm, t) < 0;
+                Py_XDECREF(t);
+                if (bad) goto done;
+                continue;
+            }
+        } else if (str_is(stream, "mark")) {
+            mark = 1;
+        } else {
+            continue;
+        }
+        if (get_ll(PyTuple_GET_ITEM(r, R_START), &v[m].k[0]) || get_ll(PyTuple_GET_ITEM(r, R_END), &v[m].k[2])) {
+            gave_up = 1;
+            goto done;
+        }
+        v[m].k[1] = !mark;
+        v[m].at = m;
+        v[m].rec = r;
+        m++;
+    }
+    key_n = 3;
+    for (int f = 0; f < 3; f++) key_int[f] = 1;
+    if (sort_keyed(v, m) || !(mine = keyed_list(v, m))) goto done;
+    out = PyTuple_Pack(2, mine, comm);
+done:
+    PyMem_Free(v);
+    Py_XDECREF(mine);
+    Py_XDECREF(comm);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
+/* trace_shown(records) -> (the records the Chrome trace shows, sorted by (rank, start_ns,
+ * stream), {rank: the set of their streams}) or None: sim.engine.outputs._trace_head_py's
+ * records that are not marks and are on the compute stream or last more than 0, sorted as
+ * outputs.sort_records sorts them; None where a time or rank is not a 64-bit int or a stream
+ * not a str (the Python runs). */
+static PyObject *trace_shown(PyObject *self, PyObject *recs) {
+    if (!PyList_Check(recs)) {
+        PyErr_SetString(PyExc_TypeError, "trace_shown: expected a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
+    Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));
+    PyObject *shown = NULL, *used = PyDict_New(), *streams = NULL, *out = NULL;
+    int gave_up = 0;
+    if (!v || !used) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    key_n = 3;
+    key_field[0] = R_RANK, key_field[1] = R_START, key_field[2] = R_STREAM;
+    key_int[0] = key_int[1] = 1, key_int[2] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i), *stream, *cat;
+        long long start, end;
+        int got = stream_cat(r, &stream, &cat);
+        if (!got && !str_is(stream, "compute")) {
+            if (str_is(stream, "mark")) continue;
+            got = get_ll(PyTuple_GET_ITEM(r, R_START), &start) || get_ll(PyTuple_GET_ITEM(r, R_END), &end);
+            if (!got && end <= start) continue;
+        }
+        if (!got) got = keyed(&v[m], r, m);
+        if (got) {
+            gave_up = got > 0;
+            goto done;
+        }
+        m++;
+    }
+    if (sort_keyed(v, m)) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {       /* each rank's streams (its records are together) */
+        if (!i || v[i].k[0] != v[i - 1].k[0]) {
+            Py_XDECREF(streams);
+            streams = PySet_New(NULL);
+            if (!streams || PyDict_SetItem(used, PyTuple_GET_ITEM(v[i].rec, R_RANK), streams) < 0) goto done;
+        }
+        if (PySet_Add(streams, PyTuple_GET_ITEM(v[i].rec, R_STREAM)) < 0) goto done;
+    }
+    if ((shown = keyed_list(v, m))) out = PyTuple_Pack(2, shown, used);
+done:
+    PyMem_Free(v);
+    Py_XDECREF(shown);
+    Py_XDECREF(used);
+    Py_XDECREF(streams);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
+/* Whether the characters [a, a + n) of `name` are the str `word`'s */
+static int word_is(PyObject *name, Py_ssize_t a, Py_ssize_t n, PyObject *word) {
+    if (PyUnicode_GET_LENGTH(word) != n) return 0;
+    int kn = PyUnicode_KIND(name), kw = PyUnicode_KIND(word);
+    const void *dn = PyUnicode_DATA(name), *dw = PyUnicode_DATA(word);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyUnicode_READ(kn, dn, a + i) != PyUnicode_READ(kw, dw, i)) return 0;
+    return 1;
+}
+
+/* Whether a kernel named `name` consumes what an arrow brings, as outputs._flow_ends_py reads its
+ * name (`name.split()`'s words): its first word one of `kinds` ("F", or "B" and "I"), a word that
+ * is `word` (mb<n>), and, where `layers` is not None, a second word L<digits> only with a layer
+ * in `layers`. 1 or 0; 2 to give up (no word: Python raises; a layer in other digits than
+ * ASCII's or of 19 or more), -1 with an error. */
+static int consumes(PyObject *name, int act, PyObject *word, PyObject *layers) {
+    if (!PyUnicode_Check(name)) return 2;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name), i = 0, words = 0, l1 = 0, n1 = 0;
+    int kind = PyUnicode_KIND(name), first = 0, has = 0;
+    const void *d = PyUnicode_DATA(name);
+    while (i < n) {
+        while (i < n && Py_UNICODE_ISSPACE(PyUnicode_READ(kind, d, i))) i++;
+        if (i >= n) break;
+        Py_ssize_t a = i;
+        while (i < n && !Py_UNICODE_ISSPACE(PyUnicode_READ(kind, d, i))) i++;
+        if (words == 0 && i - a == 1) {
+            Py_UCS4 c = PyUnicode_READ(kind, d, a);
+            first = act ? c == 'F' : c == 'B' || c == 'I';
+        }
+        if (words == 1) l1 = a, n1 = i - a;
+        if (!has) has = word_is(name, a, i - a, word);
+        words++;
+    }
+    if (!words) return 2;
+    if (!first || !has) return 0;
+    if (layers == Py_None || n1 < 2 || PyUnicode_READ(kind, d, l1) != 'L') return 1;
+    long long layer = 0;
+    for (Py_ssize_t k = l1 + 1; k < l1 + n1; k++) {
+        Py_UCS4 c = PyUnicode_READ(kind, d, k);
+        if (!Py_UNICODE_ISDIGIT(c)) return 1;          /* not str.isdigit(): no layer to check */
+        if (c < '0' || c > '9' || n1 > 19) return 2;
+        layer = layer * 10 + (c - '0');
+    }
+    PyObject *o = PyLong_FromLongLong(layer);
+    int in = o ? PySequence_Contains(layers, o) : -1;
+    Py_XDECREF(o);
+    return in < 0 ? -1 : in;
+}
+
+/* flow_ends(shown, items) -> [time] or None: sim.engine.outputs._flow_ends_py's search for each
+ * item (rank, t, act, word, layers): among the rank's compute-stream kernels that are not
+ * communication in `shown` (sorted by rank, then start_ns), from the first starting at or
+ * after t, the first that `consumes`; its start_ns + 1 (+ 0 where it lasts 1 ns or less), or t
+ * where none does. None to give up (the Python runs). */
+static PyObject *flow_ends(PyObject *self, PyObject *args) {
+    PyObject *recs, *items, *out = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &recs, &PyList_Type, &items)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
+    Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));   /* k[0] rank, k[1] start, k[2] end */
+    int gave_up = 0;
+    if (!v) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i), *stream, *cat;
+        int got = stream_cat(r, &stream, &cat);
+        if (!got && (!str_is(stream, "compute") || str_starts(cat, "comm:", 5))) continue;
+        if (!got)
+            got = get_ll(PyTuple_GET_ITEM(r, R_RANK), &v[m].k[0]) || get_ll(PyTuple_GET_ITEM(r, R_START), &v[m].k[1])
+                  || get_ll(PyTuple_GET_ITEM(r, R_END), &v[m].k[2]);
+        if (got) {
+            gave_up = got > 0;
+            goto done;
+        }
+        v[m++].rec = r;
+    }
+    Py_ssize_t k = PyList_GET_SIZE(items);
+    out = PyList_New(k);
+    if (!out) goto done;
+    for (Py_ssize_t q = 0; q < k; q++) {
+        PyObject *it = PyList_GET_ITEM(items, q), *t_obj, *end = NULL;
+        long long rank, t;
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 5 || !PyUnicode_Check(PyTuple_GET_ITEM(it, 3))) {
+            PyErr_SetString(PyExc_TypeError, "flow_ends: an item is (rank, t, act, word, layers)");
+            goto fail;
+        }
+        t_obj = PyTuple_GET_ITEM(it, 1);
+        if (get_ll(PyTuple_GET_ITEM(it, 0), &rank) || get_ll(t_obj, &t)) goto give_up;
+        Py_ssize_t lo = 0, hi = m;               /* the first kernel of (rank, start >= t) */
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (v[mid].k[0] < rank || (v[mid].k[0] == rank && v[mid].k[1] < t)) lo = mid + 1;
+            else hi = mid;
+        }
+        for (Py_ssize_t j = lo; j < m && v[j].k[0] == rank && !end; j++) {
+            int c = consumes(PyTuple_GET_ITEM(v[j].rec, R_NAME), PyObject_IsTrue(PyTuple_GET_ITEM(it, 2)),
+                             PyTuple_GET_ITEM(it, 3), PyTuple_GET_ITEM(it, 4));
+            if (c < 0) goto fail;
+            if (c == 2) goto give_up;
+            if (c) end = PyLong_FromLongLong(v[j].k[1] + (v[j].k[2] - v[j].k[1] > 1));
+            if (c && !end) goto fail;
+        }
+        PyList_SET_ITEM(out, q, end ? end : Py_NewRef(t_obj));
+    }
+    goto done;
+give_up:
+    gave_up = 1;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(v);
+    if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
 /* One host item (kineto._Item) in C: its sort key, its calls, its place on the host thread */
 enum { CALL_LAUNCH, CALL_RECORD, CALL_WAIT };
 
@@ -1871,6 +2125,9 @@ static PyMethodDef methods[] = {
     {"busy_intervals", busy_intervals, METH_VARARGS, "sim.engine.core.Engine.busy_intervals_py, compiled."},
     {"make_records", make_records, METH_VARARGS, "sim.engine.core.Engine._make_records, compiled."},
     {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
+    {"chart_lane", chart_lane, METH_O, "sim.engine.outputs._lane_py, compiled."},
+    {"trace_shown", trace_shown, METH_O, "sim.engine.outputs._trace_head_py's shown records, compiled."},
+    {"flow_ends", flow_ends, METH_VARARGS, "sim.engine.outputs._flow_ends_py's search, compiled."},
     {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
     {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},
     {"plan_items", plan_items, METH_VARARGS, "A plan's items as sim.engine.kineto._Items."},

@@ -153,24 +153,33 @@ def us_text(ns) -> str:
 
 def _trace_head(records, labels: dict, p2p: dict | None):
     """(metadata events, the records shown as complete events in their order, stream -> tid)."""
-    ev = []
-    shown = [r for r in records if r.stream != "mark" and (r.stream == "compute" or r.end_ns > r.start_ns)]
+    got = None if _textout is None or type(records) is not list else _textout.trace_shown(records)
+    shown, used = got if got is not None else _trace_shown_py(records)
     tids = dict(STREAM_TIDS)
-    for s in sorted({r.stream for r in shown} - set(tids)):
+    for s in sorted(set().union(*used.values()) - set(tids)):
         tids[s] = 9 + len(tids) - len(STREAM_TIDS)
-    used: dict = {}
-    for rank, stream in set(zip(map(attrgetter("rank"), shown), map(attrgetter("stream"), shown))):
-        used.setdefault(rank, set()).add(stream)
     for info in (p2p or {}).values():
         if "src" in info and "dst" in info:
             used.setdefault(info["src"], set()).add("pp")
             used.setdefault(info["dst"], set()).add("compute")
+    ev = []
     for rank, label in labels.items():
         ev.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": label}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
         for stream in sorted(used.get(rank, ()), key=tids.get):
             ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[stream], "args": {"name": stream}})
-    return ev, sort_records(shown, "rank", "start_ns", "stream"), tids
+    return ev, shown, tids
+
+
+def _trace_shown_py(records) -> tuple:
+    """(the records the trace shows as complete events, not marks and on the compute stream or
+    lasting more than 0, sorted by rank, start and stream; {rank: the streams they are on}): the
+    compiled module's trace_shown where it is built."""
+    shown = [r for r in records if r.stream != "mark" and (r.stream == "compute" or r.end_ns > r.start_ns)]
+    used: dict = {}
+    for rank, stream in set(zip(map(attrgetter("rank"), shown), map(attrgetter("stream"), shown))):
+        used.setdefault(rank, set()).add(stream)
+    return sort_records(shown, "rank", "start_ns", "stream"), used
 
 
 def flow_ends(shown, p2p: dict | None, stage_layers: dict | None = None) -> dict:
@@ -181,13 +190,26 @@ def flow_ends(shown, p2p: dict | None, stage_layers: dict | None = None) -> dict
     arrow ends on the consumer, not on whatever else runs when the data arrives, nor on a slice
     boundary). `key` is (what, stage, microbatch, receiver); `stage_layers` (stage -> its
     layers) also requires the kernel's layer to be the receiving stage's. No such kernel (not
-    expected): the receive's time."""
+    expected): the receive's time. `shown` is sorted by rank, then start. By the compiled
+    module's flow_ends where it is built (the 1T row's 64,512 arrows: 0.56 s in Python)."""
     want = {}
     for key, info in (p2p or {}).items():
         if "src" in info and "dst" in info:
             want.setdefault(info["dst"], []).append(key)
     if not want:
         return {}
+    if _textout is not None and type(shown) is list:
+        keys = [key for keys in want.values() for key in keys]
+        got = _textout.flow_ends(shown, [
+            (p2p[key]["dst"], p2p[key]["consumed_ns"], key[0] == "act", f"mb{key[2]}",
+             None if stage_layers is None else stage_layers.get(key[1], ())) for key in keys])
+        if got is not None:
+            return dict(zip(keys, got))
+    return _flow_ends_py(shown, p2p, stage_layers, want)
+
+
+def _flow_ends_py(shown, p2p: dict, stage_layers: dict | None, want: dict) -> dict:
+    """`flow_ends` in Python, for the p2p keys `want` ({receiver: [key]})."""
     by_rank: dict = {}
     kernels = [r for r in shown if r.stream == "compute" and r.rank in want and not r.cat.startswith("comm:")]
     for rank, recs in groupby(kernels, attrgetter("rank")):
@@ -684,13 +706,34 @@ def chart_boxes(records, rank: int) -> list:
     """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
     an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
     are DualPipe's overlapped pair and form one box."""
-    return _boxes([r for r in records if r.rank == rank and (
-        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))])
+    return _boxes(in_chart_order([r for r in records if r.rank == rank and (
+        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]))
+
+
+def in_chart_order(mine: list) -> list:
+    """A rank's marks and compute kernels `mine` sorted, in place, by (start, marks first, end),
+    ties in their order: three stable sorts, least significant key first (the only streams here
+    are "mark" and "compute", so marks first is the stream descending)."""
+    mine.sort(key=attrgetter("end_ns"))
+    mine.sort(key=attrgetter("stream"), reverse=True)
+    mine.sort(key=attrgetter("start_ns"))
+    return mine
 
 
 def _lane(records) -> tuple:
-    """(its marks and compute kernels, for `_boxes`; its exposed communication as (start, end))
-    of one rank's records, in one pass (the pipeline chart's, over a million records)."""
+    """(its marks and compute kernels in chart order, for `_boxes`; its exposed communication as
+    (start, end)) of one rank's records, in one pass (the pipeline chart's, over a million
+    records): by the compiled module's chart_lane where it is built (the 1T row's 64 lanes:
+    0.85 s in Python with their sorts)."""
+    got = None if _textout is None or type(records) is not list else _textout.chart_lane(records)
+    if got is not None:
+        return got
+    mine, comm = _lane_py(records)
+    return in_chart_order(mine), comm
+
+
+def _lane_py(records) -> tuple:
+    """`_lane`'s pass in Python, its marks and kernels in their order."""
     mine, comm = [], []
     add, add_comm = mine.append, comm.append
     for r in records:
@@ -706,12 +749,7 @@ def _lane(records) -> tuple:
 
 
 def _boxes(mine: list) -> list:
-    """chart_boxes of a rank's marks and compute kernels (`mine`, any order; sorted here)."""
-    # ordered by (start, marks first, end): three stable sorts, least significant key first (the
-    # only streams here are "mark" and "compute", so marks first is the stream descending)
-    mine.sort(key=attrgetter("end_ns"))
-    mine.sort(key=attrgetter("stream"), reverse=True)
-    mine.sort(key=attrgetter("start_ns"))
+    """chart_boxes of a rank's marks and compute kernels (`mine`, in chart order: `in_chart_order`)."""
     got = None if _textout is None else _textout.chart_runs(mine, _PARSED, _parse_name)
     runs = got if got is not None else [tuple(run[k] for k in _RUN_KEYS) for run in _chart_runs_py(mine)]
     # a run's fields (_RUN_KEYS); (kind, mb) is run[:2]
