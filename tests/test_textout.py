@@ -471,8 +471,9 @@ def test_a_chart_lane_is_the_python_one(rows):
                           st.integers(0, 4), st.integers(-1, 3)), max_size=40))
 def test_the_traces_shown_records_are_the_python_ones(rows):
     """trace_shown: no marks, nothing but compute kernels lasting 0 or less, sorted by (rank,
-    start, stream) with ties in their order (the same objects), and each rank's streams."""
-    recs = [_rec(rank, stream, "n", "c", s, s + d) for rank, stream, s, d in rows]
+    start, stream) with ties in their order (the same objects), each rank's streams, their
+    categories and their latest end (0 for none)."""
+    recs = [_rec(rank, stream, "n", f"c{s % 3}", s, s + d) for rank, stream, s, d in rows]
     want = outputs._trace_shown_py(recs)
     got = C.trace_shown(recs)
     assert got == want and all(a is b for a, b in zip(got[0], want[0]))
@@ -542,11 +543,69 @@ def test_lanes_shown_records_and_arrow_ends_of_steps_are_the_python_ones(scenari
     for rank in res.simulated_ranks:
         mine, comm = outputs._lane_py(by_rank[rank])
         assert C.chart_lane(by_rank[rank]) == (outputs.in_chart_order(mine), comm)
-    shown, used = outputs._trace_shown_py(recs)
-    assert C.trace_shown(recs) == (shown, used)
+    shown, used, cats, last = outputs._trace_shown_py(recs)
+    assert C.trace_shown(recs) == (shown, used, cats, last) and last == max(r.end_ns for r in shown)
     want = {}
     for key, info in res.p2p.items():
         if "src" in info and "dst" in info:
             want.setdefault(info["dst"], []).append(key)
     ends = outputs.flow_ends(shown, res.p2p, outputs.stage_layers(sc))
     assert len(ends) > 10 and ends == outputs._flow_ends_py(shown, res.p2p, outputs.stage_layers(sc), want)
+
+
+@compiled
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from(["compute", "mark", "dp"])), max_size=40),
+       st.sets(st.integers(0, 5)))
+def test_records_grouped_by_rank_are_the_python_ones(rows, ranks):
+    """outputs.records_by_rank and memory_series' marks by the compiled group_by_rank: each
+    listed rank's records (its marks) in their order, the same objects; other ranks left out."""
+    recs = [_rec(rank, stream, "0F1", "c", i, i + 1, 1.0) for i, (rank, stream) in enumerate(rows)]
+    got = outputs.records_by_rank(recs, sorted(ranks))
+    assert got == {q: [r for r in recs if r.rank == q] for q in sorted(ranks)}
+    assert all(a is b for q in got for a, b in zip(got[q], [r for r in recs if r.rank == q]))
+    marks = {q: [] for q in ranks}
+    C.group_by_rank(recs, marks, "mark")
+    assert marks == {q: [r for r in recs if r.rank == q and r.stream == "mark"] for q in ranks}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["act", "grad", 'q"é']), st.integers(0, 3), st.integers(0, 99),
+                          st.integers(0, 7), TIMES, TIMES, st.booleans()), max_size=10, unique_by=lambda k: k[:4]),
+       st.dictionaries(st.integers(0, 7), st.lists(st.tuples(TIMES, st.one_of(
+           st.integers(0, 2**45), st.floats(0, 2**45, allow_nan=False))), max_size=6), max_size=3))
+def test_the_traces_arrows_and_memory_counters_are_json_dumps_of_their_dicts(sends, mem):
+    """_trace_tail_json's text (the compiled flow_events and counter_events where built, the
+    Python loops where not) is json.dumps of _trace_tail's dicts: the arrows in send order with
+    ids counting the log's entries (one without a receiver is skipped), names with quotes and
+    non-ASCII, ends where flow_ends found them, memory counters in GiB rounded to 6 places
+    (ints and floats)."""
+    p2p, ends = {}, {}
+    for what, stage, mb, dst, sent, consumed, found in sends:
+        key = (what, stage, mb, dst)
+        p2p[key] = {"src": 9, "dst": dst, "sent_ns": sent, "consumed_ns": consumed}
+        if found:
+            ends[key] = consumed + 1
+    p2p[("act", 0, 0, 99)] = {"src": 1, "sent_ns": 5}                  # no receiver: no arrow
+    want = ",".join(json.dumps(e, separators=(",", ":")) for e in outputs._trace_tail(mem, p2p, ends))
+    assert ",".join(outputs._trace_tail_json(mem, p2p, ends)) == want
+    with pytest.MonkeyPatch.context() as m:                              # the Python loops
+        m.setattr(outputs, "_textout", None)
+        assert ",".join(outputs._trace_tail_json(mem, p2p, ends)) == want
+    if C is not None:
+        arrows = [(1, "a", 2**64, 0, 0, 0)]
+        assert C.flow_events(arrows, 1, 2) is None and C.counter_events("h", "k", [(10**15, 1.0)], None) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(TIMES, st.one_of(st.integers(0, 10**6), st.floats(0, 1e6, allow_nan=False))), max_size=8))
+def test_counter_texts_are_json_dumps(points):
+    """A link's load counter (GB/s, no divisor): outputs.counter_texts is json.dumps of the event's
+    dict, the value rounded to 6 places (round of an int stays an int)."""
+    head = '{"ph":"C","name":"l (of 1 GB/s)","pid":10000000,"ts":'
+    want = [json.dumps({"ph": "C", "name": "l (of 1 GB/s)", "pid": 10_000_000, "ts": t / 1000.0,
+                        "args": {"GB/s": round(v, 6)}}, separators=(",", ":")) for t, v in points]
+    assert ",".join(outputs.counter_texts(head, "GB/s", points)) == ",".join(want)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(outputs, "_textout", None)
+        assert ",".join(outputs.counter_texts(head, "GB/s", points)) == ",".join(want)

@@ -81,6 +81,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     # built again, 7 ms a rank on the 1T row, and its table, unless `prepared` has them) are made
     # in each writer process once, when first asked for, and serve every later writer there
     args = slice_args(result, recs, *(prepared or (None, None)))
+    received = kineto.received_by_rank(result.p2p)          # each rank's receives, for every Kineto writer
 
     # (estimated CPU seconds, writer), the order the list scheduling starts them in
     n = len(recs)
@@ -89,7 +90,8 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         (WRITER_COST["trace"](n), lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
                                                              outputs.stage_layers(sc), args, result.link_load)),
         *[(WRITER_COST["kineto"](len(q), sum(len(by_rank[rank]) for rank in q)),
-           lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False, args=args))
+           lambda q=q: kineto.write_traces(result, out / "traces", labels, by_rank, q, clear=False, args=args,
+                                           received=received))
           for q in parts if q],
         *([(WRITER_COST["report"](n), lambda: _write_report(result, summary, recs, pp_of, mem, html, by_rank))]
           if html is not None else []),

@@ -1048,10 +1048,10 @@ done:
 }
 
 /* trace_shown(records) -> (the records the Chrome trace shows, sorted by (rank, start_ns,
- * stream), {rank: the set of their streams}) or None: sim.engine.outputs._trace_head_py's
- * records that are not marks and are on the compute stream or last more than 0, sorted as
- * outputs.sort_records sorts them; None where a time or rank is not a 64-bit int or a stream
- * not a str (the Python runs). */
+ * stream), {rank: the set of their streams}, the set of their categories, their latest end_ns
+ * or 0) or None: sim.engine.outputs._trace_shown_py's records that are not marks and are on the
+ * compute stream or last more than 0, sorted as outputs.sort_records sorts them; None where a
+ * time or rank is not a 64-bit int or a stream or category not a str (the Python runs). */
 static PyObject *trace_shown(PyObject *self, PyObject *recs) {
     if (!PyList_Check(recs)) {
         PyErr_SetString(PyExc_TypeError, "trace_shown: expected a list");
@@ -1059,10 +1059,11 @@ static PyObject *trace_shown(PyObject *self, PyObject *recs) {
     }
     Py_ssize_t n = PyList_GET_SIZE(recs), m = 0;
     Keyed *v = PyMem_Malloc(sizeof(Keyed) * (size_t)(n + 1));
-    PyObject *shown = NULL, *used = PyDict_New(), *streams = NULL, *out = NULL;
+    PyObject *shown = NULL, *used = PyDict_New(), *cats = PySet_New(NULL), *streams = NULL, *out = NULL;
+    long long last = 0;
     int gave_up = 0;
-    if (!v || !used) {
-        PyErr_NoMemory();
+    if (!v || !used || !cats) {
+        if (!v) PyErr_NoMemory();
         goto done;
     }
     key_n = 3;
@@ -1072,16 +1073,15 @@ static PyObject *trace_shown(PyObject *self, PyObject *recs) {
         PyObject *r = PyList_GET_ITEM(recs, i), *stream, *cat;
         long long start, end;
         int got = stream_cat(r, &stream, &cat);
-        if (!got && !str_is(stream, "compute")) {
-            if (str_is(stream, "mark")) continue;
-            got = get_ll(PyTuple_GET_ITEM(r, R_START), &start) || get_ll(PyTuple_GET_ITEM(r, R_END), &end);
-            if (!got && end <= start) continue;
-        }
+        if (!got && str_is(stream, "mark")) continue;
+        if (!got) got = get_ll(PyTuple_GET_ITEM(r, R_START), &start) || get_ll(PyTuple_GET_ITEM(r, R_END), &end);
+        if (!got && end <= start && !str_is(stream, "compute")) continue;
         if (!got) got = keyed(&v[m], r, m);
         if (got) {
             gave_up = got > 0;
             goto done;
         }
+        if (!m || end > last) last = end;
         m++;
     }
     if (sort_keyed(v, m)) goto done;
@@ -1091,13 +1091,16 @@ static PyObject *trace_shown(PyObject *self, PyObject *recs) {
             streams = PySet_New(NULL);
             if (!streams || PyDict_SetItem(used, PyTuple_GET_ITEM(v[i].rec, R_RANK), streams) < 0) goto done;
         }
-        if (PySet_Add(streams, PyTuple_GET_ITEM(v[i].rec, R_STREAM)) < 0) goto done;
+        if (PySet_Add(streams, PyTuple_GET_ITEM(v[i].rec, R_STREAM)) < 0
+            || PySet_Add(cats, PyTuple_GET_ITEM(v[i].rec, R_CAT)) < 0)
+            goto done;
     }
-    if ((shown = keyed_list(v, m))) out = PyTuple_Pack(2, shown, used);
+    if ((shown = keyed_list(v, m))) out = Py_BuildValue("(OOOL)", shown, used, cats, last);
 done:
     PyMem_Free(v);
     Py_XDECREF(shown);
     Py_XDECREF(used);
+    Py_XDECREF(cats);
     Py_XDECREF(streams);
     if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
     return out;
@@ -1214,6 +1217,107 @@ done:
     PyMem_Free(v);
     if (!out && gave_up && !PyErr_Occurred()) Py_RETURN_NONE;
     return out;
+}
+
+/* group_by_rank(records, by_rank, stream) -> None: each record whose rank is a key of the dict
+ * `by_rank` appended to that key's list, in order; where `stream` is not None, only the
+ * records on that stream (sim.engine.outputs.records_by_rank's and memory_series' passes) */
+static PyObject *group_by_rank(PyObject *self, PyObject *args) {
+    PyObject *recs, *by_rank, *stream;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &recs, &PyDict_Type, &by_rank, &stream)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(recs, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 6) {
+            PyErr_SetString(PyExc_TypeError, "group_by_rank: not a Record");
+            return NULL;
+        }
+        if (stream != Py_None) {
+            int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(r, R_STREAM), stream, Py_EQ);
+            if (same < 0) return NULL;
+            if (!same) continue;
+        }
+        PyObject *mine = PyDict_GetItemWithError(by_rank, PyTuple_GET_ITEM(r, R_RANK));
+        if (!mine) {
+            if (PyErr_Occurred()) return NULL;
+            continue;
+        }
+        if (!PyList_Check(mine)) {
+            PyErr_SetString(PyExc_TypeError, "group_by_rank: a rank's entry is not a list");
+            return NULL;
+        }
+        if (PyList_Append(mine, r) < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* flow_events(items, pp_tid, compute_tid) -> bytes or None: sim.engine.outputs._trace_tail_json's
+ * pipeline arrows, each item (id, name, src, dst, sent_ns, end_ns) an "s" event on the sender's
+ * pp thread at sent_ns and an "f" event bound to the enclosing slice on the receiver's compute
+ * thread at end_ns, joined by ","; None where a rank or time is not an int it writes (the
+ * Python writes them). */
+static PyObject *flow_events(PyObject *self, PyObject *args) {
+    PyObject *items;
+    long long pp_tid, compute_tid;
+    if (!PyArg_ParseTuple(args, "O!LL", &PyList_Type, &items, &pp_tid, &compute_tid)) return NULL;
+    Buf b = BUF_INIT;
+    int gave_up = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *it = PyList_GET_ITEM(items, i);
+        long long id, src, dst, sent, end;
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 6) {
+            PyErr_SetString(PyExc_TypeError, "flow_events: an item is (id, name, src, dst, sent_ns, end_ns)");
+            goto fail;
+        }
+        GIVE_UP(get_ll(PyTuple_GET_ITEM(it, 0), &id) || get_ll(PyTuple_GET_ITEM(it, 2), &src)
+                || get_ll(PyTuple_GET_ITEM(it, 3), &dst) || get_ll(PyTuple_GET_ITEM(it, 4), &sent)
+                || get_ll(PyTuple_GET_ITEM(it, 5), &end));
+        GIVE_UP(sent < 0 || sent >= US_LIMIT || end < 0 || end >= US_LIMIT);
+        PyObject *name = PyTuple_GET_ITEM(it, 1);
+        FAIL((i && PUT(&b, ",")) || PUT(&b, "{\"ph\":\"s\",\"id\":") || put_int(&b, id) || PUT(&b, ",\"name\":")
+             || put_json(&b, name) || PUT(&b, ",\"cat\":\"pp\",\"pid\":") || put_int(&b, src)
+             || PUT(&b, ",\"tid\":") || put_int(&b, pp_tid) || PUT(&b, ",\"ts\":") || put_us(&b, sent)
+             || PUT(&b, "},{\"ph\":\"f\",\"bp\":\"e\",\"id\":") || put_int(&b, id) || PUT(&b, ",\"name\":")
+             || put_json(&b, name) || PUT(&b, ",\"cat\":\"pp\",\"pid\":") || put_int(&b, dst)
+             || PUT(&b, ",\"tid\":") || put_int(&b, compute_tid) || PUT(&b, ",\"ts\":") || put_us(&b, end)
+             || PUT(&b, "}"));
+    }
+    return done(&b, 0);
+fail:
+    return done(&b, gave_up);
+}
+
+/* counter_events(head, key, points, divisor) -> bytes or None: a counter track's events as
+ * outputs._trace_tail_json and link_events_json write them, joined by ",": for each (t, v) of
+ * `points`, `head` (the event's text up to "ts":), t in microseconds, then "args":{key: the repr
+ * of round(v / divisor, 6)} (round(v, 6) where divisor is None); None where a time is not an
+ * int it writes (the Python writes them). */
+static PyObject *counter_events(PyObject *self, PyObject *args) {
+    PyObject *head, *key, *points, *divisor;
+    if (!PyArg_ParseTuple(args, "UUO!O", &head, &key, &PyList_Type, &points, &divisor)) return NULL;
+    Buf b = BUF_INIT;
+    int gave_up = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(points); i++) {
+        PyObject *pt = PyList_GET_ITEM(points, i), *v = NULL, *rounded = NULL, *text = NULL;
+        long long t;
+        if (!PyTuple_Check(pt) || PyTuple_GET_SIZE(pt) != 2) {
+            PyErr_SetString(PyExc_TypeError, "counter_events: a point is (t, value)");
+            goto fail;
+        }
+        GIVE_UP(get_ll(PyTuple_GET_ITEM(pt, 0), &t) || t < 0 || t >= US_LIMIT);
+        v = divisor == Py_None ? Py_NewRef(PyTuple_GET_ITEM(pt, 1)) : PyNumber_TrueDivide(PyTuple_GET_ITEM(pt, 1), divisor);
+        rounded = v ? PyObject_CallMethod(v, "__round__", "i", 6) : NULL;
+        text = rounded ? PyObject_Repr(rounded) : NULL;
+        int bad = !text || (i && PUT(&b, ",")) || put_str(&b, head) || put_us(&b, t) || PUT(&b, ",\"args\":{")
+                  || put_json(&b, key) || PUT(&b, ":") || put_str(&b, text) || PUT(&b, "}}");
+        Py_XDECREF(v);
+        Py_XDECREF(rounded);
+        Py_XDECREF(text);
+        FAIL(bad);
+    }
+    return done(&b, 0);
+fail:
+    return done(&b, gave_up);
 }
 
 /* One host item (kineto._Item) in C: its sort key, its calls, its place on the host thread */
@@ -2127,6 +2231,9 @@ static PyMethodDef methods[] = {
     {"rank_order", rank_order, METH_O, "sim.engine.kineto's records of a rank in order."},
     {"chart_lane", chart_lane, METH_O, "sim.engine.outputs._lane_py, compiled."},
     {"trace_shown", trace_shown, METH_O, "sim.engine.outputs._trace_head_py's shown records, compiled."},
+    {"flow_events", flow_events, METH_VARARGS, "The Chrome trace's pipeline arrows as one text."},
+    {"counter_events", counter_events, METH_VARARGS, "A counter track's events as one text."},
+    {"group_by_rank", group_by_rank, METH_VARARGS, "Records appended to their rank's list."},
     {"flow_ends", flow_ends, METH_VARARGS, "sim.engine.outputs._flow_ends_py's search, compiled."},
     {"sort_records", sort_records, METH_VARARGS, "Records sorted by some of their fields, stably."},
     {"host_plan", host_plan, METH_VARARGS, "sim.engine.kineto's host items, placed, as a plan."},
