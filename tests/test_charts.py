@@ -125,21 +125,30 @@ def test_pipeline_chart_from_records_grouped_already_is_the_same(figures, tmp_pa
 
 
 @pytest.mark.parametrize("gbs", [8, 128])
-def test_pipeline_chart_laid_out_before_its_bars_is_matplotlibs_layout(gbs, tmp_path, monkeypatch):
-    """charts.draw_pipeline lays the figure out on its decorations alone, then adds the bars and
-    draws once (`_lay_out`, `_save`): the same PNG, byte for byte, as matplotlib's savefig of the
-    finished figure with its constrained layout, which lays it out with the bars and draws it
-    twice (the boxes with their numbers, and the time-share view)."""
+def test_charts_laid_out_then_drawn_once_are_matplotlibs_savefig(gbs, tmp_path, monkeypatch):
+    """The charts are laid out first (the pipeline chart on its decorations alone, before its
+    bars are added) and then drawn once (charts._lay_out, _save): the same PNGs, byte for byte,
+    as matplotlib's savefig of each finished figure with its constrained layout, which lays it
+    out with everything in it and draws it twice (the pipeline chart's boxes with their numbers
+    and its time-share view; the breakdown and memory charts)."""
     from matplotlib.figure import Figure
 
     from sim.engine import charts
 
     res = _sim(pp=4, gbs=gbs)
-    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "once.png", "t")
+    mem = outputs.memory_series(res.records, {r: 10 * 2**30 for r in res.pp_rank_of})
+
+    def draw(tag):
+        outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / f"p{tag}.png", "t")
+        outputs.plot_breakdown(res.breakdowns, res.pp_rank_of, tmp_path / f"b{tag}.png", "t")
+        outputs.plot_memory(mem, res.pp_rank_of, 80 * 2**30, tmp_path / f"m{tag}.png", "t")
+
+    draw("once")
     monkeypatch.setattr(charts, "_lay_out", lambda fig: None)
     monkeypatch.setattr(charts, "_save", lambda fig, path: Figure.savefig(fig, path, pil_kwargs=charts.PNG_OPTIONS))
-    outputs.plot_pipeline(res.records, res.pp_rank_of, tmp_path / "twice.png", "t")
-    assert (tmp_path / "once.png").read_bytes() == (tmp_path / "twice.png").read_bytes()
+    draw("twice")
+    for c in "pbm":
+        assert (tmp_path / f"{c}once.png").read_bytes() == (tmp_path / f"{c}twice.png").read_bytes(), c
 
 
 def test_pipeline_chart_aggregates_when_boxes_are_narrow(figures, tmp_path):

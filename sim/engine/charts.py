@@ -27,6 +27,8 @@ _NAMES = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backwa
 _IDLE = "#e6e6e6"
 PIPELINE_WIDTH_IN, PIPELINE_DPI = 12.0, 110
 """The pipeline chart's width (inches) and resolution."""
+CHART_DPI = 110
+"""The breakdown and memory charts' resolution."""
 
 
 def one_per_stage(pp_rank_of: dict) -> dict:
@@ -96,22 +98,24 @@ def _draw_labels(ax, labels: list, dpi: float) -> None:
 
 def _lay_out(fig) -> None:
     """Lay `fig` out now (its layout engine's pass, on what it holds) and keep those positions
-    (`_save` then draws it once). Called before the artists inside the axes are added (the
-    pipeline chart's bars: clipped to the axes, they do not move the layout; the same pixels),
-    so that only the axes' decorations are laid out."""
+    (`_save` then draws it once, its layout engine's pass not run again). The pipeline chart
+    calls it before the artists inside the axes are added (its bars: clipped to the axes, they
+    do not move the layout; the same pixels), so that only the axes' decorations are laid out;
+    the breakdown and memory charts once they are whole. Either way the same PNG as savefig."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)                # the canvas (and renderer) `_save` draws on: made once
     fig.draw_without_rendering()
     fig.set_layout_engine("none")
 
 
 def _save(fig, path: Path) -> None:
     """`fig.savefig(path)` as PNG_OPTIONS says, at the figure's dpi, of a figure laid out
-    already (`_lay_out`): drawn once. savefig (matplotlib 3.11 FigureCanvasBase.print_figure)
+    already (`_lay_out`, which gave it its Agg canvas): drawn once. savefig (matplotlib 3.11 FigureCanvasBase.print_figure)
     draws a figure that has a layout engine, even the place-holder `_lay_out` leaves, a first
     time without rendering, then again; its other settings are the defaults (the figure's own
     colours, no bounding-box crop), and the same Agg canvas writes the same bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig).print_png(path, pil_kwargs=PNG_OPTIONS)
+    fig.canvas.print_png(path, pil_kwargs=PNG_OPTIONS)
 
 
 def draw_pipeline(chart: dict, path: Path, title: str) -> None:
@@ -163,7 +167,7 @@ def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -
     comp = [breakdowns[r].compute_ns / 1e6 for r in ranks]
     comm = [breakdowns[r].exposed_comm_ns / 1e6 for r in ranks]
     bub = [breakdowns[r].bubble_ns / 1e6 for r in ranks]
-    fig = Figure(figsize=(8, 0.5 * len(ranks) + 1.8), layout="constrained")
+    fig = Figure(figsize=(8, 0.5 * len(ranks) + 1.8), dpi=CHART_DPI, layout="constrained")
     ax = fig.subplots()
     ax.barh(labels, comp, color="#3b75af", label="compute")
     ax.barh(labels, comm, left=comp, color="#c44e52", label="exposed communication")
@@ -172,7 +176,8 @@ def plot_breakdown(breakdowns: dict, pp_rank_of: dict, path: Path, title: str) -
     ax.set_xlabel("time in the step (ms)")
     ax.set_title(title)
     fig.legend(loc="outside lower center", ncol=3, frameon=False)
-    fig.savefig(path, dpi=110, pil_kwargs=PNG_OPTIONS)
+    _lay_out(fig)
+    _save(fig, path)
 
 
 def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, title: str,
@@ -183,7 +188,7 @@ def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, 
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig = Figure(figsize=(10, 4), dpi=CHART_DPI, layout="constrained")
     ax = fig.subplots()
     pp_rank_of = one_per_stage({r: pp_rank_of[r] for r in mem})
     n = len(pp_rank_of)
@@ -201,4 +206,5 @@ def plot_memory(mem: dict, pp_rank_of: dict, capacity_bytes: float, path: Path, 
     ax.set_ylim(0, 1.08 * top)
     ax.set_title(title)
     fig.legend(loc="outside right upper", fontsize="small", ncol=1 + len(pp_rank_of) // 17, frameon=False)
-    fig.savefig(path, dpi=110, pil_kwargs=PNG_OPTIONS)
+    _lay_out(fig)
+    _save(fig, path)
