@@ -1692,38 +1692,17 @@ done:
  * `comm(record)` -- a receive's ("pp-recv") is its sender's, `senders[name]`, or none -- and where
  * there is one, `make(call, is_receive, with_dtype)`, with_dtype where its `texts` entry has no
  * "dtype" key. Each call object's texts are made once (`comm` gives the same object for every
- * record of a name that is one call: a rank's thousands of records are a few dozen calls).
- * `known` (a dict or None): `comm`'s answers by (rank, name_key(name)[0]), where it has
- * remembered one (sim.engine.slice_args.SliceArgs.comm_cache): read here without calling it. */
+ * record of a name that is one call: a rank's thousands of records are a few dozen calls). */
 typedef struct {
     PyObject *info;                            /* owned: no other call gets its address meanwhile */
     PyObject *text[4];                         /* owned, by is_receive * 2 + with_dtype */
 } Extra;
 
-/* `comm(record)` (a new reference), from `known` where it holds the record's (rank, name's key) */
-static PyObject *comm_of(PyObject *comm, PyObject *known, PyObject *r) {
-    if (known == Py_None) return PyObject_CallOneArg(comm, r);
-    PyObject *key, *mb, *info;
-    if (split_name(PyTuple_GET_ITEM(r, R_NAME), &key, &mb)) return NULL;
-    Py_DECREF(mb);
-    PyObject *ck = PyTuple_Pack(2, PyTuple_GET_ITEM(r, R_RANK), key);
-    Py_DECREF(key);
-    if (!ck) return NULL;
-    info = PyDict_GetItemWithError(known, ck);
-    Py_DECREF(ck);
-    if (info) return Py_NewRef(info);
-    return PyErr_Occurred() ? NULL : PyObject_CallOneArg(comm, r);
-}
-
 static PyObject *nccl_extras(PyObject *self, PyObject *args) {
-    PyObject *launched, *texts, *comm, *senders, *make, *known = Py_None;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O|O", &PyList_Type, &launched, &PyList_Type, &texts, &comm, &PyDict_Type,
-                          &senders, &make, &known))
+    PyObject *launched, *texts, *comm, *senders, *make;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O", &PyList_Type, &launched, &PyList_Type, &texts, &comm, &PyDict_Type,
+                          &senders, &make))
         return NULL;
-    if (known != Py_None && !PyDict_Check(known)) {
-        PyErr_SetString(PyExc_TypeError, "nccl_extras: known is a dict or None");
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(launched), n_cache = 0;
     if (PyList_GET_SIZE(texts) != n) {
         PyErr_SetString(PyExc_ValueError, "nccl_extras: lists of different lengths");
@@ -1757,13 +1736,9 @@ static PyObject *nccl_extras(PyObject *self, PyObject *args) {
                 if (PyErr_Occurred()) goto done;
                 continue;
             }
-            if (!PyTuple_Check(sender) || PyTuple_GET_SIZE(sender) < 6) {
-                PyErr_SetString(PyExc_TypeError, "nccl_extras: a sender is not a Record");
-                goto done;
-            }
-            info = comm_of(comm, known, sender);
+            info = PyObject_CallOneArg(comm, sender);
         } else {
-            info = comm_of(comm, known, r);
+            info = PyObject_CallOneArg(comm, r);
         }
         if (!info) goto done;
         if (info == Py_None) {

@@ -386,14 +386,6 @@ class SliceArgs:
                 add(e[1])
         return out
 
-    @property
-    def comm_cache(self) -> dict:
-        """`comm`'s answers it has remembered, by (rank, the name's key: name_key(name)[0]): for a
-        name that is one call (or none) on its rank, the same for every record of it (the
-        compiled Kineto loop reads them without calling `comm`: the 1T row's half a million
-        communication records)."""
-        return self._comms
-
     def comm(self, rec) -> CommInfo | None:
         """The call a communication record is (op, bytes per rank, member ranks, element type),
         or None for a kernel or a name the rank's program does not have."""
