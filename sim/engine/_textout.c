@@ -1191,6 +1191,8 @@ static PyObject *flow_ends(PyObject *self, PyObject *args) {
             goto fail;
         }
         t_obj = PyTuple_GET_ITEM(it, 1);
+        int act = PyObject_IsTrue(PyTuple_GET_ITEM(it, 2));
+        if (act < 0) goto fail;
         if (get_ll(PyTuple_GET_ITEM(it, 0), &rank) || get_ll(t_obj, &t)) goto give_up;
         Py_ssize_t lo = 0, hi = m;               /* the first kernel of (rank, start >= t) */
         while (lo < hi) {
@@ -1199,8 +1201,7 @@ static PyObject *flow_ends(PyObject *self, PyObject *args) {
             else hi = mid;
         }
         for (Py_ssize_t j = lo; j < m && v[j].k[0] == rank && !end; j++) {
-            int c = consumes(PyTuple_GET_ITEM(v[j].rec, R_NAME), PyObject_IsTrue(PyTuple_GET_ITEM(it, 2)),
-                             PyTuple_GET_ITEM(it, 3), PyTuple_GET_ITEM(it, 4));
+            int c = consumes(PyTuple_GET_ITEM(v[j].rec, R_NAME), act, PyTuple_GET_ITEM(it, 3), PyTuple_GET_ITEM(it, 4));
             if (c < 0) goto fail;
             if (c == 2) goto give_up;
             if (c) end = PyLong_FromLongLong(v[j].k[1] + (v[j].k[2] - v[j].k[1] > 1));
