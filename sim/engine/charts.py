@@ -111,19 +111,20 @@ def _lay_out(fig) -> None:
 
 def _save(fig, path: Path) -> None:
     """`fig.savefig(path)` as PNG_OPTIONS says, at the figure's dpi, of a figure laid out
-    already (`_lay_out`, which gave it its Agg canvas): drawn once. savefig (matplotlib 3.11 FigureCanvasBase.print_figure)
-    draws a figure that has a layout engine, even the place-holder `_lay_out` leaves, a first
-    time without rendering, then again; its other settings are the defaults (the figure's own
-    colours, no bounding-box crop), and the same Agg canvas writes the same bytes."""
+    already (`_lay_out`, which gave it its Agg canvas): drawn once. savefig (matplotlib 3.11
+    FigureCanvasBase.print_figure) draws a figure that has a layout engine, even the
+    place-holder `_lay_out` leaves, a first time without rendering, then again; its other
+    settings are matplotlib's defaults (the figure's own colours, no bounding-box crop: a
+    matplotlibrc's savefig.* keys are not read), and the same Agg canvas writes the same bytes."""
     fig.canvas.print_png(path, pil_kwargs=PNG_OPTIONS)
 
 
 def draw_pipeline(chart: dict, path: Path, title: str) -> None:
     """plots/pipeline.png from `chart` (sim.engine.outputs.pipeline_chart: its lanes' draw
     commands in order, the microbatch numbers, the y ticks, the x extent and label, the kinds
-    shown): each command as the chart's artist ("bars": `_bars`; "step": a filled StepPatch,
-    added without autoscaling), then the axes, the title and the legend, below the axes, of only
-    what the chart shows."""
+    shown): the axes, the title and the legend, below the axes, of only what the chart shows,
+    laid out first (`_lay_out`), then each command as the chart's artist ("bars": `_bars`;
+    "step": a filled StepPatch, added without autoscaling), drawn once (`_save`)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, StepPatch
 
