@@ -373,9 +373,8 @@ def counter_texts(head: str, key: str, points: list, divisor=None) -> list:
     if text is not None:
         return [text.decode()] if text else []
     k = json.encoder.encode_basestring_ascii(key)
-    if divisor is None:
-        return [f'{head}{us_text(t)},"args":{{{k}:{round(v, 6)!r}}}}}' for t, v in points]
-    return [f'{head}{us_text(t)},"args":{{{k}:{round(v / divisor, 6)!r}}}}}' for t, v in points]
+    return [f'{head}{us_text(t)},"args":{{{k}:{round(v if divisor is None else v / divisor, 6)!r}}}}}'
+            for t, v in points]
 
 
 NETWORK_PID = 10_000_000
@@ -738,8 +737,7 @@ def chart_boxes(records, rank: int) -> list:
     """`rank`'s compute kernels as the chart's boxes: consecutive kernels of one microbatch form
     an action, which its memory mark closes; two actions (an F and a B) whose kernels alternate
     are DualPipe's overlapped pair and form one box."""
-    return _boxes(in_chart_order([r for r in records if r.rank == rank and (
-        r.stream == "mark" or (r.stream == "compute" and not r.cat.startswith("comm:")))]))
+    return _boxes(_lane([r for r in records if r.rank == rank])[0])
 
 
 def in_chart_order(mine: list) -> list:
