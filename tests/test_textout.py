@@ -396,34 +396,41 @@ def test_engine_busy_intervals_are_the_python_ones(scenario, ranks):
 
 
 @compiled
-@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h200x16-dualpipev", "llama3-8b-h100x64-cp4-32k"])
+@pytest.mark.parametrize("scenario", ["mixtral-8x7b-h100x64-dualpipe", "llama3-8b-h100x64-cp4-32k"])
 def test_nccl_args_are_the_python_ones(scenario, monkeypatch):
     """Each launched record's NCCL args text (kineto._details): the compiled loop's, with its
-    cache per call object, equals the Python loop's, with its cache by the call's fields, on
-    every traced rank: receives named by their senders' sends, an MoE layer's two calls of one
-    name, collectives with and without a dtype in their args."""
+    cache per call object and its look-ups in SliceArgs.comm_memo (empty on a rank's first
+    pass, filled on its second), equals the Python loop's, with its cache by the call's fields
+    and SliceArgs of its own, on every traced rank: receives named by their senders' sends, an
+    MoE layer's two calls of one name (never in the memo), collectives with and without a dtype
+    in their args."""
     from sim.config import load_scenario
     from sim.engine.simulate import simulate
 
     res = simulate(load_scenario(scenario))
     recs = res.records_of(res.simulated_ranks)
-    args = slice_args.slice_args(res, recs)
+    args, py_args = slice_args.slice_args(res, recs), slice_args.slice_args(res, recs)
     received: dict = {}
     for key, info in (res.p2p or {}).items():
         received.setdefault(info.get("dst"), {})[key] = info
-    seen = set()
+    seen, several = set(), set()
     for rank in res.simulated_ranks:
         mine = kineto._in_order([r for r in recs if r.rank == rank])
         comp = [r for r in mine if r.stream == "compute"]
         p2p = received.get(rank, {})
         launched = kineto._Host(mine, comp, kineto._receives(comp, p2p, rank, Record)).launched
         got = kineto._details(launched, args, p2p)
+        assert args.comm_memo(rank) and kineto._details(launched, args, p2p) == got
         with monkeypatch.context() as m:
             m.setattr(kineto, "_textout", None)
-            assert got == kineto._details(launched, args, p2p)
+            assert got == kineto._details(launched, py_args, p2p)
         seen |= {e.split(",")[1] for e in got[1] if e}
+        table = args.table(rank)
+        assert all(len(table[key][3]) <= 1 for key in args.comm_memo(rank) if key in table)
+        several |= {key for key, e in table.items() if len(e[3]) > 1}
     assert {'"Collective name":"send"', '"Collective name":"recv"'} <= seen or scenario.endswith("32k")
     assert len(seen) >= 3, seen
+    assert several or scenario.endswith("32k")
 
 
 @compiled

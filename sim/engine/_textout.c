@@ -1687,22 +1687,54 @@ done:
     return out;
 }
 
-/* nccl_extras(launched, texts, comm, senders, make) -> list: kineto._details' loop, the text
- * Kineto's NCCL args add to each launched record's args ("" for a compute kernel): for a
+/* nccl_extras(launched, texts, comm, senders, make, memo_of) -> list: kineto._details' loop, the
+ * text Kineto's NCCL args add to each launched record's args ("" for a compute kernel): for a
  * communication record (not on the compute stream, or of a "comm:" category) its call
  * `comm(record)` -- a receive's ("pp-recv") is its sender's, `senders[name]`, or none -- and where
  * there is one, `make(call, is_receive, with_dtype)`, with_dtype where its `texts` entry has no
- * "dtype" key. Each call object's texts are made once (`comm` gives the same object for every
- * record of a name that is one call: a rank's thousands of records are a few dozen calls). */
+ * "dtype" key. `comm`'s answer is looked up first in `memo_of(the record's rank)`, a dict by the
+ * name's key (name_key) of what `comm` answers for every record of that name (it fills it), and
+ * asked of `comm` only where it is not there. Each call object's texts are made once (`comm` gives
+ * the same object for every record of a name that is one call: a rank's thousands of records are
+ * a few dozen calls). */
 typedef struct {
     PyObject *info;                            /* owned: no other call gets its address meanwhile */
     PyObject *text[4];                         /* owned, by is_receive * 2 + with_dtype */
 } Extra;
 
+/* `comm(r)` of a Record `r` (a new reference), looked up first in its rank's memo (nccl_extras):
+ * *memo holds memo_of(*memo_rank), the last rank's, made again when the rank changes */
+static PyObject *memo_comm(PyObject *comm, PyObject *memo_of, PyObject **memo, long long *memo_rank, PyObject *r) {
+    long long rank;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) <= R_NAME || !PyUnicode_Check(PyTuple_GET_ITEM(r, R_NAME))
+        || get_ll(PyTuple_GET_ITEM(r, R_RANK), &rank))
+        return PyObject_CallOneArg(comm, r);           /* (not a Record of a machine-int rank: comm's own way) */
+    if (!*memo || rank != *memo_rank) {
+        Py_CLEAR(*memo);
+        *memo = PyObject_CallOneArg(memo_of, PyTuple_GET_ITEM(r, R_RANK));
+        if (!*memo) return NULL;
+        if (!PyDict_Check(*memo)) {
+            Py_CLEAR(*memo);
+            PyErr_SetString(PyExc_TypeError, "nccl_extras: memo_of() did not give a dict");
+            return NULL;
+        }
+        *memo_rank = rank;
+    }
+    PyObject *key, *mb;
+    if (split_name(PyTuple_GET_ITEM(r, R_NAME), &key, &mb)) return NULL;
+    Py_DECREF(mb);
+    PyObject *hit = PyDict_GetItemWithError(*memo, key);
+    Py_DECREF(key);
+    if (hit) return Py_NewRef(hit);
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_CallOneArg(comm, r);
+}
+
 static PyObject *nccl_extras(PyObject *self, PyObject *args) {
-    PyObject *launched, *texts, *comm, *senders, *make;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O", &PyList_Type, &launched, &PyList_Type, &texts, &comm, &PyDict_Type,
-                          &senders, &make))
+    PyObject *launched, *texts, *comm, *senders, *make, *memo_of, *memo = NULL;
+    long long memo_rank = 0;
+    if (!PyArg_ParseTuple(args, "O!O!OO!OO", &PyList_Type, &launched, &PyList_Type, &texts, &comm, &PyDict_Type,
+                          &senders, &make, &memo_of))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(launched), n_cache = 0;
     if (PyList_GET_SIZE(texts) != n) {
@@ -1737,10 +1769,9 @@ static PyObject *nccl_extras(PyObject *self, PyObject *args) {
                 if (PyErr_Occurred()) goto done;
                 continue;
             }
-            info = PyObject_CallOneArg(comm, sender);
-        } else {
-            info = PyObject_CallOneArg(comm, r);
+            r = sender;
         }
+        info = memo_comm(comm, memo_of, &memo, &memo_rank, r);
         if (!info) goto done;
         if (info == Py_None) {
             Py_DECREF(info);
@@ -1786,6 +1817,7 @@ done:
         }
     PyMem_Free(cache);
     ptrmap_free(&seen);
+    Py_XDECREF(memo);
     Py_XDECREF(empty);
     Py_XDECREF(dtype);
     Py_XDECREF(prefix);

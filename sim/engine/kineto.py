@@ -375,7 +375,7 @@ def _details(launched, args, p2p: dict | None) -> tuple:
                for key, info in (p2p or {}).items() if "src" in info}
     texts = args.texts(launched)
     if _textout is not None:
-        return texts, _textout.nccl_extras(launched, texts, args.comm, senders, _extra)
+        return texts, _textout.nccl_extras(launched, texts, args.comm, senders, _extra, args.comm_memo)
     extras = [""] * len(launched)
     cache: dict = {}             # what `_extra` reads of a call -> its text
     for i in [i for i, r in enumerate(launched) if r.stream != "compute" or r.cat.startswith("comm:")]:

@@ -268,7 +268,7 @@ class SliceArgs:
             if self._orbits is None or self._orbits.rep_of.get(rank, rank) == rank}
         self._order: dict = {}           # rank -> {(name, start, end): CommSpec} where a name is several calls
         self._by_rank: dict | None = None  # rank -> its records of `records` (`_spec_of`)
-        self._comms: dict = {}           # (rank, name's key) -> `comm`'s answer, where the name is one call
+        self._comms: dict = {}           # {rank: {name's key: `comm`'s answer}}, where the name is one call
         self._unlisted: dict = {}        # key of a name no program has -> (its entry, whether numbered)
 
     def _walked(self, rank: int) -> tuple:
@@ -389,19 +389,29 @@ class SliceArgs:
     def comm(self, rec) -> CommInfo | None:
         """The call a communication record is (op, bytes per rank, member ranks, element type),
         or None for a kernel or a name the rank's program does not have."""
-        ck = (rec.rank, name_key(rec.name)[0])
-        hit = self._comms.get(ck, False)
+        key = name_key(rec.name)[0]
+        memo = self.comm_memo(rec.rank)
+        hit = memo.get(key, False)
         if hit is not False:
             return hit
         e, _ = self._resolved(rec)
         info = None
         if e is not None and e[3]:
             s = e[3][0]
-            info = CommInfo(s.op, s.size_bytes, s.ranks, comm_dtype(ck[1], s.tag, self.sc.training.precision))
-        named = self.table(rec.rank).get(ck[1])
+            info = CommInfo(s.op, s.size_bytes, s.ranks, comm_dtype(key, s.tag, self.sc.training.precision))
+        named = self.table(rec.rank).get(key)
         if named is None or len(named[3]) <= 1:           # one call (or none) for every record of the name
-            self._comms[ck] = info
+            memo[key] = info
         return info
+
+    def comm_memo(self, rank: int) -> dict:
+        """{name's key: `comm`'s answer} of `rank`'s records so far, for the names that are one
+        call each (or none): what `comm` answers for any record of such a name on `rank`
+        (sim.engine.kineto's NCCL args look there before asking `comm`)."""
+        memo = self._comms.get(rank)
+        if memo is None:
+            memo = self._comms[rank] = {}
+        return memo
 
 
 def slice_args(result, records=None, walked: dict | None = None, tables: dict | None = None) -> SliceArgs:
