@@ -616,3 +616,33 @@ def test_counter_texts_are_json_dumps(points):
     with pytest.MonkeyPatch.context() as m:
         m.setattr(outputs, "_textout", None)
         assert ",".join(outputs.counter_texts(head, "GB/s", points)) == ",".join(want)
+
+
+_REFAULT = ("import resource, sys\n"
+            "from sim.engine import outputs\n"
+            "kept = sys.argv[1] == 'kept' and outputs.keep_freed_memory()\n"
+            "def faults():\n"
+            "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "    text = bytearray(16 << 20)              # a Kineto rank's text on the 1T row, written\n"
+            "    del text\n"
+            "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
+            "faults()\n"
+            "print(kept, faults())\n")
+
+
+@compiled
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and ru_minflt: Linux")
+def test_the_writers_keep_freed_memory_for_the_next_text():
+    """sim.engine.outputs.keep_freed_memory (mallopt through the compiled module): a 16 MiB
+    block freed and made again is served from the memory the first one left, not from fresh
+    pages faulted in one by one (4,096 of them), which is what glibc's default does; each way in
+    a process of its own (the setting lasts for the process)."""
+    got = {}
+    for mode in ("default", "kept"):
+        out = subprocess.run([sys.executable, "-c", _REFAULT, mode], cwd=ROOT, check=True, capture_output=True,
+                             text=True).stdout.split()
+        got[mode] = (out[0] == "True", int(out[1]))
+    if not got["kept"][0]:
+        pytest.skip("malloc here is not glibc's")
+    assert got["default"][1] >= 4000, got           # every page of the block faulted in again
+    assert got["kept"][1] < 100, got

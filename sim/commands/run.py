@@ -269,6 +269,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
 
     from sim.config import load_scenario
     from sim.engine.background import Background
+    from sim.engine.outputs import keep_freed_memory
     from sim.engine.simulate import cyclic_gc_paused, simulate
     from sim.engine.slice_args import program_tables
 
@@ -297,6 +298,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
             else:
                 result = simulate(sc, link_load=True)
             note_python_writers(result.events)
+            keep_freed_memory()            # for the writers' large texts (sim.engine.outputs)
             summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None,
                                     charts)
         finally:
