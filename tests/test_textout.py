@@ -162,14 +162,20 @@ def test_times_the_compiled_loops_do_not_write_are_left_to_python():
 @settings(max_examples=200, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["compute", "mark", "dp"]),
                                st.text(max_size=8) | st.text(alphabet=list('ab ,"\r\n\x00é'), max_size=8),
-                               st.integers(0, 10**12), st.integers(0, 10**9),
-                               st.floats(-1e12, 1e12, allow_nan=False)), max_size=6))
-def test_timeline_rows_are_the_csv_modules(rows, tmp_path_factory):
-    """write_timeline_csv's bytes are csv.writer's (default dialect) for `timeline_rows`."""
+                               st.integers(0, 10**12) | st.just(2**70), st.integers(0, 10**9),
+                               st.floats(-1e12, 1e12, allow_nan=False)), max_size=6),
+       chunk=st.integers(1, 4))
+def test_timeline_rows_are_the_csv_modules(rows, chunk, tmp_path_factory):
+    """write_timeline_csv's bytes are csv.writer's (default dialect) for `timeline_rows`, its
+    rows written `chunk` at a time (TIMELINE_CHUNK), a piece with a time past 64 bits by Python."""
     recs = [_rec(rank, stream, name, 'c,"at' if rank == 3 else "cat", s, s + d, v) for rank, stream, name, s, d, v in rows]
     path = tmp_path_factory.mktemp("csv") / "timeline.csv"
     pp = {0: 0, 1: 1, 2: None}
-    outputs.write_timeline_csv(recs, path, pp)
+    whole, outputs.TIMELINE_CHUNK = outputs.TIMELINE_CHUNK, chunk
+    try:
+        outputs.write_timeline_csv(recs, path, pp)
+    finally:
+        outputs.TIMELINE_CHUNK = whole
     buf = io.StringIO(newline="")
     w = csv.writer(buf)
     w.writerow(outputs.TIMELINE_COLUMNS)
