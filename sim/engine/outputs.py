@@ -527,7 +527,9 @@ def keep_freed_memory() -> bool:
     With the memory kept (glibc's MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set to these
     for the whole process): 11.04 s whole instead of 12.25, user 16.99 -> 15.75 CPU-s, kernel
     2.73 -> 1.88 (medians of 4 alternated runs); the engine's own time the same, so `sim5d run`
-    sets it after the step only. The same files, the same peak memory (765 MiB)."""
+    sets it after the step only. The same files; the peak memory the same on the 1T row (765 MiB),
+    20 MiB more on the 405B CP16 step (368 -> 388 MiB: a text grown by doubling leaves its smaller
+    blocks in the heap)."""
     return _textout is not None and _textout.keep_freed_memory(*WRITER_MALLOC)
 
 
