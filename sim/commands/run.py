@@ -141,9 +141,8 @@ def _send_charts(charts, result, recs, pp_of: dict, by_rank: dict, mem: dict, pl
     (sim.engine.outputs.pipeline_chart; the longest to draw, started first as the writers' list
     scheduling starts the largest first: on the 70B ZB-H1 scenario it had been sent last and
     ended last, 0.2-0.3 s after every other writer, with one CPU idle), then the breakdown and
-    memory charts' (their stages' lanes only). All three are made
-    before the first is sent: a writer that fails here sends none, and the task run again
-    sends the three once."""
+    memory charts' (their stages' lanes only). All three are made before the first is sent: a
+    writer that fails here sends none, and the task run again sends the three once."""
     from sim.engine import charts as draw
     from sim.engine.outputs import pipeline_chart
 

@@ -521,8 +521,9 @@ and up to 1 GiB freed at its top kept for the next ones."""
 def keep_freed_memory() -> bool:
     """Have this process (and the writers it forks after) reuse the memory its large output texts
     free, where malloc is glibc's and the compiled module is built (whether it could). By default
-    glibc gives a freed block of more than 128 KiB-32 MiB back to the system and maps fresh pages
-    for the next, each faulted in again: on the 1T row 57,000 page faults per sixteen Kineto ranks
+    glibc maps a block above its threshold (128 KiB, rising with the blocks freed to at most 32
+    MiB) on pages of its own, gives them back when it is freed, and the next block's fresh pages
+    are each faulted in again: on the 1T row 57,000 page faults per sixteen Kineto ranks
     (a 15 MB text each), and the whole command spent 2.7 of its 19.7 CPU seconds in the kernel.
     With the memory kept (glibc's MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set to these
     for the whole process): 11.04 s whole instead of 12.25, user 16.99 -> 15.75 CPU-s, kernel
