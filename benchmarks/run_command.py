@@ -5,9 +5,12 @@ process (ru_maxrss of the child). These machines are shared and noisy: compare t
 
 Cases: Narayanan et al. 2021 Table 1's 1T row (goal <= 10 s), Llama 3 405B on 16,384 H100s
 (<= 4 s), Llama 3 70B on 1,024 H100s with `ranks: all` (<= 10 s), and every bundled scenario
-(<= 1.5 x its engine time + 1 s). The same scenario dicts as benchmarks/engine.py.
+(<= 1.5 x its engine time + 1 s). The same scenario dicts as benchmarks/engine.py. With
+`--repeat N` every case runs N times, in N rounds over all the cases (so that a slow minute of
+the machine falls on every case alike), and each figure is the median of its N (the peak the
+largest), with the range of the whole times after it.
 
-    python benchmarks/run_command.py [--case NAME] [--bundled]
+    python benchmarks/run_command.py [--case NAME] [--bundled] [--repeat N]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,30 +62,45 @@ def compile_package() -> None:
     compileall.compile_dir(str(ROOT / "sim"), quiet=1)
 
 
+def median_of(runs: list) -> dict:
+    """One case's runs as one: the median wall and engine times, the largest peak, the walls' range."""
+    walls = [r["wall"] for r in runs]
+    return {"wall": statistics.median(walls), "engine": statistics.median(r["engine"] for r in runs),
+            "peak_mib": max(r["peak_mib"] for r in runs), "range": (min(walls), max(walls))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", choices=sorted(CASES), action="append")
     ap.add_argument("--bundled", action="store_true", help="Also every bundled scenario.")
+    ap.add_argument("--repeat", type=int, default=1, help="Runs of each case, in rounds over all the cases (medians).")
     a = ap.parse_args()
+    if a.repeat < 1:
+        ap.error(f"--repeat: {a.repeat} is not a number of runs (1 or more)")
     compile_package()
     names = a.case or list(CASES)
     print(f"{os.cpu_count()} CPUs; {'case':42s} {'whole s':>8s} {'engine s':>8s} {'ratio':>6s} "
           f"{'goal s':>7s} {'peak MiB':>9s}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = []
+        cases = []                          # (label, scenario, fixed goal or None: 1.5 x engine + 1 s)
         for name in names:
             label, make, goal = CASES[name]
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(yaml.safe_dump(make()))
-            rows.append((label, run_once(str(path), Path(tmp) / name), goal))
+            cases.append((label, str(path), goal))
         if a.bundled:
-            for p in sorted((ROOT / "scenarios").glob("*.yaml")):
-                r = run_once(p.stem, Path(tmp) / p.stem)
-                rows.append((p.stem, r, 1.5 * r["engine"] + 1.0))
-        for label, r, goal in rows:
+            cases += [(p.stem, p.stem, None) for p in sorted((ROOT / "scenarios").glob("*.yaml"))]
+        runs: dict = {label: [] for label, _, _ in cases}
+        for _ in range(a.repeat):
+            for k, (label, scenario, _) in enumerate(cases):
+                runs[label].append(run_once(scenario, Path(tmp) / f"case{k}"))
+        for label, _, goal in cases:
+            r = median_of(runs[label])
+            goal = 1.5 * r["engine"] + 1.0 if goal is None else goal
             ok = "ok" if r["wall"] <= goal else "OVER"
+            spread = f" ({r['range'][0]:.2f}-{r['range'][1]:.2f})" if a.repeat > 1 else ""
             print(f"{label:42s} {r['wall']:8.2f} {r['engine']:8.2f} {r['wall'] / max(r['engine'], 1e-9):6.2f} "
-                  f"{goal:7.2f} {r['peak_mib']:9.0f} {ok}")
+                  f"{goal:7.2f} {r['peak_mib']:9.0f} {ok}{spread}")
     return 0
 
 
