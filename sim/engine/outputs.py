@@ -514,7 +514,8 @@ def gzip_file(path: Path):
 # ----------------------------------------------------------------------------------------------
 WRITER_MALLOC = (32 << 20, 1 << 30)
 """glibc malloc's mmap threshold and trim threshold (bytes) for `sim5d run`'s output writers
-(`keep_freed_memory`): blocks below 32 MiB (glibc's largest threshold, mallopt(3)) from the heap,
+(`keep_freed_memory`): blocks below 32 MiB (the largest threshold mallopt(3) documents on 64-bit
+systems; glibc 2.36 here takes more, to no use: no text a writer reuses is larger) from the heap,
 and up to 1 GiB freed at its top kept for the next ones."""
 
 
