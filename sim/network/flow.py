@@ -832,7 +832,7 @@ class FlowNetwork:
             floor = self._complete_due(now)
             if not self._count():
                 if self.loads is not None:
-                    self.loads.shared.append((now, None, None, None))
+                    self.loads.add_shared(now, None, None, None, self.capacity.shape[0])
                 return
             if not self._small and self._count() <= self.small_flows // 2:
                 self._to_lists()
@@ -866,12 +866,11 @@ class FlowNetwork:
         self.env.schedule(wake, _SOLVE_PRIORITY, nxt - now)
 
     def _log_shared(self, now: int) -> None:
-        """Keep the shared set's rates from now on (LoadLog.shared): the arrays as they are (a
-        solve or a join replaces them, never changes them in place), the lists' paths copied."""
+        """Log the shared set's rates from now on (LoadLog.add_shared)."""
         if self._small:
-            self.loads.shared.append((now, tuple(self._s_path), self._s_rate, None))
+            self.loads.add_shared(now, self._s_path, self._s_rate, None, self.capacity.shape[0])
         else:
-            self.loads.shared.append((now, self._inc_edge, self._rate, self._len))
+            self.loads.add_shared(now, self._inc_edge, self._rate, self._len, self.capacity.shape[0])
 
     def _finish_arrays(self, now: int, old) -> int:
         """The end (integer ns) of each flow whose rate changed from `old`: its bytes left at the
