@@ -66,6 +66,22 @@ def llama3_70b_all() -> dict:
             "simulation": {"ranks": "all"}}
 
 
+def qwen3_235b_moe() -> dict:
+    """Qwen3-235B-A22B FP8 on 256 H100 with its all-to-alls on the flow network: the layout of
+    Megatron-Bridge 25.11's DGX-H100 row (sim/data/validation/bridge_moe.yaml,
+    h5-q235-h100x256-fp8cs-gbs2048-a2a-epov-r2511; 128 microbatches per pipeline)."""
+    return {"name": "qwen3-235b-h100x256-flow", "model": "qwen3-235b-a22b",
+            "cluster": {"topology": "dgx-h100-ndr", "num_nodes": 32},
+            "parallelism": {"tp": 2, "pp": 8, "ep": 32, "etp": 1, "sequence_parallel": True, "zero_stage": 1,
+                            "vpp": 4, "account_for_embedding_in_pipeline_split": True,
+                            "account_for_loss_in_pipeline_split": True},
+            "training": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 2048,
+                         "recompute": "none", "precision": "fp8", "fp8_recipe": "current",
+                         "overlap_grad_reduce": True, "overlap_param_gather": True,
+                         "moe_token_dispatcher": "alltoall", "overlap_moe_expert_parallel_comm": True},
+            "simulation": {"network": "flow"}}
+
+
 def gpt3_64(network: str) -> dict:
     import yaml
 
@@ -82,13 +98,15 @@ CASES = {
     "gpt3-64-analytical": ("GPT-3 175B, 64 GPUs, analytical", lambda: gpt3_64("analytical"), None),
 }
 QUICK = ("llama3-405b", "gpt3-64-flow", "gpt3-64-analytical")
+OPT_IN = {"qwen3-235b-moe-flow": ("Qwen3-235B MoE, 256 GPUs, flow", qwen3_235b_moe, None)}
+"""Cases run only when named (--case): minutes each."""
 
 
 def _child(name: str, q) -> None:
     from sim.config import build_scenario
     from sim.engine.simulate import simulate
 
-    sc = build_scenario(CASES[name][1]())
+    sc = build_scenario((CASES | OPT_IN)[name][1]())
     base = simpy_timeouts_per_s()
     w, c = time.perf_counter(), time.process_time()
     res = simulate(sc)
@@ -101,7 +119,7 @@ def _child(name: str, q) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK))
-    ap.add_argument("--case", choices=sorted(CASES), action="append")
+    ap.add_argument("--case", choices=sorted(CASES | OPT_IN), action="append")
     a = ap.parse_args()
     names = a.case or (QUICK if a.quick else list(CASES))
     ctx = mp.get_context("spawn")
@@ -110,7 +128,7 @@ def main() -> None:
     print(f"{'case':40s} {'network':10s} {'ranks':>5s} {'wall s':>7s} {'cpu s':>7s} {'goal':>6s} "
           f"{'instructions':>12s} {'instr/s':>9s} {'x SimPy':>7s} {'peak MiB':>8s} {'step s':>8s}")
     for name in names:
-        label, _, goal = CASES[name]
+        label, _, goal = (CASES | OPT_IN)[name]
         q = ctx.Queue()
         p = ctx.Process(target=_child, args=(name, q))
         p.start()
