@@ -184,3 +184,35 @@ def test_capped_flows_on_links_of_their_own_are_filled_within_the_kernel_s_memor
         caps = np.where(np.arange(F) % 2 == 0, 0.5, 1.5)
         got, big, _ = _three_ways(capacity, np.arange(F), np.arange(F), F, caps, 0.0)
         assert got[0].tolist() == big[0].tolist() == np.minimum(capacity, caps).tolist()
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), min_size=0, max_size=6),
+                          st.floats(1e-6, 1e6, allow_nan=False)), max_size=300),
+       st.integers(41, 60))
+def test_link_sums_are_numpys_bincount_bit_for_bit(flows, n):
+    """The compiled per-link sums of a solve's rates (sim.network.link_load's dense sums) add
+    each flow's rate on its links in the flows' order, as np.bincount over the repeated rates
+    does: the same floats, on random paths (repeated links within a path included) and rates
+    of twelve orders of magnitude."""
+    lens = np.array([len(p) for p, _ in flows], dtype=np.int64)
+    edges = np.array([e for p, _ in flows for e in p], dtype=np.int64)
+    rates = np.array([r for _, r in flows], dtype=np.float64)
+    got = np.zeros(n)
+    flow._maxmin.link_sums(edges, lens, rates, got)
+    want = np.bincount(edges, weights=np.repeat(rates, lens), minlength=n)
+    assert got.tobytes() == want.tobytes()
+
+
+@compiled
+def test_link_sums_refuse_bad_arrays():
+    k = flow._maxmin
+    with pytest.raises(ValueError, match="out of range"):
+        k.link_sums(np.array([0, 7]), np.array([2]), np.array([1.0]), np.zeros(5))
+    with pytest.raises(ValueError, match="add up"):
+        k.link_sums(np.array([0, 1]), np.array([1, 2]), np.array([1.0, 2.0]), np.zeros(5))
+    with pytest.raises(ValueError, match="add up"):
+        k.link_sums(np.array([0, 1, 2]), np.array([1, 1]), np.array([1.0, 2.0]), np.zeros(5))
+    with pytest.raises(ValueError, match="one rate per flow"):
+        k.link_sums(np.array([0, 1]), np.array([1, 1]), np.array([1.0]), np.zeros(5))

@@ -537,11 +537,58 @@ done:
     return result;
 }
 
+/* link_sums(edges int64[E], lens int64[F], rates f64[F], out f64[n]): out[e] += the rate of each
+ * flow crossing e, the flows in order (out zeroed by the caller): the same additions in the
+ * same order as np.bincount(edges, weights=np.repeat(rates, lens), minlength=n), so the same
+ * floats (sim.network.link_load._shared_loads). */
+static PyObject *link_sums(PyObject *self, PyObject *args) {
+    Py_buffer eb, lb, rb, ob;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &eb, &lb, &rb, &ob)) return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t E = eb.len / 8, F = lb.len / 8, n = ob.len / 8;
+    const int64_t *edge = (const int64_t *)eb.buf, *lens = (const int64_t *)lb.buf;
+    const double *rate = (const double *)rb.buf;
+    double *out = (double *)ob.buf;
+    if (rb.len != lb.len) {
+        PyErr_SetString(PyExc_ValueError, "link_sums: one rate per flow");
+        goto done;
+    }
+    Py_ssize_t j = 0;
+    for (Py_ssize_t f = 0; f < F; f++) {
+        int64_t c = lens[f];
+        if (c < 0 || c > E - j) {
+            PyErr_SetString(PyExc_ValueError, "link_sums: path lengths do not add up to the entries");
+            goto done;
+        }
+        for (int64_t k = 0; k < c; k++, j++) {
+            int64_t e = edge[j];
+            if (e < 0 || e >= n) {
+                PyErr_SetString(PyExc_ValueError, "link_sums: an edge id out of range");
+                goto done;
+            }
+            out[e] += rate[f];
+        }
+    }
+    if (j != E) {
+        PyErr_SetString(PyExc_ValueError, "link_sums: path lengths do not add up to the entries");
+        goto done;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&eb);
+    PyBuffer_Release(&lb);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ob);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS, "Max-min fair rates by progressive filling (see sim.network.flow)."},
     {"rebase", rebase, METH_VARARGS, "The end of each flow whose rate changed (see FlowNetwork._finish_arrays)."},
     {"keep_entries", keep_entries, METH_VARARGS, "The entries of the flows kept (see FlowNetwork._complete)."},
     {"resolve", resolve, METH_VARARGS, "FlowNetwork's partial re-solve after departures (see sim.network.flow)."},
+    {"link_sums", link_sums, METH_VARARGS, "Each link's flows' rates summed in order (see sim.network.link_load)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.network.flow import FlowNetwork
+from sim.network.flow import FlowNetwork, _maxmin
 
 
 class LoadLog:
@@ -221,11 +221,15 @@ def _shared_loads(paths, rates, lens, n: int) -> tuple:
         rates = np.asarray(rates, dtype=np.float64)
     else:
         edges = paths
-    weights = np.repeat(rates, lens)
     if edges.size * DENSE_SUM_RATIO >= n:
-        return None, np.bincount(edges, weights=weights, minlength=n)
+        if _maxmin is not None:             # (sim/network/_maxmin.c: the same additions, one pass)
+            sums = np.zeros(n)
+            _maxmin.link_sums(np.ascontiguousarray(edges, dtype=np.int64), np.ascontiguousarray(lens, dtype=np.int64),
+                              np.ascontiguousarray(rates, dtype=np.float64), sums)
+            return None, sums
+        return None, np.bincount(edges, weights=np.repeat(rates, lens), minlength=n)
     links, inv = np.unique(edges, return_inverse=True)
-    return links, np.bincount(inv, weights=weights, minlength=links.size)
+    return links, np.bincount(inv, weights=np.repeat(rates, lens), minlength=links.size)
 
 
 DENSE_SUM_RATIO = 4
