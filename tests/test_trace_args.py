@@ -377,7 +377,8 @@ MIX64, MIX16 = "mixtral-8x7b-h100x64-dualpipe", "mixtral-8x7b-h200x16-dualpipev"
 
 @pytest.mark.parametrize("name, settings", [(MIX64, {}), (MIX64, {"RAW_LINK_ENTRIES": 500}),
                                             (MIX64, {"SMALL_SHARED_FLOWS": 0}),
-                                            (MIX64, {"DENSE_SUM_RATIO": 0, "RAW_LINK_ENTRIES": 0}),
+                                            (MIX64, {"DENSE_SUM_RATIO": 0, "DENSE_SUM_LINKS": 0,
+                                                     "RAW_LINK_ENTRIES": 0}),
                                             (MIX64, {"DENSE_SUM_RATIO": 10**9}), (MIX64, {"_maxmin": None}),
                                             (MIX16, {}),
                                             (MIX16, {"RAW_LINK_ENTRIES": 0})])
