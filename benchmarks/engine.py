@@ -100,13 +100,15 @@ CASES = {
 QUICK = ("llama3-405b", "gpt3-64-flow", "gpt3-64-analytical")
 OPT_IN = {"qwen3-235b-moe-flow": ("Qwen3-235B MoE, 256 GPUs, flow", qwen3_235b_moe, None)}
 """Cases run only when named (--case): minutes each."""
+NAMED = CASES | OPT_IN
+"""Every case --case can name."""
 
 
 def _child(name: str, q) -> None:
     from sim.config import build_scenario
     from sim.engine.simulate import simulate
 
-    sc = build_scenario((CASES | OPT_IN)[name][1]())
+    sc = build_scenario(NAMED[name][1]())
     base = simpy_timeouts_per_s()
     w, c = time.perf_counter(), time.process_time()
     res = simulate(sc)
@@ -119,7 +121,7 @@ def _child(name: str, q) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK))
-    ap.add_argument("--case", choices=sorted(CASES | OPT_IN), action="append")
+    ap.add_argument("--case", choices=sorted(NAMED), action="append")
     a = ap.parse_args()
     names = a.case or (QUICK if a.quick else list(CASES))
     ctx = mp.get_context("spawn")
@@ -128,7 +130,7 @@ def main() -> None:
     print(f"{'case':40s} {'network':10s} {'ranks':>5s} {'wall s':>7s} {'cpu s':>7s} {'goal':>6s} "
           f"{'instructions':>12s} {'instr/s':>9s} {'x SimPy':>7s} {'peak MiB':>8s} {'step s':>8s}")
     for name in names:
-        label, _, goal = (CASES | OPT_IN)[name]
+        label, _, goal = NAMED[name]
         q = ctx.Queue()
         p = ctx.Process(target=_child, args=(name, q))
         p.start()

@@ -36,6 +36,8 @@ from engine import OPT_IN, llama3_405b, llama3_70b_all, narayanan_1t  # noqa: E4
 CASES = {"narayanan-1t": ("Narayanan 1T row, 3,072 GPUs", narayanan_1t, 10.0),
          "llama3-405b": ("Llama 3 405B, 16,384 GPUs", llama3_405b, 4.0),
          "llama3-70b-all": ("Llama 3 70B, 1,024 GPUs, ranks: all", llama3_70b_all, 10.0)}
+NAMED = CASES | OPT_IN
+"""Every case --case can name (this script's goals; the opt-in cases' from benchmarks/engine.py)."""
 
 
 def run_once(scenario: str, out: Path) -> dict:
@@ -72,7 +74,7 @@ def median_of(runs: list) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=sorted(CASES | OPT_IN), action="append",
+    ap.add_argument("--case", choices=sorted(NAMED), action="append",
                     help="Only this case (repeatable); " + ", ".join(OPT_IN) + " runs only when named (minutes).")
     ap.add_argument("--bundled", action="store_true", help="Also every bundled scenario.")
     ap.add_argument("--repeat", type=int, default=1, help="Runs of each case, in rounds over all the cases (medians).")
@@ -86,7 +88,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cases = []                          # (label, scenario, fixed goal or None: 1.5 x engine + 1 s)
         for name in names:
-            label, make, goal = (CASES | OPT_IN)[name]
+            label, make, goal = NAMED[name]
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(yaml.safe_dump(make()))
             cases.append((label, str(path), goal))

@@ -80,7 +80,7 @@ class LoadLog:
         """Sum the entries waiting (`add_shared`) into the links' loads, changes and bytes."""
         for now, paths, rates, lens in self._raw:
             if self.times:
-                self._hold(now - self.times[-1])
+                self._hold(now - self.times[-1], self._tot, self._total)
             if paths is None and self._cur is None:
                 self._none()
             elif paths is None or (lens is None and len(paths) <= SMALL_SHARED_FLOWS):
@@ -92,13 +92,16 @@ class LoadLog:
         self._raw.clear()
         self._waiting = 0
 
-    def _hold(self, dt: int) -> None:
-        """The last entry's loads held for `dt` ns: each link's bytes += load x dt (Python's
-        floats and numpy's float64 round alike)."""
+    def _hold(self, dt: int, tot: dict, total: np.ndarray) -> None:
+        """The last entry's loads held for `dt` ns: each link's bytes += load x dt, on `tot` and
+        `total` (the log's running sums, `_tot` and `_total`, or copies of them); Python's floats
+        and numpy's float64 round alike."""
         if self._cur is None:
-            self._total[self._links] += self._loads * dt
-        else:
-            _held_on_dict(self._tot, self._total, self._cur, dt)
+            total[self._links] += self._loads * dt
+            return
+        for e, load in self._cur.items():
+            x = tot.get(e)
+            tot[e] = (float(total[e]) if x is None else x) + load * dt
 
     def _few(self, paths, rates) -> None:
         """An entry of a few flows (or none), summed on a dict: the same floats as numpy's sums
@@ -165,13 +168,8 @@ class LoadLog:
         self.settle()
         if self._n is None:
             return None
-        total = self._total.copy()
-        tot, cur = dict(self._tot), self._cur
-        dt = end_ns - self.times[-1]
-        if cur is None:
-            total[self._links] += self._loads * dt
-        else:
-            _held_on_dict(tot, total, cur, dt)
+        total, tot = self._total.copy(), dict(self._tot)
+        self._hold(end_ns - self.times[-1], tot, total)
         for e, x in tot.items():
             total[e] = x
         return total
@@ -190,14 +188,6 @@ class LoadLog:
         for e, t, load in zip(ids[at].tolist(), times.tolist(), loads.tolist()):
             out[e].append((t, load))
         return out
-
-
-def _held_on_dict(tot: dict, total: np.ndarray, loads: dict, dt: int) -> None:
-    """Each link of `loads` ({link: load}) carried load x dt more: its running sum on `tot`,
-    from `total` where `tot` has none yet."""
-    for e, load in loads.items():
-        x = tot.get(e)
-        tot[e] = (float(total[e]) if x is None else x) + load * dt
 
 
 @dataclass
