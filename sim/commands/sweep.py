@@ -113,6 +113,13 @@ def register(app: typer.Typer) -> None:
         else:
             _print(res)
         _write_extras(res, html, export, export_format)     # after the results: a refused export exits 2
+        if c["ranked"] == 0:
+            # as `sim5d plan` with no winner: the table, the printout and the report are written,
+            # and a script sees that the question has no answer on this hardware
+            raise ConfigError(f"no layout could be ranked (--model {model} --gpus {gpus} --topology {topology}"
+                              f"{''.join(f' --set {v}' for v in set_ or [])}): {c['evaluated']:,} evaluated, "
+                              f"{c['invalid']:,} invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} "
+                              f"errors; see the table {res.out}")
 
 
 def _check_paths(html, export, export_format) -> None:
