@@ -216,3 +216,77 @@ def test_link_sums_refuse_bad_arrays():
         k.link_sums(np.array([0, 1, 2]), np.array([1, 1]), np.array([1.0, 2.0]), np.zeros(5))
     with pytest.raises(ValueError, match="one rate per flow"):
         k.link_sums(np.array([0, 1]), np.array([1, 1]), np.array([1.0]), np.zeros(5))
+
+
+@compiled
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 40), min_size=0, max_size=6), st.integers(0, 20)),
+                max_size=300),
+       st.integers(0, 20))
+def test_mark_live_marks_the_links_numpy_marks(flows, now):
+    """The compiled marking of the links that the shared set's flows still running hold
+    (finish > now) sets the same mask as numpy's repeat, selection and scatter, on random paths
+    (repeated links within one included), and leaves the rest of the mask as it was."""
+    lens = np.array([len(p) for p, _ in flows], dtype=np.int64)
+    edges = np.array([e for p, _ in flows for e in p], dtype=np.int64)
+    finish = np.array([f for _, f in flows], dtype=np.int64)
+    got = np.zeros(50, dtype=bool)
+    got[45] = True                              # (set before: kept)
+    want = got.copy()
+    flow._maxmin.mark_live(edges, lens, finish, now, got)
+    want[edges[np.repeat(finish > now, lens)]] = True
+    assert got.tolist() == want.tolist()
+
+
+@compiled
+def test_mark_live_refuses_bad_arrays():
+    k = flow._maxmin
+    mask = np.zeros(5, dtype=bool)
+    with pytest.raises(ValueError, match="outside the mask"):
+        k.mark_live(np.array([0, 7]), np.array([2]), np.array([9]), 0, mask)
+    with pytest.raises(ValueError, match="add up"):
+        k.mark_live(np.array([0, 1]), np.array([1, 2]), np.array([9, 9]), 0, mask)
+    with pytest.raises(ValueError, match="one finish time per flow"):
+        k.mark_live(np.array([0, 1]), np.array([1, 1]), np.array([9]), 0, mask)
+
+
+def test_remembered_solves_are_checked_against_their_problem(monkeypatch):
+    """The flow network remembers each max-min problem's rates under a key of its arrays' CRC-32s
+    and checks the arrays on a hit. Three rounds of the same 200 flows among 64 GPUs (each round
+    a problem solved before): the same ends and iteration count with the memo's CRC keys, with
+    keys of the arrays' bytes, and with one key for every problem (a hit not checked hands one
+    problem's rates to another: with the check removed this fails). The memo saves fills."""
+    G = build_graph(load_topology("dgx-h100-ndr"), 8)
+    gpus = G.graph["gpus"]
+    rng = np.random.default_rng(11)
+    src = rng.integers(0, len(gpus), 200)
+    dst = (src + rng.integers(1, len(gpus), 200)) % len(gpus)
+    size = rng.integers(1 << 16, 8 << 20, 200)
+
+    def run():
+        env = simpy.Environment()
+        net = FlowNetwork(env, G, record=True)
+        fills = []
+        fill = net._fill
+        net._fill = lambda *a: fills.append(1) or fill(*a)
+
+        def rounds():
+            for k in range(3):
+                events = [net.transfer(gpus[s], gpus[d], int(b), name=f"{k}:{i}")
+                          for i, (s, d, b) in enumerate(zip(src, dst, size))]
+                yield simpy.AllOf(env, events)
+        env.process(rounds())
+        env.run()
+        return [(r.name, r.end_ns) for r in net.log], net.iterations, net.solves, len(fills)
+
+    if flow._crc32 is None:
+        pytest.skip("the isal package is missing: the keys are the arrays' bytes")
+    crc = run()
+    monkeypatch.setattr(flow, "_crc32", None)
+    plain = run()
+    monkeypatch.undo()
+    key = flow._problem_key
+    monkeypatch.setattr(flow, "_problem_key", lambda *a: ((0,), key(*a)[1]))    # one key for every problem
+    colliding = run()
+    assert crc[:3] == plain[:3] == colliding[:3]
+    assert crc[3] == plain[3] < colliding[3] and crc[2] > 100
