@@ -122,16 +122,22 @@ def test_a_nan_capacity_is_reported_by_every_filling():
             flow._maxmin = saved
 
 
+def _random_traffic(nodes: int, n: int, *, seed: int, most_bytes: int) -> tuple:
+    """(the graph of `nodes` DGX H100 servers, its GPUs, and n random flows as source GPU
+    numbers, destination GPU numbers (never the source) and sizes from 64 KiB to most_bytes)."""
+    G = build_graph(load_topology("dgx-h100-ndr"), nodes)
+    gpus = G.graph["gpus"]
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, len(gpus), n)
+    dst = (src + rng.integers(1, len(gpus), n)) % len(gpus)
+    return G, gpus, src, dst, rng.integers(1 << 16, most_bytes, n)
+
+
 @compiled
 def test_the_network_ends_every_flow_at_the_same_ns_with_either_filling():
     """600 random flows (the partial re-solve after each end: compiled `resolve` against the numpy
     steps): the same end time for every flow and the same iteration count."""
-    G = build_graph(load_topology("dgx-h100-ndr"), 16)
-    gpus = G.graph["gpus"]
-    rng = np.random.default_rng(5)
-    src = rng.integers(0, len(gpus), 600)
-    dst = (src + rng.integers(1, len(gpus), 600)) % len(gpus)
-    size = rng.integers(1 << 16, 16 << 20, 600)
+    G, gpus, src, dst, size = _random_traffic(16, 600, seed=5, most_bytes=16 << 20)
 
     def run():
         env = simpy.Environment()
@@ -256,12 +262,7 @@ def test_remembered_solves_are_checked_against_their_problem(monkeypatch):
     a problem solved before): the same ends and iteration count with the memo's CRC keys, with
     keys of the arrays' bytes, and with one key for every problem (a hit not checked hands one
     problem's rates to another: with the check removed this fails). The memo saves fills."""
-    G = build_graph(load_topology("dgx-h100-ndr"), 8)
-    gpus = G.graph["gpus"]
-    rng = np.random.default_rng(11)
-    src = rng.integers(0, len(gpus), 200)
-    dst = (src + rng.integers(1, len(gpus), 200)) % len(gpus)
-    size = rng.integers(1 << 16, 8 << 20, 200)
+    G, gpus, src, dst, size = _random_traffic(8, 200, seed=11, most_bytes=8 << 20)
 
     def run():
         env = simpy.Environment()

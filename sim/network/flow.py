@@ -250,7 +250,7 @@ def _problem_key(edge_of: np.ndarray, lens: np.ndarray, caps: np.ndarray, floor:
     to copy and hash their bytes), else their bytes (equal keys: the same problem)."""
     if _crc32 is None:
         return (edge_of.tobytes(), lens.tobytes(), caps.tobytes(), floor), None
-    arrays = (edge_of, lens, caps)
+    arrays = tuple(map(np.ascontiguousarray, (edge_of, lens, caps)))    # (as they are: contiguous)
     return (*map(_crc32, arrays), edge_of.size, lens.size, floor), arrays
 
 
