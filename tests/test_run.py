@@ -247,6 +247,29 @@ def test_trace_ranks_keep_a_ranks_all_steps_outputs_to_the_simulated_ranks(tmp_p
     assert code == 2 and "--trace-ranks" in err and "99" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("spec, words", [
+    ("99", "'99': [99] beyond the step's 16 GPUs (ranks 0..15)"),
+    ("", "'' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("3,a", "'3,a' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("-1", "'-1' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("1", "'1': [1] not simulated: this step simulates 2 representative ranks (0, 8); --set "
+          "simulation.ranks=all simulates every rank"),
+])
+def test_trace_ranks_refused_before_the_step_where_the_scenario_tells(tmp_path, monkeypatch, spec, words):
+    """A malformed --trace-ranks, or a rank beyond the scenario's GPUs, exits 2 before the step
+    is simulated (counted here); a rank a representative-ranks step did not simulate is known
+    after it only, and the error says which ranks it simulated and how to simulate every one."""
+    import sim.engine.simulate as engine
+
+    steps = []
+    simulate_step = engine.simulate
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1) or simulate_step(*a, **k))
+    code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "o"), "--trace-ranks", spec)
+    assert code == 2 and "Traceback" not in err
+    assert " ".join(err.split()) == f"error: --trace-ranks {words}"
+    assert len(steps) == (spec == "1")
+
+
 def test_the_console_script_leaves_the_step_to_the_process_end_and_main_frees_it(tmp_path, write_yaml):
     """`sim5d run` hands its step's result to sim.commands.HELD instead of freeing it (a million
     records on the 1T row: 0.3 s of freeing before an exit that frees nothing, os._exit); the

@@ -19,22 +19,39 @@ def trace_ranks_of(result, spec: str | None) -> list:
     ranks of the step."""
     from sim.errors import ConfigError
 
-    if spec is None or spec == "simulated":
+    ranks = parse_trace_ranks(spec)
+    if ranks is None or ranks == "simulated":
         return result.simulated_ranks
     have = set(result.pp_rank_of)
-    if spec == "all":
+    if ranks == "all":
         return sorted(have)
+    bad = [r for r in ranks if r not in have]
+    if bad:                 # (a representative-ranks step: ranks beyond the GPUs were refused before it)
+        raise ConfigError(f"--trace-ranks {spec!r}: {bad} not simulated: this step simulates {len(have):,} "
+                          f"representative ranks ({', '.join(map(str, sorted(have)[:8]))}"
+                          f"{', ...' if len(have) > 8 else ''}); --set simulation.ranks=all simulates every rank",
+                          key="--trace-ranks")
+    return ranks
+
+
+def parse_trace_ranks(spec: str | None, num_gpus: int | None = None):
+    """`--trace-ranks` read: None, "simulated", "all" or the ranks sorted; with `num_gpus` (the
+    scenario's, before its step is simulated) a rank beyond them is refused too. Whether a rank
+    was simulated is known after the step only (`trace_ranks_of`)."""
+    from sim.errors import ConfigError
+
+    if spec is None or spec in ("simulated", "all"):
+        return spec
     try:
         ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:
-        raise ConfigError(f"--trace-ranks {spec!r} must be simulated, all or comma-separated ranks "
-                          "(e.g. 0,8,16)", key="--trace-ranks") from None
-    bad = [r for r in ranks if r not in have]
-    if not ranks or bad:
-        raise ConfigError(f"--trace-ranks {spec!r}: {bad or 'no rank'} not among the step's "
-                          f"{len(have):,} ranks (0..{max(have)}; a representative-ranks step has "
-                          f"{', '.join(map(str, sorted(have)[:8]))}{'...' if len(have) > 8 else ''})",
-                          key="--trace-ranks")
+        ranks = []
+    if not ranks or ranks[0] < 0:
+        raise ConfigError(f"--trace-ranks {spec!r} must be simulated, all or comma-separated ranks from 0 "
+                          "(e.g. 0,8,16)", key="--trace-ranks")
+    if num_gpus is not None and ranks[-1] >= num_gpus:
+        raise ConfigError(f"--trace-ranks {spec!r}: {[r for r in ranks if r >= num_gpus]} beyond the step's "
+                          f"{num_gpus:,} GPUs (ranks 0..{num_gpus - 1})", key="--trace-ranks")
     return ranks
 
 
@@ -273,6 +290,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
     from sim.engine.slice_args import program_tables
 
     sc = load_scenario(scenario, overrides=overrides)
+    parse_trace_ranks(trace_ranks, sc.derived.num_gpus)     # (before the step, not after it)
     if html is not None:
         from sim.report import check_path
 
