@@ -143,7 +143,39 @@ def test_unwritable_table_folder_fails_before_the_sweep(tmp_path):
     blocker.write_text("")
     code, _, err = run_cli("sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-a100-hdr",
                            "--out", str(blocker / "t.csv"))
-    assert code == 2 and "cannot write there" in err
+    assert code == 2 and f"--out {blocker / 't.csv'}: {blocker} is a file, not a folder" in " ".join(err.split())
+
+
+SMALL = "gpt-1.7b-a100x8-gpipe"
+
+
+@pytest.mark.parametrize("command, flag, path, words", [
+    (["run", SMALL], "--out", "file", "is a file; give a folder"),
+    (["run", SMALL], "--out", "file/sub", "{tmp}/file is a file, not a folder"),
+    (["run", SMALL], "--out", "/proc/none", "cannot write there (No such file or directory)"),
+    (["compare", SMALL], "--plot", "file/c.png", "{tmp}/file is a file, not a folder"),
+    (["compare", SMALL], "--plot", "", "is a folder; give a file name such as {tmp}/compare.png"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1"], "--out", "file",
+     "is a file; give a folder"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1"], "--plot", "file/p.png",
+     "{tmp}/file is a file, not a folder"),
+    (["export", SMALL], "--out", "", "is a folder; give a file name such as {tmp}/launch.sh"),
+])
+def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_path, monkeypatch, command, flag,
+                                                                        path, words):
+    """run's --out folder, compare's and plan's --plot and plan's --out: a file where a folder is
+    wanted (or a folder where a file is), a folder under a file, an unwritable place: exit 2
+    naming the flag, the path and what is wrong, before any step is simulated (they were
+    tracebacks after the step: FileExistsError, NotADirectoryError)."""
+    import sim.engine.simulate as engine
+
+    (tmp_path / "file").write_text("")
+    steps = []
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1))
+    target = path if path.startswith("/") else str(tmp_path / path) if path else str(tmp_path)
+    code, _, err = run_cli(*command, flag, target)
+    assert code == 2 and "Traceback" not in err and not steps
+    assert " ".join(err.split()) == f"error: {flag} {target}: {words.format(tmp=tmp_path)}"
 
 
 # -------------------------------------------------------------------- 6. schedule CLI -----

@@ -102,7 +102,7 @@ def check_export(export: Path | None, fmt: str | None) -> None:
         if fmt not in FORMATS:
             raise ConfigError(f"--export-format {fmt!r} must be one of {', '.join(FORMATS)}", key="--export-format")
     if export is not None:
-        check_path(export, "--export")
+        check_path(export, "--export", "launch.sh")
 
 
 def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None, restrict: str = "--set") -> None:
@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             from sim.report import check_path
 
-            check_path(out, "--out")
+            check_path(out, "--out", "scenario.yaml")
         data, notes = import_launch(file, cluster=cluster, name=name, fmt=format_)
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             from sim.report import check_path
 
-            check_path(out, "--out")
+            check_path(out, "--out", "launch.sh")
         sc = load_scenario(scenario, overrides=set_ or [])
         text = export_text(sc, format_)
         if out is None:

@@ -85,7 +85,7 @@ def plan_cmd(
     rel, flags = _reliability(failure_rate, node_failure_rate, restart_time, checkpoint_interval, async_save,
                               warmup_steps)
     seed, confidence = _monte_carlo_args(monte_carlo, seed, confidence)
-    _check_search(top, flow_within, workers, html, export, export_format)
+    _check_search(top, flow_within, workers, html, export, export_format, out, plot)
     spec = P.PlanSpec(model=_model_arg(model), tokens=n_tokens, candidates=cands, deadline_days=deadline_days,
                       budget_usd=budget_usd, price_items=list(price or []), sweep_overrides=list(sweep_set or []),
                       reliability=rel, reliability_flags=flags, monte_carlo_runs=monte_carlo, seed=seed,
@@ -150,19 +150,25 @@ def _monte_carlo_args(monte_carlo: int, seed, confidence) -> tuple[int, float]:
     return seed, confidence
 
 
-def _check_search(top: int, flow_within: float, workers, html, export, export_format=None) -> None:
-    """The sweep's flags and the extra outputs' paths, checked before any sweep."""
+def _check_search(top: int, flow_within: float, workers, html, export, export_format=None, out=None,
+                  plot=None) -> None:
+    """The sweep's flags and the outputs' paths, checked before any sweep."""
     if top < 0:
         raise ConfigError(f"--top ({top}) must be 0 or more", key="--top")
     if not 0 <= flow_within <= 100:
         raise ConfigError(f"--flow-within ({flow_within}%) must be between 0% and 100%", key="--flow-within")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
+    from sim.paths import check_folder
     from sim.report import check_path
 
+    if plot is not None:
+        check_path(plot, "--plot", "plan.png")
     if html is not None:
         check_path(html)
     check_export(export, export_format)
+    if out is not None:                 # (the folder, made: last)
+        check_folder(out, "--out")
 
 
 def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:

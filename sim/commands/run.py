@@ -288,20 +288,23 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
     from sim.engine.outputs import keep_freed_memory
     from sim.engine.simulate import cyclic_gc_paused, simulate
     from sim.engine.slice_args import program_tables
+    from sim.paths import check_folder
 
     sc = load_scenario(scenario, overrides=overrides)
-    parse_trace_ranks(trace_ranks, sc.derived.num_gpus)     # (before the step, not after it)
+    # the flags naming outputs, checked before the step, not after it (the folder, made, last)
+    parse_trace_ranks(trace_ranks, sc.derived.num_gpus)
     if html is not None:
         from sim.report import check_path
 
         check_path(html)
+    folder = out or Path("runs") / sc.name
+    check_folder(folder, "--out")
     # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),
     # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
     # (0.44 s on the 1T row, the tables 0.12 s on the 405B CP16 scenario's 16 ranks, which
     # each writer process needing them would otherwise spend)
     prepared = Background(lambda: program_tables(sc)) if trace_ranks in (None, "simulated") else None
     err = Console(stderr=True)
-    folder = out or Path("runs") / sc.name
     # The step's objects and the outputs' records (millions in a large step) are freed by
     # reference counting; the cyclic collector would only scan them again and again
     # (sim.engine.simulate.cyclic_gc_paused). The result is left to the process's end (HELD):

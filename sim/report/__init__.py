@@ -138,13 +138,14 @@ def page(title: str, subtitle: str, sections: list[tuple]) -> str:
             f"<script>{_SORT_JS}</script>\n</body></html>\n")
 
 
-def check_path(path: Path, flag: str = "--html") -> Path:
-    """Fail before simulating, not after: the report's file must be a writable file path."""
+def check_path(path: Path, flag: str = "--html", example: str = "report.html") -> Path:
+    """Fail before simulating, not after: the file `flag` names (the report's, or `example`'s
+    kind) must be a writable file path."""
     from sim.errors import ConfigError
 
     path = Path(path)
     if path.is_dir():
-        raise ConfigError(f"{flag} {path}: is a folder; give a file name such as {path / 'report.html'}",
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name such as {path / example}",
                           key=flag)
     from sim.paths import check_writable
 
