@@ -3,6 +3,7 @@ editable install or a source checkout, at the repository root."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -35,7 +36,7 @@ def check_folder(path: Path, flag: str) -> None:
     """Fail before the work, not after it: `path` must be a folder, or not exist yet and be
     creatable, and take files (it is made now); ConfigError naming `flag` otherwise."""
     _check_in_folder(path, path, flag)
-    probe = path / ".sim5d.probe"
+    probe = path / f".sim5d-{os.getpid()}.probe"       # (two runs into one folder: a probe each)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
