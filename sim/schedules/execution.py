@@ -74,36 +74,43 @@ def execute(schedule: Schedule, duration: Callable[[Item], Fraction],
     free = [Fraction(0)] * P
     timeline: list[list[Timed]] = [[] for _ in range(P)]
     remaining = sum(len(items) for items in schedule.ranks)
-    while remaining:
-        progressed = False
-        for r in range(P):
-            items = schedule.ranks[r]
-            while ptr[r] < len(items):
-                start = free[r]
-                ready = True
-                for key, dep_rank in waits[r][ptr[r]]:
-                    t = done.get(key)
-                    if t is None:
-                        ready = False
-                        break
-                    if dep_rank != r:
-                        t += latency
-                    if t > start:
-                        start = t
-                if not ready:
+    # each rank runs as far as it can, then waits on the first fact its next item lacks and is
+    # run again when that fact is made (once per fact, not a pass over every rank per wave: a
+    # backward wave crosses one rank per pass, so passes were O(P) and the run O(P^2)). An
+    # item's times depend only on its rank's previous end and its facts' ends, not on the order
+    # the ranks are visited in.
+    blocked: dict[Key, list[int]] = {}
+    todo = list(range(P - 1, -1, -1))              # (a stack: rank 0 first)
+    while todo:
+        r = todo.pop()
+        items = schedule.ranks[r]
+        while ptr[r] < len(items):
+            start = free[r]
+            lacking = None
+            for key, dep_rank in waits[r][ptr[r]]:
+                t = done.get(key)
+                if t is None:
+                    lacking = key
                     break
-                item = items[ptr[r]]
-                end = start + duration(item)
-                for a in item.parts:
-                    for k in produces(a):
-                        done[k] = end
-                timeline[r].append(Timed(item, r, start, end))
-                free[r] = end
-                ptr[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ScheduleError(_deadlock_message(schedule, ptr, waits, done))
+                if dep_rank != r:
+                    t += latency
+                if t > start:
+                    start = t
+            if lacking is not None:
+                blocked.setdefault(lacking, []).append(r)
+                break
+            item = items[ptr[r]]
+            end = start + duration(item)
+            for a in item.parts:
+                for k in produces(a):
+                    done[k] = end
+                    todo += reversed(blocked.pop(k, ()))
+            timeline[r].append(Timed(item, r, start, end))
+            free[r] = end
+            ptr[r] += 1
+            remaining -= 1
+    if remaining:
+        raise ScheduleError(_deadlock_message(schedule, ptr, waits, done))
     return timeline
 
 
