@@ -309,3 +309,22 @@ def test_version_is_one_number_everywhere():
     code, out, _ = run_cli("--version")
     assert code == 0 and out.strip() == f"sim5d {__version__}"
     assert importlib.metadata.version("sim5d") == __version__
+
+
+def test_a_failed_step_leaves_no_empty_output_folder(tmp_path, monkeypatch):
+    """run makes its --out folder before the step (to refuse an unwritable one at once); a step
+    that fails then (here: the engine's limit on a transfer's end) exits 2 and removes the folder
+    it made, still empty; a folder that was there before is kept."""
+    import sim.engine.simulate as engine
+    from sim.errors import BeyondLimits
+
+    def fail(*a, **k):
+        raise BeyondLimits("the transfer 'x' would end 1e+03 s into the step")
+
+    monkeypatch.setattr(engine, "simulate", fail)
+    for out, existed in ((tmp_path / "new" / "run", False), (tmp_path / "old", True)):
+        if existed:
+            out.mkdir()
+        code, _, err = run_cli("run", SMALL, "--out", str(out))
+        assert code == 2 and "would end" in err and "Traceback" not in err
+        assert out.exists() == existed and (tmp_path / "new").exists()

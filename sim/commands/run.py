@@ -298,6 +298,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
 
         check_path(html)
     folder = out or Path("runs") / sc.name
+    made = not folder.exists()
     check_folder(folder, "--out")
     # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),
     # and their args tables are made meanwhile in a child on the CPU the engine leaves idle
@@ -321,6 +322,10 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
             keep_freed_memory()            # for the writers' large texts (sim.engine.outputs)
             summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None,
                                     charts)
+        except BaseException:
+            if made and not any(folder.iterdir()):     # (the step failed: no empty folder left behind)
+                folder.rmdir()
+            raise
         finally:
             if prepared is not None:       # (an error before its answer was taken)
                 prepared.discard()
