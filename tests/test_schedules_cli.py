@@ -227,3 +227,55 @@ def test_plot_writes_a_png(capsys, tmp_path):
 
 def test_to_csv_text():
     assert to_csv(build("gpipe", 2, 2)) == "0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n"
+
+
+@pytest.mark.parametrize("name, pp, m, v", [("dualpipe", 4, 8, None), ("interleaved-1f1b", 4, 8, 2),
+                                            ("zbv", 3, 6, None), ("interleaved-1f1b", 8, 512, 2)])
+def test_the_chart_draws_a_box_per_action_where_the_replay_puts_it(monkeypatch, tmp_path, name, pp, m, v):
+    """The schedule chart's boxes (collections, one per colour) are exactly the replay's: per
+    rank (rank 0 on top), each action's rectangle from its start to its end (an overlapped pair's
+    halves side by side, and a black border around the pair), in its kind's colour, lighter per
+    later chunk (the chunk counted from the rank's stages); an idle band per rank. Boxes whose
+    median is under 4 pixels wide lose their white borders (the last case: 2,048 boxes a rank,
+    2 pixels each)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    from sim.schedules import replay
+    from sim.schedules.actions import Overlap
+    from sim.schedules.plot import COLOURS, IDLE, _lighten, plot_schedule
+
+    figs = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: figs.append(fig) or save(fig, *a, **k))
+    res = replay(build(name, pp, m, v))
+    plot_schedule(res, tmp_path / "s.png")
+    got, borders, edges = set(), set(), set()
+    for col in figs[0].axes[0].collections:
+        face = col.get_facecolor()
+        for k, path in enumerate(col.get_paths()):
+            xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+            box = (round(xs.min(), 9), round(xs.max(), 9), round(ys.min(), 9))
+            if len(face) == 0 or face[0][3] == 0:
+                borders.add(box)
+            else:
+                got.add(box + (tuple(round(c, 6) for c in face[k % len(face)]),))
+                if tuple(face[0]) != to_rgba(IDLE):
+                    edges.add(float(col.get_linewidth()[0]))
+    s = res.schedule
+    want, pairs = set(), set()
+    for r, row in enumerate(res.timeline):
+        y0 = round(s.pp - 1 - r - 0.4, 9)
+        want.add((0.0, round(float(res.makespan), 9), y0, tuple(round(c, 6) for c in to_rgba(IDLE))))
+        for t in row:
+            parts = t.item.parts if isinstance(t.item, Overlap) else (t.item,)
+            w = (t.end - t.start) / len(parts)
+            for i, a in enumerate(parts):
+                chunk = s.rank_stages(s.stage_rank(a.stage)).index(a.stage)
+                rgb = _lighten(COLOURS[a.kind], min(chunk, 2) * 0.35)
+                want.add((round(float(t.start + i * w), 9), round(float(t.start + (i + 1) * w), 9), y0,
+                          tuple(round(c, 6) for c in to_rgba(rgb))))
+            if len(parts) > 1:
+                pairs.add((round(float(t.start), 9), round(float(t.end), 9), y0))
+    assert got == want and borders == pairs
+    assert edges == ({0.0} if m == 512 else {0.5})

@@ -86,7 +86,19 @@ class Schedule:
 
     def chunk_of(self, stage: int) -> int:
         """The local chunk index (0..V-1) of `stage` on its rank."""
-        return self.rank_stages(self.stage_rank(stage)).index(stage)
+        if not 0 <= stage < self.num_stages:
+            self.stage_rank(stage)                  # (raises its ValueError)
+        return self._chunks[stage]
+
+    @cached_property
+    def _chunks(self) -> tuple:
+        """`chunk_of` of every stage, made once (it was two scans of the stages a call: the
+        schedule chart of 64 ranks x 2 chunks asked it 131,072 times, 6 s)."""
+        out = [0] * self.num_stages
+        for r in range(self.pp):
+            for k, st in enumerate(self.rank_stages(r)):
+                out[st] = k
+        return tuple(out)
 
     def stage_chain(self, microbatch: int) -> range:
         """The stages `microbatch` passes through, in forward order."""

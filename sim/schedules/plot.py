@@ -33,11 +33,26 @@ def _text_colour(rgb) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.6 else "white"
 
 
+def _rectangles(boxes: list, height: float, **style):
+    """A PolyCollection of the rectangles [(x0, y0, width)], each `height` high, drawn as
+    Rectangle patches of the same corners would be."""
+    import numpy as np
+    from matplotlib.collections import PolyCollection
+
+    b = np.asarray(boxes, dtype=float).reshape(-1, 3)
+    v = np.empty((len(b), 4, 2))
+    v[:, (0, 1), 0] = b[:, :1]
+    v[:, (2, 3), 0] = (b[:, 0] + b[:, 2])[:, None]
+    v[:, (0, 3), 1] = b[:, 1:2]
+    v[:, (1, 2), 1] = (b[:, 1] + height)[:, None]
+    return PolyCollection(v, **style)
+
+
 def plot_schedule(result: Replay, path: str | Path, title: str | None = None) -> None:
     """Draw `result`'s timeline to `path` (PNG, or any format matplotlib's Agg backend writes),
     on a `Figure` of its own: pyplot's backend is left alone."""
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Patch
 
     s = result.schedule
     P = s.pp
@@ -58,27 +73,34 @@ def plot_schedule(result: Replay, path: str | Path, title: str | None = None) ->
             ax.text(x0 + w / 2, y, text, ha="center", va="center", fontsize=size,
                     color=_text_colour(rgb))
 
+    # the boxes as one collection per colour, not a patch each: the 1T row's interleaved
+    # schedule (64 ranks, 512 microbatches, 2 chunks: 131,072 boxes) took 130 s and 1.6 GB
+    boxes: dict = {}                    # colour -> [(x0, y0, width)]
+    pairs = []                          # overlapped F&B pairs' borders
     for r in range(P):
         y = P - 1 - r
-        ax.add_patch(Rectangle((0, y - box_h / 2), makespan, box_h, facecolor=IDLE,
-                               edgecolor="none", zorder=0))
+        boxes.setdefault(IDLE, []).append((0.0, y - box_h / 2, makespan))
         for t in result.timeline[r]:
             x0, w = float(t.start), float(t.end - t.start)
-            if isinstance(t.item, Overlap):
-                half = w / 2
-                for i, a in enumerate(t.item.parts):
-                    rgb = _fill(s, a)
-                    ax.add_patch(Rectangle((x0 + i * half, y - box_h / 2), half, box_h,
-                                           facecolor=rgb, edgecolor="white", linewidth=0.5, zorder=1))
-                    label(x0 + i * half, half, y, str(a.microbatch), rgb)
-                ax.add_patch(Rectangle((x0, y - box_h / 2), w, box_h, facecolor="none",
-                                       edgecolor="black", linewidth=1.6, zorder=2))
-            else:
-                a = t.item
+            parts = t.item.parts if isinstance(t.item, Overlap) else (t.item,)
+            part_w = w / len(parts)
+            for i, a in enumerate(parts):
                 rgb = _fill(s, a)
-                ax.add_patch(Rectangle((x0, y - box_h / 2), w, box_h, facecolor=rgb,
-                                       edgecolor="white", linewidth=0.5, zorder=1))
-                label(x0, w, y, str(a.microbatch), rgb)
+                boxes.setdefault(rgb, []).append((x0 + i * part_w, y - box_h / 2, part_w))
+                label(x0 + i * part_w, part_w, y, str(a.microbatch), rgb)
+            if len(parts) > 1:
+                pairs.append((x0, y - box_h / 2, w))
+    # boxes narrower than 4 pixels (the median) without their white borders, which would cover
+    # most of each (a 0.5-point line is 0.76 pixels at 110 dpi)
+    widths = sorted(w for colour, xs in boxes.items() if colour != IDLE for _, _, w in xs)
+    edge = 0.5 if not widths or widths[len(widths) // 2] * (width_in - 1.5) * 110 / makespan >= 4 else 0
+    for colour, xs in boxes.items():
+        idle = colour == IDLE
+        ax.add_collection(_rectangles(xs, box_h, facecolor=colour, edgecolor="none" if idle else "white",
+                                      linewidth=0 if idle else edge, zorder=0 if idle else 1), autolim=False)
+    if pairs:
+        ax.add_collection(_rectangles(pairs, box_h, facecolor="none", edgecolor="black", linewidth=1.6,
+                                      zorder=2), autolim=False)
 
     ax.set_xlim(0, makespan)
     ax.set_ylim(-0.6, P - 0.4)
