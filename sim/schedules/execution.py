@@ -56,23 +56,30 @@ class Timed:
 
 
 def execute(schedule: Schedule, duration: Callable[[Item], Fraction],
-            latency: Fraction = Fraction(0)) -> list[list[Timed]]:
+            latency: Fraction = Fraction(0), time: Callable | None = None,
+            spans: list | None = None) -> list[list[Timed]]:
     """Run the schedule; return per rank the timed items in order. Raises ScheduleError on a
-    deadlock, naming what each stuck rank waits for."""
+    deadlock, naming what each stuck rank waits for. The durations and latency may be ints
+    (sim.schedules.replay's scaled costs): then `time` gives the Timed items' times from them,
+    and `spans`, where given, gets per rank its items' (start, end) as they were, one flat list."""
     P = schedule.pp
+    rank_of = [schedule.stage_rank(st) for st in range(schedule.num_stages)]
     waits: list[list[list[tuple[Key, int]]]] = []
     for items in schedule.ranks:
         per_item = []
         for item in items:
             # a pair whose B needs its own F waits for itself: reported as a deadlock
             deps = {k for a in item.parts for k in needs(schedule, a)}
-            per_item.append([(k, schedule.stage_rank(k[1])) for k in sorted(deps)])
+            per_item.append([(k, rank_of[k[1]] if 0 <= k[1] < len(rank_of) else schedule.stage_rank(k[1]))
+                             for k in sorted(deps)])          # (a stage outside: stage_rank's error)
         waits.append(per_item)
 
     done: dict[Key, Fraction] = {}
     ptr = [0] * P
-    free = [Fraction(0)] * P
+    free = [latency * 0] * P                       # (0 of the durations' type: Fraction or int)
     timeline: list[list[Timed]] = [[] for _ in range(P)]
+    if spans is not None:
+        spans[:] = [[] for _ in range(P)]
     remaining = sum(len(items) for items in schedule.ranks)
     # each rank runs as far as it can, then waits on the first fact its next item lacks and is
     # run again when that fact is made (once per fact, not a pass over every rank per wave: a
@@ -105,7 +112,9 @@ def execute(schedule: Schedule, duration: Callable[[Item], Fraction],
                 for k in produces(a):
                     done[k] = end
                     todo += reversed(blocked.pop(k, ()))
-            timeline[r].append(Timed(item, r, start, end))
+            timeline[r].append(Timed(item, r, start, end) if time is None else Timed(item, r, time(start), time(end)))
+            if spans is not None:
+                spans[r] += (start, end)
             free[r] = end
             ptr[r] += 1
             remaining -= 1

@@ -145,12 +145,39 @@ class Replay:
 
 def replay(schedule: Schedule, costs=None) -> Replay:
     """Time `schedule` with `costs` (a `Costs`, a mapping like {'F': 2, 'I': 3, 'W': 1}, or
-    None for F = I = W = 1). Raises ScheduleError if it deadlocks."""
+    None for F = I = W = 1). Raises ScheduleError if it deadlocks.
+
+    The times are worked out in integers, the costs scaled by their denominators' least common
+    multiple L (exact: each time is a sum of costs), and given as Fractions (time / L): the
+    same numbers as fraction arithmetic gives, without its cost per addition (the 1T row's
+    interleaved schedule, 262,144 actions: most of the replay's time)."""
+    import math
+
     c = Costs.of(costs)
     latency = exact(c.p2p_latency, "p2p latency")
-    timeline = execute(schedule, c.of_item, latency)
-    makespan = max((row[-1].end for row in timeline if row), default=Fraction(0))
-    busy = tuple(sum((t.end - t.start for t in row), Fraction(0)) for row in timeline)
+    by_kind: dict = {}                  # (its actions' kinds and stages) -> an item's cost
+    keys = {}                           # id(item) -> that key
+    for row in schedule.ranks:
+        for item in row:
+            key = keys[id(item)] = tuple((a.kind, a.stage) for a in item.parts)
+            if key not in by_kind:
+                by_kind[key] = c.of_item(item)
+    scale = math.lcm(latency.denominator, *(f.denominator for f in by_kind.values()))
+    units = {k: f.numerator * (scale // f.denominator) for k, f in by_kind.items()}
+    ticks = {i: units[k] for i, k in keys.items()}
+    as_fraction: dict = {}
+
+    def time(t: int) -> Fraction:
+        f = as_fraction.get(t)
+        if f is None:
+            f = as_fraction[t] = Fraction(t, scale)
+        return f
+
+    spans: list = []
+    timeline = execute(schedule, lambda item: ticks[id(item)], latency.numerator * (scale // latency.denominator),
+                       time, spans)
+    makespan = time(max((row[-1] for row in spans if row), default=0))
+    busy = tuple(Fraction(sum(row[1::2]) - sum(row[0::2]), scale) for row in spans)
     idle = tuple(makespan - b for b in busy)
     ranks = schedule.pp
     bubble = Fraction(0) if makespan == 0 else 1 - sum(busy, Fraction(0)) / (ranks * makespan)
