@@ -331,6 +331,22 @@ def test_replay_uneven_stages_lm_head_on_last():
     assert r2.makespan == 13
 
 
+def test_replay_with_fractional_costs_by_hand():
+    """GPipe p=2, m=2, F=1/3, B=1/2, latency 1/7 (the replay scales them to integers by 42 and
+    back): rank 0 F0 [0,1/3] F1 [1/3,2/3]; rank 1 F0 [1/3+1/7 = 10/21, 17/21] F1 [17/21, 8/7]
+    B0 [8/7, 23/14] B1 [23/14, 15/7]; rank 0 B0 [23/14+1/7 = 25/14, 16/7] B1 [16/7, 39/14].
+    Busy 5/3 a rank: bubble 1 - (10/3) / (2 x 39/14) = 47/117. Every time a Fraction."""
+    r = replay(build("gpipe", 2, 2), {"F": Fraction(1, 3), "B": "1/2", "p2p": Fraction(1, 7)})
+    F = Fraction
+    assert [[(str(t.item), t.start, t.end) for t in row] for row in r.timeline] == [
+        [("0F0", 0, F(1, 3)), ("0F1", F(1, 3), F(2, 3)), ("0B0", F(25, 14), F(16, 7)), ("0B1", F(16, 7), F(39, 14))],
+        [("1F0", F(10, 21), F(17, 21)), ("1F1", F(17, 21), F(8, 7)), ("1B0", F(8, 7), F(23, 14)),
+         ("1B1", F(23, 14), F(15, 7))]]
+    assert (r.makespan, r.busy, r.bubble_fraction) == (F(39, 14), (F(5, 3), F(5, 3)), F(47, 117))
+    assert all(type(x) is Fraction for row in r.timeline for t in row for x in (t.start, t.end))
+    assert all(type(x) is Fraction for x in (r.makespan, *r.busy, *r.idle, r.bubble_fraction))
+
+
 def test_replay_p2p_latency_only_across_ranks():
     # GPipe p=2, m=2, F=1, B=2, latency 1 (by hand): rank 0 F0 [0,1] F1 [1,2]; rank 1 F0 [2,3]
     # F1 [3,4] B0 [4,6] B1 [6,8]; rank 0 B0 [7,9] B1 [9,11].
