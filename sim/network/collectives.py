@@ -48,7 +48,7 @@ import networkx as nx
 import numpy as np
 import simpy
 
-from sim.errors import ConfigError
+from sim.errors import BeyondLimits, ConfigError
 from sim.network.flow import FlowNetwork
 from sim.network.nccl_tests import bus_factor
 from sim.topology.graph import nvswitch_of
@@ -70,6 +70,11 @@ OP_ALGORITHMS = {
 AUTO_CANDIDATES = {"all_reduce": ("ring", "tree", "nvls")}
 MAX_CHANNELS = 32
 """NCCL's most channels (rings / trees) per communicator: MAXCHANNELS (src/include/device.h)."""
+MAX_ALLTOALL_RANKS = 1024
+"""The most ranks an all-to-all is planned over: one transfer per ordered pair, each routed in
+Python (1,024 ranks: 1,047,552 transfers, about 30 s and 1.3 GB on the flow network; 4,096 ranks
+took 504 s and 9 GB even on the analytical one, 16,384 would not fit in memory). The largest
+expert-parallel groups published run 256 ranks or fewer."""
 
 
 @dataclass
@@ -682,6 +687,11 @@ def plan_collective(G: nx.DiGraph, op: str, ranks, nbytes: int, *, algorithm: st
     _check_algorithm(op, algorithm, lay)
     if op == "send_recv" and len(ranks) < 2:
         raise ConfigError("send_recv needs at least 2 ranks", key="gpus")
+    if op == "all_to_all" and len(ranks) > MAX_ALLTOALL_RANKS:
+        n = len(ranks)
+        raise BeyondLimits(f"all_to_all over {n:,} ranks is {n * (n - 1):,} transfers: beyond what sim5d simulates "
+                           f"(at most {MAX_ALLTOALL_RANKS:,} ranks, {MAX_ALLTOALL_RANKS * (MAX_ALLTOALL_RANKS - 1):,} "
+                           "transfers)")
     if len(ranks) == 1 or nbytes == 0:
         a = OP_ALGORITHMS[op][0] if algorithm == "auto" else algorithm
         return CollectivePlan(op, a, "Simple" if protocol == "auto" else protocol, lay.ranks, int(nbytes),
