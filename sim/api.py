@@ -134,9 +134,12 @@ class Result:
     def write(self, out, trace_ranks: str | None = None) -> Path:
         """Write what `sim5d run --out OUT [--trace-ranks R]` writes (summary.json, timeline.csv,
         traces, resolved YAML, charts) to the folder `out`; returns it."""
-        from sim.commands.run import write_outputs
+        from sim.commands.run import parse_trace_ranks, write_outputs
+        from sim.paths import check_folder
 
         folder = Path(out)
+        parse_trace_ranks(trace_ranks, self.scenario.derived.num_gpus)
+        check_folder(folder, "out")            # (a file there: ConfigError, not FileExistsError)
         write_outputs(self.run, folder, trace_ranks)
         return folder
 
@@ -198,6 +201,10 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
     from sim.engine.simulate import simulate as _simulate
 
     sc = _scenario(scenario, override_items(set, overrides))
+    if out is not None:                          # (before the step, not after it)
+        from sim.paths import check_folder
+
+        check_folder(Path(out), "out")
     run = _simulate(sc, link_load=True)          # (the trace's link counters, if written)
     # summary.json's content exactly: the JSON round trip (tuples as lists, as the file reads back)
     res = Result(scenario=sc, run=run, summary=json.loads(json.dumps(run.summary())))

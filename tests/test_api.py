@@ -136,6 +136,27 @@ def test_bad_scenario_and_sweep_arguments_raise_config_error(tmp_path):
     assert info.value.key == "executor"
 
 
+def test_output_paths_and_trace_ranks_raise_config_error_before_the_step(tmp_path, monkeypatch):
+    """`simulate(..., out=FILE)` and `Result.write(FILE)` raise ConfigError naming `out` (they
+    raised FileExistsError, simulate after its step); a traced rank beyond the GPUs is named as
+    such, not as a rank the step did not simulate."""
+    import sim.engine.simulate as engine
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = api.simulate("gpt-1.7b-a100x8-gpipe")
+    steps = []
+    simulate_step = engine.simulate
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1) or simulate_step(*a, **k))
+    for call in (lambda: api.simulate("gpt-1.7b-a100x8-gpipe", out=blocker), lambda: res.write(blocker)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert info.value.key == "out" and str(info.value) == f"out {blocker}: is a file; give a folder"
+    assert not steps
+    with pytest.raises(ConfigError, match=r"\[99\] beyond the step's 8 GPUs \(ranks 0..7\)"):
+        res.write(tmp_path / "o", trace_ranks="99")
+
+
 # The sweep of tests/test_sweep.py (a 4-layer model on one DGX A100 node), as the API's overrides.
 TINY_SET = {"model.num_layers": 4, "model.hidden_size": 256, "model.num_attention_heads": 4,
             "model.num_query_groups": 4, "model.ffn_hidden_size": 512, "model.vocab_size": 1024,

@@ -19,7 +19,7 @@ def trace_ranks_of(result, spec: str | None) -> list:
     ranks of the step."""
     from sim.errors import ConfigError
 
-    ranks = parse_trace_ranks(spec)
+    ranks = parse_trace_ranks(spec, result.scenario.derived.num_gpus)
     if ranks is None or ranks == "simulated":
         return result.simulated_ranks
     have = set(result.pp_rank_of)
