@@ -20,40 +20,29 @@ def bundled_dir(name: str) -> Path:
 def check_writable(path: Path, flag: str) -> None:
     """Fail before the work, not after it: `path`'s folder must exist or be creatable and take a
     file (a probe file written and removed); ConfigError naming `flag` otherwise."""
-    _check_in_folder(path.parent, path, flag)
-    probe = path.with_name(path.name + ".probe")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        from sim.errors import ConfigError
-
-        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror})", key=flag) from None
+    _writable(path.parent, path.with_name(path.name + ".probe"), path, flag)
 
 
 def check_folder(path: Path, flag: str) -> None:
     """Fail before the work, not after it: `path` must be a folder, or not exist yet and be
     creatable, and take files (it is made now); ConfigError naming `flag` otherwise."""
-    _check_in_folder(path, path, flag)
-    probe = path / f".sim5d-{os.getpid()}.probe"       # (two runs into one folder: a probe each)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        from sim.errors import ConfigError
-
-        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror})", key=flag) from None
+    _writable(path, path / f".sim5d-{os.getpid()}.probe", path, flag)   # (two runs into one folder)
 
 
-def _check_in_folder(folder: Path, path: Path, flag: str) -> None:
-    """`folder` and the folders above it that exist must be folders, not files."""
+def _writable(folder: Path, probe: Path, path: Path, flag: str) -> None:
+    """`folder` (and those above it that exist) must be a folder, not a file, be made if missing
+    and take the file `probe` (written and removed); ConfigError about `path` otherwise."""
+    from sim.errors import ConfigError
+
     for p in (folder, *folder.parents):
         if p.exists():
             if not p.is_dir():
-                from sim.errors import ConfigError
-
                 what = "is a file; give a folder" if p == path else f"{p} is a file, not a folder"
                 raise ConfigError(f"{flag} {path}: {what}", key=flag)
-            return
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror})", key=flag) from None
