@@ -1146,7 +1146,7 @@ class FlowNetwork:
         # its schedule): the filling is a pure function of its inputs (the link capacities are
         # this network's, fixed), computed once per set.
         if edge_of.size > _MEMO_MAX_ENTRIES:    # (a key of megabytes to build and hash, no repeat)
-            key, hit = None, None
+            key, hit, arrays = None, None, None
         else:
             key, arrays = _problem_key(edge_of, self._len, caps, floor)
             hit = self._memo.get(key)
@@ -1155,12 +1155,9 @@ class FlowNetwork:
         if hit is None:
             rate, it = self._fill(edge_of, self._len, caps, floor, self._inc_cap)
             rate.flags.writeable = False        # shared by every hit
+            hit = (rate, it, None if arrays is None else tuple(a.copy() for a in arrays))
             if key is not None:
-                kept = None if arrays is None else tuple(a.copy() for a in arrays)
-                hit = (rate, it, kept)
                 self._remember(key, hit, edge_of.nbytes + self._len.nbytes + caps.nbytes + rate.nbytes)
-            else:
-                hit = (rate, it)
         self._rate = hit[0]
         self.solves += 1
         self.iterations += hit[1]
