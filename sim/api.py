@@ -7,6 +7,7 @@ return pandas objects and raise sim.errors.ConfigError on bad input (never sys.e
     res.summary["step_time_s"]          # the dict summary.json holds
     res.timeline()                      # DataFrames: timeline.csv's rows, the time split per
     res.breakdown(); res.memory()       # simulated rank, the memory per pipeline stage
+    api.read_timeline("runs/NAME")      # a run's timeline.csv or timeline.parquet, as timeline()
     table = api.sweep("llama3-8b", gpus=8, topology="dgx-h100-ndr", set={"training.recompute": "none"})
 
 Overrides are the command line's `--set dotted.key=value`, given as Python values: a mapping
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from sim.errors import ConfigError
 
-__all__ = ["Result", "simulate", "sweep"]
+__all__ = ["Result", "read_timeline", "simulate", "sweep"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,16 +132,19 @@ class Result:
 
         return pd.DataFrame(self.summary["memory"]["per_stage"])
 
-    def write(self, out, trace_ranks: str | None = None) -> Path:
-        """Write what `sim5d run --out OUT [--trace-ranks R]` writes (summary.json, timeline.csv,
-        traces, resolved YAML, charts) to the folder `out`; returns it."""
+    def write(self, out, trace_ranks: str | None = None, timeline: str = "csv") -> Path:
+        """Write what `sim5d run --out OUT [--trace-ranks R] [--timeline F]` writes (summary.json,
+        timeline.csv or timeline.parquet, traces, resolved YAML, charts) to the folder `out`;
+        returns it."""
         from sim.commands.run import parse_trace_ranks, write_outputs
+        from sim.engine.outputs import check_timeline_format
         from sim.paths import check_folder
 
         folder = Path(out)
         parse_trace_ranks(trace_ranks, self.scenario.derived.num_gpus)
+        check_timeline_format(timeline, "timeline")
         check_folder(folder, "out")            # (a file there: ConfigError, not FileExistsError)
-        write_outputs(self.run, folder, trace_ranks)
+        write_outputs(self.run, folder, trace_ranks, timeline=timeline)
         return folder
 
     def figure(self, kind: str = "timeline"):
@@ -211,6 +215,40 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
     if out is not None:
         res.write(out)
     return res
+
+
+def read_timeline(path):
+    """A run's timeline as a DataFrame, the columns and types `Result.timeline()` has: `path` is a
+    timeline.csv or timeline.parquet that `sim5d run` wrote, or the run's folder holding one.
+    Raises ConfigError where there is none, or the file is not a sim5d timeline."""
+    import pandas as pd
+
+    from sim.engine.outputs import TIMELINE_COLUMNS
+
+    path = Path(path)
+    if path.is_dir():
+        found = [path / f"timeline.{ext}" for ext in ("csv", "parquet") if (path / f"timeline.{ext}").is_file()]
+        if not found:
+            raise ConfigError(f"{path}: no timeline.csv or timeline.parquet in this folder", key="path")
+        if len(found) > 1:
+            raise ConfigError(f"{path}: both timeline.csv and timeline.parquet in this folder; name the one "
+                              "to read", key="path")
+        path = found[0]
+    if not path.is_file() or path.suffix not in (".csv", ".parquet"):
+        raise ConfigError(f"{path}: not a timeline.csv or timeline.parquet file", key="path")
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+            df = df.astype({c: object for c in ("stream", "name", "category") if c in df})
+        else:                   # (only the two columns that may be empty read as missing)
+            df = pd.read_csv(path, keep_default_na=False, na_values={"pp_rank": [""], "value_bytes": [""]},
+                             dtype={"stream": object, "name": object, "category": object})
+        if list(df.columns) != TIMELINE_COLUMNS:
+            raise ValueError(f"its columns are {list(df.columns)}, not {TIMELINE_COLUMNS}")
+        return df.astype({"rank": "int64", "pp_rank": "Int64", "start_ns": "int64", "end_ns": "int64",
+                          "duration_ns": "int64", "value_bytes": "Int64"})
+    except (ValueError, TypeError, OSError) as e:
+        raise ConfigError(f"{path}: not a sim5d timeline ({e})", key="path") from None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -56,9 +56,10 @@ def parse_trace_ranks(spec: str | None, num_gpus: int | None = None):
 
 
 def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path | None = None,
-                  prepared: tuple | None = None, charts=None) -> dict:
-    """summary.json, timeline.csv, trace.json.gz, traces/ (Kineto-style, one per traced rank),
-    resolved.yaml and plots/ under `out`, and with `html` the HTML report (sim.report.run) there.
+                  prepared: tuple | None = None, charts=None, timeline: str = "csv") -> dict:
+    """summary.json, timeline.csv (or timeline.parquet: `timeline`), trace.json.gz, traces/
+    (Kineto-style, one per traced rank), resolved.yaml and plots/ under `out`, and with `html`
+    the HTML report (sim.report.run) there.
     `trace_ranks` (`trace_ranks_of`): whose records the timeline, the traces, the pipeline and
     memory charts and the report's timeline hold; summary.json and the breakdown charts cover
     every rank. `prepared`: sim.engine.slice_args.program_tables of the step (the
@@ -103,7 +104,7 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     # (estimated CPU seconds, writer), the order the list scheduling starts them in
     n = len(recs)
     tasks = [
-        (WRITER_COST["timeline"](n), lambda: outputs.write_timeline_csv(recs, out / "timeline.csv", pp_of)),
+        (WRITER_COST[f"timeline_{timeline}"](n), lambda: outputs.write_timeline(recs, out, pp_of, timeline)),
         (WRITER_COST["trace"](n), lambda: outputs.write_trace(recs, labels, mem, out / "trace.json.gz", result.p2p,
                                                              outputs.stage_layers(sc), args, result.link_load)),
         *[(WRITER_COST["kineto"](len(q), sum(len(by_rank[rank]) for rank in q)),
@@ -185,7 +186,8 @@ def _list_schedule_s(costs: list, cpus: int) -> float:
 MATPLOTLIB_IMPORT_S = 0.25
 """CPU seconds of `from matplotlib.figure import Figure` after numpy (python -X importtime)."""
 WRITER_COST = {
-    "timeline": lambda n: 0.85e-6 * n,
+    "timeline_csv": lambda n: 0.85e-6 * n,
+    "timeline_parquet": lambda n: 1.0e-6 * n,
     "trace": lambda n: 0.1 + 2.8e-6 * n,
     "kineto": lambda ranks, n: 0.005 * ranks + 3.7e-6 * n,
     "pipeline": lambda n: 0.45 + 1.65e-6 * n,
@@ -231,6 +233,9 @@ def register(app: typer.Typer) -> None:
         html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (one "
                                             "self-contained page: the numbers, the pipeline timeline, the "
                                             "breakdown and memory per stage)."),
+        timeline: str = typer.Option("csv", "--timeline", help="The timeline's format: csv (timeline.csv) or "
+                                     "parquet (timeline.parquet: the same rows, a tenth of the size, read "
+                                     "by pandas in a fraction of the time; needs pyarrow)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
@@ -242,7 +247,7 @@ def register(app: typer.Typer) -> None:
         charts = EARLY.pop() if EARLY else chart_process()
         try:
             run_step(scenario, set_ or [], out, trace_ranks, html, charts, n_tokens=n_tokens, as_json=as_json,
-                     strict=strict)
+                     strict=strict, timeline=timeline)
         finally:
             charts.discard()
 
@@ -278,14 +283,14 @@ def start_early(args: list) -> None:
 
 
 def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str | None, html: Path | None,
-             charts, *, n_tokens, as_json: bool, strict: bool) -> None:
+             charts, *, n_tokens, as_json: bool, strict: bool, timeline: str = "csv") -> None:
     """`sim5d run`'s work once its flags are read: load, simulate, write the outputs (the
     charts in the chart process `charts`, a Preforked, where it runs), print."""
     from rich.console import Console
 
     from sim.config import load_scenario
     from sim.engine.background import Background
-    from sim.engine.outputs import keep_freed_memory
+    from sim.engine.outputs import check_timeline_format, keep_freed_memory
     from sim.engine.simulate import cyclic_gc_paused, simulate
     from sim.engine.slice_args import program_tables
     from sim.paths import check_folder
@@ -293,6 +298,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
     sc = load_scenario(scenario, overrides=overrides)
     # the flags naming outputs, checked before the step, not after it (the folder, made, last)
     parse_trace_ranks(trace_ranks, sc.derived.num_gpus)
+    check_timeline_format(timeline)
     if html is not None:
         from sim.report import check_path
 
@@ -321,7 +327,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
             note_python_writers(result.events)
             keep_freed_memory()            # for the writers' large texts (sim.engine.outputs)
             summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None,
-                                    charts)
+                                    charts, timeline)
         except BaseException:
             if made and not any(folder.iterdir()):     # (the step failed: no empty folder left behind)
                 folder.rmdir()

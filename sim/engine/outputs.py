@@ -34,6 +34,7 @@ from sim.engine.charts import (_IDLE, _KIND_COLOURS, _NAMES, PIPELINE_DPI,  # no
                                PIPELINE_WIDTH_IN, PNG_OPTIONS, draw_pipeline, one_per_stage, plot_breakdown,
                                plot_memory, text_colour)
 from sim.engine.slice_args import _textout, name_key
+from sim.errors import ConfigError
 from sim.units import GiB
 
 STREAM_TIDS = {"compute": 1, "pp": 2, "dp": 3, "tp": 4, "cp": 5, "ep": 6}
@@ -112,6 +113,58 @@ def write_timeline_csv(records, path: Path, pp_rank_of: dict) -> None:
             piece = rows[i:i + TIMELINE_CHUNK]
             text = None if _textout is None else _textout.timeline_rows(piece, pp, round)
             f.write(_timeline_rows_py(piece, pp) if text is None else text)
+
+
+TIMELINE_FORMATS = ("csv", "parquet")
+"""`sim5d run --timeline`'s formats: timeline.csv, or timeline.parquet (pyarrow, the `parquet` extra)."""
+
+
+def check_timeline_format(fmt: str, flag: str = "--timeline") -> None:
+    """Refuse, before the step, a timeline format that is not one of TIMELINE_FORMATS, or parquet
+    where pyarrow is not installed."""
+    if fmt not in TIMELINE_FORMATS:
+        raise ConfigError(f"{flag} {fmt!r} must be one of {', '.join(TIMELINE_FORMATS)}", key=flag)
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise ConfigError(f"{flag} parquet needs pyarrow (pip install 'sim5d[parquet]' or pip install "
+                              "pyarrow); or use --timeline csv", key=flag) from None
+
+
+def write_timeline(records, folder: Path, pp_rank_of: dict, fmt: str = "csv") -> Path:
+    """`folder`/timeline.csv or timeline.parquet (`fmt`), removing the other format's file an
+    earlier run left there (it would be read as this step's); returns the path written."""
+    for other in TIMELINE_FORMATS:
+        if other != fmt:
+            (folder / f"timeline.{other}").unlink(missing_ok=True)
+    path = folder / f"timeline.{fmt}"
+    (write_timeline_parquet if fmt == "parquet" else write_timeline_csv)(records, path, pp_rank_of)
+    return path
+
+
+def write_timeline_parquet(records, path: Path, pp_rank_of: dict) -> None:
+    """timeline.csv's rows, order and columns as a Parquet table (pyarrow, zstd; a row group per
+    TIMELINE_CHUNK rows): int64 times and ranks, `pp_rank` and `value_bytes` null where the CSV
+    field is empty, the texts dictionary-encoded (a step's names repeat). The same bytes for the
+    same records and pyarrow version (its version is in the file's metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = sort_records(records, *TIMELINE_ORDER)
+    rank, start, end = (list(map(attrgetter(f), rows)) for f in ("rank", "start_ns", "end_ns"))
+    try:
+        cols = [pa.array(rank, pa.int64()), pa.array([pp_rank_of.get(r) for r in rank], pa.int64()),
+                *(pa.array(list(map(attrgetter(f), rows)), pa.string()).dictionary_encode()
+                  for f in ("stream", "name", "cat")),
+                pa.array(start, pa.int64()), pa.array(end, pa.int64()),
+                pa.array([e - s for s, e in zip(start, end)], pa.int64()),
+                pa.array([round(r.value) if r.stream == "mark" else None for r in rows], pa.int64())]
+    except (OverflowError, pa.ArrowInvalid) as e:       # (a time or size past 2^63: the CSV writes it)
+        raise ConfigError(f"--timeline parquet: a value of this step does not fit Parquet's 64-bit integers "
+                          f"({e}); use --timeline csv", key="--timeline") from None
+    pq.write_table(pa.table(cols, names=TIMELINE_COLUMNS), path, row_group_size=TIMELINE_CHUNK,
+                   compression="zstd")
 
 
 TIMELINE_CHUNK = 131_072
