@@ -48,7 +48,8 @@ def test_parquet_holds_the_csv_rows(tmp_path, scenario_file):
     assert any(r["value_bytes"] is not None for r in rows) and any(r["value_bytes"] is None for r in rows)
     meta = pq.ParquetFile(out / "timeline.parquet").metadata.row_group(0)
     assert meta.column(3).compression == "ZSTD"
-    assert str(table.schema.field("name").type).startswith("dictionary")
+    assert [str(table.schema.field(c).type).split("<")[0] for c in ("stream", "name", "category")] == [
+        "dictionary", "string", "dictionary"]
     first = (out / "timeline.parquet").read_bytes()
     code, _, err = run_cli("run", scenario_file, "--out", str(out), "--timeline", "parquet")
     assert code == 0, err
@@ -86,3 +87,16 @@ def test_bad_format_or_no_pyarrow_exits_2_before_the_step(tmp_path, scenario_fil
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)           # as if pyarrow were not installed
     code, _, err = run_cli("run", scenario_file, "--out", str(tmp_path / "b"), "--timeline", "parquet")
     assert code == 2 and "--timeline parquet needs pyarrow" in err and not (tmp_path / "b").exists()
+
+
+def test_a_time_past_64_bits_is_refused_with_the_flag(tmp_path):
+    """The CSV writes any integer; Parquet's are 64-bit: a time past 2^63 ns is a ConfigError naming
+    --timeline (exit 2), not an OverflowError's traceback."""
+    from sim.engine.core import Record
+    from sim.engine.outputs import write_timeline_parquet
+
+    recs = [Record(0, "compute", "gemm", "compute", 0, 2**63), Record(0, "mark", "m", "activations", 5, 5, 1.0)]
+    with pytest.raises(ConfigError, match="--timeline parquet: a value of this step does not fit"):
+        write_timeline_parquet(recs, tmp_path / "t.parquet", {0: 0})
+    write_timeline_parquet(recs[1:] + [recs[0]._replace(end_ns=2**63 - 1)], tmp_path / "t.parquet", {0: 0})
+    assert pq.read_table(tmp_path / "t.parquet").column("end_ns").to_pylist() == [2**63 - 1, 5]

@@ -234,8 +234,8 @@ def register(app: typer.Typer) -> None:
                                             "self-contained page: the numbers, the pipeline timeline, the "
                                             "breakdown and memory per stage)."),
         timeline: str = typer.Option("csv", "--timeline", help="The timeline's format: csv (timeline.csv) or "
-                                     "parquet (timeline.parquet: the same rows, a tenth of the size, read "
-                                     "by pandas in a fraction of the time; needs pyarrow)."),
+                                     "parquet (timeline.parquet: the same rows and columns, a tenth of the "
+                                     "size; needs pyarrow)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
