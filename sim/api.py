@@ -132,19 +132,20 @@ class Result:
 
         return pd.DataFrame(self.summary["memory"]["per_stage"])
 
-    def write(self, out, trace_ranks: str | None = None, timeline: str = "csv") -> Path:
+    def write(self, out, trace_ranks: str | None = None, timeline: str | None = None) -> Path:
         """Write what `sim5d run --out OUT [--trace-ranks R] [--timeline F]` writes (summary.json,
-        timeline.csv or timeline.parquet, traces, resolved YAML, charts) to the folder `out`;
-        returns it."""
-        from sim.commands.run import parse_trace_ranks, write_outputs
+        timeline.csv or, `timeline="parquet"`, timeline.parquet, traces, resolved YAML, charts) to
+        the folder `out`; returns it."""
+        from sim.commands.run import check_untraced, parse_trace_ranks, write_outputs
         from sim.engine.outputs import check_timeline_format
         from sim.paths import check_folder
 
         folder = Path(out)
         parse_trace_ranks(trace_ranks, self.scenario.derived.num_gpus)
-        check_timeline_format(timeline, "timeline")
+        check_timeline_format(timeline or "csv", "timeline")
+        check_untraced(trace_ranks, None, timeline, "timeline")
         check_folder(folder, "out")            # (a file there: ConfigError, not FileExistsError)
-        write_outputs(self.run, folder, trace_ranks, timeline=timeline)
+        write_outputs(self.run, folder, trace_ranks, timeline=timeline or "csv")
         return folder
 
     def figure(self, kind: str = "timeline"):

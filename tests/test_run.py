@@ -247,11 +247,37 @@ def test_trace_ranks_keep_a_ranks_all_steps_outputs_to_the_simulated_ranks(tmp_p
     assert code == 2 and "--trace-ranks" in err and "99" in err and "Traceback" not in err
 
 
+def test_trace_ranks_none_writes_the_numbers_and_the_breakdown_only(tmp_path):
+    """`--trace-ranks none`: summary.json (the default run's, but for the host's wall time),
+    resolved.yaml and the breakdown chart (the default run's bytes: it covers every rank); an
+    earlier run's timeline, traces and per-rank charts in the folder are removed; --html and
+    --timeline, which are of traced ranks, exit 2 before the step instead of being ignored."""
+    full, out = tmp_path / "full", tmp_path / "none"
+    for folder in (full, out):
+        code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(folder))
+        assert code == 0, err
+    code, printed, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(out), "--trace-ranks", "none")
+    assert code == 0, err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "plots", "plots/breakdown.png", "resolved.yaml", "summary.json"]
+    assert (out / "plots" / "breakdown.png").read_bytes() == (full / "plots" / "breakdown.png").read_bytes()
+    assert (out / "resolved.yaml").read_bytes() == (full / "resolved.yaml").read_bytes()
+    numbers = [json.loads((f / "summary.json").read_text()) for f in (full, out)]
+    assert [{k: v for k, v in s.items() if k != "sim_wall_s"} for s in numbers] == [
+        {k: v for k, v in numbers[0].items() if k != "sim_wall_s"}] * 2
+    assert "--trace-ranks none" in " ".join(printed.split())
+    for flag, value in (("--html", str(tmp_path / "r.html")), ("--timeline", "csv")):
+        code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "x"), "--trace-ranks",
+                               "none", flag, value)
+        assert code == 2 and f"error: {flag} {value}: with --trace-ranks none" in " ".join(err.split())
+        assert not (tmp_path / "x").exists() and not (tmp_path / "r.html").exists()
+
+
 @pytest.mark.parametrize("spec, words", [
     ("99", "'99': [99] beyond the step's 16 GPUs (ranks 0..15)"),
-    ("", "'' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
-    ("3,a", "'3,a' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
-    ("-1", "'-1' must be simulated, all or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("", "'' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("3,a", "'3,a' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("-1", "'-1' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
     ("1", "'1': [1] not simulated: this step simulates 2 representative ranks (0, 8); --set "
           "simulation.ranks=all simulates every rank"),
 ])

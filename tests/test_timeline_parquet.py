@@ -77,6 +77,8 @@ def test_read_timeline_reads_either_file(tmp_path, scenario_file):
         api.read_timeline(tmp_path / "x.csv")
     with pytest.raises(ConfigError, match="timeline 'arrow' must be one of csv, parquet"):
         res.write(tmp_path / "q", timeline="arrow")
+    with pytest.raises(ConfigError, match="timeline parquet: with --trace-ranks none no rank's timeline"):
+        res.write(tmp_path / "q", trace_ranks="none", timeline="parquet")
     assert not (tmp_path / "q").exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -15,13 +16,15 @@ from sim.commands import HELD
 def trace_ranks_of(result, spec: str | None) -> list:
     """The ranks whose timeline and traces `sim5d run` writes: `--trace-ranks` absent or
     `simulated`: the ranks the engine simulated (a `ranks: all` step's stage representatives,
-    whose timelines its other ranks copy); `all`: every rank; else a comma-separated list of
-    ranks of the step."""
+    whose timelines its other ranks copy); `all`: every rank; `none`: no rank; else a
+    comma-separated list of ranks of the step."""
     from sim.errors import ConfigError
 
     ranks = parse_trace_ranks(spec, result.scenario.derived.num_gpus)
     if ranks is None or ranks == "simulated":
         return result.simulated_ranks
+    if ranks == "none":
+        return []
     have = set(result.pp_rank_of)
     if ranks == "all":
         return sorted(have)
@@ -35,20 +38,20 @@ def trace_ranks_of(result, spec: str | None) -> list:
 
 
 def parse_trace_ranks(spec: str | None, num_gpus: int | None = None):
-    """`--trace-ranks` read: None, "simulated", "all" or the ranks sorted; with `num_gpus` (the
+    """`--trace-ranks` read: None, "simulated", "all", "none" or the ranks sorted; with `num_gpus` (the
     scenario's, before its step is simulated) a rank beyond them is refused too. Whether a rank
     was simulated is known after the step only (`trace_ranks_of`)."""
     from sim.errors import ConfigError
 
-    if spec is None or spec in ("simulated", "all"):
+    if spec is None or spec in ("simulated", "all", "none"):
         return spec
     try:
         ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
     except ValueError:
         ranks = []
     if not ranks or ranks[0] < 0:
-        raise ConfigError(f"--trace-ranks {spec!r} must be simulated, all or comma-separated ranks from 0 "
-                          "(e.g. 0,8,16)", key="--trace-ranks")
+        raise ConfigError(f"--trace-ranks {spec!r} must be simulated, all, none or comma-separated ranks "
+                          "from 0 (e.g. 0,8,16)", key="--trace-ranks")
     if num_gpus is not None and ranks[-1] >= num_gpus:
         raise ConfigError(f"--trace-ranks {spec!r}: {[r for r in ranks if r >= num_gpus]} beyond the step's "
                           f"{num_gpus:,} GPUs (ranks 0..{num_gpus - 1})", key="--trace-ranks")
@@ -77,6 +80,10 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     summary = result.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_resolved(sc, out / "resolved.yaml")
+    title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
+    if not ranks:
+        write_untraced(result, out, charts, title)
+        return summary
     pp_of = {rank: result.pp_rank_of[rank] for rank in ranks}
     recs = result.records_of(ranks)
     static = {rank: result.memory.per_stage[pp].total_bytes - result.memory.per_stage[pp].activations_bytes
@@ -87,7 +94,6 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
         c = result.layout.coord(rank)
         labels[rank] = (f"rank {rank} (pp {c.pp}, tp {c.tp}, cp {c.cp}, dp {c.dp}, ep {c.ep}; "
                         f"node {result.layout.node_of(rank)} gpu {result.layout.local_gpu_of(rank)})")
-    title = f"{sc.name}: step {summary['step_time_s'] * 1e3:.1f} ms, MFU {summary['mfu']:.1%}"
     plots = out / "plots"
     kineto.clear_traces(out / "traces")
     # the Kineto traces in sixteen writers (of about equal numbers of ranks: the largest output,
@@ -116,6 +122,33 @@ def write_outputs(result, out: Path, trace_ranks: str | None = None, html: Path 
     ]
     write_with_charts(tasks, n, charts, result, recs, pp_of, by_rank, mem, plots, title)
     return summary
+
+
+PER_RANK_FILES = ("timeline.csv", "timeline.parquet", "trace.json.gz", "plots/pipeline.png", "plots/memory.png")
+"""What `sim5d run` writes of the traced ranks besides traces/ (`--trace-ranks none`: none of it)."""
+
+
+def write_untraced(result, out: Path, charts, title: str) -> None:
+    """`--trace-ranks none`'s outputs besides summary.json and resolved.yaml: the breakdown chart
+    (it covers every rank), by the chart process `charts` where it runs; what an earlier run
+    wrote of its traced ranks in `out` (PER_RANK_FILES, traces/) removed, as it would be
+    replaced: it would be read as this step's."""
+    from sim.engine import charts as draw
+    from sim.engine import kineto
+
+    for name in PER_RANK_FILES:
+        (out / name).unlink(missing_ok=True)
+    if (out / "traces").is_dir():
+        kineto.clear_traces(out / "traces")
+        with contextlib.suppress(OSError):          # (other files of the user's there: kept)
+            (out / "traces").rmdir()
+    stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
+    args = ({r: result.breakdowns[r] for r in stages}, stages, out / "plots" / "breakdown.png", title)
+    if charts is not None and charts.running:
+        charts.call(draw.plot_breakdown, *args)
+        if (charts.finish() or [False])[0]:
+            return
+    draw.plot_breakdown(*args)
 
 
 def write_with_charts(tasks: list, n: int, charts, result, recs, pp_of: dict, by_rank: dict, mem: dict,
@@ -229,13 +262,15 @@ def register(app: typer.Typer) -> None:
         trace_ranks: Optional[str] = typer.Option(None, "--trace-ranks", help="Ranks whose timeline.csv, "
                                                   "traces and charts are written: simulated (default: the "
                                                   "ranks the engine simulated; under ranks: all the stage "
-                                                  "representatives), all, or a list such as 0,8,16."),
+                                                  "representatives), all, none (only summary.json, "
+                                                  "resolved.yaml and the breakdown chart), or a list such as "
+                                                  "0,8,16."),
         html: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report to this file (one "
                                             "self-contained page: the numbers, the pipeline timeline, the "
                                             "breakdown and memory per stage)."),
-        timeline: str = typer.Option("csv", "--timeline", help="The timeline's format: csv (timeline.csv) or "
-                                     "parquet (timeline.parquet: the same rows and columns, a tenth of the "
-                                     "size; needs pyarrow)."),
+        timeline: Optional[str] = typer.Option(None, "--timeline", help="The timeline's format: csv "
+                                               "(timeline.csv, the default) or parquet (timeline.parquet: the "
+                                               "same rows and columns, a tenth of the size; needs pyarrow)."),
     ) -> None:
         """Simulate one training step: step time, MFU, time breakdown, memory; writes a
         Perfetto trace, Kineto-style traces per rank (HTA), a timeline CSV and charts."""
@@ -282,8 +317,24 @@ def start_early(args: list) -> None:
         atexit.register(charts.discard)
 
 
+def check_untraced(trace_ranks: str | None, html: Path | None, timeline: str | None,
+                   timeline_flag: str = "--timeline") -> None:
+    """`--trace-ranks none` writes no timeline and no report (they are of the traced ranks):
+    given with `--html` or `--timeline` (`timeline_flag`), refused before the step (exit 2), not
+    ignored."""
+    from sim.errors import ConfigError
+
+    if trace_ranks != "none":
+        return
+    for flag, value in (("--html", html), (timeline_flag, timeline)):
+        if value is not None:
+            raise ConfigError(f"{flag} {value}: with --trace-ranks none no rank's timeline is written, nor the "
+                              f"report of it; trace some ranks (--trace-ranks simulated, the default) or drop "
+                              f"{flag}", key=flag)
+
+
 def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str | None, html: Path | None,
-             charts, *, n_tokens, as_json: bool, strict: bool, timeline: str = "csv") -> None:
+             charts, *, n_tokens, as_json: bool, strict: bool, timeline: str | None = None) -> None:
     """`sim5d run`'s work once its flags are read: load, simulate, write the outputs (the
     charts in the chart process `charts`, a Preforked, where it runs), print."""
     from rich.console import Console
@@ -298,7 +349,8 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
     sc = load_scenario(scenario, overrides=overrides)
     # the flags naming outputs, checked before the step, not after it (the folder, made, last)
     parse_trace_ranks(trace_ranks, sc.derived.num_gpus)
-    check_timeline_format(timeline)
+    check_timeline_format(timeline or "csv")
+    check_untraced(trace_ranks, html, timeline)
     if html is not None:
         from sim.report import check_path
 
@@ -327,7 +379,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
             note_python_writers(result.events)
             keep_freed_memory()            # for the writers' large texts (sim.engine.outputs)
             summary = write_outputs(result, folder, trace_ranks, html, prepared.result() if prepared else None,
-                                    charts, timeline)
+                                    charts, timeline or "csv")
         except BaseException:
             if made and not any(folder.iterdir()):     # (the step failed: no empty folder left behind)
                 folder.rmdir()
@@ -339,11 +391,12 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
         how = ranks_note(result)
         HELD.append(result)            # freed at the process's end, or not at all (sim.commands.HELD)
         del result
-    print_result(sc, summary, memory, how, n_tokens, as_json=as_json, folder=folder, html=html, strict=strict)
+    print_result(sc, summary, memory, how, n_tokens, as_json=as_json, folder=folder, html=html, strict=strict,
+                 traced=trace_ranks != "none")
 
 
 def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool, folder: Path,
-                 html: Path | None, strict: bool) -> None:
+                 html: Path | None, strict: bool, traced: bool = True) -> None:
     """What `sim5d run` prints once its outputs are written: the summary (and with --tokens the
     time to train), or one JSON object; then the memory verdict (`check_fit`)."""
     from sim.plan.training_run import reliability_keys_given, training_run
@@ -357,7 +410,7 @@ def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool
     if as_json:
         typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
     else:
-        print_summary(sc, summary, run, n_tokens, how, folder, html)
+        print_summary(sc, summary, run, n_tokens, how, folder, html, traced)
     from sim.accuracy import notes
 
     for line in notes(sc):       # how far sim5d was from measured steps like this one
@@ -383,7 +436,8 @@ def note_python_writers(events: int) -> None:
               "them", file=sys.stderr)
 
 
-def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html: Path | None) -> None:
+def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html: Path | None,
+                  traced: bool = True) -> None:
     """`sim5d run`'s text output: the summary's keys, the time to train (--tokens), how the ranks
     were simulated, where the outputs are."""
     from rich.console import Console
@@ -403,8 +457,11 @@ def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html
             con.print(f"  {what.replace('_', ' ')}: {src}")
     if how:
         con.print(how)
-    con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
-              "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
+    if traced:
+        con.print(f"outputs in {folder}/ (trace.json.gz opens in ui.perfetto.dev; traces/ holds a "
+                  "Kineto-style trace per simulated rank for Holistic Trace Analysis)")
+    else:
+        con.print(f"outputs in {folder}/ (summary.json, resolved.yaml and plots/breakdown.png: --trace-ranks none)")
     if html is not None:
         con.print(f"report: {html}")
 
