@@ -235,6 +235,10 @@ def test_bridge_defaults_where_the_file_is_silent(tmp_path):
     (RUN_CONFIG + "peft: {_target_: megatron.bridge.peft.lora.LoRA, dim: 8}\n", ["peft", "not modelled"]),
     (RUN_CONFIG.replace("  sequence_parallel: true", "  sequence_parallel: 1"), ["model.sequence_parallel", "true or false"]),
     ("- a\n- b\n", ["not a Megatron-Bridge config"]),
+    (RUN_CONFIG.replace("tensor_model_parallel_size: 2", "tensor_model_parallel_size: 0"),
+     ["model.tensor_model_parallel_size 0 must be at least 1"]),
+    (RUN_CONFIG.replace("context_parallel_size: 1", "context_parallel_size: 0"),
+     ["model.context_parallel_size 0 must be at least 1"]),
 ])
 def test_bad_bridge_configs_exit_2_naming_the_key(tmp_path, body, words):
     path = tmp_path / "bad.yaml"

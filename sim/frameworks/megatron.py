@@ -596,10 +596,19 @@ def _fsdp(f: Flags, d: dict) -> None:
         _set(d, "parallelism.zero_stage", 0)
 
 
+_AT_LEAST_ONE = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
+                 "--global-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                 "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
+"""The integer flags that are sizes or counts of at least 1 (Megatron-LM's validate_args divides by
+the parallel sizes; a model or batch of 0 is none): 0 refused here, before the mapping divides by it."""
+
+
 def _direct(f: Flags, d: dict) -> None:
     """The flags that are one scenario key each."""
     for flag, key in _INT.items():
         v = f.integer(flag)
+        if v == 0 and flag in _AT_LEAST_ONE:
+            raise f.error(flag, f"{flag} 0 must be at least 1")
         if v is not None:
             _set(d, key, v)
     for flag, key in _FLOAT.items():
