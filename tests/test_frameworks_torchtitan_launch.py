@@ -107,6 +107,11 @@ def test_the_mxfp8_config_on_blackwell(tmp_path):
      "dgx-h100-ndr", ["num_tokens_per_microbatch_per_dp_rank", "whole sequences"]),
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree two\n", "dgx-h100-ndr",
      ["--parallelism.tensor_parallel_degree", "integer"]),
+    # an integer flag with no value (it had been read as 1: int(True))
+    ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --training.max_context_length\n", "dgx-h100-ndr",
+     ["--training.max_context_length needs a value"]),
+    ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree --training.steps 5\n",
+     "dgx-h100-ndr", ["--parallelism.tensor_parallel_degree needs a value"]),
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh\n", "dgx-h100-ndr:16", ["--cluster", "16", "8"]),
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree $TP\n", "dgx-h100-ndr",
      ["$TP", "shell variable"]),

@@ -147,13 +147,13 @@ def _value(name: str, raw, path: str, line: int):
             return False
         raise ConfigError(f"--{name} is a boolean flag (--{name} or --{name.replace('.', '.no_', 1)})",
                           key=f"--{name}", file=path, line=line)
+    if raw is True:             # (not a boolean flag: int(True) would have read it as 1)
+        raise ConfigError(f"--{name} needs a value", key=f"--{name}", file=path, line=line)
     if name in _INT:
         try:
             return int(raw)
         except (TypeError, ValueError):
             raise ConfigError(f"--{name} {raw!r} must be an integer", key=f"--{name}", file=path, line=line) from None
-    if raw is True:
-        raise ConfigError(f"--{name} needs a value", key=f"--{name}", file=path, line=line)
     return raw
 
 
