@@ -822,7 +822,8 @@ def _check_model_shape(model: ModelSpec, err) -> None:
     if groups and (groups > heads or heads % groups):
         raise err("model.num_query_groups", f"num_query_groups ({groups}) must divide "
                   f"num_attention_heads ({heads}): each KV group serves a whole number of query heads")
-    if not model.kv_channels and not model.multi_latent_attention and model.hidden_size % heads:
+    # (kv_channels is filled in by then, h // heads: whether it was given is whether it was derived)
+    if "kv_channels" in model._derived and not model.multi_latent_attention and model.hidden_size % heads:
         raise err("model.hidden_size", f"hidden_size ({model.hidden_size}) must be divisible by "
                   f"num_attention_heads ({heads}), or give kv_channels (the head width)")
     _check_window(model, err)

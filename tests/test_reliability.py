@@ -85,11 +85,16 @@ def test_query_groups_must_divide_the_heads(groups):
              expect=f"num_query_groups ({groups}) must divide num_attention_heads (32)")
 
 
-def test_hidden_size_must_divide_by_heads(write_yaml):
-    from conftest import base_scenario
+@pytest.mark.parametrize("hidden, heads", [(7, 8), (65, 4)])
+def test_hidden_size_must_divide_by_heads(write_yaml, hidden, heads):
+    """Unless kv_channels gives the head width: 65 / 4 had been taken as heads of 16 (h // heads,
+    the derived kv_channels, made before the rule looked for a given one)."""
+    from conftest import base_scenario, run_json
 
-    data = base_scenario(model={"num_layers": 2, "hidden_size": 7, "num_attention_heads": 8, "vocab_size": 1024})
-    _refused("memory", write_yaml(data), expect="hidden_size (7) must be divisible by num_attention_heads (8)")
+    model = {"num_layers": 2, "hidden_size": hidden, "num_attention_heads": heads, "vocab_size": 1024}
+    _refused("memory", write_yaml(base_scenario(model=model)),
+             expect=f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads})")
+    assert run_json("memory", write_yaml(base_scenario(model={**model, "kv_channels": 16})))["fits"]
 
 
 @pytest.mark.parametrize("flag", ["--pp", "--microbatches"])
