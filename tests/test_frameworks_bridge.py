@@ -249,6 +249,22 @@ def test_bad_bridge_configs_exit_2_naming_the_key(tmp_path, body, words):
         assert w in err, (w, err)
 
 
+def test_a_provider_whose_shape_fields_are_absent_is_named(tmp_path):
+    """model._target_ names a provider sim5d does not read the defaults of: the shape fields the
+    file leaves out are named in a note with GPTModelProvider's defaults they take (the import
+    gives those); a file with every one of them (a run's run_config.yaml) gets no such note."""
+    (tmp_path / "full.yaml").write_text(RUN_CONFIG)
+    _, err = _import(tmp_path / "full.yaml", "--cluster", "dgx-h100-ndr:32")
+    assert "_target_" not in err
+    (tmp_path / "part.yaml").write_text(RUN_CONFIG.replace("  normalization: RMSNorm\n", "")
+                                        .replace("  num_query_groups: 8\n", ""))
+    sc, err = _import(tmp_path / "part.yaml", "--cluster", "dgx-h100-ndr:32")
+    words = " ".join(err.split())
+    assert ("model._target_ Llama3ModelProvider8B: sim5d does not read a provider's own defaults; "
+            "model.normalization, model.num_query_groups (absent from the file) take GPTModelProvider's") in words
+    assert sc["model"]["normalization"] == "layernorm" and sc["model"].get("num_query_groups", 32) == 32
+
+
 def test_unknown_bridge_keys_are_named_not_dropped(tmp_path):
     path = tmp_path / "u.yaml"
     path.write_text(RUN_CONFIG.replace("  hidden_dropout: 0.0", "  hidden_dropout: 0.0\n  my_new_knob: 3"))

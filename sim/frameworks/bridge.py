@@ -625,8 +625,33 @@ def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: s
             for n in more]
     notes += [_renamed(n, names) for n in more]
     notes += low_precision_params_note(_low_precision_params(c), d["training"].get("precision"))
+    notes += _provider_note(c)
     _unread(c, notes)
     return d, notes
+
+
+_PROVIDER_SHAPE = ("normalization", "activation_func", "gated_linear_unit", "position_embedding_type",
+                   "add_bias_linear", "share_embeddings_and_output_weights", "ffn_hidden_size", "num_query_groups")
+"""The model fields a Megatron-Bridge provider subclass sets to its family's values (e.g.
+llama_provider.py's Llama3ModelProvider: RMSNorm, SwiGLU, RoPE, no biases, GQA), where the
+GPTModelProvider / TransformerConfig defaults differ."""
+
+
+def _provider_note(c: _Config) -> list:
+    """A note where `model._target_` names a provider other than GPTModelProvider and the file
+    leaves out fields of the model's shape: sim5d does not read a provider's own defaults, so
+    those fields take GPTModelProvider's (a run's run_config.yaml writes every field; an
+    overrides file may not)."""
+    target = c.section("model").get("_target_")
+    if not isinstance(target, str) or target.rsplit(".", 1)[-1] == "GPTModelProvider":
+        return []
+    missing = [k for k in _PROVIDER_SHAPE if k not in c.section("model")]
+    if not missing:
+        return []
+    return [f"model._target_ {target.rsplit('.', 1)[-1]}: sim5d does not read a provider's own defaults; "
+            f"{', '.join(f'model.{k}' for k in missing)} (absent from the file) take GPTModelProvider's "
+            "(LayerNorm, GeLU, no gated unit, learned positions, biases, tied embeddings, 4h FFN, one KV head "
+            "per query head), which may not be this model's: give them in the file"]
 
 
 # -- export: a scenario's layout as a Megatron-Bridge ConfigContainer YAML ---------------------------------
