@@ -160,6 +160,14 @@ SMALL = "gpt-1.7b-a100x8-gpipe"
     (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1"], "--plot", "file/p.png",
      "{tmp}/file is a file, not a folder"),
     (["export", SMALL], "--out", "", "is a folder; give a file name such as {tmp}/launch.sh"),
+    # a chart's name without a suffix matplotlib writes (.png had been added to it; .txt failed after the step)
+    (["compare", SMALL], "--plot", "c.txt", "a chart is written as png, svg, pdf, jpg, jpeg, by the file name's "
+     "suffix: name it e.g. {tmp}/c.png"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1"], "--plot", "p",
+     "a chart is written as png, svg, pdf, jpg, jpeg, by the file name's suffix: name it e.g. {tmp}/p.png"),
+    (["compare", SMALL, "--plot", "{tmp}/c.png"], "--html", "c.png", "--plot names the same file; give each its own"),
+    (["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr", "--out", "{tmp}/t.csv"],
+     "--html", "t.csv", "--out names the same file; give each its own"),
 ])
 def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_path, monkeypatch, command, flag,
                                                                         path, words):
@@ -173,7 +181,7 @@ def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_pat
     steps = []
     monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1))
     target = path if path.startswith("/") else str(tmp_path / path) if path else str(tmp_path)
-    code, _, err = run_cli(*command, flag, target)
+    code, _, err = run_cli(*[c.format(tmp=tmp_path) for c in command], flag, target)
     assert code == 2 and "Traceback" not in err and not steps
     assert " ".join(err.split()) == f"error: {flag} {target}: {words.format(tmp=tmp_path)}"
 

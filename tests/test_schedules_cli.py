@@ -76,6 +76,13 @@ def test_json_overlapped_pairs_and_cost_flags(capsys):
     (["1f1b", "--microbatches", "8"], "--pp required"),
     (["1f1b", "--pp", "four", "--microbatches", "8"], "--pp"),          # typer usage error
     (["1f1b", "--from-csv", "/nonexistent/s.csv"], "cannot read schedule CSV"),
+    (["1f1b", "--pp", "2", "--microbatches", "2", "--forward", "1e309"],
+     "--forward (1e309) is beyond what sim5d schedule takes (at most 10^12 time units"),
+    (["1f1b", "--pp", "2", "--microbatches", "4", "--overlap-fb", "0.5"],
+     "--overlap-fb 0.5: 1f1b's schedule here has no overlapped F&B pair for it to time"),
+    (["1f1b", "--pp", "2", "--microbatches", "2", "--plot", "noext"], "--plot noext: a chart is written as png"),
+    (["1f1b", "--pp", "2", "--microbatches", "2", "--csv", "s.png", "--plot", "s.png"],
+     "--plot s.png: --csv names the same file"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, args, needle):
     code, out, err = run_cli(capsys, "schedule", *args, "--json")
@@ -220,9 +227,11 @@ def test_plot_writes_a_png(capsys, tmp_path):
     assert code == 0, err
     assert json.loads(out)["makespan"] == 26
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "file").write_text("")
     code, _, err = run_cli(capsys, "schedule", "1f1b", "--pp", "2", "--microbatches", "2",
-                           "--plot", str(tmp_path / "missing" / "x.png"))
-    assert code == 2 and "--plot: cannot write" in err and "Traceback" not in err
+                           "--plot", str(tmp_path / "file" / "x.png"))
+    assert code == 2 and f"--plot {tmp_path}/file/x.png: {tmp_path}/file is a file, not a folder" in err
+    assert "Traceback" not in err
 
 
 def test_to_csv_text():

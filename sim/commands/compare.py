@@ -72,9 +72,10 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
         n_tokens = C.parse_tokens(tokens if tokens is not None else C.DEFAULT_TOKENS)
-        from sim.report import check_path
+        from sim.report import check_chart_path, check_distinct, check_path
 
-        check_path(plot, "--plot", "compare.png")              # (before simulating, not after)
+        check_distinct({"--plot": plot, "--html": html})       # (before simulating, not after)
+        check_chart_path(plot, "--plot", "compare.png")
         if html is not None:
             check_path(html)
         rows = C.compare(list(scenarios), list(set_ or []), tokens=n_tokens, price_items=list(price or []),

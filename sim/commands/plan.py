@@ -160,10 +160,12 @@ def _check_search(top: int, flow_within: float, workers, html, export, export_fo
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
     from sim.paths import check_folder
-    from sim.report import check_path
+    from sim.report import check_chart_path, check_distinct, check_path
 
+    check_distinct({"--out's plan.json": None if out is None else Path(out) / "plan.json", "--plot": plot,
+                    "--html": html, "--export": export})
     if plot is not None:
-        check_path(plot, "--plot", "plan.png")
+        check_chart_path(plot, "--plot", "plan.png")
     if html is not None:
         check_path(html)
     check_export(export, export_format)

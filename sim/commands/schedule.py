@@ -13,12 +13,21 @@ import typer
 from sim.errors import ConfigError
 
 
+MAX_COST = 10 ** 12
+"""The largest op cost `sim5d schedule` takes, in its time units: a makespan of millions of such
+ops stays well within a float (its JSON and its chart's axis; 1e309 had ended in an OverflowError)."""
+
+
 def _cost(text: str, flag: str) -> Fraction:
     from sim.schedules.replay import exact
     try:
-        return exact(text, flag)
+        cost = exact(text, flag)
     except ValueError as e:
         raise ConfigError(str(e), key=flag) from None
+    if cost > MAX_COST:
+        raise ConfigError(f"{flag} ({text}) is beyond what sim5d schedule takes (at most 10^12 time units; the "
+                          "units are yours: scale them down)", key=flag)
+    return cost
 
 
 def _number(x: Fraction):
@@ -62,6 +71,9 @@ def run_schedule(name: str, pp: Optional[int], microbatches: Optional[int], chun
         S.validate(sched)
     except ConfigError as e:   # a schedule read from a file: the file is where to look
         raise (e.located(from_csv, None) if from_csv else e) from None
+    if costs.overlap_fb is not None and not any(isinstance(it, S.Overlap) for items in sched.ranks for it in items):
+        raise ConfigError(f"--overlap-fb {overlap_fb}: {sched.name}'s schedule here has no overlapped F&B pair for it "
+                          "to time (dualpipe, dualpipev and combined-1f1b have them)", key="--overlap-fb")
     return S.replay(sched, costs)
 
 
@@ -135,12 +147,18 @@ def register(app: typer.Typer) -> None:
                                      "stage placement."),
     ) -> None:
         """Run one pipeline schedule alone with fixed op costs (B = I + W unless split)."""
+        from sim.report import check_chart_path, check_distinct, check_path
         from sim.schedules import write_csv
 
+        check_distinct({"--csv": csv_out, "--plot": plot})      # (before the schedule is run)
+        if plot is not None:
+            check_chart_path(plot, "--plot", "schedule.png")
+        if csv_out is not None:
+            check_path(csv_out, "--csv", "schedule.csv")
         result = run_schedule(name, pp, microbatches, chunks, forward, backward_input,
                               backward_weight, overlap_fb, p2p_latency, from_csv)
         files = []
-        if csv_out:
+        if csv_out is not None:
             try:
                 write_csv(result.schedule, csv_out)
             except OSError as e:
@@ -152,7 +170,7 @@ def register(app: typer.Typer) -> None:
                            "only, and its _load_csv lowers one chain of stages that every microbatch "
                            "runs through, which DualPipe's two directions are not (use dualpipev to "
                            "run it in torch)", err=True)
-        if plot:
+        if plot is not None:
             from sim.schedules.plot import plot_schedule
             try:
                 plot_schedule(result, plot)

@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
 
         if workers is not None and workers < 1:
             raise ConfigError(f"--workers ({workers}) must be at least 1", key="--workers")
-        _check_paths(html, export, export_format)
+        _check_paths(html, export, export_format, out)
         spec = SweepSpec(model=_model_arg(model), gpus=gpus, topology=topology, overrides=list(set_ or []),
                          executor=executor, workers=workers, out=out, top=top, flow_within=flow_within / 100,
                          prune=not no_prune, bound=bound,
@@ -122,11 +122,15 @@ def register(app: typer.Typer) -> None:
                               f"errors; see the table {res.out}")
 
 
-def _check_paths(html, export, export_format) -> None:
-    """--html and --export must be writable files, --export-format a framework: checked before the
-    sweep, not after it."""
-    from sim.report import check_path
+def _check_paths(html, export, export_format, out=None) -> None:
+    """--html and --export must be writable files, distinct from each other and from the table
+    (`out`) and its stream file, --export-format a framework: checked before the sweep, not
+    after it."""
+    from sim.report import check_distinct, check_path
+    from sim.sweep.store import stream_path
 
+    check_distinct({"--out": out, "--out's stream file": None if out is None else stream_path(Path(out)),
+                    "--html": html, "--export": export})
     if html is not None:
         check_path(html)
     check_export(export, export_format)

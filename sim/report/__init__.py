@@ -153,6 +153,39 @@ def check_path(path: Path, flag: str = "--html", example: str = "report.html") -
     return path
 
 
+CHART_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+"""The chart files `--plot` writes (matplotlib's Agg canvas, by the name's suffix)."""
+
+
+def check_chart_path(path: Path, flag: str = "--plot", example: str = "chart.png") -> Path:
+    """`check_path` for a chart: its name must end in one of CHART_SUFFIXES (a name without one
+    had been written with .png added, a file other than the one named and printed; another suffix
+    failed after the work, in matplotlib)."""
+    from sim.errors import ConfigError
+
+    path = Path(path)
+    if not path.is_dir() and path.suffix.lower() not in CHART_SUFFIXES:
+        raise ConfigError(f"{flag} {path}: a chart is written as {', '.join(s[1:] for s in CHART_SUFFIXES)}, by "
+                          f"the file name's suffix: name it e.g. {path.with_name(path.stem + '.png')}", key=flag)
+    return check_path(path, flag, example)
+
+
+def check_distinct(paths: dict) -> None:
+    """The files a command will write ({flag: path, or None where not asked for}) must be distinct
+    files: two flags naming one file, the second would overwrite the first (a sweep's table with
+    its HTML report)."""
+    from sim.errors import ConfigError
+
+    seen: dict = {}
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise ConfigError(f"{flag} {path}: {seen[key]} names the same file; give each its own", key=flag)
+        seen[key] = flag
+
+
 def write(path: Path, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
