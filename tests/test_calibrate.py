@@ -293,6 +293,21 @@ def test_bad_flags_exit_2(tmp_path, monkeypatch, args, match):
     assert code == 2 and match in err and "Traceback" not in err
 
 
+def test_output_files_are_checked_before_measuring_or_fitting(tmp_path, monkeypatch):
+    """calibrate run's --out under a file exits 2 before any measurement (it had been a
+    NotADirectoryError traceback after them all); fit's --out and --topology-out must differ."""
+    import sim.calibrate.runner as runner
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f").write_text("")
+    measured = []
+    monkeypatch.setattr(runner, "run_calibration", lambda *a, **k: measured.append(1))
+    code, _, err = run_cli("calibrate", "run", "--device", "cpu", "--out", "f/x.csv")
+    assert code == 2 and "error: --out f/x.csv: f is a file, not a folder" in err and not measured
+    code, _, err = run_cli("calibrate", "fit", "m.csv", "--out", "p.yaml", "--topology-out", "p.yaml")
+    assert code == 2 and "error: --topology-out p.yaml: --out names the same file" in err
+
+
 def test_topology_out_needs_collectives(tmp_path):
     csv = tmp_path / "c.csv"
     csvio.write_csv(csv, {"device": "cpu", "memory_gib": "8"}, synthetic_rows())

@@ -17,6 +17,18 @@ from typing import Optional
 
 import typer
 
+
+def _writable(out: Path, flag: str, example: str, more: dict | None = None) -> None:
+    """The files a calibrate command writes (`out`, and `more`: {flag: path or None}) checked before
+    its work: each a file name that can be written, no two the same (sim.report.check_path)."""
+    from sim.report import check_distinct, check_path
+
+    check_distinct({flag: out, **(more or {})})
+    for f, path in {flag: out, **(more or {})}.items():
+        if path is not None:
+            check_path(path, f, example)
+
+
 @contextlib.contextmanager
 def _about(path: Path):
     """Errors in reading or fitting the user's `path` name it (issue #34: one line naming the
@@ -71,6 +83,7 @@ def run_cmd(
         size = "quick"
     if out.suffix.lower() != ".csv":
         raise ConfigError(f"--out = {str(out)!r} must name a .csv file", key="--out")
+    _writable(out, "--out", "calibration.csv")          # (before measuring: minutes, not after)
     n, interrupted = run_calibration(device, out, size=size, threads=threads, ranks=ranks,
                                      collectives=not no_collectives, progress=not no_progress)
     if interrupted:
@@ -115,6 +128,7 @@ def fit_cmd(
     if topology_out is not None and topology_out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--topology-out = {str(topology_out)!r} must name a .yaml file",
                           key="--topology-out")
+    _writable(out, "--out", "profile.yaml", {"--topology-out": topology_out})
     _check_memory_gib(memory_gib)
     name = name or out.stem
     base = None
@@ -223,6 +237,7 @@ def steps_cmd(
 
     if out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--out = {str(out)!r} must name a .yaml file", key="--out")
+    _writable(out, "--out", "profile.yaml")
     device = load_device(gpu, key="--gpu")
     with _about(runs_file):
         runs = step_fit.load_runs(runs_file, topology=topology, gpu=device.path)
@@ -319,6 +334,7 @@ def trace_cmd(
     if scenario_out is not None and scenario_out.resolve() == out.resolve():
         raise ConfigError(f"--scenario-out = {str(scenario_out)!r} is --out's file: name another",
                           key="--scenario-out")
+    _writable(out, "--out", "profile.yaml", {"--scenario-out": scenario_out})
     _check_memory_gib(memory_gib)
     base = load_device(gpu, key="--gpu") if gpu else None
     with _about(trace_file):
