@@ -45,9 +45,11 @@ def _plain(value):
 
 
 def override_items(set: Mapping | None = None, overrides: Mapping | None = None) -> list[str]:
-    """The `--set` items (`dotted.key=value`) of `set=` and keyword overrides, in that order.
-    Values are written as JSON, which YAML reads back as the same value (a string stays a
-    string, a list a list)."""
+    """The `--set` items (`dotted.key=value`) of `set=` and keyword overrides, in that order, a
+    keyword replacing set='s item of the same key (keywords win). Values are written as JSON,
+    which YAML reads back as the same value (a string stays a string, a list a list)."""
+    from sim.config import override_key
+
     items = []
     for source, what in ((set, "set="), (overrides, "keyword")):
         if source is None:
@@ -67,8 +69,10 @@ def override_items(set: Mapping | None = None, overrides: Mapping | None = None)
             except TypeError:
                 raise ConfigError(f"{value!r} ({type(value).__name__}) is not a scenario value: use "
                                   "numbers, strings, booleans, None, lists or dicts", key=key) from None
-            items.append(f"{key}={text}")
-    return items
+            if what == "keyword":
+                items = [i for i in items if i[1] or override_key(i[0].partition("=")[0]) != override_key(key)]
+            items.append((f"{key}={text}", what == "keyword"))
+    return [item for item, _ in items]
 
 
 def _scenario(scenario, items: list[str]):

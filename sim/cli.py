@@ -149,10 +149,51 @@ def main(argv: list[str] | None = None) -> None:
         HELD.clear()                        # (what a command left to the process's end)
 
 
+def _leaf(cmd, args: list) -> tuple:
+    """(the command `args` run, the rest of `args` after its name): through the groups by name."""
+    while hasattr(cmd, "commands") and args and args[0] in cmd.commands:
+        cmd, args = cmd.commands[args[0]], args[1:]
+    return cmd, args
+
+
+def check_args(cmd, args: list) -> None:
+    """What click would take without a word (issue #31's hostile inputs): an empty argument (an
+    unset shell variable: `--out ''` had written into the working folder, `--plot ''` nothing),
+    and a flag that takes one value given twice (click keeps the last: `--gpus 8 --gpus 16` ran
+    16 GPUs). ConfigError naming the flag; help is left to click."""
+    from sim.errors import ConfigError
+
+    leaf, rest = _leaf(cmd, list(args))
+    if "--help" in rest or "-h" in rest:
+        return
+    options = {name: p for p in getattr(leaf, "params", ()) if p.param_type_name == "option"
+               for name in (*p.opts, *p.secondary_opts)}
+    given: dict = {}
+    i = 0
+    while i < len(rest) and rest[i] != "--":
+        token, value = rest[i], None
+        flag, eq, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        p = options.get(flag)
+        if p is not None and not p.is_flag and not p.count:
+            value = inline if eq else (rest[i + 1] if i + 1 < len(rest) else None)
+            i += 0 if eq else 1
+            if value == "":
+                raise ConfigError(f"{flag} '': an empty value (an unset shell variable?); give one", key=flag)
+            if not p.multiple and p.name in given:
+                raise ConfigError(f"{flag} is given twice ({given[p.name]} and {value}); keep one", key=flag)
+            given[p.name] = value
+        elif token == "":
+            raise ConfigError(f"an empty argument after `{' '.join(['sim5d', *args[:len(args) - len(rest) + i]])}` "
+                              "(an unset shell variable?); give a value")
+        i += 1
+
+
 def _main(argv: list[str] | None = None) -> None:
     """`main` without freeing sim.commands.HELD (`console_main` exits instead)."""
     try:
-        code = command().main(args=argv, standalone_mode=False, prog_name="sim5d")
+        cmd = command()
+        check_args(cmd, sys.argv[1:] if argv is None else argv)
+        code = cmd.main(args=argv, standalone_mode=False, prog_name="sim5d")
     except Sim5dError as e:
         # several errors at once (sim.errors.ConfigError.all): one `error:` line each
         lines = [str(x) for x in getattr(e, "errors", ())] or [str(e)]

@@ -722,12 +722,27 @@ def _check_values(value, key: str, where: str) -> None:
             raise e.located(where, None) from None
 
 
+def override_key(dotted: str) -> tuple:
+    """The key an override sets, its section's alias named canonically (parallelism.tp ->
+    (parallelism, tensor_model_parallel_size)): two overrides of one key are two of these equal."""
+    parts = dotted.strip().split(".")
+    aliases = SECTION_ALIASES.get(parts[0], {}) if len(parts) == 2 else {}
+    return (*parts[:-1], aliases.get(parts[-1], parts[-1]))
+
+
 def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
     """Apply `--set dotted.key=value` overrides in order. A value is parsed as YAML (numbers,
     booleans, null, lists). Setting a field of a preset model turns `model: NAME` into
-    `model: {preset: NAME, field: value}`."""
+    `model: {preset: NAME, field: value}`. One key set twice (or by an alias and its canonical
+    name) is an error: the first would be lost without a word."""
+    given: dict = {}
     for item in overrides:
         parts, value = _split_override(item)
+        key = override_key(".".join(parts))
+        if key in given:
+            raise ConfigError(f"set twice (--set {given[key]} too); keep one", key=".".join(key),
+                              file=f"--set {item[:80]}")
+        given[key] = item
         node = data
         for i, part in enumerate(parts[:-1]):
             if parts[0] == "model" and i == 0 and isinstance(node.get("model"), str):
@@ -740,8 +755,7 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
                                   key=".".join(parts))
             node = child
         aliases = SECTION_ALIASES.get(parts[0], {}) if len(parts) == 2 else {}
-        canon = aliases.get(parts[-1], parts[-1])
-        for other in [k for k in node if k != parts[-1] and aliases.get(k, k) == canon]:
+        for other in [k for k in node if k != parts[-1] and aliases.get(k, k) == key[-1]]:
             del node[other]     # `--set pp=4` replaces the file's `pipeline_model_parallel_size`
         node[parts[-1]] = value
         lines[tuple(parts)] = f"--set {item}"   # errors about this key name the override (_where)

@@ -102,6 +102,8 @@ def test_dict_scenario_and_keyword_overrides(scenario_file):
     assert without_wall(res.summary) == without_wall(api.simulate(direct).summary)
     assert (res.scenario.parallelism.pp, res.scenario.parallelism.dp, res.scenario.training.micro_batch_size) == (1, 4, 2)
     assert data == base_scenario()                               # the caller's dict is not modified
+    with pytest.raises(ConfigError, match=r"set twice \(--set parallelism.tp=1 too\); keep one"):
+        api.simulate(data, set={"parallelism.tp": 1, "parallelism.tensor_model_parallel_size": 2})
 
 
 @pytest.mark.parametrize("kwargs, key, words", [

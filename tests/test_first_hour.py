@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import base_scenario, run_cli
+from conftest import base_scenario, run_cli, run_json
 from sim.config import build_scenario, load_scenario
 from sim.errors import ConfigError
 
@@ -184,6 +184,38 @@ def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_pat
     code, _, err = run_cli(*[c.format(tmp=tmp_path) for c in command], flag, target)
     assert code == 2 and "Traceback" not in err and not steps
     assert " ".join(err.split()) == f"error: {flag} {target}: {words.format(tmp=tmp_path)}"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["collective", "all_reduce", "--topology", "dgx-h100-ndr", "--gpus", "8", "--gpus", "16"],
+     "--gpus is given twice (8 and 16); keep one"),
+    (["run", SMALL, "--out", "{tmp}/a", "--out={tmp}/b"], "--out is given twice ({tmp}/a and {tmp}/b); keep one"),
+    (["run", SMALL, "--out", ""], "--out '': an empty value (an unset shell variable?); give one"),
+    (["run", SMALL, "--out="], "--out '': an empty value (an unset shell variable?); give one"),
+    (["memory", ""], "an empty argument after `sim5d memory` (an unset shell variable?); give a value"),
+    (["calibrate", "run", "--device", "cpu", "--out", "x.csv", "--device", "cuda"],
+     "--device is given twice (cpu and cuda); keep one"),
+    # --set may repeat, but not for one key (or an alias and its key): the first had been lost
+    (["memory", SMALL, "--set", "training.micro_batch_size=1", "--set", "training.micro_batch_size=2"],
+     "--set training.micro_batch_size=2: training.micro_batch_size: set twice (--set training.micro_batch_size=1 "
+     "too); keep one"),
+    (["run", SMALL, "--set", "parallelism.tp=2", "--set", "parallelism.tensor_model_parallel_size=1"],
+     "--set parallelism.tensor_model_parallel_size=1: parallelism.tensor_model_parallel_size: set twice (--set "
+     "parallelism.tp=2 too); keep one"),
+])
+def test_an_empty_argument_or_a_one_value_flag_given_twice_exits_2(tmp_path, monkeypatch, args, words):
+    """click keeps a flag's last value and takes '' as a value: `--gpus 8 --gpus 16` had run 16
+    GPUs without a word, `--out ''` (an unset variable) written into the working folder. Now exit
+    2 naming them, before anything runs; --set, which may repeat, still does."""
+    import sim.engine.simulate as engine
+
+    monkeypatch.chdir(tmp_path)
+    steps = []
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1))
+    code, _, err = run_cli(*[a.format(tmp=tmp_path) for a in args])
+    assert code == 2 and " ".join(err.split()) == f"error: {words.format(tmp=tmp_path)}" and not steps
+    assert list(tmp_path.iterdir()) == []
+    assert run_json("memory", SMALL, "--set", "training.micro_batch_size=1", "--set", "parallelism.tp=1")["fits"]
 
 
 # -------------------------------------------------------------------- 6. schedule CLI -----

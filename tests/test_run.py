@@ -275,7 +275,8 @@ def test_trace_ranks_none_writes_the_numbers_and_the_breakdown_only(tmp_path):
 
 @pytest.mark.parametrize("spec, words", [
     ("99", "'99': [99] beyond the step's 16 GPUs (ranks 0..15)"),
-    ("", "'' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
+    ("", "'': an empty value (an unset shell variable?); give one"),
+    ("0,,4,", "'0,,4,' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
     ("3,a", "'3,a' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
     ("-1", "'-1' must be simulated, all, none or comma-separated ranks from 0 (e.g. 0,8,16)"),
     ("1", "'1': [1] not simulated: this step simulates 2 representative ranks (0, 8); --set "

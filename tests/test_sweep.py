@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, with_sets
 from sim.config import build_scenario
 from sim.engine.simulate import simulate
 from sim.memory import memory_report
@@ -33,7 +33,7 @@ FIXED = ["--set", "parallelism.zero_stage=1", "--set", "training.recompute=none"
 
 
 def sweep(tmp_path, *args, name="t.csv") -> dict:
-    code, out, err = run_cli("sweep", *TINY, *args, "--out", str(tmp_path / name), "--json")
+    code, out, err = run_cli("sweep", *with_sets(*TINY, *args), "--out", str(tmp_path / name), "--json")
     assert code == 0, err
     return json.loads(out)
 
@@ -230,9 +230,10 @@ def _wait_for(path: Path, stage: str, n: int, proc, timeout: float = 60.0) -> in
 def test_resume_after_a_killed_sweep_gives_the_same_table(tmp_path):
     """SIGKILL a sweep (and its workers) part-way through its simulations, rerun the same command:
     nothing that had finished is recomputed and the final table equals an uninterrupted run's."""
-    args = [*TINY, *FIXED, "--set", "training.micro_batch_size=[1,2]", "--set", "model.num_layers=8",
-            "--top", "2", "--workers", "1"]
-    ref = sweep(tmp_path, *args[len(TINY):], name="ref.csv")  # uninterrupted
+    extra = [*with_sets(*FIXED, "--set", "training.micro_batch_size=[1,2]"), "--set", "model.num_layers=8",
+             "--top", "2", "--workers", "1"]
+    args = with_sets(*TINY, *extra)
+    ref = sweep(tmp_path, *extra, name="ref.csv")  # uninterrupted
     out = tmp_path / "killed.csv"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "sim", "sweep", *args, "--out", str(out), "--json"],
@@ -247,7 +248,7 @@ def test_resume_after_a_killed_sweep_gives_the_same_table(tmp_path):
     assert 5 <= done < ref["ranked"]
     with open(stream_path(out), "a") as f:  # as if the kill had cut a line short
         f.write("abc123,7,tp1-pp1")
-    res = sweep(tmp_path, *args[len(TINY):], name="killed.csv")
+    res = sweep(tmp_path, *extra, name="killed.csv")
     assert res["resumed_results"] == len(before)
     rows = _stream_rows(out)
     keys = [(r["layout"], r["stage"]) for r in rows]
@@ -262,7 +263,7 @@ def test_rerun_of_a_finished_sweep_reuses_it_and_other_sweeps_are_refused(tmp_pa
     first = sweep(tmp_path, *FIXED, "--top", "1")
     again = sweep(tmp_path, *FIXED, "--top", "1")
     assert again["resumed_results"] > 0 and comparable([again["best"]]) == comparable([first["best"]])
-    code, _, err = run_cli("sweep", *TINY, *FIXED, "--set", "training.global_batch_size=32",
+    code, _, err = run_cli("sweep", *with_sets(*TINY, *FIXED, "--set", "training.global_batch_size=32"),
                            "--out", str(tmp_path / "t.csv"))
     assert code == 2 and "another sweep" in err and "--restart" in err and "Traceback" not in err
 
@@ -285,7 +286,8 @@ def test_default_table_names_keep_variants_apart(tmp_path, monkeypatch):
     assert ids[0] != ids[1]
     monkeypatch.chdir(tmp_path)
     for batch in ("16", "32"):
-        code, out, err = run_cli("sweep", *TINY, *FIXED, "--set", f"training.global_batch_size={batch}", "--json")
+        code, out, err = run_cli("sweep", *with_sets(*TINY, *FIXED, "--set", f"training.global_batch_size={batch}"),
+                                 "--json")
         assert code == 0, err
     assert len([p for p in (tmp_path / "sweeps").glob("*.csv") if not p.name.endswith(".stream.csv")]) == 2
 
@@ -340,8 +342,8 @@ def test_a_batch_no_layout_passes_gets_a_hint(tmp_path):
     assert (f"{len(refused):,} layouts failed the batch rule (global batch 16 divisible by micro-batch x "
             f"data-parallel size); 12 or 24 would pass it for {counts[0]:,} and {counts[1]:,} of them (--set "
             "training.global_batch_size=12; 24 GPUs = 3 x 8") in " ".join(res["notes"])
-    ok = run_cli("sweep", *[a if a != "8" else "24" for a in TINY], *FIXED, "--set", "training.global_batch_size=12",
-                 "--out", str(tmp_path / "u.csv"), "--json")
+    ok = run_cli("sweep", *with_sets(*[a if a != "8" else "24" for a in TINY], *FIXED, "--set",
+                                     "training.global_batch_size=12"), "--out", str(tmp_path / "u.csv"), "--json")
     assert ok[0] == 0 and json.loads(ok[1])["ranked"] > 0, ok[2]
 
 
@@ -378,7 +380,7 @@ def test_ray_executor_equals_local(tmp_path):
     """The same sweep on a local Ray instance (started and stopped by the sweep, in a separate
     process so that Ray's threads stay out of this one) gives the local pool's table."""
     pytest.importorskip("ray")
-    args = [*FIXED, "--set", "training.micro_batch_size=[1,2]", "--top", "2"]
+    args = [*with_sets(*FIXED, "--set", "training.micro_batch_size=[1,2]"), "--top", "2"]
     local = sweep(tmp_path, *args, name="local.csv")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run([sys.executable, "-m", "sim", "sweep", *TINY, *args, "--executor", "ray", "--workers", "2",
@@ -449,7 +451,7 @@ def _set_values(args: list[str]) -> list[str]:
 def test_ray_cluster_without_sim5d_gives_the_local_table(tmp_path, ray_cluster):
     """`--executor ray` on a cluster whose workers cannot import sim5d (the next test shows they
     cannot): the sweep ships its code and the table equals the local pool's, row for row."""
-    args = [*FIXED, "--set", "training.micro_batch_size=[1,2]", "--top", "2"]
+    args = [*with_sets(*FIXED, "--set", "training.micro_batch_size=[1,2]"), "--top", "2"]
     local = sweep(tmp_path, *args, name="local.csv")
     proc = subprocess.run([sys.executable, "-m", "sim", "sweep", *TINY, *args, "--executor", "ray",
                            "--out", str(tmp_path / "ray.csv"), "--json"], capture_output=True, text=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, with_sets
 from test_sweep import FIXED, TINY, comparable
 from sim.sweep.store import read_table, stream_path
 
@@ -219,7 +219,7 @@ def test_a_row_of_another_sweep_is_refused(tmp_path, reference):
 
 def test_a_stream_written_for_a_different_sweep_is_refused(tmp_path):
     other = tmp_path / "other.csv"
-    code, _, err = run_cli("sweep", *ARGS, "--set", "training.global_batch_size=32", "--out", str(other))
+    code, _, err = run_cli("sweep", *with_sets(*ARGS, "--set", "training.global_batch_size=32"), "--out", str(other))
     assert code == 0, err
     _refused(tmp_path, stream_path(other).read_bytes(), 2, "the stream holds the results of another sweep",
              "--set values or grid differ", "--restart")

@@ -45,8 +45,8 @@ def parse_trace_ranks(spec: str | None, num_gpus: int | None = None):
 
     if spec is None or spec in ("simulated", "all", "none"):
         return spec
-    try:
-        ranks = sorted({int(x) for x in spec.split(",") if x.strip()})
+    try:                        # (an empty piece, "0,,4,", is malformed too)
+        ranks = sorted({int(x) for x in spec.split(",")})
     except ValueError:
         ranks = []
     if not ranks or ranks[0] < 0:
