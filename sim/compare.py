@@ -22,6 +22,7 @@ import re
 import textwrap
 from pathlib import Path
 
+from sim.devices import MAX_PRICE_PER_GPU_HOUR_USD
 from sim.errors import ConfigError
 
 _TOKENS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBT]?)\s*$", re.IGNORECASE)
@@ -71,6 +72,9 @@ def parse_prices(items: list[str]) -> tuple[float | None, dict]:
         if not math.isfinite(price) or price < 0:
             raise ConfigError(f"--price {item!r}: the price must be a finite, non-negative number",
                               key="--price")
+        if price > MAX_PRICE_PER_GPU_HOUR_USD:      # (1e308 had made the $ figures inf: not JSON)
+            raise ConfigError(f"--price {item!r}: at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} US$ per GPU-hour, "
+                              "as a device profile's price", key="--price")
         if sep:
             named[name.strip()] = price
         else:

@@ -4,6 +4,8 @@ simulation. Each test is the issue's own example."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,17 @@ def test_device_profile_values_outside_physics_are_refused(tmp_path, line, expec
 def test_compare_price_must_be_finite(price, tmp_path):
     _refused("compare", SCENARIO, "--price", price, "--plot", str(tmp_path / "c.png"),
              expect="the price must be a finite, non-negative number")
+
+
+def test_compare_price_has_the_profiles_bound(tmp_path):
+    """A price above 10^6 $/GPU-hour (a device profile's bound) is refused: 1e308 x 9e17 tokens had
+    printed Infinity in --json (not JSON) and matplotlib's warnings; 10^6 itself gives finite JSON."""
+    _refused("compare", SCENARIO, "--price", "1e308", "--tokens", "9e17", "--plot", str(tmp_path / "c.png"),
+             expect="--price '1e308': at most 1,000,000 US$ per GPU-hour")
+    code, out, err = run_cli("compare", SCENARIO, "--price", "1e6", "--tokens", "9e17", "--plot",
+                             str(tmp_path / "c.png"), "--json")
+    assert code == 0 and all(math.isfinite(v) for v in json.loads(out)["scenarios"][0].values()
+                             if isinstance(v, float)), err
 
 
 def test_compare_tokens_must_be_finite(tmp_path):
