@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import numbers
+import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,11 +84,32 @@ def _scenario(scenario, items: list[str]):
     if isinstance(scenario, (str, Path)):
         return load_scenario(str(scenario), overrides=items)
     if isinstance(scenario, Mapping):
+        _string_keys(scenario, "scenario")
         lines: dict = {}
         data = apply_overrides(copy.deepcopy(dict(scenario)), items, lines)
         return build_scenario(data, lines, default_name="scenario")
     raise ConfigError(f"simulate() takes a scenario YAML path, a bundled scenario name or a scenario "
                       f"dict, not {type(scenario).__name__}", key="scenario")
+
+
+def _string_keys(data, where: str) -> None:
+    """A scenario dict's keys are strings at every level, as a YAML file's must be (an int key
+    had been a TypeError from deep in the validation)."""
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{where}: keys must be strings, got {k!r}", key=where)
+            _string_keys(v, f"{where}.{k}")
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            _string_keys(v, f"{where}.{i}")
+
+
+def _path(name: str, value) -> Path:
+    """A path argument: a str or os.PathLike, not empty (ConfigError naming `name` otherwise)."""
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(f"{name} ({value!r}) must be a file or folder path (a str or pathlib.Path)", key=name)
+    return Path(value)
 
 
 _PLOTLYJS_SHOWN = False
@@ -144,7 +167,7 @@ class Result:
         from sim.engine.outputs import check_timeline_format
         from sim.paths import check_folder
 
-        folder = Path(out)
+        folder = _path("out", out)
         parse_trace_ranks(trace_ranks, self.scenario.derived.num_gpus)
         check_timeline_format(timeline or "csv", "timeline")
         check_untraced(trace_ranks, None, timeline, "timeline")
@@ -169,7 +192,7 @@ class Result:
                       for rank, pp in run.pp_rank_of.items()}
             return report.memory_figure(memory_series(run.records, static), run.pp_rank_of,
                                         run.memory.capacity_bytes)
-        raise ValueError(f"figure kind {kind!r} must be timeline, breakdown or memory")
+        raise ConfigError(f"figure kind {kind!r} must be timeline, breakdown or memory", key="kind")
 
     def _repr_html_(self) -> str:
         """A notebook's view: the step's numbers and its pipeline timeline. plotly.js (4.8 MB)
@@ -213,7 +236,7 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
     if out is not None:                          # (before the step, not after it)
         from sim.paths import check_folder
 
-        check_folder(Path(out), "out")
+        check_folder(_path("out", out), "out")
     run = _simulate(sc, link_load=True)          # (the trace's link counters, if written)
     # summary.json's content exactly: the JSON round trip (tuples as lists, as the file reads back)
     res = Result(scenario=sc, run=run, summary=json.loads(json.dumps(run.summary())))
@@ -230,7 +253,7 @@ def read_timeline(path):
 
     from sim.engine.outputs import TIMELINE_COLUMNS
 
-    path = Path(path)
+    path = _path("path", path)
     if path.is_dir():
         found = [path / f"timeline.{ext}" for ext in ("csv", "parquet") if (path / f"timeline.{ext}").is_file()]
         if not found:
@@ -258,15 +281,23 @@ def read_timeline(path):
 
 # ----------------------------------------------------------------------------------------------
 def _whole(name: str, value, low: int):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    """A whole number >= `low` (Python's or numpy's integers; not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ConfigError(f"{name} ({value!r}) must be a whole number >= {low}", key=name)
-    return value
+    return int(value)
 
 
 def _number(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigError(f"{name} ({value!r}) must be a finite number", key=name)
     return float(value)
+
+
+def _switch(name: str, value) -> bool:
+    """True or False (numpy's too): bool() would have read prune="no" or restart="false" as True."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise ConfigError(f"{name} ({value!r}) must be True or False", key=name)
+    return bool(value)
 
 
 def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, executor="local",
@@ -302,18 +333,22 @@ def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, exe
         _whole("workers", workers, 1)
     spec = SweepSpec(model=model, gpus=_whole("gpus", gpus, 1), topology=str(topology),
                      overrides=override_items(set, overrides), workers=workers, top=_whole("top", top, 0),
-                     flow_within=_number("flow_within", flow_within) / 100, prune=bool(prune),
-                     tp_across_nodes=bool(tp_across_nodes), restart=bool(restart),
+                     flow_within=_number("flow_within", flow_within) / 100, prune=_switch("prune", prune),
+                     tp_across_nodes=_switch("tp_across_nodes", tp_across_nodes), restart=_switch("restart", restart),
                      memory_fraction=_number("max_memory_fraction", max_memory_fraction))
     own = None
     if isinstance(executor, str):
         if executor not in ("local", "ray"):
             raise ConfigError(f"executor {executor!r}: choose local, ray or an executor object", key="executor")
         spec.executor = executor
+    elif not callable(getattr(executor, "map_unordered", None)):
+        raise ConfigError(f"executor ({executor!r}) must be local, ray or an executor object (sim.sweep.executors: "
+                          "one with map_unordered)", key="executor")
     else:
         own = executor
+    plots = _switch("plots", plots)
     if out is not None:
-        spec.out, spec.plots = Path(out), bool(plots)
+        spec.out, spec.plots = _path("out", out), plots
         res = run_sweep(spec, progress=False, executor=own)
     else:
         with tempfile.TemporaryDirectory(prefix="sim5d-sweep-") as tmp:

@@ -106,6 +106,22 @@ def test_dict_scenario_and_keyword_overrides(scenario_file):
         api.simulate(data, set={"parallelism.tp": 1, "parallelism.tensor_model_parallel_size": 2})
 
 
+@pytest.mark.parametrize("call, key, words", [
+    (lambda f: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", executor=123), "executor", "must be local, ray or an executor"),
+    (lambda f: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", prune="no"), "prune", "('no') must be True or False"),
+    (lambda f: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", restart="false"), "restart", "must be True or False"),
+    (lambda f: api.simulate({1: 2, "model": "gpt-1.7b"}), "scenario", "keys must be strings, got 1"),
+    (lambda f: api.simulate(f, out=123), "out", "(123) must be a file or folder path"),
+    (lambda f: api.read_timeline(123), "path", "(123) must be a file or folder path"),
+])
+def test_bad_argument_types_raise_config_error(scenario_file, call, key, words):
+    """Arguments of the wrong type get ConfigError naming them, not a TypeError or AttributeError
+    from inside (or, for the switches, bool("no") read as True), before any work."""
+    with pytest.raises(ConfigError) as info:
+        call(scenario_file)
+    assert info.value.key == key and words in str(info.value)
+
+
 @pytest.mark.parametrize("kwargs, key, words", [
     ({"parallelism.tpp": 2}, "parallelism.tpp", ["unknown key 'tpp'", "did you mean 'tp'"]),
     ({"set": {"training.global_batch_size": 501}}, "training.global_batch_size", ["501", "divisible"]),
@@ -241,7 +257,7 @@ def test_figures_show_the_result():
     assert len(res.figure("timeline").data[0].y) == pp            # the idle bar: one per lane
     mem = res.figure("memory")
     assert len(mem.data) == pp + 1 and mem.data[-1].y[0] == pytest.approx(res.summary["memory_capacity_gib"])
-    with pytest.raises(ValueError, match="timeline, breakdown or memory"):
+    with pytest.raises(ConfigError, match="timeline, breakdown or memory"):
         res.figure("gantt")
     api._PLOTLYJS_SHOWN = False
     first, second = res._repr_html_(), res._repr_html_()
