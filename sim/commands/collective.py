@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         from sim.network import nccl_tests as NT
         from sim.network.nccl_tests import elements, parse_nccl_size, parse_size_range
         from sim.suggest import did_you_mean
+        from sim.commands.topology import check_gpu
         from sim.topology import load_topology
         from sim.topology.graph import build_graph, nodes_for
 
@@ -62,7 +63,8 @@ def register(app: typer.Typer) -> None:
         else:
             size_list = parse_size_range(sizes)
         topo = load_topology(topology, key="--topology")
-        graph = build_graph(topo, nodes_for(topo, gpus))
+        check_gpu(topo)
+        graph = build_graph(topo, nodes_for(topo, gpus, "--gpus"))
         tested = [NT.tested_bytes(op, nb, gpus) for nb in size_list]   # what nccl-tests moves
         rows = [simulate_collective(topo, op, gpus, nb, algorithm=algorithm, protocol=protocol,
                                     network=network, graph=graph) for nb in tested]

@@ -8,6 +8,18 @@ from typing import Optional
 import typer
 
 
+def check_gpu(topo) -> None:
+    """A topology's `gpu:` names a device profile (a bundled name or a path), as a scenario on it
+    would require: `sim5d topology` and `collective` had shown `gpu: nosuch-gpu` without a word."""
+    from sim.devices import load_device
+    from sim.errors import ConfigError
+
+    try:
+        load_device(topo.gpu, key="gpu")
+    except ConfigError as e:
+        raise e.located(topo.path or None, None) from None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("topology")
     def topology_cmd(
@@ -31,6 +43,7 @@ def register(app: typer.Typer) -> None:
         if nodes is not None and nodes < 1:
             raise ConfigError(f"--nodes = {nodes} must be a positive integer", key="--nodes")
         topo = load_topology(name, key="topology")
+        check_gpu(topo)
         if nodes is None:                  # a rack-scale system is shown whole, not one of its trays
             nodes = topo.nvlink_domain.nodes if topo.nvlink_domain is not None else 1
         topo = with_domain_nodes(topo, domain_nodes, key="--domain-nodes")

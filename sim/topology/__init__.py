@@ -116,6 +116,9 @@ def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> Topolo
     path = Path(str(name_or_path))
     if not (path.suffix in (".yaml", ".yml") and is_file(path)):
         candidate = topology_dir() / f"{name_or_path}.yaml"
+        if not is_file(candidate) and path.suffix in (".yaml", ".yml"):
+            raise ConfigError(f"no topology file {shown(str(name_or_path))} (give a path to a topology YAML, or a "
+                              f"bundled name: {', '.join(bundled_topology_names())})", key=key)
         if not is_file(candidate):
             names = bundled_topology_names()
             raise ConfigError(f"unknown topology {shown(str(name_or_path))}; bundled: {', '.join(names)}"

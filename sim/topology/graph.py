@@ -83,7 +83,7 @@ def build_graph(topology, num_nodes: int) -> nx.DiGraph:
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise ConfigError(f"num_nodes = {num_nodes!r} must be a positive integer", key="num_nodes")
     if topology.max_nodes is not None and num_nodes > topology.max_nodes:
-        raise ConfigError(f"num_nodes = {num_nodes} exceeds topology {topology.name!r}'s max_nodes = "
+        raise ConfigError(f"num_nodes = {num_nodes} exceeds the {topology.name} topology's max_nodes = "
                           f"{topology.max_nodes}", key="num_nodes")
     b = _Builder(topology, num_nodes)
     b.build()
@@ -402,6 +402,12 @@ def gpus_of(G: nx.DiGraph, n: int | None = None) -> list[str]:
     return list(gpus[:n])
 
 
-def nodes_for(topology, gpus: int) -> int:
-    """The fewest servers that hold `gpus` accelerators."""
-    return max(1, math.ceil(gpus / topology.gpus_per_node))
+def nodes_for(topology, gpus: int, flag: str | None = None) -> int:
+    """The fewest servers that hold `gpus` accelerators; with `flag` (the command's flag giving
+    `gpus`), more servers than the topology holds is a ConfigError naming it."""
+    nodes = max(1, math.ceil(gpus / topology.gpus_per_node))
+    if flag is not None and topology.max_nodes is not None and nodes > topology.max_nodes:
+        raise ConfigError(f"{flag} {gpus:,}: {nodes:,} servers of {topology.gpus_per_node} GPUs; the "
+                          f"{topology.name} topology holds at most {topology.max_nodes:,} "
+                          f"({topology.max_nodes * topology.gpus_per_node:,} GPUs)", key=flag)
+    return nodes

@@ -546,6 +546,14 @@ def _node(n: NodeIn, gpn: int | None, err) -> NodeSpec:
         loop = LoopbackSpec(bandwidth_gbps=v.bandwidth_gbps, latency_ns=_or(v.latency_ns, 0),
                             memory_bandwidth_gbps=v.memory_bandwidth_gbps)
 
+    # achievable above the signalling rate cannot be (a typo's 5,000 GB/s on a 300 GB/s link had
+    # given a 4,351 GB/s all-reduce)
+    if nvlink is not None and nvlink.line_rate_gbps is not None and nvlink.bandwidth_gbps > nvlink.line_rate_gbps:
+        err("node.nvlink.bandwidth_gbps", f"{nvlink.bandwidth_gbps:g} GB/s (achievable) is above node.nvlink."
+            f"line_rate_gbps ({nvlink.line_rate_gbps:g} GB/s, the datasheet's): achievable is at most the line rate")
+    if count and nic.line_rate_gbit is not None and nic.bandwidth_gbps * 8 > nic.line_rate_gbit:
+        err("node.nic.bandwidth_gbps", f"{nic.bandwidth_gbps:g} GB/s (achievable) is above node.nic.line_rate_gbit "
+            f"({nic.line_rate_gbit:g} Gb/s = {nic.line_rate_gbit / 8:g} GB/s): achievable is at most the line rate")
     if ic in ("nvswitch", "nvlink-mesh") and nvlink is None:
         err("node.nvlink", f"is required: node.gpu_interconnect {ic!r} needs a node.nvlink section "
             "(bandwidth_gbps, latency_ns)")
