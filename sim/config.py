@@ -867,6 +867,12 @@ def _check_window(model: ModelSpec, err) -> None:
                   "window (it asserts window_size (-1, -1)), and sim5d models none")
 
 
+MOE_ONLY = {"moe_router_topk": 0, "moe_ffn_hidden_size": 0, "moe_shared_experts": 0, "first_k_dense_layers": 0,
+            "moe_layer_freq": 1, "moe_router_num_groups": 0, "moe_router_group_topk": 0}
+"""Model keys that mean something only with routed experts, and the value that says none (a
+dense model given another had been taken without a word, the keys echoed in resolved.yaml)."""
+
+
 def _build_model(m, lines, file) -> ModelSpec:
     if isinstance(m, str):
         if m not in PRESETS:
@@ -876,6 +882,12 @@ def _build_model(m, lines, file) -> ModelSpec:
         return PRESETS[m]
     given = m.model_dump(exclude_none=True)
     spec = _model_of(given, lines, file)
+    if not spec.is_moe and "hf_config" not in given:
+        for k in MOE_ONLY:
+            if given.get(k, MOE_ONLY[k]) != MOE_ONLY[k]:
+                raise ConfigError(f"{given[k]}: applies only to MoE models, and this one is dense (num_experts "
+                                  f"{spec.num_experts}); give num_experts or remove {k}",
+                                  key=f"model.{k}").located(*_where(lines, ["model", k], file))
     if given.get("qk_layernorm") is False and spec.multi_latent_attention:
         raise ConfigError("false with multi_latent_attention: Megatron-Core's flag builds MLA's latent norms "
                           "there (q_layernorm, kv_layernorm), which sim5d counts with MLA always; remove it or "

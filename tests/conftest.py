@@ -236,3 +236,13 @@ def with_sets(*args: str) -> list[str]:
             out.append(args[i])
             i += 1
     return out
+
+
+def merged(*groups: list) -> list[str]:
+    """`--set` items (`KEY=VALUE`) of `groups` where a later group's item of a key replaces an
+    earlier one's (sim5d refuses one key set twice)."""
+    out: dict = {}
+    for group in groups:
+        for item in group:
+            out[item.partition("=")[0]] = item
+    return list(out.values())

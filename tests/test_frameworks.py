@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import merged, run_cli
 from sim.config import build_scenario, load_scenario, resolved_dict
 
 LAUNCH = Path(__file__).resolve().parent / "data" / "launches" / "megatron_llama3_8b_fp8.sh"
@@ -329,19 +329,19 @@ TT = ["parallelism.zero_stage=3", "training.overlap_param_gather=true", "trainin
 
 @pytest.mark.parametrize("sets", [
     TT,                                                                  # FSDP + TP + PP 1F1B
-    TT + ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2"],     # first/last_stage_less 0
-    TT + ["parallelism.account_for_embedding_in_pipeline_split=true",      # first and last stage one short
-          "parallelism.account_for_loss_in_pipeline_split=true", "training.global_batch_size=128"],
-    TT + ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full"],
-    TT + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4", "training.precision=fp8",
-          "training.fp8_recipe=current"],
+    merged(TT, ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2"]),     # first/last_stage_less 0
+    merged(TT, ["parallelism.account_for_embedding_in_pipeline_split=true",      # first and last stage one short
+          "parallelism.account_for_loss_in_pipeline_split=true", "training.global_batch_size=128"]),
+    merged(TT, ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full"]),
+    merged(TT, ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4", "training.precision=fp8",
+          "training.fp8_recipe=current"]),
     ["parallelism.zero_stage=0", "training.recompute=full", "parallelism.pp=1", "parallelism.dp=8"],      # DDP
-    TT + ["training.grad_reduce_in_fp32=true"],                          # mixed_precision_reduce float32
-    TT + ["training.recompute=selective-op"],                            # selective_ac_option "op"
-    TT + ["training.recompute=full", "training.recompute_method=every",
-          "training.recompute_num_layers=2"],                            # selective_ac_option "2"
-    TT + ["parallelism.pp=4", "parallelism.dp=2",                        # torchtitan's uneven default split
-          "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"],
+    merged(TT, ["training.grad_reduce_in_fp32=true"]),                          # mixed_precision_reduce float32
+    merged(TT, ["training.recompute=selective-op"]),                            # selective_ac_option "op"
+    merged(TT, ["training.recompute=full", "training.recompute_method=every",
+          "training.recompute_num_layers=2"]),                            # selective_ac_option "2"
+    merged(TT, ["parallelism.pp=4", "parallelism.dp=2",                        # torchtitan's uneven default split
+          "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"]),
 ])
 def test_torchtitan_import_of_export(tmp_path, sets):
     a, b = _tt_roundtrip(tmp_path, sets)
@@ -356,8 +356,8 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
                       (["parallelism.zero_stage=3", "training.overlap_param_gather=true", "training.recompute=none",
                         "parallelism.pipeline_schedule=zb-h1"], "parallelism.pipeline_schedule"),
                       # no first / last stage less layers split the layers so
-                      (TT + ["parallelism.pp=4", "parallelism.dp=2",
-                             "parallelism.pipeline_model_parallel_layout=Et*10|t*6|t*8|t*8L"],
+                      (merged(TT, ["parallelism.pp=4", "parallelism.dp=2",
+                             "parallelism.pipeline_model_parallel_layout=Et*10|t*6|t*8|t*8L"]),
                        "parallelism.pipeline_model_parallel_layout")):
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan",
                                *[a for s in sets for a in ("--set", s)])

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import merged, run_cli
 from sim.config import build_scenario
 
 
@@ -156,15 +156,15 @@ def _roundtrip(tmp_path, scenario, sets):
 
 @pytest.mark.parametrize("scenario,sets", [
     ("llama3-8b-h100x16-1f1b", FSDP),                                            # torchrun, PP 1F1B
-    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full",
-                                       "parallelism.sequence_parallel=false"]),  # grad accumulation, no SP
+    ("llama3-8b-h100x16-1f1b", merged(FSDP, ["parallelism.pp=1", "parallelism.dp=8", "training.recompute=full",
+                                       "parallelism.sequence_parallel=false"])),  # grad accumulation, no SP
     ("llama3-8b-h100x8-zbv", ["parallelism.zero_stage=0", "training.recompute=none",
                               "training.overlap_grad_reduce=true"]),            # run_train.sh, DDP
-    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2",
-                                       "training.tp_comm_overlap=true"]),       # async TP through compile
+    ("llama3-8b-h100x16-1f1b", merged(FSDP, ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2",
+                                       "training.tp_comm_overlap=true"])),       # async TP through compile
     # torchtitan's default split on PP 4 (34 effective layers: 9, 9, 8, 8 less one at each end)
-    ("llama3-8b-h100x16-1f1b", FSDP + ["parallelism.pp=4", "parallelism.dp=2",
-                                       "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"]),
+    ("llama3-8b-h100x16-1f1b", merged(FSDP, ["parallelism.pp=4", "parallelism.dp=2",
+                                       "parallelism.pipeline_model_parallel_layout=Et*8|t*9|t*8|t*7L"])),
 ])
 def test_export_imports_back_to_the_same_scenario(tmp_path, scenario, sets):
     a, b, text = _roundtrip(tmp_path, scenario, sets)
@@ -181,10 +181,10 @@ def test_export_names_the_models_whose_configs_it_knows():
 
 
 def test_export_refuses_what_the_trainer_cannot_run():
-    for sets, key in ((FSDP + ["training.precision=fp8", "training.fp8_recipe=current"], "training.precision"),
-                      (FSDP + ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4"], "parallelism.cp"),
-                      (FSDP + ["training.grad_reduce_in_fp32=false"], "training.grad_reduce_in_fp32"),
-                      (FSDP + ["model=llama3-405b"], "model")):          # only its row-wise float8 config
+    for sets, key in ((merged(FSDP, ["training.precision=fp8", "training.fp8_recipe=current"]), "training.precision"),
+                      (merged(FSDP, ["parallelism.pp=1", "parallelism.cp=2", "parallelism.dp=4"]), "parallelism.cp"),
+                      (merged(FSDP, ["training.grad_reduce_in_fp32=false"]), "training.grad_reduce_in_fp32"),
+                      (merged(FSDP, ["model=llama3-405b"]), "model")):          # only its row-wise float8 config
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan-launch",
                                *[a for s in sets for a in ("--set", s)])
         assert code == 2 and key in err and "Traceback" not in err, (sets, err)

@@ -87,6 +87,19 @@ def test_query_groups_must_divide_the_heads(groups):
              expect=f"num_query_groups ({groups}) must divide num_attention_heads (32)")
 
 
+@pytest.mark.parametrize("key, value", [("moe_router_topk", 2), ("moe_ffn_hidden_size", 128),
+                                        ("moe_shared_experts", 1), ("first_k_dense_layers", 1)])
+def test_moe_keys_on_a_dense_model_are_refused(write_yaml, key, value):
+    """A dense model given a key that means something only with routed experts (it had been taken
+    without a word, the parameters those of the model without it); the keys' 'none' values pass."""
+    from conftest import base_scenario, run_json
+
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 1024}
+    _refused("memory", write_yaml(base_scenario(model={**model, key: value})),
+             expect=f"model.{key}: {value}: applies only to MoE models, and this one is dense (num_experts 0)")
+    assert run_json("memory", write_yaml(base_scenario(model={**model, key: 0})))["fits"]
+
+
 @pytest.mark.parametrize("hidden, heads", [(7, 8), (65, 4)])
 def test_hidden_size_must_divide_by_heads(write_yaml, hidden, heads):
     """Unless kv_channels gives the head width: 65 / 4 had been taken as heads of 16 (h // heads,
