@@ -212,6 +212,11 @@ def test_export_refuses_what_megatron_cannot_run(scenario, key):
     ("--num-experts 8 --moe-router-topk two", "dgx-h100-ndr:8", ["--moe-router-topk", "must be an integer"]),
     ("--hidden-dropout nan", "dgx-h100-ndr:8", ["--hidden-dropout", "finite"]),
     ("--tensor-model-parallel-size 0", "dgx-h100-ndr:8", ["--tensor-model-parallel-size 0 must be at least 1"]),
+    # where bash ends the command before flags the file gives (they had been dropped, or joined in)
+    ("\\\n      # --pipeline-model-parallel-size 2 \\\n      --tensor-model-parallel-size 2 --bf16", "dgx-h100-ndr:8",
+     ["l.sh:3:", "a comment inside the continued command ends it in bash"]),
+    ("\n    --tensor-model-parallel-size 2 --bf16", "dgx-h100-ndr:8",
+     ["l.sh:3:", "--tensor-model-parallel-size starts a command of its own in bash", "ended at line 2"]),
     ("--pipeline-model-parallel-size 0", "dgx-h100-ndr:8", ["--pipeline-model-parallel-size 0 must be at least 1"]),
     ("--context-parallel-size 0", "dgx-h100-ndr:8", ["--context-parallel-size 0 must be at least 1"]),
     ("", "dgx-h100-ndr", ["GPU count is unknown", "--cluster"]),

@@ -188,8 +188,43 @@ class Flags:
         return x
 
 
+def _check_command_ends(text: str, path: str) -> None:
+    """Where bash would end the launch's command before flags the file gives after it: a comment
+    line inside the continued command (bash ends the command there, its backslash being part of
+    the comment; the flags after it had been dropped without a word), or a flag line after the
+    command's last line, which has no trailing backslash (bash runs it as a command of its own;
+    it had been joined in). Only in a file whose command names the Python script (a file of
+    arguments alone has a flag per line)."""
+    lines = text.replace("\r", "").split("\n")
+    start = next((n for n, raw in enumerate(lines) if raw.split() and not raw.lstrip().startswith("#")
+                  and not _SHELL_CODE.match(raw.split()[0]) and re.search(r"\S+\.py\b", raw)), None)
+    if start is None:
+        return
+    continued, end = lines[start].rstrip().endswith("\\"), None
+    for n in range(start + 1, len(lines)):
+        raw, s = lines[n], lines[n].strip()
+        if end is None and continued and s.startswith("#"):
+            after = next((m for m in range(n + 1, len(lines)) if lines[m].strip()), None)
+            if raw.rstrip().endswith("\\") or (after is not None and lines[after].lstrip().startswith("--")):
+                raise ConfigError(f"a comment inside the continued command ends it in bash (the backslash after "
+                                  "a comment is part of it), so the flags after this line would not reach the "
+                                  "script: remove the line, or move the comment above the command",
+                                  file=path, line=n + 1)
+        if end is None:
+            if not continued:
+                end = n
+            else:
+                continued = raw.rstrip().endswith("\\")
+                continue
+        if s.startswith("--"):
+            raise ConfigError(f"{s.split()[0]} starts a command of its own in bash: the launch's command ended "
+                              f"at line {end} (no backslash at its end); end line {end} with a backslash to pass "
+                              "it to the script", key=s.split()[0], file=path, line=n + 1)
+
+
 def _tokens(text: str, path: str) -> list:
     """(token, line) of a launch, read as a shell reads it (continuations, comments, quotes)."""
+    _check_command_ends(text, path)
     out = []
     joined = re.sub(r"\\\r?\n", " \x00 ", text)        # a continuation keeps its line's count
     line = 1
