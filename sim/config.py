@@ -1388,7 +1388,13 @@ def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
 
 
 def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, model: ModelSpec) -> None:
-    """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP; no sliding window under cp."""
+    """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP; no sliding window under cp; no
+    sequence longer than a learned position table."""
+    if model.position_embedding_type == "learned_absolute" and t.seq_length > model.max_position_embeddings:
+        # Megatron-LM arguments.py validate_args: assert args.max_position_embeddings >= args.seq_length
+        raise err("training.seq_length", f"seq_length ({t.seq_length}) is longer than {model.name}'s learned position "
+                  f"table (max_position_embeddings {model.max_position_embeddings}): positions past it have no "
+                  "embedding; shorten the sequence or give model.max_position_embeddings")
     if cp > 1 and any(model.window_of(i) or model.chunk_of(i) for i in range(model.num_layers)):
         raise err("parallelism.context_parallel_size", f"context_parallel_size ({cp}) with sliding-window or "
                   f"chunked attention (model.window_size {model.window_size}, attention_chunk_size "

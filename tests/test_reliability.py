@@ -100,6 +100,16 @@ def test_moe_keys_on_a_dense_model_are_refused(write_yaml, key, value):
     assert run_json("memory", write_yaml(base_scenario(model={**model, key: 0})))["fits"]
 
 
+def test_a_sequence_longer_than_a_learned_position_table_is_refused():
+    """Megatron-LM asserts max_position_embeddings >= seq_length; a learned table has no row for a
+    later position (GPT-1.7B's 2,048 at 8,192 tokens had been taken). RoPE has no table: Llama 3's
+    8,192 at 32K runs (the bundled CP4 scenario)."""
+    _refused("memory", "llama3-8b-h100x16-1f1b", "--set", "model=gpt-1.7b",
+             expect="seq_length (8192) is longer than gpt-1.7b's learned position table (max_position_embeddings 2048)")
+    code, _, err = run_cli("memory", "llama3-8b-h100x64-cp4-32k", "--json")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("hidden, heads", [(7, 8), (65, 4)])
 def test_hidden_size_must_divide_by_heads(write_yaml, hidden, heads):
     """Unless kv_channels gives the head width: 65 / 4 had been taken as heads of 16 (h // heads,
