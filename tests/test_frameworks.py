@@ -97,6 +97,18 @@ def test_megatron_gradient_flags_that_contradict_exit_2(tmp_path):
     assert code == 2 and "--accumulate-allreduce-grads-in-fp32 contradicts --grad-reduce-in-bf16" in err
 
 
+def test_recompute_method_without_a_granularity_is_named_as_not_read(tmp_path):
+    """Megatron-Core reads --recompute-method and --recompute-num-layers only with full recomputation:
+    without a granularity there is none, and the note says why the flags do nothing (it had called
+    them unknown to sim5d's import, which maps them)."""
+    data, err = _import(_launch(tmp_path, BASE.format(extra="--recompute-method uniform --recompute-num-layers 2")),
+                        "--cluster", "dgx-h100-ndr:8")
+    assert data["training"]["recompute"] == "none"
+    assert ("--recompute-method and --recompute-num-layers: not read (Megatron-Core reads them with "
+            "--recompute-granularity full only)") in " ".join(err.split())
+    assert "unknown to sim5d" not in err
+
+
 def test_megatron_defaults_when_the_flags_are_absent(tmp_path):
     data, err = _import(_launch(tmp_path, BASE.format(extra="--swiglu --tensor-model-parallel-size 2")),
                         "--cluster", "dgx-h100-ndr:8")
@@ -222,8 +234,14 @@ def test_export_refuses_what_megatron_cannot_run(scenario, key):
     ("", "dgx-h100-ndr", ["GPU count is unknown", "--cluster"]),
     ("", "dgx-h100-ndr:abc", ["--cluster", "TOPOLOGY:GPUS"]),
     ("--tensor-model-parallel-size 2", "no-such-topology:8", ["no-such-topology"]),
+    # Megatron-Core's rules (transformer_config.py): full needs a method and a layer count,
+    # selective takes no layer count
     ("--recompute-granularity full --recompute-method block", "dgx-h100-ndr:8",
-     ["training.recompute_num_layers", "block needs"]),
+     ["--recompute-method block needs --recompute-num-layers"]),
+    ("--recompute-granularity full", "dgx-h100-ndr:8",
+     ["--recompute-granularity full needs --recompute-method uniform or block and --recompute-num-layers"]),
+    ("--recompute-granularity selective --recompute-num-layers 2", "dgx-h100-ndr:8",
+     ["--recompute-num-layers 2 with --recompute-granularity selective"]),
     ("--recompute-granularity full --recompute-method layerwise", "dgx-h100-ndr:8",
      ["--recompute-method", "uniform or block"]),
 ])

@@ -551,24 +551,40 @@ def _moe(f: Flags, d: dict, notes: list) -> None:
         _set(d, "training.moe_flex_dispatcher_backend", backend)
 
 
-def _recompute(f: Flags, d: dict) -> None:
+def _recompute(f: Flags, d: dict, notes: list) -> None:
+    """The recompute flags, by Megatron-Core's rules (transformer_config.py __post_init__ at
+    d98e8a6): full needs a method (uniform or block) and a layer count; selective takes no layer
+    count; without a granularity the method and count are not read (said in a note)."""
     g = f.get("--recompute-granularity")
     if f.get("--recompute-activations"):     # arguments.py validate_args: the same as granularity selective
         if g not in (None, "selective"):
             raise f.error("--recompute-activations", f"--recompute-activations (selective) and "
                           f"--recompute-granularity {g} disagree; keep one")
         g = "selective"
+    method, n = f.get("--recompute-method"), f.integer("--recompute-num-layers")
+    if g != "full" and (method is not None or n is not None):
+        given = " and ".join(x for x, v in (("--recompute-method", method), ("--recompute-num-layers", n))
+                             if v is not None)
+        if g == "selective" and n is not None:
+            raise f.error("--recompute-num-layers", f"--recompute-num-layers {n} with --recompute-granularity "
+                          "selective: Megatron-Core takes a layer count with full recomputation only")
+        notes.append(f"{given}: not read (Megatron-Core reads them with --recompute-granularity full only)")
     if g is None:
         _set(d, "training.recompute", "none")
         return
     if g not in ("full", "selective"):
         raise f.error("--recompute-granularity", f"--recompute-granularity {g!r} must be full or selective")
     if g == "full":
-        method, n = f.get("--recompute-method"), f.integer("--recompute-num-layers")
-        if method not in (None, "uniform", "block"):
-            raise f.error("--recompute-method", f"--recompute-method {method!r} must be uniform or block")
-        if n == 0:
-            raise f.error("--recompute-num-layers", "--recompute-num-layers 0: give at least 1")
+        if method not in ("uniform", "block"):
+            raise f.error("--recompute-method" if method is not None else "--recompute-granularity",
+                          f"--recompute-method {method!r} must be uniform or block" if method is not None else
+                          "--recompute-granularity full needs --recompute-method uniform or block and "
+                          "--recompute-num-layers (Megatron-Core refuses full recomputation without them)")
+        if n is None or n == 0:
+            raise f.error("--recompute-num-layers" if n == 0 else "--recompute-granularity",
+                          "--recompute-num-layers 0: give at least 1" if n == 0 else
+                          f"--recompute-method {method} needs --recompute-num-layers (layers per group for "
+                          "uniform, per pipeline stage for block)")
         if method == "block":
             _set(d, "training.recompute_method", "block")
         if n is not None and (method, n) != ("uniform", 1):
@@ -766,7 +782,7 @@ def scenario_of(f: Flags, launch: dict, *, cluster: str, gpus: int | None, name:
     _optimizer_states(f, d, notes, optimizer)
     notes += low_precision_params_note([x for x in ("--fp8-param-gather", "--fp4-param-gather") if f.get(x)],
                                        d["training"].get("precision"))
-    _recompute(f, d)
+    _recompute(f, d, notes)
     _fsdp(f, d)
     p["data_parallel_size"] = _data_parallel(launch, gpus, tp, pp, cp)
     _shared_expert_overlap(d, notes)
