@@ -172,6 +172,7 @@ def test_import_of_export_is_the_bundled_scenario(tmp_path, path):
     ["training.grad_reduce_in_fp32=true"],                                  # no flag: Megatron-LM's bf16 default
     ["training.precision=fp16", "training.grad_reduce_in_fp32=true"],       # --accumulate-allreduce-grads-in-fp32
     ["training.precision=fp16"],
+    ["parallelism.rank_order=tp-cp-ep-pp-dp"],                               # --use-tp-pp-dp-mapping
 ])
 def test_import_of_export_across_the_mapped_keys(tmp_path, sets):
     a, b = _roundtrip(SCENARIOS / "llama3-8b-h100x16-1f1b.yaml", tmp_path, sets)
@@ -205,6 +206,24 @@ def test_import_of_export_of_deepseek_v3(tmp_path):
 def test_export_refuses_what_megatron_cannot_run(scenario, key):
     code, out, err = run_cli("export", scenario)
     assert code == 2 and key in err and "Megatron-LM runs 1F1B" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "bridge"])
+@pytest.mark.parametrize("sets, key, words", [
+    (["parallelism.rank_order=pp-dp-tp-cp-ep"], "parallelism.rank_order",
+     "rank_order pp-dp-tp-cp-ep: Megatron-LM orders its ranks tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with "
+     "--use-tp-pp-dp-mapping"),
+    (["parallelism.grad_reduce=microbatch"], "parallelism.grad_reduce",
+     "grad_reduce microbatch with zero_stage <= 1"),
+])
+def test_export_refuses_a_layout_it_would_lose(fmt, sets, key, words):
+    """A rank order or a gradient-reduction schedule no flag writes: refused, not exported as the
+    default (it had come back as tp-cp-ep-dp-pp, or grad_reduce step, without a word)."""
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", fmt, *[a for s in sets for a in ("--set", s)])
+    if fmt == "bridge":
+        words = words.replace("Megatron-LM", "Megatron-Core (Megatron-Bridge's engine)").replace(
+            "--use-tp-pp-dp-mapping", "dist.use_tp_pp_dp_mapping")
+    assert code == 2 and f"error: {key}:" in err and words in " ".join(err.split()), err
 
 
 @pytest.mark.parametrize("extra,cluster,words", [

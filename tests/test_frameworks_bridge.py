@@ -249,6 +249,15 @@ def test_bad_bridge_configs_exit_2_naming_the_key(tmp_path, body, words):
         assert w in err, (w, err)
 
 
+def test_the_tp_pp_dp_rank_order_goes_through_dist(tmp_path):
+    """parallelism.rank_order tp-cp-ep-pp-dp is DistributedInitConfig's use_tp_pp_dp_mapping both ways
+    (it had been listed as no step-time setting, and exported as the default order)."""
+    sc = load_scenario("llama3-8b-h100x16-1f1b", ["parallelism.rank_order=tp-cp-ep-pp-dp"])
+    assert yaml.safe_load(export_text(sc, "bridge"))["dist"] == {"use_tp_pp_dp_mapping": True}
+    a, b = _roundtrip(sc, "bridge", tmp_path)
+    assert b == a and b["parallelism"]["rank_order"] == "tp-cp-ep-pp-dp"
+
+
 def test_a_provider_whose_shape_fields_are_absent_is_named(tmp_path):
     """model._target_ names a provider sim5d does not read the defaults of: the shape fields the
     file leaves out are named in a note with GPTModelProvider's defaults they take (the import

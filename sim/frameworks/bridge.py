@@ -125,7 +125,7 @@ _SECTION_NOT_STEP_TIME_KEYS = {
             "reduce_scatter_with_fp32_accumulation"},
     "dist": {"distributed_backend", "distributed_timeout_minutes", "align_grad_reduce", "local_rank",
              "lazy_init", "use_gloo_process_groups", "use_sharp", "high_priority_stream_groups", "nccl_communicator_config_path",
-             "use_tp_pp_dp_mapping", "external_gpu_device_mapping", "enable_megatron_core_experimental",
+             "external_gpu_device_mapping", "enable_megatron_core_experimental",
              "distributed_timeout_seconds_after_init", "disable_jit_fuser"},
     "comm_overlap": {"tp_comm_overlap_cfg", "tp_comm_bootstrap_backend", "overlap_p2p_comm", "batch_p2p_comm",
                      "overlap_param_gather_with_optimizer_step", "align_param_gather", "bucket_size",
@@ -491,6 +491,8 @@ def _optimizer(c: _Config, add) -> None:
         add("--use-torch-fsdp2", True, ("dist", "use_torch_fsdp2"))
     if mfsdp:
         add("--use-megatron-fsdp", True, mfsdp[0])
+    if c.get("dist", "use_tp_pp_dp_mapping"):       # (DistributedInitConfig: the tp-cp-ep-pp-dp rank order)
+        add("--use-tp-pp-dp-mapping", True, ("dist", "use_tp_pp_dp_mapping"))
     strategy = c.get("ddp", "data_parallel_sharding_strategy")
     if strategy is not None and (mfsdp or c.get("dist", "use_torch_fsdp2")):
         add("--data-parallel-sharding-strategy", _scalar(c, "ddp", "data_parallel_sharding_strategy", strategy),
@@ -667,7 +669,8 @@ _ELSEWHERE = {"--seq-length": ("dataset", "sequence_length"), "--micro-batch-siz
               "--tp-comm-overlap": ("comm_overlap", "tp_comm_overlap"),
               "--overlap-moe-expert-parallel-comm": ("comm_overlap", "overlap_moe_expert_parallel_comm"),
               "--data-parallel-sharding-strategy": ("ddp", "data_parallel_sharding_strategy"),
-              "--position-embedding-type": ("model", "position_embedding_type")}
+              "--position-embedding-type": ("model", "position_embedding_type"),
+              "--use-tp-pp-dp-mapping": ("dist", "use_tp_pp_dp_mapping")}
 # sim5d precision -> the mixed_precision recipe that trains it exactly (training/mixed_precision.py);
 # FP8 current scaling is written as fields: its recipe keeps the first and last layers in BF16
 _RECIPE_OF = {("bf16", None): "bf16_mixed", ("fp16", None): "fp16_mixed",
@@ -749,7 +752,8 @@ def from_scenario(sc) -> str:
         launch = megatron.from_scenario(sc, states=False)
     except ConfigError as e:           # Megatron-Bridge trains with Megatron-Core, as Megatron-LM does
         raise ConfigError(e.message.replace("Megatron-LM", "Megatron-Core (Megatron-Bridge's engine)")
-                          .replace("pretrain_gpt.py", "Megatron-Core"), key=e.key) from None
+                          .replace("pretrain_gpt.py", "Megatron-Core")
+                          .replace("--use-tp-pp-dp-mapping", "dist.use_tp_pp_dp_mapping"), key=e.key) from None
     flags, _ = megatron.parse(" ".join(launch), "<export>")
     v = {k: val for k, (val, _) in flags.values.items()}
     out: dict = {"model": {}, "train": {}, "dataset": {}, "ddp": {}, "optimizer": {}, "comm_overlap": {}}
@@ -759,7 +763,7 @@ def from_scenario(sc) -> str:
             continue
         if flag in _ELSEWHERE:
             section, key = _ELSEWHERE[flag]
-            out[section][key] = True if value is True else _export_value(flag, value)
+            out.setdefault(section, {})[key] = True if value is True else _export_value(flag, value)
         elif flag in _SWITCH_FIELD:
             continue
         elif flag in _FLAG_FIELD:

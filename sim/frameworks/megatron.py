@@ -56,7 +56,7 @@ _WHY_NOT = "hyperparameters, data, logging, checkpointing or fused kernels sim5d
 
 # flags that take a value (the others are switches); nargs+ flags take every value up to the next flag
 _SWITCHES = {
-    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--add-qkv-bias", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16", "--multi-latent-attention",
     "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split", "--squared-relu",
@@ -114,6 +114,8 @@ _BOOL = {  # switch -> (key, value when given)
     "--no-async-tensor-model-parallel-allreduce": ("training.tp_async_backward", False),
     "--overlap-moe-expert-parallel-comm": ("training.overlap_moe_expert_parallel_comm", True),
     "--moe-shared-expert-overlap": ("training.moe_shared_expert_overlap", True),
+    # megatron/training/initialize.py: order 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp' with this flag
+    "--use-tp-pp-dp-mapping": ("parallelism.rank_order", "tp-cp-ep-pp-dp"),
 }
 STATE_TYPES = {"--exp-avg-dtype": ("exp_avg_dtype", ("fp32", "fp16", "bf16", "fp8")),
                "--exp-avg-sq-dtype": ("exp_avg_sq_dtype", ("fp32", "fp16", "bf16", "fp8")),
@@ -812,6 +814,14 @@ def _shared_expert_overlap(d: dict, notes: list) -> None:
 def _refuse(sc) -> None:
     """What Megatron-LM cannot run, or sim5d cannot write as its flags: ConfigError naming the key."""
     m, p, t = sc.model, sc.parallelism, sc.training
+    if tuple(p.rank_order) not in RANK_ORDERS:
+        raise ConfigError(f"rank_order {'-'.join(p.rank_order)}: Megatron-LM orders its ranks tp-cp-ep-dp-pp, or "
+                          "tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping (megatron/training/initialize.py); no flag "
+                          "writes another order", key="parallelism.rank_order")
+    if p.zero_stage <= 1 and p.grad_reduce == "microbatch":
+        raise ConfigError("grad_reduce microbatch with zero_stage <= 1: Megatron-LM's DDP and distributed optimizer "
+                          "accumulate the gradients and reduce them once per step (no flag reduces every "
+                          "microbatch); set grad_reduce step", key="parallelism.grad_reduce")
     if m.attention_chunk_size:
         raise ConfigError("attention_chunk_size: Megatron-LM has no chunked attention (Llama 4's); no flag "
                           "writes it", key="model.attention_chunk_size")
@@ -938,10 +948,16 @@ def _moe_flags(m, t) -> list[str]:
     return out
 
 
+RANK_ORDERS = {("tp", "cp", "ep", "dp", "pp"): None, ("tp", "cp", "ep", "pp", "dp"): "--use-tp-pp-dp-mapping"}
+"""The rank orders Megatron-LM builds its groups in (initialize.py at d98e8a6), and the flag of each."""
+
+
 def _parallel_flags(p, t) -> list[str]:
     out = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
            f"--context-parallel-size {p.cp}", f"--expert-model-parallel-size {p.ep}",
            f"--expert-tensor-parallel-size {p.etp}"]
+    if RANK_ORDERS[tuple(p.rank_order)]:
+        out.append(RANK_ORDERS[tuple(p.rank_order)])
     if p.pipeline_model_parallel_layout is not None:
         out.append(f"--pipeline-model-parallel-layout {shlex.quote(p.pipeline_model_parallel_layout)}")
     elif p.vpp > 1:
