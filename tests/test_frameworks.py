@@ -208,6 +208,21 @@ def test_export_refuses_what_megatron_cannot_run(scenario, key):
     assert code == 2 and key in err and "Megatron-LM runs 1F1B" in err and "Traceback" not in err
 
 
+def test_export_takes_its_format_from_the_file_name_and_refuses_a_contradiction(tmp_path):
+    """Without --format, --out's suffix chooses, as import and --export do (export --out job.toml
+    had written a Megatron-LM shell script there, which import then failed to read as TOML); a
+    --format the name contradicts exits 2 before anything is written."""
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "c.yaml"))
+    assert code == 0, err
+    assert yaml.safe_load((tmp_path / "c.yaml").read_text())["model"]["num_layers"] == 32     # a Bridge config
+    data, _ = _import(tmp_path / "c.yaml", "--cluster", "dgx-h100-ndr:16")
+    assert data["parallelism"]["tensor_model_parallel_size"] == 2
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "megatron", "--out", str(tmp_path / "j.toml"))
+    assert code == 2 and not (tmp_path / "j.toml").exists()
+    assert (f"--out {tmp_path}/j.toml: --format megatron writes a shell script, and this name's suffix says a "
+            "torchtitan job TOML: name it .sh") in " ".join(err.split())
+
+
 @pytest.mark.parametrize("fmt", ["megatron", "bridge"])
 @pytest.mark.parametrize("sets, key, words", [
     (["parallelism.rank_order=pp-dp-tp-cp-ep"], "parallelism.rank_order",

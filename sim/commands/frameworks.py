@@ -103,6 +103,24 @@ def check_export(export: Path | None, fmt: str | None) -> None:
             raise ConfigError(f"--export-format {fmt!r} must be one of {', '.join(FORMATS)}", key="--export-format")
     if export is not None:
         check_path(export, "--export", "launch.sh")
+        check_suffix(export, fmt, "--export", "--export-format")
+
+
+_SUFFIX_FORMAT = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}
+"""The format a launch file's suffix names (sim.frameworks.format_of); others are shell scripts."""
+
+
+def check_suffix(path: Path, fmt: str | None, flag: str, format_flag: str) -> None:
+    """A launch file named for another format than the one asked for (`--format megatron --out
+    job.toml`: a shell script in a .toml file, which `sim5d import` then reads as TOML) exits 2."""
+    implied = _SUFFIX_FORMAT.get(Path(path).suffix.lower())
+    if fmt is None or implied == fmt or (implied is None and fmt in ("megatron", "torchtitan-launch")):
+        return
+    kinds = {"torchtitan": ("a torchtitan job TOML", ".toml"), "bridge": ("a Megatron-Bridge YAML", ".yaml")}
+    kind, suffix = kinds.get(fmt, ("a shell script", ".sh"))
+    raise ConfigError(f"{flag} {path}: {format_flag} {fmt} writes {kind}, and this name's suffix says "
+                      f"{kinds[implied][0] if implied else 'a shell script'}: name it {suffix}, or leave "
+                      f"{format_flag} out (the suffix then chooses)", key=flag)
 
 
 def write_export(path: Path, sc, flag: str = "--export", fmt: str | None = None, restrict: str = "--set") -> None:
@@ -165,9 +183,10 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export_cmd(
         scenario: str = typer.Argument(..., help="Scenario YAML (path or bundled scenario name)."),
-        format_: str = typer.Option("megatron", "--format", help="The framework: megatron, bridge, torchtitan "
-                                     "(a job TOML) or torchtitan-launch (run_train.sh / torchrun with a shipped "
-                                     "config and flags)."),
+        format_: Optional[str] = typer.Option(None, "--format", help="The framework: megatron, bridge, torchtitan "
+                                              "(a job TOML) or torchtitan-launch (run_train.sh / torchrun with a "
+                                              "shipped config and flags). Default: --out's suffix says (.toml "
+                                              "torchtitan, .yaml bridge), else megatron."),
         set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a key: dotted.key=value (repeatable)."),
         out: Optional[Path] = typer.Option(None, "--out", help="Launch file to write (default: stdout)."),
     ) -> None:
@@ -176,11 +195,16 @@ def register(app: typer.Typer) -> None:
         launch line); a layout the framework cannot run is refused with the reason (exit 2)."""
         from sim.config import load_scenario
 
+        if format_ is None:
+            from sim.frameworks import format_of
+
+            format_ = format_of(out) if out is not None else "megatron"
         _check_format(format_)
         if out is not None:
             from sim.report import check_path
 
             check_path(out, "--out", "launch.sh")
+            check_suffix(out, format_, "--out", "--format")
         sc = load_scenario(scenario, overrides=set_ or [])
         text = export_text(sc, format_)
         if out is None:
