@@ -218,19 +218,20 @@ def added_kernels_ns(without: dict, with_: dict, names) -> tuple:
 
 
 def with_sets(*args: str) -> list[str]:
-    """Command-line `args` where a later `--set KEY=VALUE` of a key takes the earlier one's place
-    (sim5d refuses one key set twice; these tests build their commands on shared lists)."""
+    """Command-line `args` where a later `--set KEY=VALUE` (or `--sweep-set`) of a key takes the
+    earlier one's place (sim5d refuses one key set twice; these tests build their commands on
+    shared lists)."""
     out: list = []
     where: dict = {}
     i = 0
     while i < len(args):
-        if args[i] == "--set" and i + 1 < len(args):
-            key = args[i + 1].partition("=")[0]
+        if args[i] in ("--set", "--sweep-set") and i + 1 < len(args):
+            key = (args[i], args[i + 1].partition("=")[0])
             if key in where:
                 out[where[key]] = args[i + 1]
             else:
                 where[key] = len(out) + 1
-                out += ["--set", args[i + 1]]
+                out += [args[i], args[i + 1]]
             i += 2
         else:
             out.append(args[i])

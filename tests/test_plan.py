@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, base_scenario, run_cli, run_json
+from conftest import REPO, base_scenario, run_cli, run_json, with_sets
 from sim.plan.goodput import (RunModel, daly_interval_s, optimal_interval_s, steady_goodput,
                               young_interval_s)
 from sim.plan.montecarlo import monte_carlo, simulate_run
@@ -484,7 +484,8 @@ def test_following_the_batch_hint_replans_into_the_same_folder(tmp_path):
 
     def plan(*sets):
         code, out, err = run_cli("plan", "--model", str(model), "--tokens", "20B", "--cluster", "dgx-a100-hdr:6",
-                                 *SMALL_SWEEP, *sets, "--monte-carlo", "0", "--out", str(tmp_path / "p"), "--json")
+                                 *with_sets(*SMALL_SWEEP, *sets), "--monte-carlo", "0", "--out", str(tmp_path / "p"),
+                                 "--json")
         return code, (json.loads(out)[0] if code == 0 else None), err
 
     code, first, err = plan()

@@ -611,6 +611,21 @@ def test_bound_flag_ranks_the_same_best_and_prunes_the_rest(tmp_path):
     assert len(pruned) == fast["pruned"] and all(r["reason"].startswith("lower bound") for r in pruned)
 
 
+@pytest.mark.parametrize("sets, why", [
+    (["parallelism.tp=3"], "(parallelism.tp=3): tp 3 cannot divide the 8 GPUs"),
+    (["parallelism.tp=4", "parallelism.pp=4"], "(parallelism.tp=4, parallelism.pp=4): no tp x pp x cp x dp = 8 GPUs "
+     "among them"),
+])
+def test_restrictions_that_leave_no_layout_are_named(tmp_path, sets, why):
+    """--set values no layout can have: the sweep says which (it had ended with '0 layouts
+    evaluated' and no reason), in a note and in its exit-2 error."""
+    code, out, err = run_cli("sweep", *with_sets(*TINY, *[a for s in sets for a in ("--set", s)]),
+                             "--out", str(tmp_path / "t.csv"))
+    assert code == 2
+    assert f"note: the sweep's restrictions leave no layout {why}" in " ".join(out.split())
+    assert f"0 errors; the sweep's restrictions leave no layout {why}" in " ".join(err.split())
+
+
 def test_a_sweep_that_ranks_nothing_says_why(tmp_path):
     # every layout asks for torchtitan's per-op checkpointing on an MoE model: all invalid, for
     # the one reason the sweep then prints with its count

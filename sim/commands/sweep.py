@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"no layout could be ranked (--model {model} --gpus {gpus} --topology {topology}"
                               f"{''.join(f' --set {v}' for v in set_ or [])}): {c['evaluated']:,} evaluated, "
                               f"{c['invalid']:,} invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} "
-                              f"errors; see the table {res.out}")
+                              f"errors; {res.no_layout or 'see the table ' + str(res.out)}")
 
 
 def _check_paths(html, export, export_format, out=None) -> None:

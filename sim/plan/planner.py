@@ -234,7 +234,8 @@ def _no_layout(row: dict, res, cand: Candidate) -> dict:
     hint = batch_hint(res.table, cand.gpus, res.global_batch_size, "--sweep-set")
     row.update(status="no layout", reason=(f"no layout ranked: {c['evaluated']:,} evaluated, {c['invalid']:,} "
                                             f"invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} errors"),
-               reasons=unranked_reasons(res.table) + ([hint] if hint else []))
+               reasons=([res.no_layout.replace("--set", "--sweep-set")] if res.no_layout else [])
+               + unranked_reasons(res.table) + ([hint] if hint else []))
     return row
 
 

@@ -118,6 +118,9 @@ class SweepResult:
     """The winner as a Scenario (`sweep --export`), None when none ranked."""
     global_batch_size: int = 0
     """The global batch every layout was given (the default's or --set's)."""
+    no_layout: str | None = None
+    """Why the grid held no layout at all (the --set restrictions; sim.sweep.space.no_layout_reason),
+    None when it held some. Also the first of `notes`."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,8 +505,10 @@ def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Pa
         stem = out.with_suffix("")
         plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
         plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
-    return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out,
-                       stream=spath, plots=plots, notes=[*stream_notes, *_notes(table, counts, spec, prep.global_batch_size),
+    empty = None if layouts else space.no_layout_reason(prep.grid, spec.gpus)
+    return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out, no_layout=empty,
+                       stream=spath, plots=plots, notes=[*([empty] if empty else []), *stream_notes,
+                                                         *_notes(table, counts, spec, prep.global_batch_size),
                                                          *(accuracy_notes(best_sc) if best_sc is not None else [])],
                        resumed=resumed,
                        executor=getattr(run.executor, "name", spec.executor),

@@ -249,6 +249,21 @@ def enumerate_layouts(*, gpus: int, gpus_per_node: int, num_layers: int, num_exp
     return out
 
 
+def no_layout_reason(grid: Grid, gpus: int) -> str:
+    """Why `enumerate_layouts` found no layout: the --set restrictions' values that cannot divide
+    the GPUs, else the restricted dimensions that no combination satisfies together (a sweep of
+    none had ended with '0 layouts evaluated' and no reason)."""
+    given = {k: v for k, v in asdict(grid).items() if v is not None}
+    keys = {"schedule": "parallelism.pipeline_schedule", "zero_stage": "parallelism.zero_stage",
+            "micro_batch_size": "training.micro_batch_size", "recompute": "training.recompute"}
+    short = ", ".join(f"{keys.get(k, 'parallelism.' + k)}={list(v) if len(v) > 1 else v[0]}" for k, v in given.items())
+    bad = [f"{k} {v}" for k in ("tp", "pp", "cp", "dp") for v in given.get(k, ()) if gpus % v]
+    why = (f"{', '.join(bad)} cannot divide the {gpus:,} GPUs" if bad else
+           f"no tp x pp x cp x dp = {gpus:,} GPUs among them (with pp at most the layers, vpp dividing the layers "
+           "per stage, ep dividing the experts and dp x cp)")
+    return f"the sweep's restrictions leave no layout ({short or 'none given'}): {why}"
+
+
 def _zero_le(a: int, b: int) -> bool:
     """ZeRO stage a does no more work than stage b, as the engine times them: 1 <= 2 (stage 2
     shards gradients with the same reduce-scatter as stage 1). Stage 0 (plain all-reduce,
