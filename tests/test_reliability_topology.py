@@ -5,6 +5,8 @@ file called an unknown name, and more GPUs than the topology holds named by an i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import REPO, run_cli
@@ -48,3 +50,17 @@ def test_the_bundled_topologies_keep_to_their_line_rates():
 def test_collective_names_the_flag_the_user_gave(args, words):
     code, _, err = run_cli("collective", "all_reduce", *args, "--size", "1M")
     assert code == 2 and " ".join(err.split()).startswith(f"error: {words}"), err
+
+
+@pytest.mark.parametrize("domain_nodes, bound", [(3, "NVLink + network"), (2, "network"), (4, "NVLink + network")])
+def test_the_bisection_names_what_bounds_it(domain_nodes, bound):
+    """Four GB200 trays, the first two sending: where a sending tray and a receiving one share an
+    NVLink domain the halves also meet over NVLink (3 + 1 trays per domain had been called
+    network-bound at 387 GB/s per GPU, eight times the 47 GB/s network injection); with domains of
+    two they meet over the network only, at its injection."""
+    code, out, err = run_cli("topology", "gb200-nvl72", "--nodes", "4", "--domain-nodes", str(domain_nodes))
+    assert code == 0, err
+    code, js, err = run_cli("topology", "gb200-nvl72", "--nodes", "4", "--domain-nodes", str(domain_nodes), "--json")
+    per_gpu = json.loads(js)["bisection_gbps_per_gpu"]
+    assert f"{per_gpu:.1f} GB/s per sending GPU (at most its {bound} injection)" in " ".join(out.split())
+    assert (per_gpu > 47.0) == (bound != "network")

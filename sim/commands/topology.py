@@ -101,8 +101,11 @@ def _render(s: dict) -> None:
                 highlight=False)
     if "bisection_gbps" in s:
         inside = s["num_nodes"] == 1
-        # halves inside one NVLink domain also meet over NVLink
-        bound = ("intra-node" if inside else "NVLink + network" if dom["domains"] == 1 else "network")
+        # halves that share an NVLink domain (a sending node and a receiving one in it) also meet
+        # over NVLink: the first n // 2 nodes send, node i is in domain i // nodes_per_domain
+        k, half = dom["nodes_per_domain"], s["num_nodes"] // 2
+        shared = {i // k for i in range(half)} & {i // k for i in range(half, s["num_nodes"])}
+        bound = ("intra-node" if inside else "NVLink + network" if shared else "network")
         c.print(f"bisection: {s['bisection_gbps']:.1f} GB/s from the first half of the "
                 f"{'GPUs' if inside else 'nodes'} to the second (max-flow"
                 f"{' over the GPU interconnect' if inside else ''}), {s['bisection_gbps_per_gpu']:.1f} GB/s "
