@@ -64,3 +64,13 @@ def test_the_bisection_names_what_bounds_it(domain_nodes, bound):
     per_gpu = json.loads(js)["bisection_gbps_per_gpu"]
     assert f"{per_gpu:.1f} GB/s per sending GPU (at most its {bound} injection)" in " ".join(out.split())
     assert (per_gpu > 47.0) == (bound != "network")
+
+
+def test_nvls_across_nvlink_domains_names_the_domain_rule():
+    """NVLS runs within one NVLink domain (72 GB200s of a rack), not one node: 144 span two."""
+    code, _, err = run_cli("collective", "all_reduce", "--topology", "gb200-nvl72", "--gpus", "144", "--algorithm",
+                           "nvls", "--size", "1M")
+    assert code == 2 and "needs all ranks in one NVLink domain" in err and "these 144 ranks span 2" in err
+    code, _, err = run_cli("collective", "all_reduce", "--topology", "gb200-nvl72", "--gpus", "72", "--algorithm",
+                           "nvls", "--size", "1M")
+    assert code == 0, err

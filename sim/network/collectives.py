@@ -538,8 +538,9 @@ def _check_algorithm(op: str, algorithm: str, lay: _Layout):
         raise ConfigError(f"algorithm {algorithm!r} does not apply to {op}; it runs "
                           f"{' or '.join(OP_ALGORITHMS[op])} (or auto)", key="algorithm")
     if algorithm == "nvls" and not nvls_available(lay):
-        raise ConfigError("algorithm 'nvls' needs all ranks on one node whose NVSwitch supports "
-                          "NVLink SHARP (node.nvlink.nvls_bandwidth_gbps)", key="algorithm")
+        raise ConfigError(f"algorithm 'nvls' needs all ranks in one NVLink domain (a server, or an NVL72 rack's "
+                          f"trays) whose NVSwitch supports NVLink SHARP (node.nvlink.nvls_bandwidth_gbps); these "
+                          f"{len(lay.ranks)} ranks span {lay.n_servers}", key="algorithm")
     if algorithm == "hierarchical" and len({len(s) for s in lay.servers}) != 1:
         raise ConfigError("algorithm 'hierarchical' needs the same number of ranks on every node "
                           f"(got {[len(s) for s in lay.servers]})", key="algorithm")
