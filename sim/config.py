@@ -759,6 +759,7 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
             del node[other]     # `--set pp=4` replaces the file's `pipeline_model_parallel_size`
         node[parts[-1]] = value
         lines[tuple(parts)] = f"--set {item}"   # errors about this key name the override (_where)
+        lines.setdefault((parts[0],), f"--set {item}")   # (and about a section only it gives)
     return data
 
 
@@ -1203,7 +1204,7 @@ def _load_hardware(cluster: ClusterIn, lines: dict, file: str | None) -> tuple[T
                           key="cluster.gpu" if cluster.gpu else f"gpu (in topology {topo.name})")
     except ConfigError as e:
         # the topology's own `gpu:` is located in the topology file
-        raise (e.located(file, _line(lines, ("cluster", "gpu"))) if e.key == "cluster.gpu"
+        raise (e.located(*_where(lines, ("cluster", "gpu"), file)) if e.key == "cluster.gpu"
                else e.located(topo.path or None, None)) from None
     return topo, gpu
 

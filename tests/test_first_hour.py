@@ -62,6 +62,10 @@ def test_error_about_a_set_value_names_the_set_not_a_file_line():
     # a bad key given by --set, too
     code, _, err = run_cli("memory", BUNDLED, "--set", "vpp=2")
     assert code == 2 and err.startswith("error: --set vpp=2: ") and ".yaml" not in err
+    # an unknown section, an unknown device (they had named the scenario file)
+    for item, words in (("foo.bar=1", "foo: unknown key 'foo'"), ("cluster.gpu=nosuch", "cluster.gpu: unknown device")):
+        code, _, err = run_cli("memory", BUNDLED, "--set", item)
+        assert code == 2 and err.startswith(f"error: --set {item}: {words}") and ".yaml" not in err, err
     # a rule on a key the file gave still points at the file's line
     code, _, err = run_cli("memory", BUNDLED, "--set", "training.micro_batch_size=3")
     assert code == 2 and err.startswith(f"error: {BUNDLED}:17: training.global_batch_size")

@@ -56,7 +56,8 @@ def check(name: str, pp, microbatches, chunks, keys: dict | None, names, default
     if pp * m * v > MAX_ACTIONS_PER_STEP:
         raise ConfigError(f"{k['pp']} x {k['microbatches']} x {k['chunks']} = {pp} x {m} x {v} = "
                           f"{pp * m * v:,} forward passes per step: beyond what sim5d schedules (at most "
-                          f"{MAX_ACTIONS_PER_STEP:,})", key=k["microbatches"] if m >= pp else k["pp"])
+                          f"{MAX_ACTIONS_PER_STEP:,})", key=max(((pp, k["pp"]), (m, k["microbatches"]),
+                                                                  (v, k["chunks"])))[1])   # (the largest factor)
 
     if name == "interleaved-1f1b" or (name == "combined-1f1b" and pp > 1):
         if v < 2:
