@@ -357,6 +357,8 @@ def test_a_batch_no_layout_passes_gets_a_hint(tmp_path):
     (["--set", "training.precison=bf16"], ["precison"]),
     (["--executor", "spark"], ["--executor", "spark"]),
     (["--out", "x.txt"], ["--out", ".csv or .parquet"]),
+    # a list on the batch, which is not swept: refused before the layouts (each had been invalid)
+    (["--set", "training.global_batch_size=[16,32]"], ["training.global_batch_size", "not a swept key"]),
 ])
 def test_bad_input_exits_2_with_the_key(tmp_path, args, words):
     base = [a for a in TINY]
@@ -367,7 +369,7 @@ def test_bad_input_exits_2_with_the_key(tmp_path, args, words):
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        code, out, err = run_cli("sweep", *base, *args)
+        code, out, err = run_cli("sweep", *with_sets(*base, *args))
     finally:
         os.chdir(cwd)
     assert code == 2, err

@@ -249,6 +249,12 @@ def prepare(spec: SweepSpec) -> Prepared:
     nodes = max(1, math.ceil(spec.gpus / topo.gpus_per_node))
     data = _base_data(spec, nodes)
     grid = _take_grid(data)
+    gbs = data["training"].get("global_batch_size")
+    if gbs is not None and (isinstance(gbs, bool) or not isinstance(gbs, int)):
+        # (the one-GPU probe replaces the batch: a list here had been refused by every layout, after
+        # all were enumerated, as thousands of invalid ones)
+        raise ConfigError(f"{gbs!r}: the global batch is not a swept key; give one whole number (a sweep per "
+                          "batch: one command each)", key="training.global_batch_size").located("--set", None)
     model = _probe_model(data)
     training = data["training"]
     training.setdefault("seq_length", min(model.max_position_embeddings, DEFAULT_SEQ_CAP))
