@@ -1093,9 +1093,13 @@ def _middle_chunk_layers(L: int, first, last, pp: int, vpp: int, schedule: str, 
                       f"virtual_pipeline_model_parallel_size ({vpp}): each chunk of the stage holds "
                       "the same number of layers" + _uneven_layout_hint(L, pp, vpp, first, last))
     if middle < 0 or (middle_stages == 0 and middle != 0) or (middle_stages > 0 and middle <= 0):
+        given, fixed = " + ".join(f"{w} ({n})" for w, n in (("first", first), ("last", last)) if n), L - middle
+        others = f"{middle_stages} other stage{'s' if middle_stages != 1 else ''}"
         raise err("parallelism.decoder_first_pipeline_num_layers",
-                  f"first ({first}) + last ({last}) layers leave {middle} layers for {middle_stages} "
-                  f"middle stages of a {L}-layer model")
+                  f"the {given} stage layers add up to {fixed}, more than the model's {L}" if middle < 0 else
+                  f"the {given} stage layers add up to {fixed}, not the model's {L}, and no other stage holds "
+                  "the rest" if not middle_stages else
+                  f"the {given} stage layers take all {L} of the model's layers, none left for its {others}")
     if middle_stages and middle % (middle_stages * chunks_per_pp_stage):
         if first or last:
             raise err(key, f"the {middle} layers left after first ({first}) / last ({last}) stages must be "
@@ -1383,6 +1387,9 @@ def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
                   f"moe_shared_experts x moe_ffn_hidden_size = {model.moe_shared_experts} x "
                   f"{model.moe_ffn_hidden_size} = {shared} (the shared experts' MLP width) must be "
                   f"divisible by tensor_model_parallel_size ({tp})")
+    if model.is_moe and not model.moe_router_topk:
+        raise err("model.moe_router_topk", f"is required with num_experts ({model.num_experts}): the experts each "
+                  "token is routed to (1 to num_experts)")
     if model.is_moe and not (1 <= model.moe_router_topk <= model.num_experts):
         raise err("model.moe_router_topk", f"moe_router_topk ({model.moe_router_topk}) must be between 1 and "
                   f"num_experts ({model.num_experts})")
@@ -1861,6 +1868,9 @@ def resolve_scenario_path(name_or_path: str) -> Path:
     if bundled is not None and is_file(bundled / f"{name_or_path}.yaml"):
         return bundled / f"{name_or_path}.yaml"
     names = sorted(q.stem for q in bundled.glob("*.yaml")) if bundled else []
+    if p.is_dir():
+        raise ConfigError(f"{name_or_path!r} is a folder, not a scenario file (give its YAML, e.g. "
+                          f"{p / 'scenario.yaml'}, or a bundled name)", key="SCENARIO")
     raise ConfigError(f"scenario file {name_or_path!r} not found{did_you_mean(name_or_path, names)}"
                       + (f"; bundled scenarios: {', '.join(names)}" if names else ""), key="SCENARIO")
 

@@ -13,6 +13,7 @@ through these, so they sit below all of them.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Callable, Union
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
@@ -137,6 +138,10 @@ def _known_keys(model, loc) -> list:
     return list(model.model_fields) if model is not None else []
 
 
+_YAML11_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+"""A number in exponent form, as a YAML file or --set may give one that PyYAML reads as a string."""
+
+
 def pydantic_errors(err: ValidationError, lines: dict, file: str | None, *, model=None,
                     prefix: tuple = (), reported=()) -> list:
     """Every error of a pydantic ValidationError as a ConfigError naming the file, the line (the
@@ -171,6 +176,11 @@ def pydantic_errors(err: ValidationError, lines: dict, file: str | None, *, mode
             msg = f"{given!r} must be a {'bundled preset name or a ' if path == ('model',) else ''}mapping"
         else:
             msg = f"{given!r} is not valid: {e['msg'].removeprefix('Value error, ')}"
+            if isinstance(given, str) and _YAML11_EXPONENT.match(given):
+                # YAML 1.1 (PyYAML) reads a number in exponent form only with a dot and a signed
+                # exponent: 1e3 is the string '1e3'
+                msg += (f" (YAML reads {given} as text: write the number out"
+                        + (")" if "integer" in e["msg"] else ", or with a dot and a signed exponent, e.g. 1.0e+3)"))
         where, line = _where(lines, path, file)
         key = ".".join(str(p) for p in path) or None
         if key not in skip and key not in seen:     # a union's members: the first one's error

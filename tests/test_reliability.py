@@ -100,6 +100,24 @@ def test_moe_keys_on_a_dense_model_are_refused(write_yaml, key, value):
     assert run_json("memory", write_yaml(base_scenario(model={**model, key: 0})))["fits"]
 
 
+@pytest.mark.parametrize("args, words", [
+    # a folder is not a missing file
+    (["{tmp}"], "SCENARIO: '{tmp}' is a folder, not a scenario file"),
+    # YAML 1.1 reads 1e3 as a string: the message says so
+    (["llama3-8b-h100x8-zbv", "--set", "training.global_batch_size=1e3"],
+     "'1e3' is not valid: Input should be a valid integer (YAML reads 1e3 as text: write the number out)"),
+    # a top-k the user never gave is named as missing, not as 0
+    (["llama3-8b-h100x8-zbv", "--set", "model.num_experts=4"], "model.moe_router_topk: is required with num_experts (4)"),
+    # stage layer counts: what is wrong with them, with no 'middle stage' that does not exist
+    (["llama3-8b-h100x16-1f1b", "--set", "parallelism.decoder_first_pipeline_num_layers=40"],
+     "the first (40) stage layers add up to 40, more than the model's 32"),
+    (["llama3-8b-h100x16-1f1b", "--set", "parallelism.decoder_first_pipeline_num_layers=32"],
+     "the first (32) stage layers take all 32 of the model's layers, none left for its 1 other stage"),
+])
+def test_messages_say_what_the_user_gave(tmp_path, args, words):
+    _refused("memory", *[a.format(tmp=tmp_path) for a in args], expect=words.format(tmp=tmp_path))
+
+
 def test_a_sequence_longer_than_a_learned_position_table_is_refused():
     """Megatron-LM asserts max_position_embeddings >= seq_length; a learned table has no row for a
     later position (GPT-1.7B's 2,048 at 8,192 tokens had been taken). RoPE has no table: Llama 3's
