@@ -437,8 +437,19 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
     ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ncontext_parallel_degree = 2\n'
      '[activation_checkpoint]\nmode = "none"\n', ["context_parallel_rotate_method", "all-gather"]),
     ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ntensor_parallel_degree = 3\n', ["do not divide"]),
-    ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = "8"\n', ["local_batch_size", "integer"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = "8"\n',
+     ["job.toml:5: training.local_batch_size", "integer"]),
     ("[model\nname = 1\n", ["not a TOML file"]),
+    # the key that is wrong, on its line (seq_len had been named as local_batch_size, last as first;
+    # zeros torchtitan refuses had been read as defaults)
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = -4096\n',
+     ["job.toml:5: training.seq_len (-4096) must be at least 1"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nglobal_batch_size = 0\n',
+     ["job.toml:5: training.global_batch_size (0) must be at least 1, or negative"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n'
+     'pipeline_parallel_layers_per_stage = 0\n', ["job.toml:6: parallelism.pipeline_parallel_layers_per_stage (0)"]),
+    ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\n'
+     'pipeline_parallel_last_stage_less_layers = 50\n', ["job.toml:6: parallelism.pipeline_parallel_last_stage_less"]),
 ])
 def test_bad_torchtitan_tomls_exit_2_naming_the_key(tmp_path, body, words):
     path = tmp_path / "job.toml"

@@ -175,6 +175,8 @@ class Flags:
             raise self.error(flag, f"{flag} {v!r} must be an integer") from None
         if n < 0:
             raise self.error(flag, f"{flag} {n} must not be negative")
+        if n == 0 and flag in _AT_LEAST_ONE:
+            raise self.error(flag, f"{flag} 0 must be at least 1")
         return n
 
     def number(self, flag: str):
@@ -651,17 +653,18 @@ def _fsdp(f: Flags, d: dict) -> None:
 
 _AT_LEAST_ONE = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size",
                  "--global-batch-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
-                 "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size")
+                 "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                 "--make-vocab-size-divisible-by", "--num-layers-per-virtual-pipeline-stage",
+                 "--virtual-pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank")
 """The integer flags that are sizes or counts of at least 1 (Megatron-LM's validate_args divides by
-the parallel sizes; a model or batch of 0 is none): 0 refused here, before the mapping divides by it."""
+the parallel sizes and the vocabulary multiple; a model or batch of 0 is none; 0 virtual stages had
+been read as no interleaving): 0 refused when read (Flags.integer), before the mapping divides by it."""
 
 
 def _direct(f: Flags, d: dict) -> None:
     """The flags that are one scenario key each."""
     for flag, key in _INT.items():
         v = f.integer(flag)
-        if v == 0 and flag in _AT_LEAST_ONE:
-            raise f.error(flag, f"{flag} 0 must be at least 1")
         if v is not None:
             _set(d, key, v)
     for flag, key in _FLOAT.items():

@@ -20,6 +20,8 @@ selective-op; layer-level (selective_ac_option n) is full recompute with recompu
 
 from __future__ import annotations
 
+import re
+
 from sim.errors import ConfigError
 from sim.frameworks import OPTIMIZER_STATE_KEYS, unread_notes
 
@@ -53,11 +55,28 @@ def _load(text: str, path: str) -> dict:
         raise ConfigError(f"not a TOML file: {e}", file=path) from None
 
 
+def _key_lines(text: str) -> dict:
+    """{"section.key": its line} of a TOML text's `key = value` lines under `[section]` headers
+    (tomllib keeps no positions; errors name the line as the scenario loader's do)."""
+    out, section = {}, ""
+    for n, raw in enumerate(text.splitlines(), 1):
+        s = raw.split("#", 1)[0].strip()
+        head = re.fullmatch(r"\[\s*([A-Za-z0-9_.\-]+)\s*\]", s)
+        if head:
+            section = head.group(1)
+            continue
+        m = re.match(r"([A-Za-z0-9_\-]+)\s*=", s)
+        if m:
+            out.setdefault(f"{section}.{m.group(1)}" if section else m.group(1), n)
+    return out
+
+
 class _Toml:
     """A job config's sections, with the keys read marked (the rest are reported)."""
 
-    def __init__(self, data: dict, path: str):
+    def __init__(self, data: dict, path: str, text: str | None = None):
         self.data, self.path, self.used = data, path, set()
+        self.lines = _key_lines(text) if text is not None else {}
 
     def get(self, section: str, key: str, default=None, kind=None):
         self.used.add((section, key))
@@ -66,12 +85,12 @@ class _Toml:
             raise ConfigError(f"[{section}] must be a table", key=section, file=self.path)
         v = sec.get(key, default)
         if kind is not None and v is not None and (not isinstance(v, kind) or isinstance(v, bool) and kind is int):
-            raise ConfigError(f"{section}.{key} = {v!r} must be {'an integer' if kind is int else kind.__name__}",
-                              key=f"{section}.{key}", file=self.path)
+            raise self.error(f"{section}.{key}", f"{section}.{key} = {v!r} must be "
+                             f"{'an integer' if kind is int else kind.__name__}")
         return v
 
     def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(message, key=key, file=self.path)
+        return ConfigError(message, key=key, file=self.path, line=self.lines.get(key))
 
     def unread(self) -> list:
         out = []
@@ -131,6 +150,9 @@ def _parallel(t: _Toml, gpus: int, d: dict, pp_layers: int) -> None:
     p["pipeline_schedule"] = SCHEDULES[schedule] if pp > 1 else "1f1b"
     first, last = g("pipeline_parallel_first_stage_less_layers", 1), g("pipeline_parallel_last_stage_less_layers", 1)
     per_stage = g("pipeline_parallel_layers_per_stage", None)
+    if per_stage is not None and per_stage < 1:      # (0 had been taken as not given)
+        raise t.error("parallelism.pipeline_parallel_layers_per_stage",
+                      f"parallelism.pipeline_parallel_layers_per_stage ({per_stage}) must be at least 1")
     if pp > 1:
         _split(t, p, schedule, pp_layers, first, last, per_stage)
     if cp > 1:
@@ -174,9 +196,10 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
     those flags, an even one as it is, one stage a rank with only the end stages different by
     decoder_first / last_pipeline_num_layers, any other as a pipeline_model_parallel_layout (stage
     s on its rank as torchtitan places it, looped or V-shaped)."""
-    key = "parallelism.pipeline_parallel_first_stage_less_layers"
-    if first < 0 or last < 0:
-        raise t.error(key, f"first / last stage less layers ({first}, {last}) must not be negative")
+    for name, value in (("first", first), ("last", last)):
+        if value < 0:                   # (the key that is negative, not always the first's)
+            key = f"parallelism.pipeline_parallel_{name}_stage_less_layers"
+            raise t.error(key, f"{key} ({value}) must not be negative")
     pp = p["pipeline_model_parallel_size"]
     if per_stage:
         stages = -(-(layers + first + last) // per_stage)
@@ -196,8 +219,9 @@ def _split(t: _Toml, p: dict, schedule: str, layers: int, first: int, last: int,
                       "is not modelled: sim5d's ZB-H1 holds one chunk per rank")
     try:
         sizes = stage_sizes(layers, stages, first, last)
-    except ValueError as e:
-        raise t.error(key, str(e)) from None
+    except ValueError as e:             # (the end whose count is past a stage's, else the first)
+        end = "last" if last > max(first, 1) else "first"
+        raise t.error(f"parallelism.pipeline_parallel_{end}_stage_less_layers", str(e)) from None
     if vpp > 1:
         p["virtual_pipeline_model_parallel_size"] = vpp
     if first <= 1 and last <= 1 and (layers + first + last) % stages == 0:
@@ -225,9 +249,13 @@ def _training(t: _Toml, d: dict) -> None:
     p = d["parallelism"]
     pp_mb = t.get("parallelism", "pipeline_parallel_microbatch_size", 1, int)
     micro = pp_mb if p["pipeline_model_parallel_size"] > 1 else local
-    if local < 1 or micro < 1 or seq < 1:
-        raise t.error("training.local_batch_size", "local_batch_size, pipeline_parallel_microbatch_size and seq_len "
-                      "must be at least 1")
+    for key, value, section in (("local_batch_size", local, "training"), ("seq_len", seq, "training"),
+                                ("pipeline_parallel_microbatch_size", pp_mb, "parallelism")):
+        if value < 1:                   # (the key that is wrong, not always local_batch_size)
+            raise t.error(f"{section}.{key}", f"{section}.{key} ({value}) must be at least 1")
+    if total == 0:                      # torchtitan: global_batch_size < 0 means the default; 0 is refused
+        raise t.error("training.global_batch_size", "training.global_batch_size (0) must be at least 1, or negative "
+                      "for torchtitan's default (local_batch_size x the data-parallel degree)")
     tr = d["training"]
     tr.update(seq_length=seq, micro_batch_size=micro,
               global_batch_size=total if total > 0 else local * p["data_parallel_size"])
@@ -274,7 +302,7 @@ def _training(t: _Toml, d: dict) -> None:
 
 def to_scenario(text: str, path: str, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
     """(the scenario mapping, notes for stderr) of a torchtitan job TOML."""
-    return scenario_of(_Toml(_load(text, path), path), cluster=cluster, gpus=gpus, name=name)
+    return scenario_of(_Toml(_load(text, path), path, text), cluster=cluster, gpus=gpus, name=name)
 
 
 def scenario_of(t: _Toml, *, cluster: str, gpus: int | None, name: str) -> tuple[dict, list]:
