@@ -107,6 +107,8 @@ def test_the_mxfp8_config_on_blackwell(tmp_path):
      "dgx-h100-ndr", ["num_tokens_per_microbatch_per_dp_rank", "whole sequences"]),
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --parallelism.tensor_parallel_degree two\n", "dgx-h100-ndr",
      ["--parallelism.tensor_parallel_degree", "integer"]),
+    ("NGPU=8 CONFIG=llama3_8b ./run_train.sh activation-checkpoint:full activation-checkpoint:none\n",
+     "dgx-h100-ndr", ["activation-checkpoint:none and activation-checkpoint:full (line 1) both choose"]),
     # an integer flag with no value (it had been read as 1: int(True))
     ("NGPU=8 CONFIG=llama3_8b ./run_train.sh --training.max_context_length\n", "dgx-h100-ndr",
      ["--training.max_context_length needs a value"]),

@@ -330,6 +330,9 @@ SMALL_SWEEP = ["--sweep-set", "training.seq_length=256", "--sweep-set", "trainin
     (["--cluster", "cpu-local:16"], "--cluster"),
     (["--price", "z100=2"], "--price"),
     (["--tokens", "-3T"], "--tokens"),
+    # a candidate named twice (had been deduplicated in one flag, planned twice over two)
+    (["--cluster", "dgx-a100-hdr:8,8"], "8 GPUs is given twice"),
+    (["--cluster", "dgx-a100-hdr:8", "--cluster", "dgx-a100-hdr:8"], "dgx-a100-hdr:8 is already a candidate"),
 ])
 def test_plan_bad_input_exits_2(tmp_path, args, key):
     model = tmp_path / "tiny.yaml"

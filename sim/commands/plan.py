@@ -79,7 +79,7 @@ def plan_cmd(
     from sim.plan import planner as P
 
     n_tokens = parse_tokens(tokens)
-    cands = [c for item in cluster for c in P.parse_cluster(item)]
+    cands = P.parse_clusters(list(cluster))
     deadline_days = P.parse_deadline_days(deadline) if deadline is not None else None
     budget_usd = P.parse_money_usd(budget) if budget is not None else None
     rel, flags = _reliability(failure_rate, node_failure_rate, restart_time, checkpoint_interval, async_save,

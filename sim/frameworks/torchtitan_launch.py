@@ -113,6 +113,10 @@ def _flags(args: list, path: str) -> dict:
                               file=path, line=line)
         sub = re.fullmatch(r"activation[-_]checkpoint:([\w-]+)", t)
         if sub:
+            if "activation_checkpoint" in out:      # (the last one had won without a word)
+                raise ConfigError(f"{t} and activation-checkpoint:{out['activation_checkpoint'][0]} (line "
+                                  f"{out['activation_checkpoint'][1]}) both choose the checkpointing; keep one",
+                                  key="activation_checkpoint", file=path, line=line)
             out["activation_checkpoint"] = (sub.group(1), line)
             i += 1
             continue

@@ -124,7 +124,21 @@ def parse_cluster(text: str) -> list[Candidate]:
     out = []
     for g in gpus:
         c = Candidate(topo.strip(), g)
-        if c not in out:
+        if c in out:                # (a count given twice had been dropped without a word)
+            raise ConfigError(f"--cluster {text!r}: {g} GPUs is given twice; keep one", key=key)
+        out.append(c)
+    return out
+
+
+def parse_clusters(items: list) -> list[Candidate]:
+    """The candidates of every --cluster: one candidate named twice (in one flag or two) is refused,
+    as it would be planned twice, two identical rows."""
+    out: list = []
+    for item in items:
+        for c in parse_cluster(item):
+            if c in out:
+                raise ConfigError(f"--cluster {item!r}: {c.topology}:{c.gpus} is already a candidate (an earlier "
+                                  "--cluster); keep one", key="--cluster")
             out.append(c)
     return out
 
