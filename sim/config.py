@@ -743,6 +743,7 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
             raise ConfigError(f"set twice (--set {given[key]} too); keep one", key=".".join(key),
                               file=f"--set {item[:80]}")
         given[key] = item
+        new_section = parts[0] not in data
         node = data
         for i, part in enumerate(parts[:-1]):
             if parts[0] == "model" and i == 0 and isinstance(node.get("model"), str):
@@ -759,7 +760,8 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
             del node[other]     # `--set pp=4` replaces the file's `pipeline_model_parallel_size`
         node[parts[-1]] = value
         lines[tuple(parts)] = f"--set {item}"   # errors about this key name the override (_where)
-        lines.setdefault((parts[0],), f"--set {item}")   # (and about a section only it gives)
+        if new_section:         # (and about a section only the overrides give)
+            lines.setdefault((parts[0],), f"--set {item}")
     return data
 
 
