@@ -56,7 +56,8 @@ _WHY_NOT = "hyperparameters, data, logging, checkpointing or fused kernels sim5d
 
 # flags that take a value (the others are switches); nargs+ flags take every value up to the next flag
 _SWITCHES = {
-    "--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+    "--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
     "--add-qkv-bias", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
     "--overlap-param-gather", "--tp-comm-overlap", "--bf16", "--fp16", "--multi-latent-attention",
     "--moe-pad-expert-input-to-capacity", "--account-for-embedding-in-pipeline-split", "--squared-relu",
