@@ -1397,10 +1397,13 @@ def _check_mlp_split(model: ModelSpec, tp: int, err) -> None:
                   f"num_experts ({model.num_experts})")
 
 
-def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, model: ModelSpec) -> None:
+def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, model: ModelSpec, *,
+                          table_given: bool = True) -> None:
     """Seq vs cp (zig-zag: 2 x cp chunks) and vs tp with SP; no sliding window under cp; no
-    sequence longer than a learned position table."""
-    if model.position_embedding_type == "learned_absolute" and t.seq_length > model.max_position_embeddings:
+    sequence longer than a learned position table, where the table's size was given (a preset's, an
+    HF config's or the model mapping's; a custom model's default of 2,048 rows is not the user's)."""
+    if (table_given and model.position_embedding_type == "learned_absolute"
+            and t.seq_length > model.max_position_embeddings):
         # Megatron-LM arguments.py validate_args: assert args.max_position_embeddings >= args.seq_length
         raise err("training.seq_length", f"seq_length ({t.seq_length}) is longer than {model.name}'s learned position "
                   f"table (max_position_embeddings {model.max_position_embeddings}): positions past it have no "
@@ -1570,7 +1573,8 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     _check_heads(model, tp, err)
     etp = _expert_tp(model, p, tp, cp, dp, ep, err)
     _check_mlp_split(model, tp, err)
-    _check_sequence_split(t, p, tp, cp, err, model)
+    _check_sequence_split(t, p, tp, cp, err, model, table_given=isinstance(raw.model, str) or any(
+        getattr(raw.model, k) is not None for k in ("preset", "hf_config", "max_position_embeddings")))
     cp_comm_type = _cp_comm_type(model, p, tp, cp, err)
     _check_where_they_apply(model, p, t, ep, etp, pp, schedule, err)
     m = _microbatches(t, dp, err)

@@ -221,6 +221,9 @@ def test_export_takes_its_format_from_the_file_name_and_refuses_a_contradiction(
     assert code == 2 and not (tmp_path / "j.toml").exists()
     assert (f"--out {tmp_path}/j.toml: --format megatron writes a shell script, and this name's suffix says a "
             "torchtitan job TOML: name it .sh") in " ".join(err.split())
+    # a name whose suffix names no format takes the one asked for
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "bridge", "--out", str(tmp_path / "launch"))
+    assert code == 0 and yaml.safe_load((tmp_path / "launch").read_text())["model"]["num_layers"] == 32, err
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "bridge"])

@@ -126,6 +126,13 @@ def test_a_sequence_longer_than_a_learned_position_table_is_refused():
              expect="seq_length (8192) is longer than gpt-1.7b's learned position table (max_position_embeddings 2048)")
     code, _, err = run_cli("memory", "llama3-8b-h100x64-cp4-32k", "--json")
     assert code == 0, err
+    # a custom model's table is the user's only where given (its default 2,048 rows is sim5d's)
+    custom = ["--set", "model.num_layers=4", "--set", "model.hidden_size=256", "--set", "model.num_attention_heads=4",
+              "--set", "model.vocab_size=1024", "--set", "training.seq_length=4096"]
+    code, _, err = run_cli("memory", "gpt-1.7b-a100x8-gpipe", "--set", "model={}", *custom, "--json")
+    assert code == 0, err
+    _refused("memory", "gpt-1.7b-a100x8-gpipe", "--set", "model={}", *custom, "--set",
+             "model.max_position_embeddings=2048", expect="seq_length (4096) is longer than custom's learned")
 
 
 @pytest.mark.parametrize("hidden, heads", [(7, 8), (65, 4)])

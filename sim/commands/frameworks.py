@@ -106,20 +106,23 @@ def check_export(export: Path | None, fmt: str | None) -> None:
         check_suffix(export, fmt, "--export", "--export-format")
 
 
-_SUFFIX_FORMAT = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}
-"""The format a launch file's suffix names (sim.frameworks.format_of); others are shell scripts."""
+_SUFFIX_FORMAT = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge", ".sh": "megatron"}
+"""The format a launch file's suffix names (sim.frameworks.format_of; .sh: a shell script, Megatron-LM's
+or torchtitan's launch); a name without one of these says nothing."""
 
 
 def check_suffix(path: Path, fmt: str | None, flag: str, format_flag: str) -> None:
     """A launch file named for another format than the one asked for (`--format megatron --out
-    job.toml`: a shell script in a .toml file, which `sim5d import` then reads as TOML) exits 2."""
+    job.toml`: a shell script in a .toml file, which `sim5d import` then reads as TOML) exits 2;
+    a name whose suffix names no format (`launch`, `job.txt`) takes any."""
     implied = _SUFFIX_FORMAT.get(Path(path).suffix.lower())
-    if fmt is None or implied == fmt or (implied is None and fmt in ("megatron", "torchtitan-launch")):
+    script = ("megatron", "torchtitan-launch")
+    if fmt is None or implied is None or implied == fmt or (implied == "megatron" and fmt in script):
         return
     kinds = {"torchtitan": ("a torchtitan job TOML", ".toml"), "bridge": ("a Megatron-Bridge YAML", ".yaml")}
     kind, suffix = kinds.get(fmt, ("a shell script", ".sh"))
     raise ConfigError(f"{flag} {path}: {format_flag} {fmt} writes {kind}, and this name's suffix says "
-                      f"{kinds[implied][0] if implied else 'a shell script'}: name it {suffix}, or leave "
+                      f"{kinds.get(implied, ('a shell script',))[0]}: name it {suffix}, or leave "
                       f"{format_flag} out (the suffix then chooses)", key=flag)
 
 
