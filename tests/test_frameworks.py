@@ -97,6 +97,17 @@ def test_megatron_gradient_flags_that_contradict_exit_2(tmp_path):
     assert code == 2 and "--accumulate-allreduce-grads-in-fp32 contradicts --grad-reduce-in-bf16" in err
 
 
+def test_errors_in_the_clusters_file_are_that_files_one_line_each(tmp_path):
+    """A scenario given as --cluster FILE:8 is not a topology: each of its errors on its own `error:`
+    line, located in that file (only the first had started with `error:`, all under the launch's
+    name as 'the imported launch is not a valid scenario')."""
+    scenario = SCENARIOS / "llama3-8b-h100x8-zbv.yaml"
+    code, out, err = run_cli("import", str(_launch(tmp_path, BASE.format(extra=""))), "--cluster", f"{scenario}:8")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) >= 3, err
+    assert all(x.startswith(f"error: {scenario}") for x in lines) and "imported launch" not in err
+
+
 def test_recompute_method_without_a_granularity_is_named_as_not_read(tmp_path):
     """Megatron-Core reads --recompute-method and --recompute-num-layers only with full recomputation:
     without a granularity there is none, and the note says why the flags do nothing (it had called

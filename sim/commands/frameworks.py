@@ -57,8 +57,11 @@ def import_launch(path: Path, *, cluster: str, name: str | None = None, fmt: str
     try:
         sc = build_scenario(dict(data), file=None, default_name=data["name"])
     except ConfigError as e:
-        raise ConfigError(f"the imported launch is not a valid scenario: {e.format()}", key=e.key,
-                          file=str(path)) from None
+        # each error of several on its own `error:` line; one in another file (the --cluster's
+        # topology, a device profile) is that file's, as it says, not the launch's
+        raise ConfigError.all([x if x.file else ConfigError(f"the imported launch is not a valid scenario: "
+                                                            f"{x.format()}", key=x.key, file=str(path))
+                               for x in (e.errors or (e,))]) from None
     if isinstance(data["model"], dict) and data["model"].get("name") == data["name"]:   # (named after the file)
         from sim.presets import preset_like
 
