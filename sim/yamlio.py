@@ -33,6 +33,21 @@ def _where(path: KeyPath) -> str | None:
     return ".".join(str(p) for p in path) or None
 
 
+def _merge(out: dict, key_node, value_node, path: KeyPath, lines: dict, loader, budget, nonfinite) -> None:
+    """A YAML merge key's mappings into `out` (YAML 1.1's merge type: the keys the mapping gives
+    itself win, then the first merged mapping's; they had been refused as a syntax error), each
+    merged key located at the `<<` line."""
+    sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+    for src in sources:
+        if not isinstance(src, yaml.MappingNode):
+            raise ConfigError("a merge key (<<) takes a mapping or a list of mappings", key=_where(path),
+                              line=key_node.start_mark.line + 1)
+        for key, value in _construct(src, path, {}, loader, budget, nonfinite).items():
+            if key not in out:
+                out[key] = value
+                lines[path + (key,)] = key_node.start_mark.line + 1
+
+
 def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None = None,
                nonfinite: list | None = None):
     budget = budget or _Budget()
@@ -44,8 +59,11 @@ def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None 
     if len(path) > MAX_DEPTH:
         raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", key=_where(path), line=line)
     if isinstance(node, yaml.MappingNode):
-        out = {}
+        out, merged = {}, []
         for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":       # `<<: *anchor` (or a list of them)
+                merged.append((key_node, value_node))
+                continue
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 raise ConfigError(f"keys must be strings, got {key!r}", line=key_node.start_mark.line + 1)
@@ -57,6 +75,8 @@ def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None 
                                   line=key_node.start_mark.line + 1)
             lines[path + (key,)] = key_node.start_mark.line + 1
             out[key] = _construct(value_node, path + (key,), lines, loader, budget, nonfinite)
+        for key_node, value_node in merged:
+            _merge(out, key_node, value_node, path, lines, loader, budget, nonfinite)
         return out
     if isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):     # a list item's own line (errors about it cite it)

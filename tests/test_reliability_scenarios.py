@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
+from sim.errors import ConfigError
 
 SCENARIO = str(REPO / "scenarios" / "llama3-8b-h100x16-1f1b.yaml")
 WITHIN_S = 15.0
@@ -79,6 +80,25 @@ def test_alias_bomb_file_is_refused_within_seconds(tmp_path):
     f = tmp_path / "bomb.yaml"
     f.write_text(_bomb())
     _refused_quickly("memory", str(f), expect=[str(f), "more than 200,000 values (with aliases expanded)"])
+
+
+def test_merge_keys_are_read_as_yaml_1_1_merges(tmp_path):
+    """`<<: *anchor` (or a list of them) merges the mappings, the keys the mapping gives itself
+    winning, then the first merged one's; each merged key is located at the `<<` line. They had
+    been refused as a syntax error (no constructor for the merge tag); a merge of a list is refused."""
+    from sim.yamlio import load_yaml_with_lines
+
+    f = tmp_path / "m.yaml"
+    f.write_text("a: &x {p: 1, q: 2}\nc: &y {r: 5, p: 9}\nb:\n  q: 3\n  <<: [*x, *y]\n")
+    data, lines = load_yaml_with_lines(f)
+    assert data["b"] == {"q": 3, "p": 1, "r": 5} and lines[("b", "p")] == 5 and lines[("b", "q")] == 4
+    f.write_text("a: &x [1, 2]\nb:\n  <<: *x\n")
+    with pytest.raises(ConfigError, match="a merge key \\(<<\\) takes a mapping or a list of mappings"):
+        load_yaml_with_lines(f)
+    f.write_text("name: m\nmodel: gpt-1.7b\ncluster: {topology: dgx-a100-hdr, num_nodes: 1}\n"
+                 "training: {<<: {seq_length: 2048, micro_batch_size: 1}, global_batch_size: 8}\n")
+    code, out, err = run_cli("memory", str(f), "--json")
+    assert code == 0, err
 
 
 def test_alias_bomb_in_a_set_value_is_refused_within_seconds():
