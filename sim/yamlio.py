@@ -33,6 +33,10 @@ def _where(path: KeyPath) -> str | None:
     return ".".join(str(p) for p in path) or None
 
 
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+"""The tags of a plain YAML mapping and list (any other on one is refused, not dropped)."""
+
+
 def _merge(out: dict, key_node, value_node, path: KeyPath, lines: dict, loader, budget, nonfinite) -> None:
     """A YAML merge key's mappings into `out` (YAML 1.1's merge type: the keys the mapping gives
     itself win, then the first merged mapping's; they had been refused as a syntax error), each
@@ -58,6 +62,10 @@ def _construct(node, path: KeyPath, lines: dict, loader, budget: _Budget | None 
                           "file (an alias bomb?)", key=_where(path), line=line)
     if len(path) > MAX_DEPTH:
         raise ConfigError(f"nested deeper than {MAX_DEPTH} levels", key=_where(path), line=line)
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+        # (a mapping or list's own tag, e.g. !!python/object/apply, had been dropped without a word)
+        raise ConfigError(f"the tag {node.tag.replace('tag:yaml.org,2002:', '!!')} is not read: sim5d reads plain "
+                          "mappings, lists and values", key=_where(path), line=line)
     if isinstance(node, yaml.MappingNode):
         out, merged = {}, []
         for key_node, value_node in node.value:

@@ -101,6 +101,19 @@ def test_merge_keys_are_read_as_yaml_1_1_merges(tmp_path):
     assert code == 0, err
 
 
+def test_a_tag_on_a_mapping_or_list_is_refused_not_dropped(tmp_path):
+    """`!!python/object/apply:os.system [...]` on a list had been dropped and the list read as the
+    value (nothing ran, but the file said something else); the plain tags still read."""
+    f = tmp_path / "t.yaml"
+    body = "model: gpt-1.7b\ncluster: {topology: dgx-a100-hdr, num_nodes: 1}\n"
+    f.write_text("name: !!python/object/apply:os.system [echo]\n" + body + "training: {seq_length: 2048}\n")
+    code, _, err = run_cli("memory", str(f))
+    assert code == 2 and f"{f}:1: name: the tag !!python/object/apply:os.system is not read" in err
+    f.write_text("name: !!str t\n" + body + "training: !!map {seq_length: 2048, micro_batch_size: 1, "
+                 "global_batch_size: 8}\n")
+    assert run_cli("memory", str(f))[0] == 0
+
+
 def test_alias_bomb_in_a_set_value_is_refused_within_seconds():
     """The same bomb as a `--set` value: yaml.safe_load kept its aliases shared, and the value
     checks then walked all 9^9 strings (a hang; killed after 60 s). --set values now load under
