@@ -93,8 +93,11 @@ def _scenario(scenario, items: list[str]):
 
 
 def _string_keys(data, where: str) -> None:
-    """A scenario dict's keys are strings at every level, as a YAML file's must be (an int key
-    had been a TypeError from deep in the validation)."""
+    """A scenario dict's keys are strings at every level and its values finite, as a YAML file's
+    must be (an int key had been a TypeError from deep in the validation, a NaN named by the rule
+    it compares false with: 'less than or equal to 1000')."""
+    from sim.yamlio import check_scalar
+
     if isinstance(data, Mapping):
         for k, v in data.items():
             if not isinstance(k, str):
@@ -103,6 +106,8 @@ def _string_keys(data, where: str) -> None:
     elif isinstance(data, (list, tuple)):
         for i, v in enumerate(data):
             _string_keys(v, f"{where}.{i}")
+    else:
+        check_scalar(data, where.removeprefix("scenario."))
 
 
 def _path(name: str, value) -> Path:

@@ -111,6 +111,8 @@ def test_dict_scenario_and_keyword_overrides(scenario_file):
     (lambda f: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", prune="no"), "prune", "('no') must be True or False"),
     (lambda f: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", restart="false"), "restart", "must be True or False"),
     (lambda f: api.simulate({1: 2, "model": "gpt-1.7b"}), "scenario", "keys must be strings, got 1"),
+    (lambda f: api.simulate({"model": "gpt-1.7b", "training": {"seq_length": float("nan")}}), "training.seq_length",
+     "nan is not a finite number"),
     (lambda f: api.simulate(f, out=123), "out", "(123) must be a file or folder path"),
     (lambda f: api.read_timeline(123), "path", "(123) must be a file or folder path"),
 ])
