@@ -109,16 +109,13 @@ def check_export(export: Path | None, fmt: str | None) -> None:
         check_suffix(export, fmt, "--export", "--export-format")
 
 
-_SUFFIX_FORMAT = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge", ".sh": "megatron"}
-"""The format a launch file's suffix names (sim.frameworks.format_of; .sh: a shell script, Megatron-LM's
-or torchtitan's launch); a name without one of these says nothing."""
-
-
 def check_suffix(path: Path, fmt: str | None, flag: str, format_flag: str) -> None:
     """A launch file named for another format than the one asked for (`--format megatron --out
     job.toml`: a shell script in a .toml file, which `sim5d import` then reads as TOML) exits 2;
     a name whose suffix names no format (`launch`, `job.txt`) takes any."""
-    implied = _SUFFIX_FORMAT.get(Path(path).suffix.lower())
+    from sim.frameworks import SUFFIX_FORMATS
+
+    implied = SUFFIX_FORMATS.get(Path(path).suffix.lower())
     script = ("megatron", "torchtitan-launch")
     if fmt is None or implied is None or implied == fmt or (implied == "megatron" and fmt in script):
         return

@@ -142,8 +142,7 @@ def write_untraced(result, out: Path, charts, title: str) -> None:
         kineto.clear_traces(out / "traces")
         with contextlib.suppress(OSError):          # (other files of the user's there: kept)
             (out / "traces").rmdir()
-    stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
-    args = ({r: result.breakdowns[r] for r in stages}, stages, out / "plots" / "breakdown.png", title)
+    args = _breakdown_args(result, out / "plots", title)
     if charts is not None and charts.running:
         charts.call(draw.plot_breakdown, *args)
         if (charts.finish() or [False])[0]:
@@ -198,14 +197,21 @@ def _send_charts(charts, result, recs, pp_of: dict, by_rank: dict, mem: dict, pl
     from sim.engine.outputs import pipeline_chart
 
     pipeline = pipeline_chart(recs, pp_of, by_rank)
-    stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
     lanes = draw.one_per_stage({r: pp_of[r] for r in mem})
     peak = max((b for pts in mem.values() for _, b in pts), default=0)
     charts.call(draw.draw_pipeline, pipeline, plots / "pipeline.png", title)
-    charts.call(draw.plot_breakdown, {r: result.breakdowns[r] for r in stages}, stages, plots / "breakdown.png",
-                title)
+    charts.call(draw.plot_breakdown, *_breakdown_args(result, plots, title))
     charts.call(draw.plot_memory, {r: mem[r] for r in lanes}, lanes, result.memory.capacity_bytes,
                 plots / "memory.png", title, peak)
+
+
+def _breakdown_args(result, plots: Path, title: str) -> tuple:
+    """charts.plot_breakdown's arguments for the step: one lane per stage (its lowest rank), into
+    `plots`/breakdown.png."""
+    from sim.engine import charts as draw
+
+    stages = draw.one_per_stage({r: result.pp_rank_of[r] for r in result.breakdowns})
+    return {r: result.breakdowns[r] for r in stages}, stages, plots / "breakdown.png", title
 
 
 def _list_schedule_s(costs: list, cpus: int) -> float:

@@ -30,13 +30,18 @@ def is_launch(text: str) -> bool:
     return any(m in line.split("#", 1)[0] for line in text.splitlines() for m in LAUNCH_MARKS)
 
 
+SUFFIX_FORMATS = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge", ".sh": "megatron"}
+"""The format a launch file's suffix names (.sh: a shell script, Megatron-LM's flags or, by its text,
+torchtitan's launch); a name without one of these says nothing (`format_of` reads it as flags)."""
+
+
 def format_of(path, text: str | None = None) -> str:
     """The format a launch file's name implies: a TOML is torchtitan's, a YAML Megatron-Bridge's,
     anything else (a shell script, an argument file) Megatron-LM's flags, or torchtitan's when
     its `text` runs torchtitan's trainer (sim.frameworks.torchtitan_launch)."""
     from pathlib import Path
 
-    fmt = {".toml": "torchtitan", ".yaml": "bridge", ".yml": "bridge"}.get(Path(path).suffix.lower(), "megatron")
+    fmt = SUFFIX_FORMATS.get(Path(path).suffix.lower(), "megatron")
     return "torchtitan-launch" if fmt == "megatron" and text is not None and is_launch(text) else fmt
 
 
