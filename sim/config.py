@@ -264,7 +264,7 @@ class ParallelIn(Strict):
     stage holds one decoder layer fewer (Megatron-Core). Default false."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism over the TP group (norm/dropout activations split by tp).
-    Default false, as Megatron-LM."""
+    No effect with tp 1 (a note says so; Megatron-LM turns it off). Default false, as Megatron-LM."""
     pipeline_schedule: Optional[str] = None
     """gpipe | 1f1b | interleaved-1f1b | zb-h1 | zb-h2 | zbv | dualpipe | dualpipev. Default
     1f1b, or interleaved-1f1b when vpp > 1."""
@@ -379,7 +379,8 @@ class TrainingIn(Strict):
     Only where the master copy is fp32 and the weights bf16 (not with precision fp16 or fp32;
     `sim5d import` applies Megatron-Core's rule of when it stores them). Default false."""
     tp_comm_overlap: bool = False
-    """TP communication overlapped with GEMMs (Megatron default false)."""
+    """TP communication overlapped with GEMMs (Megatron default false). Needs sequence_parallel
+    with tp > 1 (Megatron-LM asserts it); no effect with tp 1 (a note says so)."""
     tp_async_backward: bool = True
     """The backward of a column-parallel linear (QKV projection, dense fc1) runs its TP
     collectives asynchronously, as Megatron-LM has since early 2022 and Megatron-Core always
@@ -1420,6 +1421,13 @@ def _check_sequence_split(t: TrainingIn, p: ParallelIn, tp: int, cp: int, err, m
     if p.sequence_parallel and tp > 1 and (t.seq_length // cp) % tp:
         raise err("training.seq_length", f"with sequence_parallel, seq_length / cp ({t.seq_length // cp}) "
                   f"must be divisible by tensor_model_parallel_size ({tp})")
+    if t.tp_comm_overlap and tp > 1 and not p.sequence_parallel:
+        # Megatron-LM arguments.py validate_args: 'Tensor parallel communication/GEMM overlap can
+        # happen only when sequence parallelism is enabled' (TE's userbuffers overlap the SP
+        # all-gather and reduce-scatter; without SP the TP all-reduce is not overlapped)
+        raise err("training.tp_comm_overlap", f"tp_comm_overlap with tensor_model_parallel_size {tp} needs "
+                  "parallelism.sequence_parallel: true (Megatron-LM overlaps the sequence-parallel all-gather "
+                  "and reduce-scatter with the GEMMs, and refuses it without them)")
 
 
 def _cp_comm_type(model: ModelSpec, p: ParallelIn, tp: int, cp: int, err) -> str:
@@ -1860,6 +1868,23 @@ def moe_expert_load(model: ModelSpec, t, tp: int, cp: int, sequence_parallel: bo
     mean = n * model.moe_router_topk / model.num_experts
     cap = math.ceil(mean * t.moe_expert_capacity_factor) / mean
     return cap if t.moe_pad_expert_input_to_capacity else min(t.moe_routing_imbalance, cap)
+
+
+def inert_keys(sc: Scenario) -> list[str]:
+    """A note for each key the scenario sets that has no effect on its layout (a command running it
+    says so rather than ignore it silently; a sweep's base may set them for every layout)."""
+    p, t = sc.parallelism, sc.training
+    out = []
+    if p.tp == 1 and p.sequence_parallel:
+        # Megatron-LM arguments.py validate_args: 'Disabling sequence parallelism because tensor
+        # model parallelism is disabled'
+        out.append("parallelism.sequence_parallel true has no effect with tensor_model_parallel_size 1 "
+                   "(Megatron-LM turns it off)")
+    if p.tp == 1 and t.tp_comm_overlap:
+        # Megatron-Bridge comm_overlap.py: 'Disabling tensor parallel communication overlap due to TP size < 2'
+        out.append("training.tp_comm_overlap true has no effect with tensor_model_parallel_size 1 (no "
+                   "tensor-parallel collective to overlap; Megatron-Bridge turns it off)")
+    return out
 
 
 def resolve_scenario_path(name_or_path: str) -> Path:

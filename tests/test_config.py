@@ -138,6 +138,42 @@ def test_seq_vs_two_cp(write_yaml):
     _bad(write_yaml, data, "seq_length (100)", "2 x context_parallel_size = 2 x 4 = 8")
 
 
+def test_tp_comm_overlap_needs_sequence_parallel(write_yaml):
+    """Megatron-LM's validate_args asserts that TP communication overlap has sequence
+    parallelism (the all-gather and reduce-scatter it overlaps); with tp 1 it has nothing to
+    overlap and sim5d runs it (a note says so, test_inert_keys_are_noted)."""
+    data = base_scenario(training={"tp_comm_overlap": True})
+    _bad(write_yaml, data, "training.tp_comm_overlap", "tensor_model_parallel_size 2",
+         "parallelism.sequence_parallel: true")
+    data["parallelism"]["sequence_parallel"] = True
+    assert build_scenario(data).training.tp_comm_overlap
+
+
+def test_inert_keys_are_noted(write_yaml, tmp_path):
+    """sequence_parallel and tp_comm_overlap with tp 1 change nothing (the same step, bit for bit,
+    as without them): `sim5d run` and `sim5d compare` say so on stderr, once each; tp 2 has no note."""
+    layout = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2, "data_parallel_size": 4}
+    on = base_scenario(parallelism={**layout, "sequence_parallel": True}, training={"tp_comm_overlap": True})
+    off = base_scenario(parallelism=layout)
+    steps, errs = [], []
+    for data in (on, off):
+        code, out, err = run_cli("run", write_yaml(data), "--json", "--trace-ranks", "none",
+                                 "--out", str(tmp_path / f"r{len(steps)}"))
+        assert code == 0, err
+        steps.append(json.loads(out.splitlines()[0])["step_time_s"])
+        errs.append(err)
+    assert steps[0] == steps[1]
+    assert errs[0].count("note: parallelism.sequence_parallel true has no effect with tensor_model_parallel_size 1") == 1
+    assert errs[0].count("note: training.tp_comm_overlap true has no effect with tensor_model_parallel_size 1") == 1
+    assert "has no effect" not in errs[1]
+    code, out, err = run_cli("compare", write_yaml(on), "--json")
+    assert code == 0, err
+    assert err.count(": parallelism.sequence_parallel true has no effect") == 1
+    tp2 = base_scenario(parallelism={"sequence_parallel": True}, training={"tp_comm_overlap": True})
+    code, out, err = run_cli("run", write_yaml(tp2), "--json", "--trace-ranks", "none", "--out", str(tmp_path / "t"))
+    assert code == 0 and "has no effect" not in err, err
+
+
 def test_unknown_keys_with_suggestion(write_yaml):
     data = base_scenario()
     data["parallelism"]["tensor_model_parallel_sise"] = 2

@@ -170,11 +170,12 @@ def test_tp_comm_overlap_runs_under_the_next_kernel_only(coll, second_start):
 
 
 def test_tp_comm_overlap_shortens_the_step_but_not_below_compute():
+    # (with sequence parallelism, which TP overlap needs: Megatron-LM asserts it)
     base = _run(_scenario(tp=1, pp=1, dp=1), FixedNetwork(coll=7))[0]
-    exposed = _run(_scenario(tp=2, pp=1, dp=1), FixedNetwork(coll=7))[0]
+    exposed = _run(_scenario(tp=2, pp=1, dp=1, sequence_parallel=True), FixedNetwork(coll=7))[0]
     data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1024},
                          training={"global_batch_size": 8, "seq_length": 128, "tp_comm_overlap": True})
-    data["parallelism"] = {"tp": 2, "pp": 1, "dp": 1}
+    data["parallelism"] = {"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True}
     overlapped = _run(build_scenario(data), FixedNetwork(coll=7))[0]
     m = 8
     # every collective is hidden except the last of each forward (the LM head costs 0 here,

@@ -204,6 +204,25 @@ def test_the_vocabulary_is_padded_only_when_the_config_says_so(tmp_path):
     assert data["model"]["vocab_size"] == 50257
 
 
+@pytest.mark.parametrize("tp, sp, why", [(2, "true", None), (2, "false", "sequence_parallel=False"),
+                                       (1, "true", "TP size < 2")])
+def test_bridge_tp_overlap_is_turned_off_as_comm_overlap_config_does(tmp_path, tp, sp, why):
+    """Megatron-Bridge's CommOverlapConfig (comm_overlap.py _get_model_comm_overlap_cfgs) turns
+    tp_comm_overlap off, warning, under TP size < 2 or sequence_parallel false: the import
+    does the same and says so, rather than refuse what Bridge runs."""
+    text = (RUN_CONFIG.replace("  tensor_model_parallel_size: 2\n", f"  tensor_model_parallel_size: {tp}\n")
+            .replace("  sequence_parallel: true\n", f"  sequence_parallel: {sp}\n"))
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    data, err = _import(path, "--cluster", "dgx-h100-ndr:32")
+    assert data["training"].get("tp_comm_overlap", False) is (why is None)
+    if why is None:
+        assert "turns tensor-parallel communication overlap off" not in err
+    else:
+        assert f"comm_overlap.tp_comm_overlap true: Megatron-Bridge turns tensor-parallel communication overlap " \
+               f"off ({why})" in err
+
+
 def test_bridge_defaults_where_the_file_is_silent(tmp_path):
     path = tmp_path / "o.yaml"
     path.write_text(textwrap.dedent("""\

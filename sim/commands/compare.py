@@ -113,11 +113,13 @@ def _goodput(rows: list[dict], overrides: list, tokens: float | None) -> None:
     reliability keys would change it."""
     import sys
 
-    from sim.config import load_scenario
+    from sim.config import inert_keys, load_scenario
     from sim.plan.training_run import reliability_keys_given, training_run
 
     for r in rows:
         sc = load_scenario(r["file"], overrides)
+        for line in inert_keys(sc):
+            print(f"note: {r['name']}: {line}", file=sys.stderr)
         if tokens is None:
             if reliability_keys_given(sc):
                 print(f"note: {r['name']}: {', '.join(reliability_keys_given(sc))} act on the goodput-adjusted "

@@ -418,7 +418,10 @@ def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool
     else:
         print_summary(sc, summary, run, n_tokens, how, folder, html, traced)
     from sim.accuracy import notes
+    from sim.config import inert_keys
 
+    for line in inert_keys(sc):
+        print(f"note: {line}", file=sys.stderr)
     for line in notes(sc):       # how far sim5d was from measured steps like this one
         print(line, file=sys.stderr)
     check_fit(sc, memory, strict)

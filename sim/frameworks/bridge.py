@@ -322,7 +322,7 @@ def _translate(c: _Config, notes: list) -> tuple[megatron.Flags, dict, dict]:
     _attention_backend(c, add)
     _seq_and_vocab(c, add, notes)
     _batch(c, add)
-    _overlaps(c, add)
+    _overlaps(c, add, notes)
     _optimizer(c, add)
     p = _precision(c)
     opt = _optimizer_states(c, add, notes)
@@ -465,13 +465,34 @@ def _flag_of(c: _Config, add, flag: str, places: list) -> None:
         add(flag, True, given[0][0])
 
 
-def _overlaps(c: _Config, add) -> None:
-    _flag_of(c, add, "--tp-comm-overlap", [("comm_overlap", "tp_comm_overlap"), ("model", "tp_comm_overlap")])
+def _overlaps(c: _Config, add, notes: list) -> None:
+    _flag_of(c, _tp_overlap(c, add, notes), "--tp-comm-overlap",
+             [("comm_overlap", "tp_comm_overlap"), ("model", "tp_comm_overlap")])
     _flag_of(c, add, "--overlap-grad-reduce", [("comm_overlap", "overlap_grad_reduce"), ("ddp", "overlap_grad_reduce")])
     _flag_of(c, add, "--overlap-param-gather", [("comm_overlap", "overlap_param_gather"),
                                                 ("ddp", "overlap_param_gather"), ("optimizer", "overlap_param_gather")])
     _flag_of(c, add, "--overlap-moe-expert-parallel-comm", [("comm_overlap", "overlap_moe_expert_parallel_comm"),
                                                             ("model", "overlap_moe_expert_parallel_comm")])
+
+
+def _tp_overlap(c: _Config, add, notes: list):
+    """`add` for the TP overlap switch, as Bridge's CommOverlapConfig sets it up (comm_overlap.py
+    _get_model_comm_overlap_cfgs): turned off, with a warning, under TP size < 2 or
+    sequence_parallel false; here with a note instead of the flag."""
+    tp, sp = c.get("model", "tensor_model_parallel_size"), c.get("model", "sequence_parallel")
+
+    def add_tp_overlap(flag, value, where):
+        why = None
+        if tp is None or (type(tp) is int and tp < 2):          # (TransformerConfig's default tp: 1)
+            why = "TP size < 2"
+        elif sp is not True:
+            why = "sequence_parallel=False"
+        if why is None:
+            add(flag, value, where)
+        else:
+            notes.append(f"{'.'.join(where)} true: Megatron-Bridge turns tensor-parallel communication overlap "
+                         f"off ({why}), and so does sim5d")
+    return add_tp_overlap
 
 
 def _optimizer(c: _Config, add) -> None:
