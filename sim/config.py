@@ -293,7 +293,8 @@ class ParallelIn(Strict):
     always be gradient sync happening", megatron_fsdp.py no_sync), DeepSpeed ZeRO-2/3, torch
     FSDP2 in torchtitan's gradient-accumulation loop. Default: microbatch for zero_stage 2 or 3
     without pipeline parallelism, step otherwise (with PP, as torch.distributed.pipelining runs
-    FSDP2; Megatron-FSDP with PP reduces every microbatch: set it)."""
+    FSDP2; Megatron-LM's FSDPs with PP reduce every microbatch: `sim5d import` sets it, and
+    `sim5d export` to Megatron-LM or Bridge refuses ZeRO-2/3 reduced once a step)."""
 
 
 class TrainingIn(Strict):

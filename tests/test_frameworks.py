@@ -172,8 +172,8 @@ def test_import_of_export_is_the_bundled_scenario(tmp_path, path):
 @pytest.mark.parametrize("sets", [
     ["parallelism.pipeline_schedule=interleaved-1f1b", "parallelism.vpp=2"],
     ["parallelism.cp=2", "parallelism.cp_comm_type=a2a", "parallelism.dp=2"],
-    ["parallelism.zero_stage=3", "training.recompute=full"],
-    ["parallelism.zero_stage=2", "training.recompute=selective"],
+    ["parallelism.zero_stage=3", "training.recompute=full", "parallelism.grad_reduce=microbatch"],
+    ["parallelism.zero_stage=2", "training.recompute=selective", "parallelism.grad_reduce=microbatch"],
     ["training.precision=fp8", "training.fp8_recipe=current", "training.tp_comm_overlap=true"],
     ["training.precision=fp8", "training.fp8_amax_reduction=tp"],
     ["parallelism.account_for_embedding_in_pipeline_split=true",
@@ -253,6 +253,31 @@ def test_export_refuses_a_layout_it_would_lose(fmt, sets, key, words):
         words = words.replace("Megatron-LM", "Megatron-Core (Megatron-Bridge's engine)").replace(
             "--use-tp-pp-dp-mapping", "dist.use_tp_pp_dp_mapping")
     assert code == 2 and f"error: {key}:" in err and words in " ".join(err.split()), err
+
+
+@pytest.mark.parametrize("flags, reduce", [
+    ("--use-megatron-fsdp", "microbatch"),                     # optim_grads_params, the default strategy
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", "microbatch"),
+    ("--use-torch-fsdp2", "microbatch"),
+    ("--use-megatron-fsdp --data-parallel-sharding-strategy optim", "step"),
+    ("--use-distributed-optimizer", "step"),
+])
+def test_megatron_fsdp_reduces_every_microbatch_under_pipeline_parallelism(tmp_path, flags, reduce):
+    """With the gradients sharded, Megatron-LM's two FSDPs reduce-scatter every microbatch's
+    gradients, pipeline or not (Megatron-FSDP's no_sync does not stop it in a gradient-sharding
+    mode; Megatron-Core's FSDP2 wrapper has no no_sync): the import says so, where sim5d's
+    default with PP is once a step (torch.distributed.pipelining's). Its export back: the same
+    scenario; the default scenario of ZeRO-3 with PP, refused naming grad_reduce."""
+    extra = f"--pipeline-model-parallel-size 2 {flags}"
+    data, _ = _import(_launch(tmp_path, BASE.format(extra=extra)), "--cluster", "dgx-h100-ndr:8")
+    sc = build_scenario(data)
+    assert (sc.parallelism.pp, sc.parallelism.grad_reduce) == (2, reduce)
+    code, out, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "megatron",
+                             "--set", "parallelism.zero_stage=3")
+    assert code == 2 and "error: parallelism.grad_reduce: grad_reduce step with zero_stage 3: Megatron-LM's FSDP" in err
+    code, out, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "megatron",
+                             "--set", "parallelism.zero_stage=3", "--set", "parallelism.grad_reduce=microbatch")
+    assert code == 0 and "--use-megatron-fsdp" in out, err
 
 
 @pytest.mark.parametrize("extra,cluster,words", [

@@ -642,6 +642,12 @@ def _fsdp(f: Flags, d: dict) -> None:
             raise f.error("--data-parallel-sharding-strategy", f"--data-parallel-sharding-strategy {strategy!r} "
                           "must be no_shard, optim, optim_grads or optim_grads_params")
         _set(d, "parallelism.zero_stage", stage)
+        if stage >= 2:
+            # with the gradients sharded both reduce-scatter every microbatch's, under pipeline
+            # parallelism too: Megatron-FSDP's no_sync does not stop it in a gradient-sharding
+            # mode (megatron_fsdp.py), and Megatron-Core's FSDP2 wrapper has no no_sync of its own
+            # (data_parallel_base.py _BaseDataParallel.no_sync does nothing)
+            _set(d, "parallelism.grad_reduce", "microbatch")
     elif strategy is not None:
         raise f.error("--data-parallel-sharding-strategy", "--data-parallel-sharding-strategy applies with "
                       "--use-megatron-fsdp or --use-torch-fsdp2")
@@ -848,6 +854,11 @@ def _refuse(sc) -> None:
         raise ConfigError("reshard_after_forward false: sim5d's export knows no Megatron-LM flag that keeps the "
                           "gathered parameters from the forward to the backward; set it true",
                           key="parallelism.reshard_after_forward")
+    if p.zero_stage >= 2 and p.grad_reduce == "step":
+        raise ConfigError(f"grad_reduce step with zero_stage {p.zero_stage}: Megatron-LM's FSDP (Megatron-FSDP, "
+                          "torch FSDP2) reduce-scatters the sharded gradients every microbatch, with pipeline "
+                          "parallelism too (no flag reduces them once a step); set grad_reduce microbatch",
+                          key="parallelism.grad_reduce")
     if t.attention_backend != "flash":
         raise ConfigError("attention_backend unfused: export keeps Megatron-LM's default flash attention; "
                           "set training.attention_backend: flash", key="training.attention_backend")
