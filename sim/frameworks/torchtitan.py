@@ -344,6 +344,11 @@ def scenario_of(t: _Toml, *, cluster: str, gpus: int | None, name: str) -> tuple
 
 
 # --- export -----------------------------------------------------------------------------------
+MESH_ORDER = ("tp", "cp", "ep", "dp", "pp")
+"""torchtitan's rank order, fastest first, in sim5d's names (ParallelDims builds its mesh pp,
+dp_replicate, dp_shard, cp, tp from the outermost; expert parallelism is carved from dp_shard x cp)."""
+
+
 def _refuse(sc) -> None:
     """What torchtitan cannot run or sim5d cannot write as its TOML: ConfigError naming the key."""
     p, t = sc.parallelism, sc.training
@@ -353,6 +358,17 @@ def _refuse(sc) -> None:
         if getattr(t, key) not in ("fp32", False):
             raise ConfigError(f"{key} {str(getattr(t, key)).lower()}: torchtitan's AdamW keeps its state in the "
                               "parameters' fp32 (no precision-aware optimizer)", key=f"training.{key}")
+    if tuple(p.rank_order) != MESH_ORDER:
+        raise ConfigError(f"rank_order {'-'.join(p.rank_order)}: torchtitan's device mesh orders the ranks "
+                          f"{'-'.join(MESH_ORDER)} (pp, dp_replicate, dp_shard, cp, tp from the outermost, "
+                          "ParallelDims; its experts carved from dp_shard x cp); no key writes another order",
+                          key="parallelism.rank_order")
+    fsdp_reduce = "step" if p.pp > 1 else "microbatch"
+    if p.zero_stage == 3 and p.grad_reduce != fsdp_reduce:
+        raise ConfigError(f"grad_reduce {p.grad_reduce} with zero_stage 3 and pp {p.pp}: torchtitan's FSDP2 reduces "
+                          + ("once a step under torch.distributed.pipelining (its last backward)" if p.pp > 1 else
+                             "every microbatch in its gradient-accumulation loop")
+                          + f"; set grad_reduce {fsdp_reduce}", key="parallelism.grad_reduce")
     if p.zero_stage == 3 and p.dp == 1:
         raise ConfigError("zero_stage 3 over one data-parallel rank: torchtitan applies FSDP only with "
                           "data_parallel_shard_degree > 1 (ParallelDims.fsdp_enabled); set zero_stage 0",
