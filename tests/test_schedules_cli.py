@@ -213,6 +213,13 @@ def test_csv_import_skips_pytorch_comm_actions_and_validates(capsys, tmp_path):
     write_csv(build("1f1b", 2, 2), one)
     code, _, err = run_cli(capsys, "schedule", "zbv", "--from-csv", str(one))
     assert code == 2 and "zbv's V-shape placement holds 2 stages per rank" in err
+    # one chunk per rank named interleaved: 1F1B under another name (it had replayed, labelled
+    # interleaved-1f1b), refused as --chunks 1 is
+    for name in ("interleaved-1f1b", "combined-1f1b"):
+        code, _, err = run_cli(capsys, "schedule", name, "--from-csv", str(one))
+        assert code == 2 and f"(1 per rank), but {name} runs at least 2 model chunks per rank" in err, err
+    code, _, err = run_cli(capsys, "schedule", "interleaved-1f1b", "--from-csv", str(inter))
+    assert code == 0, err
     garbage = tmp_path / "garbage.csv"
     garbage.write_text("0F0,hello\n")
     with pytest.raises(ConfigError, match="garbage.csv:1: row 1 \\(rank 0\\), cell 2: 'hello' is "

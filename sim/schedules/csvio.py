@@ -102,6 +102,11 @@ def from_csv(path: str | Path, name: str, layout: str, pp: int | None = None,
             raise ConfigError(f"the file uses stages 0..{stages - 1}, which is not a whole number "
                               f"of chunks per rank for {rows} ranks; pass --chunks", file=str(p))
         chunks = stages // rows
+    if chunks < 2 and (name == "interleaved-1f1b" or (name == "combined-1f1b" and rows > 1)):
+        # (as sim.schedules.checks refuses --chunks 1 for them: the file is another schedule)
+        raise ConfigError(f"the file uses stages 0..{stages - 1} on {rows} ranks (1 per rank), but {name} runs at "
+                          "least 2 model chunks per rank: a file of one chunk per rank is 1f1b's or gpipe's "
+                          "(name it so)", file=str(p))
     if layout in ("v", "dualpipe") and chunks != 2:
         raise ConfigError(f"the file uses stages 0..{stages - 1} on {rows} ranks ({chunks} per "
                           f"rank), but {name}'s V-shape placement holds 2 stages per rank",
