@@ -156,6 +156,17 @@ def _leaf(cmd, args: list) -> tuple:
     return cmd, args
 
 
+FILE_FLAGS = ("--html", "--plot", "--csv", "--export", "--topology-out", "--scenario-out")
+"""The options that name one file to write (and --out, but for `run` and `plan`: a folder)."""
+
+
+def _names_a_file(cmd, leaf, option) -> bool:
+    """Whether `option` of the command `leaf` (of sim5d's `cmd`) names a file it writes (a path
+    there ending in '/' had been written as a file of the folder's name: pathlib drops the slash)."""
+    folders = [cmd.commands.get(name) for name in ("run", "plan")]
+    return any(o in FILE_FLAGS or (o == "--out" and leaf not in folders) for o in option.opts)
+
+
 def check_args(cmd, args: list) -> None:
     """What click would take without a word (issue #31's hostile inputs): an empty argument (an
     unset shell variable: `--out ''` had written into the working folder, `--plot ''` nothing),
@@ -181,6 +192,9 @@ def check_args(cmd, args: list) -> None:
                 raise ConfigError(f"{flag} '': an empty value (an unset shell variable?); give one", key=flag)
             if not p.multiple and p.name in given:
                 raise ConfigError(f"{flag} is given twice ({given[p.name]} and {value}); keep one", key=flag)
+            if value and value.endswith("/") and _names_a_file(cmd, leaf, p):
+                raise ConfigError(f"{flag} {value}: ends in '/', a folder, where {flag} writes a file; name the "
+                                  "file", key=flag)
             given[p.name] = value
         elif token == "":
             raise ConfigError(f"an empty argument after `{' '.join(['sim5d', *args[:len(args) - len(rest) + i]])}` "

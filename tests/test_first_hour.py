@@ -172,6 +172,24 @@ SMALL = "gpt-1.7b-a100x8-gpipe"
     (["compare", SMALL, "--plot", "{tmp}/c.png"], "--html", "c.png", "--plot names the same file; give each its own"),
     (["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr", "--out", "{tmp}/t.csv"],
      "--html", "t.csv", "--out names the same file; give each its own"),
+    # a report over one of the command's own outputs, or over the folder they go into (summary.json
+    # had held the report, the chart the sweep's; --html R had been a traceback after the step)
+    (["run", SMALL, "--out", "{tmp}/r"], "--html", "r/summary.json", "--out's summary.json names the same file; "
+     "give each its own"),
+    (["run", SMALL, "--out", "{tmp}/r"], "--html", "r/plots/pipeline.png", "--out's plots/pipeline.png names the "
+     "same file; give each its own"),
+    (["run", SMALL, "--out", "{tmp}/r"], "--html", "r", "--out names the same path; give each its own"),
+    (["run", SMALL, "--out", "{tmp}/r/s"], "--html", "r", "--out {tmp}/r/s is written inside it, as a folder; "
+     "give --html a file of its own"),
+    (["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr", "--out", "{tmp}/t.csv"],
+     "--html", "t-pareto.png", "--out's chart names the same file; give each its own"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1", "--out", "{tmp}/p"],
+     "--html", "p/plan.png", "--out's plan.png names the same file; give each its own"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1", "--out", "{tmp}/p"],
+     "--html", "p/sweeps", "--out's sweeps/ names the same path; give each its own"),
+    # a file name ending in '/' (pathlib drops it: a file of the folder's name had been written)
+    (["run", SMALL], "--html", "{tmp}/new/", "ends in '/', a folder, where --html writes a file; name the file"),
+    (["export", SMALL], "--out", "{tmp}/new/", "ends in '/', a folder, where --out writes a file; name the file"),
 ])
 def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_path, monkeypatch, command, flag,
                                                                         path, words):
@@ -184,10 +202,34 @@ def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_pat
     (tmp_path / "file").write_text("")
     steps = []
     monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1))
+    path = path.format(tmp=tmp_path)
     target = path if path.startswith("/") else str(tmp_path / path) if path else str(tmp_path)
     code, _, err = run_cli(*[c.format(tmp=tmp_path) for c in command], flag, target)
     assert code == 2 and "Traceback" not in err and not steps
     assert " ".join(err.split()) == f"error: {flag} {target}: {words.format(tmp=tmp_path)}"
+
+
+@pytest.mark.parametrize("obstacle, folder, words", [
+    ("summary.json", True, "--out's summary.json {out}/summary.json: is a folder, where a file is written"),
+    ("plots/pipeline.png", True, "--out's plots/pipeline.png {out}/plots/pipeline.png: is a folder, where a file is "
+     "written"),
+    ("traces", False, "--out's traces/ {out}/traces: is a file, where a folder is written"),
+])
+def test_run_refuses_a_folder_with_something_in_the_way_of_its_outputs(tmp_path, monkeypatch, obstacle, folder,
+                                                                       words):
+    """A folder where run writes a file, or a file where it writes a folder: exit 2 before the
+    step (IsADirectoryError / FileExistsError after it), the obstacle left as it was."""
+    import sim.engine.simulate as engine
+
+    out = tmp_path / "r"
+    (out / obstacle).parent.mkdir(parents=True, exist_ok=True)
+    (out / obstacle).mkdir() if folder else (out / obstacle).write_text("mine")
+    steps = []
+    monkeypatch.setattr(engine, "simulate", lambda *a, **k: steps.append(1))
+    code, _, err = run_cli("run", SMALL, "--out", str(out))
+    assert code == 2 and not steps and "Traceback" not in err
+    assert " ".join(err.split()).startswith(f"error: {words.format(out=out)}"), err
+    assert (out / obstacle).is_dir() if folder else (out / obstacle).read_text() == "mine"
 
 
 @pytest.mark.parametrize("args, words", [

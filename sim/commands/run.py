@@ -128,6 +128,20 @@ PER_RANK_FILES = ("timeline.csv", "timeline.parquet", "trace.json.gz", "plots/pi
 """What `sim5d run` writes of the traced ranks besides traces/ (`--trace-ranks none`: none of it)."""
 
 
+RUN_FILES = ("summary.json", "resolved.yaml", *PER_RANK_FILES, "plots/breakdown.png")
+"""Every file `sim5d run` writes (or, of an earlier run, removes) in its folder, besides traces/."""
+
+
+def check_outputs(folder: Path, html: Path | None) -> None:
+    """Before the step: the --html report is none of the run's own files nor the folder (nor a
+    folder above it), and nothing in the folder is in the way of them: a folder where a file is
+    written, a file where plots/ or traces/ is (sim.report.check_distinct)."""
+    from sim.report import check_distinct
+
+    check_distinct({**{f"--out's {name}": folder / name for name in RUN_FILES}, "--html": html},
+                   {"--out": folder, "--out's plots/": folder / "plots", "--out's traces/": folder / "traces"})
+
+
 def write_untraced(result, out: Path, charts, title: str) -> None:
     """`--trace-ranks none`'s outputs besides summary.json and resolved.yaml: the breakdown chart
     (it covers every rank), by the chart process `charts` where it runs; what an earlier run
@@ -357,11 +371,12 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
     parse_trace_ranks(trace_ranks, sc.derived.num_gpus)
     check_timeline_format(timeline or "csv")
     check_untraced(trace_ranks, html, timeline)
+    folder = out or Path("runs") / sc.name
+    check_outputs(folder, html)
     if html is not None:
         from sim.report import check_path
 
         check_path(html)
-    folder = out or Path("runs") / sc.name
     made = not folder.exists()
     check_folder(folder, "--out")
     # the traced ranks' programs, built again for their slices' args (sim.engine.slice_args),

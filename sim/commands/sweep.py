@@ -129,7 +129,10 @@ def _check_paths(html, export, export_format, out=None) -> None:
     from sim.report import check_distinct, check_path
     from sim.sweep.store import stream_path
 
+    stem = None if out is None else Path(out).with_suffix("")
     check_distinct({"--out": out, "--out's stream file": None if out is None else stream_path(Path(out)),
+                    **({} if stem is None else {"--out's chart": Path(f"{stem}-pareto.png"),
+                                                "--out's tp x pp chart": Path(f"{stem}-tp-pp.png")}),
                     "--html": html, "--export": export})
     if html is not None:
         check_path(html)

@@ -170,26 +170,55 @@ def check_chart_path(path: Path, flag: str = "--plot", example: str = "chart.png
     return check_path(path, flag, example)
 
 
-def check_distinct(paths: dict) -> None:
+def check_distinct(paths: dict, folders: dict | None = None) -> None:
     """The files a command will write ({flag: path, or None where not asked for}) must be distinct
     files: two flags naming one file, the second would overwrite the first (a sweep's table with
-    its HTML report)."""
+    its HTML report). With `folders` ({what: folder} it writes into) too: no file may be one of
+    them, or a folder another output goes into, nor be a folder already; no folder a file
+    already (`sim5d run --out R --html R/summary.json` had left summary.json holding the report,
+    `--html R` and a folder named R/summary.json had ended in a traceback)."""
     from sim.errors import ConfigError
 
     seen: dict = {}
-    for flag, path in paths.items():
-        if path is None:
-            continue
-        key = Path(path).resolve()
+    entries = [(flag, Path(path), True) for flag, path in (folders or {}).items() if path is not None]
+    entries += [(flag, Path(path), False) for flag, path in paths.items() if path is not None]
+    for flag, path, is_folder in entries:
+        key = path.resolve()
         if key in seen:
-            raise ConfigError(f"{flag} {path}: {seen[key]} names the same file; give each its own", key=flag)
-        seen[key] = flag
+            other, folder = seen[key]
+            raise ConfigError(f"{flag} {path}: {other} names the same {'path' if is_folder or folder else 'file'}; "
+                              "give each its own", key=_flag(flag))
+        seen[key] = (flag, is_folder)
+    for flag, path, is_folder in entries:
+        key = path.resolve()
+        derived = flag != _flag(flag)           # (a flag's own path: check_path / check_folder say more)
+        if derived and is_folder and key.exists() and not key.is_dir():
+            raise ConfigError(f"{flag} {path}: is a file, where a folder is written; move it or choose another "
+                              "folder", key=_flag(flag))
+        if is_folder:
+            continue
+        if derived and key.is_dir():
+            raise ConfigError(f"{flag} {path}: is a folder, where a file is written; move it or name another file",
+                              key=_flag(flag))
+        inside = next(((f, p) for f, p, _ in entries if f != flag and key in p.resolve().parents), None)
+        if inside is not None:
+            raise ConfigError(f"{flag} {path}: {inside[0]} {inside[1]} is written inside it, as a folder; give "
+                              f"{flag} a file of its own", key=_flag(flag))
+
+
+def _flag(what: str) -> str:
+    """The flag of an output check_distinct names ("--out's summary.json": --out)."""
+    return what.partition("'")[0]
 
 
 def write(path: Path, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)         # (no half-written report left beside the path)
+        raise
     return path
