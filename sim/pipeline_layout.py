@@ -33,11 +33,20 @@ class LayoutError(ValueError):
     """A layout that cannot be parsed or placed; the message states the rule."""
 
 
+def _repeat(what: str, times: str) -> str:
+    """`what` repeated `times` (digits) times, refused before it is made where it would pass
+    MAX_EXPANDED_CHARS (Et*99999999999999999 had ended in a MemoryError, 10^20 in an OverflowError)."""
+    n = int(times)
+    if len(what) * n > MAX_EXPANDED_CHARS:
+        raise LayoutError(f"repeats {what!r} {n:,} times: expands to more than {MAX_EXPANDED_CHARS:,} characters")
+    return what * n
+
+
 def _expand(text: str) -> str:
     """Expand `(group)*N` (innermost first) and `X*N` repetitions of a layout string."""
     group = re.compile(r"\(([^()]*)\)\s*\*\s*(\d+)")
     while True:
-        new = group.sub(lambda m: m.group(1) * int(m.group(2)), text)
+        new = group.sub(lambda m: _repeat(m.group(1), m.group(2)), text)
         if len(new) > MAX_EXPANDED_CHARS:
             raise LayoutError(f"expands to more than {MAX_EXPANDED_CHARS:,} characters")
         if new == text:
@@ -45,7 +54,7 @@ def _expand(text: str) -> str:
         text = new
     if "(" in text or ")" in text:
         raise LayoutError("has an unbalanced '(' or ')', or a group without '*N' after it")
-    out = re.sub(r"([A-Za-z])\s*\*\s*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    out = re.sub(r"([A-Za-z])\s*\*\s*(\d+)", lambda m: _repeat(m.group(1), m.group(2)), text)
     if len(out) > MAX_EXPANDED_CHARS:
         raise LayoutError(f"expands to more than {MAX_EXPANDED_CHARS:,} characters")
     return out

@@ -39,10 +39,19 @@ def test_list_form_and_long_names_equal_the_string_form():
     ("Et|tX|L", "'X'"),
     ("Et|(tt|L", "unbalanced"),
     ("E*|tL", "'*'"),
+    # a repetition too large is refused before it is made (MemoryError, OverflowError, or 4.9 GB)
+    ("Et*99999999999999999|t*6L", "repeats 't' 99,999,999,999,999,999 times: expands to more than 1,000,000"),
+    ("(t*6|)*99999999999999999999", r"repeats 't\*6\|' 99,999,999,999,999,999,999 times"),
+    ("(Et*6|)*999999999", r"repeats 'Et\*6\|' 999,999,999 times"),
+    ("((t|)*1000|)*1001", r"repeats 't\|t\|.*\|' 1,001 times: expands to more than 1,000,000"),
 ])
 def test_bad_strings_say_why(text, rule):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(pl.LayoutError, match=rule):
         pl.parse(text)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000     # KiB: nothing huge made
 
 
 def test_check_rules():
