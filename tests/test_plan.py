@@ -322,6 +322,7 @@ SMALL_SWEEP = ["--sweep-set", "training.seq_length=256", "--sweep-set", "trainin
     (["--checkpoint-interval", "0"], "--checkpoint-interval"),
     (["--monte-carlo", "10"], "--monte-carlo"),
     (["--monte-carlo", "0", "--seed", "3"], "--seed"),
+    (["--monte-carlo", "50", "--seed", "-1"], "--seed -1 must be 0 or more"),     # (had run, the MC 'n/a')
     (["--monte-carlo", "50", "--confidence", "1.5"], "--confidence"),
     (["--cluster", "dgx-a100-hdr"], "--cluster"),
     (["--cluster", "dgx-a100-hdr:512..64"], "--cluster"),

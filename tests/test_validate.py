@@ -182,3 +182,6 @@ def test_cli_json_and_bad_set():
     assert d["mape_pct"] == pytest.approx(sum(abs(e) for e in errs) / len(errs))
     code, out, err = run_cli("validate", "--sets", "narayanen")
     assert code == 2 and "narayanan" in out + err and "Traceback" not in out + err
+    # a set named twice (its cases had been counted twice: korthikanti's 10 as 20)
+    code, out, err = run_cli("validate", "--sets", "korthikanti,korthikanti", "--json")
+    assert code == 2 and out == "" and "error: --sets korthikanti,korthikanti: korthikanti is named twice" in err

@@ -143,6 +143,8 @@ def _monte_carlo_args(monte_carlo: int, seed, confidence) -> tuple[int, float]:
             if value is not None:
                 raise ConfigError(f"{flag} {value} applies to the Monte Carlo, which --monte-carlo 0 turns off",
                                   key=flag)
+    if seed is not None and seed < 0:
+        raise ConfigError(f"--seed {seed} must be 0 or more (a numpy SeedSequence entropy)", key="--seed")
     seed = 0 if seed is None else seed
     confidence = 0.95 if confidence is None else confidence
     if not 0.5 <= confidence < 1:

@@ -25,10 +25,13 @@ def register(app: typer.Typer) -> None:
         from sim.suggest import did_you_mean
 
         chosen = tuple(s.strip() for s in sets.split(",")) if sets else validate.SETS
-        for s in chosen:
+        for i, s in enumerate(chosen):
             if s not in validate.SETS:
                 raise ConfigError(f"unknown set {s!r}{did_you_mean(s, validate.SETS)}; one of "
                                   f"{', '.join(validate.SETS)}", key="--sets")
+            if s in chosen[:i]:
+                raise ConfigError(f"--sets {sets}: {s} is named twice (its cases would count twice in the MAPE); "
+                                  "name it once", key="--sets")
         if workers < 0:
             raise ConfigError(f"--workers ({workers}) must be >= 0", key="--workers")
         n = len(validate.cases(chosen))
