@@ -16,7 +16,7 @@ import math
 import re
 from typing import Annotated, Any, Callable, Union
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from sim.errors import ConfigError
@@ -32,6 +32,15 @@ class Strict(BaseModel):
     would parse the source of every model at import, 0.14 s of every command)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_empty(cls, v):
+        """An empty (or blank) string is refused for every key: `pipeline_schedule: ""` had been
+        taken as the default schedule, `name: ""` as the file's stem, `gpu: ""` as the topology's."""
+        if isinstance(v, str) and not v.strip():
+            raise refuse(f"{v!r} is empty: give a value, or remove the key for its default")
+        return v
 
 
 def refuse(message: str) -> PydanticCustomError:

@@ -174,6 +174,16 @@ def test_inert_keys_are_noted(write_yaml, tmp_path):
     assert code == 0 and "has no effect" not in err, err
 
 
+@pytest.mark.parametrize("section, key", [("parallelism", "pipeline_schedule"), (None, "name"),
+                                          ("cluster", "gpu"), ("training", "recompute")])
+def test_an_empty_string_is_refused_not_taken_as_the_default(write_yaml, section, key):
+    """`pipeline_schedule: ""` had run the default schedule (zbv became 1f1b, vpp 2 -> 1), `name: ""`
+    the file's stem, `gpu: ""` the topology's GPU: an empty value is refused naming the key."""
+    data = base_scenario()
+    (data.setdefault(section, {}) if section else data)[key] = " "
+    _bad(write_yaml, data, f"{section + '.' if section else ''}{key}: ' ' is empty: give a value, or remove the key")
+
+
 def test_unknown_keys_with_suggestion(write_yaml):
     data = base_scenario()
     data["parallelism"]["tensor_model_parallel_sise"] = 2
