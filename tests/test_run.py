@@ -245,6 +245,11 @@ def test_trace_ranks_keep_a_ranks_all_steps_outputs_to_the_simulated_ranks(tmp_p
     code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "bad"),
                            "--trace-ranks", "99")
     assert code == 2 and "--trace-ranks" in err and "99" in err and "Traceback" not in err
+    # `all` of a representative-ranks step: refused before it (its other ranks have no records;
+    # it had written the representatives' alone)
+    code, _, err = run_cli("run", "llama3-8b-h100x16-1f1b", "--out", str(tmp_path / "all"), "--trace-ranks", "all")
+    assert code == 2 and not (tmp_path / "all").exists()
+    assert "error: --trace-ranks all: this step simulates one rank per symmetric group" in " ".join(err.split())
 
 
 def test_trace_ranks_none_writes_the_numbers_and_the_breakdown_only(tmp_path):

@@ -37,6 +37,19 @@ def trace_ranks_of(result, spec: str | None) -> list:
     return ranks
 
 
+def check_trace_ranks(sc, spec: str | None) -> None:
+    """`--trace-ranks` checked against the scenario before its step (`parse_trace_ranks`); `all`
+    of a representative-ranks step, which has the representatives' records alone, refused (it had
+    traced them as `simulated` does, without a word)."""
+    from sim.errors import ConfigError
+
+    parse_trace_ranks(spec, sc.derived.num_gpus)
+    if spec == "all" and sc.simulation.ranks != "all":
+        raise ConfigError("--trace-ranks all: this step simulates one rank per symmetric group (simulation.ranks "
+                          "representative), which stands for the others: trace them with --trace-ranks simulated, "
+                          "or --set simulation.ranks=all to simulate and trace every rank", key="--trace-ranks")
+
+
 def parse_trace_ranks(spec: str | None, num_gpus: int | None = None):
     """`--trace-ranks` read: None, "simulated", "all", "none" or the ranks sorted; with `num_gpus` (the
     scenario's, before its step is simulated) a rank beyond them is refused too. Whether a rank
@@ -368,7 +381,7 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
 
     sc = load_scenario(scenario, overrides=overrides)
     # the flags naming outputs, checked before the step, not after it (the folder, made, last)
-    parse_trace_ranks(trace_ranks, sc.derived.num_gpus)
+    check_trace_ranks(sc, trace_ranks)
     check_timeline_format(timeline or "csv")
     check_untraced(trace_ranks, html, timeline)
     folder = out or Path("runs") / sc.name
