@@ -893,6 +893,13 @@ def _build_model(m, lines, file) -> ModelSpec:
                 raise ConfigError(f"{given[k]}: applies only to MoE models, and this one is dense (num_experts "
                                   f"{spec.num_experts}); give num_experts or remove {k}",
                                   key=f"model.{k}").located(*_where(lines, ["model", k], file))
+    if spec.is_moe and not any(spec.is_moe_layer(i) for i in range(spec.num_layers)):
+        # (the experts, the EP layout and the routing keys had been taken for a dense model)
+        k = "first_k_dense_layers" if spec.first_k_dense_layers >= spec.num_layers else "moe_layer_freq"
+        e = ConfigError(f"{getattr(spec, k)}: leaves no MoE layer among the {spec.num_layers} layers "
+                        f"(first_k_dense_layers {spec.first_k_dense_layers}, moe_layer_freq {spec.moe_layer_freq}); "
+                        "for a dense model remove num_experts", key=f"model.{k}")
+        raise e.located(*_where(lines, ["model", k], file))
     if given.get("qk_layernorm") is False and spec.multi_latent_attention:
         raise ConfigError("false with multi_latent_attention: Megatron-Core's flag builds MLA's latent norms "
                           "there (q_layernorm, kv_layernorm), which sim5d counts with MLA always; remove it or "

@@ -184,6 +184,19 @@ def test_an_empty_string_is_refused_not_taken_as_the_default(write_yaml, section
     _bad(write_yaml, data, f"{section + '.' if section else ''}{key}: ' ' is empty: give a value, or remove the key")
 
 
+def test_an_moe_model_with_no_moe_layer_is_refused(write_yaml):
+    """first_k_dense_layers of every layer had made Mixtral dense while its experts, EP and
+    routing keys were taken without a word; one MoE layer left is a valid model."""
+    data = base_scenario(model="mixtral-8x7b", cluster={"topology": "hgx-h200-ndr", "num_nodes": 2},
+                         parallelism={"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                                      "data_parallel_size": 4, "ep": 4, "sequence_parallel": True},
+                         training={"seq_length": 1024, "global_batch_size": 16})
+    _bad(write_yaml, data, "model.first_k_dense_layers: 32: leaves no MoE layer among the 32 layers",
+         overrides=["model.first_k_dense_layers=32"])
+    sc = load_scenario(write_yaml(data), ["model.first_k_dense_layers=31"])
+    assert [i for i in range(32) if sc.model.is_moe_layer(i)] == [31]
+
+
 def test_unknown_keys_with_suggestion(write_yaml):
     data = base_scenario()
     data["parallelism"]["tensor_model_parallel_sise"] = 2
