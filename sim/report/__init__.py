@@ -200,6 +200,8 @@ def check_distinct(paths: dict, folders: dict | None = None) -> None:
         if derived and key.is_dir():
             raise ConfigError(f"{flag} {path}: is a folder, where a file is written; move it or name another file",
                               key=_flag(flag))
+        if key.is_dir():                # (a flag's own folder: check_path names it and a file to give)
+            continue
         inside = next(((f, p) for f, p, _ in entries if f != flag and key in p.resolve().parents), None)
         if inside is not None:
             raise ConfigError(f"{flag} {path}: {inside[0]} {inside[1]} is written inside it, as a folder; give "
