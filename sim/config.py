@@ -1596,6 +1596,7 @@ def build_scenario(data: dict, lines: dict | None = None, *, file: str | None = 
     m = _microbatches(t, dp, err)
     layers_vs, first_layer, stage_rank, per_rank, emb_stages, loss_stages = _virtual_stages(
         model, p, pp, vpp, schedule, layout, err)
+    _check_recompute_count(t, per_rank, err)
     if pp > 1:
         _check_schedule_preconditions(schedule, pp, m, vpp, t, dp, err)
 
@@ -1708,6 +1709,21 @@ def _check_recompute_layers(t, p, err) -> None:
         raise err(key, f"recompute_num_layers {t.recompute_num_layers} (uniform groups) with zero_stage 3 is not "
                   "modelled: a group's re-run needs the parameters of all its layers, which ZeRO-3 gathers "
                   "layer by layer before each one's own backward")
+
+
+def _check_recompute_count(t, per_rank, err) -> None:
+    """recompute_num_layers at most the decoder layers a pipeline rank holds (Megatron-Core's
+    TransformerConfig: 'between 1 and num_layers_per_pipeline_rank'; a larger uniform group or
+    block is the whole chunk, which 7, 100 and 10^6 had all been without a word), and under
+    torchtitan's every-n-th a count that checkpoints at least one layer (above the most a rank
+    holds none is, while recompute said full)."""
+    n, most = t.recompute_num_layers, max(per_rank, default=0)
+    if t.recompute != "full" or n is None or n <= most:
+        return
+    raise err("training.recompute_num_layers", f"recompute_num_layers ({n}) is more than the {most} decoder layers a "
+              "pipeline rank holds at most: " + ("give 1 to " + str(most) if t.recompute_method != "every" else
+                                                   f"with recompute_method every no layer would be checkpointed; give "
+                                                   f"1 to {most}"))
 
 
 def _recompute_groups(model: ModelSpec, t, layers_vs: tuple, first_layer: tuple, loss_stages: tuple,

@@ -34,7 +34,7 @@ def test_groups_per_pipeline_chunk():
     assert _sc("uniform", 2).derived.recompute_groups == ((0, 1), (2, 3), (4, 5), (6, 7))
     assert _sc("uniform", 3).derived.recompute_groups == ((0, 1, 2), (3,), (4, 5, 6), (7,))  # the last short
     assert _sc("block", 1).derived.recompute_groups == ((0,), (4,))                     # first of each stage
-    assert _sc("block", 9).derived.recompute_groups == tuple((i,) for i in range(8))    # more than a chunk
+    assert _sc("block", 4).derived.recompute_groups == tuple((i,) for i in range(8))    # a whole chunk
     # interleaved: 4 chunks of 2 layers, each chunk's first
     vpp = _sc("block", 1, par={"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
                                "data_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
@@ -112,6 +112,15 @@ def test_config_rules():
         _sc("uniform", 2, par={"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
                                "data_parallel_size": 4, "zero_stage": 3})
     assert e.value.key == "training.recompute_num_layers" and "ZeRO-3" in str(e.value)
+
+    # at most the layers a pipeline rank holds (4 here: 8 layers over pp 2), Megatron-Core's range;
+    # more had been the whole chunk (uniform, block) or no layer at all (every) without a word
+    assert [len(g) for g in _sc("uniform", 4).derived.recompute_groups] == [4, 4]
+    for method in ("uniform", "block", "every"):
+        with pytest.raises(ConfigError) as e:
+            _sc(method, 5)
+        assert e.value.key == "training.recompute_num_layers" and \
+            "recompute_num_layers (5) is more than the 4 decoder layers a pipeline rank holds at most" in str(e.value)
 
 
 BRIDGE_RECIPE = """\
