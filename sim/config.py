@@ -319,8 +319,8 @@ class TrainingIn(Strict):
     pipeline rank holds checkpointed on its own, counted from its first chunk). Default uniform."""
     recompute_num_layers: Optional[int] = Field(None, ge=1)
     """With recompute full: the layers of a group (uniform), the checkpointed layers of each
-    pipeline chunk (block) or the interval n (every); block and every need it. Default 1 under
-    uniform: every layer on its own."""
+    pipeline chunk (block) or the interval n (every); block and every need it. At most the layers
+    a pipeline rank holds (Megatron-Core's range). Default 1 under uniform: every layer on its own."""
     recompute_modules: Optional[list[str]] = None
     """With recompute selective: the modules recomputed in the backward, Megatron-Core's
     recompute_modules (transformer_config.py): core_attn, layernorm, mla_up_proj, mlp, moe, moe_act,
