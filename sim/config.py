@@ -1908,6 +1908,20 @@ def inert_keys(sc: Scenario) -> list[str]:
         # Megatron-Bridge comm_overlap.py: 'Disabling tensor parallel communication overlap due to TP size < 2'
         out.append("training.tp_comm_overlap true has no effect with tensor_model_parallel_size 1 (no "
                    "tensor-parallel collective to overlap; Megatron-Bridge turns it off)")
+    if p.tp == 1 and not t.tp_async_backward:
+        out.append("training.tp_async_backward false has no effect with tensor_model_parallel_size 1 (no "
+                   "tensor-parallel collective in the backward)")
+    if t.overlap_param_gather and p.zero_stage == 0:
+        # Megatron-LM arguments.py: '--overlap-param-gather only supported with distributed optimizer'
+        out.append("training.overlap_param_gather true has no effect with zero_stage 0 (the parameters are not "
+                   "sharded, nothing is gathered; Megatron-LM refuses it without the distributed optimizer)")
+    single = p.dp * p.cp == 1
+    for key, on in (("training.overlap_grad_reduce true", t.overlap_grad_reduce),
+                    ("training.overlap_param_gather true", t.overlap_param_gather and p.zero_stage > 0),
+                    ("parallelism.grad_reduce microbatch", p.grad_reduce == "microbatch")):
+        if on and single:
+            out.append(f"{key} has no effect with data_parallel_size x context_parallel_size 1 (no "
+                       "data-parallel group: nothing is reduced or gathered)")
     return out
 
 

@@ -174,6 +174,28 @@ def test_inert_keys_are_noted(write_yaml, tmp_path):
     assert code == 0 and "has no effect" not in err, err
 
 
+@pytest.mark.parametrize("layout, training, note", [
+    ({"tensor_model_parallel_size": 1, "data_parallel_size": 4}, {"tp_async_backward": False},
+     "training.tp_async_backward false has no effect with tensor_model_parallel_size 1"),
+    ({}, {"overlap_param_gather": True}, "training.overlap_param_gather true has no effect with zero_stage 0"),
+    ({"data_parallel_size": 1, "tensor_model_parallel_size": 8}, {"overlap_grad_reduce": True},
+     "training.overlap_grad_reduce true has no effect with data_parallel_size x context_parallel_size 1"),
+    ({"data_parallel_size": 1, "tensor_model_parallel_size": 8, "zero_stage": 1}, {"overlap_param_gather": True},
+     "training.overlap_param_gather true has no effect with data_parallel_size x context_parallel_size 1"),
+])
+def test_more_inert_keys_are_noted_and_change_nothing(layout, training, note):
+    """Keys with nothing to act on in the layout: the step the same, bit for bit, without them,
+    and the note names the key (sim.config.inert_keys, printed by run and compare)."""
+    from sim.config import inert_keys
+    from sim.engine.simulate import simulate
+
+    par = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "data_parallel_size": 2, **layout}
+    with_it = build_scenario(base_scenario(parallelism=par, training=training))
+    without = build_scenario(base_scenario(parallelism=par))
+    assert [n for n in inert_keys(with_it) if n.startswith(note)] and not inert_keys(without)
+    assert simulate(with_it).makespan_ns == simulate(without).makespan_ns
+
+
 @pytest.mark.parametrize("section, key", [("parallelism", "pipeline_schedule"), (None, "name"),
                                           ("cluster", "gpu"), ("training", "recompute")])
 def test_an_empty_string_is_refused_not_taken_as_the_default(write_yaml, section, key):
