@@ -75,11 +75,32 @@ def parse_prices(items: list[str]) -> tuple[float | None, dict]:
         if price > MAX_PRICE_PER_GPU_HOUR_USD:      # (1e308 had made the $ figures inf: not JSON)
             raise ConfigError(f"--price {item!r}: at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} US$ per GPU-hour, "
                               "as a device profile's price", key="--price")
+        if (name.strip() in named) if sep else (default is not None):    # (the last had won, without a word)
+            raise ConfigError(f"--price {item!r}: {'a price for ' + name.strip() if sep else 'a price for every row'} "
+                              "is given twice; keep one", key="--price")
         if sep:
             named[name.strip()] = price
         else:
             default = price
     return default, named
+
+
+def check_prices_used(items: list[str], priced: list[tuple[str, str]]) -> None:
+    """Every --price prices something: `priced` holds each row's (name, device profile), and a row
+    takes its name's price, else its profile's, else the bare one. One that no row would take (a
+    profile whose every row has its own price, a bare price under named ones) is refused, not
+    left unused without a word."""
+    default, named = parse_prices(items)
+    used = set()
+    for name, gpu in priced:
+        used.add(name if name in named else gpu if gpu in named else None)
+    for name in named:
+        if name not in used:
+            raise ConfigError(f"--price {name}=...: prices nothing here: every row of {name} has a price of its own "
+                              "(a name's price is taken over its device profile's); drop one", key="--price")
+    if default is not None and None not in used:
+        raise ConfigError(f"--price {default:g}: prices nothing here: every row has a named price; drop one",
+                          key="--price")
 
 
 def cost_figures(summary: dict, tokens_per_step: float, price: float | None, tokens: float) -> dict:
@@ -154,6 +175,7 @@ def compare(paths: list[str], overrides: list[str], *, tokens: float, price_item
         if name not in known:
             raise ConfigError(f"--price {name}=...: {name!r} is neither a scenario nor a device profile of this "
                               f"comparison ({', '.join(sorted(known))})", key="--price")
+    check_prices_used(price_items, [(sc.name, sc.cluster.gpu.name) for sc in scenarios])
     from sim.sweep.executors import available_cores
 
     n = min(len(paths), workers or available_cores())

@@ -92,6 +92,13 @@ def test_text_output(write_yaml, tmp_path):
     (["--price", "cheap"], ["--price", "'cheap'"]),
     (["--price", "z100=1.0"], ["--price", "'z100'"]),
     (["--set", "training.global_batch_size=15"], ["global_batch_size (15)"]),
+    # one price given twice (the last had won), a price no row takes (it had been left unused)
+    (["--price", "a100-sxm-80gb=2", "--price", "a100-sxm-80gb=3"],
+     ["--price 'a100-sxm-80gb=3': a price for a100-sxm-80gb is given twice; keep one"]),
+    (["--price", "2", "--price", "3"], ["--price '3': a price for every row is given twice"]),
+    (["--price", "small-a100=2", "--price", "a100-sxm-80gb=3"],
+     ["--price a100-sxm-80gb=...: prices nothing here: every row of a100-sxm-80gb has a price of its own"]),
+    (["--price", "small-a100=2", "--price", "3"], ["--price 3: prices nothing here: every row has a named price"]),
 ])
 def test_bad_input_exits_2(write_yaml, tmp_path, args, words):
     a, _ = _scenarios(write_yaml)

@@ -330,6 +330,7 @@ SMALL_SWEEP = ["--sweep-set", "training.seq_length=256", "--sweep-set", "trainin
     (["--cluster", "nosuch-cluster:8"], "--cluster"),
     (["--cluster", "cpu-local:16"], "--cluster"),
     (["--price", "z100=2"], "--price"),
+    (["--price", "dgx-a100-hdr=2", "--price", "a100-sxm-80gb=3"], "--price a100-sxm-80gb=...: prices nothing here"),
     (["--tokens", "-3T"], "--tokens"),
     # a candidate named twice (had been deduplicated in one flag, planned twice over two)
     (["--cluster", "dgx-a100-hdr:8,8"], "8 GPUs is given twice"),

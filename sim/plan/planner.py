@@ -194,16 +194,18 @@ def _price_for(items: list, topo_name: str, gpu_name: str) -> tuple[float | None
 
 
 def _check_candidates(items: list, spec: PlanSpec) -> None:
-    """Every candidate's topology loads and holds its GPUs; every --price NAME is one of them."""
-    from sim.compare import parse_prices
+    """Every candidate's topology loads and holds its GPUs; every --price NAME is one of them, and
+    prices one."""
+    from sim.compare import check_prices_used, parse_prices
     from sim.devices import load_device
     from sim.topology import load_topology
 
     _, named = parse_prices(items)
-    known = set()
+    known, priced = set(), []
     for c in spec.candidates:
         topo = load_topology(c.topology, key="--cluster")
-        known |= {topo.name, load_device(topo.gpu, key=f"gpu (in topology {topo.name})").name}
+        priced.append((topo.name, load_device(topo.gpu, key=f"gpu (in topology {topo.name})").name))
+        known |= set(priced[-1])
         nodes = math.ceil(c.gpus / topo.gpus_per_node)
         if topo.max_nodes is not None and nodes > topo.max_nodes:
             raise ConfigError(f"--cluster {c.topology}:{c.gpus}: {nodes} nodes of {topo.gpus_per_node} GPUs exceed the "
@@ -212,6 +214,7 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
         if name not in known:
             raise ConfigError(f"--price {name}=...: {name!r} is neither a candidate's topology nor its device profile "
                               f"({', '.join(sorted(known))})", key="--price")
+    check_prices_used(items, priced)
 
 
 def _sweep(spec: PlanSpec, cand: Candidate) -> tuple:
