@@ -48,6 +48,8 @@ def parse_tokens(text: str) -> float:
     if not 0 < n < 1e18:
         raise ConfigError(f"--tokens {text!r} must be positive and below 1e18 (a quintillion)",
                           key="--tokens")
+    if n < 1 or n != int(n):            # (0.5 and 1.5 had been taken: a time for half a token)
+        raise ConfigError(f"--tokens {text!r} is not a whole number of tokens", key="--tokens")
     return n
 
 

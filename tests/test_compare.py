@@ -8,6 +8,7 @@ import pytest
 from conftest import base_scenario, run_cli, run_json
 from sim.compare import format_tokens, parse_tokens
 from sim.devices import load_device
+from sim.errors import ConfigError
 
 
 def _scenarios(write_yaml):
@@ -110,6 +111,10 @@ def test_bad_input_exits_2(write_yaml, tmp_path, args, words):
 
 def test_tokens_parse_and_format():
     assert parse_tokens("15T") == 15e12 and parse_tokens("300b") == 3e11 and parse_tokens("2.5e12") == 2.5e12
+    assert parse_tokens("1.5K") == 1500
+    for bad in ("0.5", "1.5", "1e-3", "1.0000005K"):
+        with pytest.raises(ConfigError, match="is not a whole number of tokens"):
+            parse_tokens(bad)
     assert format_tokens(15e12) == "15T" and format_tokens(3e11) == "300B"
 
 
