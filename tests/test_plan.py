@@ -539,6 +539,7 @@ def test_run_and_compare_print_the_goodput_adjusted_time(write_yaml, tmp_path):
     failure-free ones / goodput (GPUs x wall hours x price)."""
     path = write_yaml(base_scenario(cluster={"topology": "dgx-a100-hdr", "failure_rate_per_gpu_hour": 0.05}))
     run = run_json("run", path, "--tokens", "2B", "--out", str(tmp_path / "r"))
+    assert json.loads((tmp_path / "r" / "summary.json").read_text()) == run      # (it had lacked time_to_train)
     tt = run["time_to_train"]
     assert tt["ideal_days"] == pytest.approx(2e9 / run["tokens_per_s"] / 86400, rel=1e-12)
     assert tt["expected_days"] * tt["goodput"] == pytest.approx(tt["ideal_days"], rel=1e-12)

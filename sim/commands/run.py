@@ -432,17 +432,21 @@ def run_step(scenario: str, overrides: list, out: Path | None, trace_ranks: str 
 def print_result(sc, summary: dict, memory, how: str, n_tokens, *, as_json: bool, folder: Path,
                  html: Path | None, strict: bool, traced: bool = True) -> None:
     """What `sim5d run` prints once its outputs are written: the summary (and with --tokens the
-    time to train), or one JSON object; then the memory verdict (`check_fit`)."""
+    time to train, added to summary.json too), or one JSON object; then the memory verdict
+    (`check_fit`)."""
     from sim.plan.training_run import reliability_keys_given, training_run
 
     run = None
     if n_tokens is not None:
         run = training_run(sc, summary["step_time_s"], summary["tokens_per_s"], n_tokens)
+        # summary.json holds it too, as --json prints it (it had been in the printed text only)
+        summary = {**summary, "time_to_train": run.to_json()}
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     elif reliability_keys_given(sc):
         print(f"note: {', '.join(reliability_keys_given(sc))} act on the time to train only: pass --tokens",
               file=sys.stderr)
     if as_json:
-        typer.echo(json.dumps(summary if run is None else {**summary, "time_to_train": run.to_json()}))
+        typer.echo(json.dumps(summary))
     else:
         print_summary(sc, summary, run, n_tokens, how, folder, html, traced)
     from sim.accuracy import notes
@@ -482,7 +486,7 @@ def print_summary(sc, summary: dict, run, n_tokens, how: str, folder: Path, html
     con = Console()
     con.print(f"[bold]{sc.name}[/bold]: {sc.model.name} on {sc.derived.num_gpus} x {sc.cluster.gpu.name}")
     for k, v in summary.items():
-        if k in ("name", "memory"):
+        if k in ("name", "memory", "time_to_train"):
             continue
         con.print(f"  {k:24s} {v:.4g}" if isinstance(v, float) else f"  {k:24s} {v}")
     if run is not None:
