@@ -760,6 +760,12 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
         aliases = SECTION_ALIASES.get(parts[0], {}) if len(parts) == 2 else {}
         for other in [k for k in node if k != parts[-1] and aliases.get(k, k) == key[-1]]:
             del node[other]     # `--set pp=4` replaces the file's `pipeline_model_parallel_size`
+        old = node.get(parts[-1])
+        dropped = [k for k in old if k not in value] if isinstance(old, dict) and isinstance(value, dict) else []
+        if dropped:             # (the file's other keys had been dropped: recompute selective became none)
+            raise ConfigError(f"replaces the whole mapping, dropping {', '.join(map(str, dropped[:6]))}"
+                              f"{', ...' if len(dropped) > 6 else ''}: set its keys one by one (--set "
+                              f"{'.'.join(parts)}.KEY=VALUE)", key=".".join(parts), file=f"--set {item[:80]}")
         node[parts[-1]] = value
         lines[tuple(parts)] = f"--set {item}"   # errors about this key name the override (_where)
         if new_section:         # (and about a section only the overrides give)

@@ -275,6 +275,14 @@ def test_precision_must_exist_on_device(write_yaml):
 def test_bad_set_flag(write_yaml):
     _bad(write_yaml, base_scenario(), "--set", "dotted.key=value", overrides=["training"])
     _bad(write_yaml, base_scenario(), "parallelism.tpx", overrides=["parallelism.tpx=2"])
+    # a mapping over a section of the file drops its other keys: refused, naming them (the file's
+    # recompute: selective had become none without a word); one that keeps them all replaces it
+    data = base_scenario(training={"recompute": "selective"})
+    _bad(write_yaml, data, "error: --set training={seq_length: 512}: training: replaces the whole mapping, dropping "
+         "micro_batch_size, global_batch_size, recompute: set its keys one by one", overrides=["training={seq_length: 512}"])
+    sc = load_scenario(write_yaml(data), ["training={seq_length: 512, micro_batch_size: 1, global_batch_size: 16, "
+                                          "recompute: none}"])
+    assert (sc.training.seq_length, sc.training.recompute) == (512, "none")
 
 
 def test_missing_file_and_empty_file(write_yaml):
