@@ -111,6 +111,14 @@ def _click_refusal(e: Exception) -> None:
     sys.exit(2 if "UsageError" in names else e.exit_code)
 
 
+def _quiet_glyphs() -> None:
+    """A name in a chart title with characters the charts' font lacks (CJK) is drawn as boxes,
+    which the chart shows; matplotlib's warning for each glyph, each time drawn, had filled stderr."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+
+
 def console_main() -> None:
     """The `sim5d` console script and `python -m sim`: `main`, then the exit without tearing
     the interpreter down. Python frees every object at exit one by one; after a large `sim5d
@@ -122,6 +130,7 @@ def console_main() -> None:
 
     from sim.commands.run import start_early
 
+    _quiet_glyphs()                 # (before the chart process is forked: it inherits the filter)
     start_early(sys.argv[1:])       # `sim5d run`'s chart process, forked before the set-up
     try:
         _main()
@@ -204,6 +213,7 @@ def check_args(cmd, args: list) -> None:
 
 def _main(argv: list[str] | None = None) -> None:
     """`main` without freeing sim.commands.HELD (`console_main` exits instead)."""
+    _quiet_glyphs()
     try:
         cmd = command()
         check_args(cmd, sys.argv[1:] if argv is None else argv)

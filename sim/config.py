@@ -10,6 +10,7 @@ everything is plain frozen dataclasses (`Scenario`).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -684,7 +685,7 @@ def _check_name(name: str, err) -> None:
                if len(name) > MAX_NAME else "is a folder reference" if name in (".", "..")
                else "is empty or not printable")
         raise err("name", f"{name[:60]!r} {why}: the name becomes the output folder runs/<name>/, so "
-                          "it must be one file name (letters, digits, '-', '_', '.')")
+                          "it must be one printable file name (no '/', '\\', '.' or '..' alone)")
 
 
 def _split_override(item: str) -> tuple[list[str], object]:
@@ -1931,6 +1932,19 @@ def inert_keys(sc: Scenario) -> list[str]:
     return out
 
 
+def _not_a_file(p: Path) -> str | None:
+    """What `p` is where it exists but is not a regular file (a FIFO, a device, a link loop), else None."""
+    import stat
+
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        return "is a symbolic link loop" if e.errno == errno.ELOOP else None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else (
+        "is a named pipe" if stat.S_ISFIFO(mode) else "is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "is a socket")
+
+
 def resolve_scenario_path(name_or_path: str) -> Path:
     """A path to a scenario YAML, or the name of a bundled scenario (scenarios/NAME.yaml)."""
     p = Path(name_or_path)
@@ -1946,6 +1960,9 @@ def resolve_scenario_path(name_or_path: str) -> Path:
     if p.is_dir():
         raise ConfigError(f"{name_or_path!r} is a folder, not a scenario file (give its YAML, e.g. "
                           f"{p / 'scenario.yaml'}, or a bundled name)", key="SCENARIO")
+    why = _not_a_file(p)
+    if why:                     # (a FIFO, a device or a link loop had been "not found")
+        raise ConfigError(f"{name_or_path!r} {why}, not a scenario file", key="SCENARIO")
     raise ConfigError(f"scenario file {name_or_path!r} not found{did_you_mean(name_or_path, names)}"
                       + (f"; bundled scenarios: {', '.join(names)}" if names else ""), key="SCENARIO")
 

@@ -285,9 +285,22 @@ def test_bad_set_flag(write_yaml):
     assert (sc.training.seq_length, sc.training.recompute) == (512, "none")
 
 
+def test_a_pipe_or_a_link_loop_is_named_as_such(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for name, what in (("fifo", "is a named pipe"), ("loop", "is a symbolic link loop")):
+        code, _, err = run_cli("memory", str(tmp_path / name))
+        assert code == 2 and f"'{tmp_path / name}' {what}, not a scenario file" in err, err
+
+
 def test_missing_file_and_empty_file(write_yaml):
     code, _, err = run_cli("memory", "/nonexistent/x.yaml")
     assert code == 2 and "not found" in err and "Traceback" not in err
+    # a path that is there but not a file (they had been "not found")
+    code, _, err = run_cli("memory", "/dev/null")
+    assert code == 2 and "error: SCENARIO: '/dev/null' is a device, not a scenario file" in err
     _bad(write_yaml, None, "empty", text="")
 
 

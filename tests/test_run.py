@@ -3,6 +3,8 @@ engine invariants (no overlapping work on a stream, every action once)."""
 
 from __future__ import annotations
 
+import os
+
 import gzip
 import json
 
@@ -318,3 +320,23 @@ def test_the_console_script_leaves_the_step_to_the_process_end_and_main_frees_it
     HELD.clear()
     code, _, err = run_cli("run", path, "--out", str(tmp_path / "b"))
     assert code == 0 and HELD == [], err
+
+
+def test_a_name_the_charts_font_lacks_and_a_failure_free_run_read_plainly(tmp_path):
+    """A CJK scenario name: its glyphs are boxes in the charts' titles, and matplotlib's warning for
+    each glyph drawn no longer fills stderr; failure rates of 0 with --tokens read 'no failures'
+    (it had read 'a failure every never')."""
+    import subprocess
+    import sys
+
+    # (a process of its own: pytest records warnings itself, and a forked chart process's are lost)
+    proc = subprocess.run([sys.executable, "-m", "sim", "run", "llama3-8b-h100x16-1f1b", "--set", "name=模型-8b",
+                           "--out", str(tmp_path / "u"), "--set", "cluster.failure_rate_per_gpu_hour=0", "--set",
+                           "cluster.failure_rate_per_node_hour=0", "--tokens", "1T"],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 0, err
+    assert "Glyph" not in err and "UserWarning" not in err, err
+    assert (tmp_path / "u" / "plots" / "pipeline.png").stat().st_size > 0
+    text = " ".join(out.split())
+    assert "goodput 100.0%" in text and "no failures," in text and "every never" not in text

@@ -294,9 +294,11 @@ def summary_line(run: TrainingRun) -> str:
              else "no checkpoint")
     if days is None:
         return f"the run never finishes: a failure every {fmt_duration(run.model.mtbf_s)} outpaces it ({every})"
+    failures = (f"a failure every {fmt_duration(run.model.mtbf_s)}" if math.isfinite(run.model.mtbf_s)
+                else "no failures")          # (a rate of 0 had read "a failure every never")
     return (f"goodput {j['goodput']:.1%}: {days:,.1f} days instead of {j['ideal_days']:,.1f} ({every}, "
-            f"{'async ' if run.asynchronous else ''}pause {run.model.pause_s:.3g} s; a failure every "
-            f"{fmt_duration(run.model.mtbf_s)}, restart {fmt_duration(run.model.restart_s)})")
+            f"{'async ' if run.asynchronous else ''}pause {run.model.pause_s:.3g} s; {failures}, "
+            f"restart {fmt_duration(run.model.restart_s)})")
 
 
 def fmt_duration(s: float) -> str:
