@@ -555,3 +555,5 @@ def test_run_and_compare_print_the_goodput_adjusted_time(write_yaml, tmp_path):
     code, out, err = run_cli("compare", path, "--plot", str(tmp_path / "c.png"))
     assert code == 0 and "days to train (goodput)" not in out
     assert "cluster.failure_rate_per_gpu_hour" in err and "--tokens" in err   # not silently ignored
+    code, out, err = run_cli("memory", path)
+    assert code == 0 and "note: cluster.failure_rate_per_gpu_hour act on the time to train only" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import List, Optional
 
 import typer
@@ -30,5 +31,9 @@ def register(app: typer.Typer) -> None:
         else:
             render_memory_table(sc, report)
         from sim.commands.run import check_fit
+        from sim.plan.training_run import reliability_keys_given
 
+        if reliability_keys_given(sc):          # (they had been taken without a word)
+            print(f"note: {', '.join(reliability_keys_given(sc))} act on the time to train only (sim5d run, "
+                  "compare or plan with --tokens), not on memory", file=sys.stderr)
         check_fit(sc, report, strict)
