@@ -209,6 +209,17 @@ def test_an_output_path_that_cannot_be_written_exits_2_before_simulating(tmp_pat
     assert " ".join(err.split()) == f"error: {flag} {target}: {words.format(tmp=tmp_path)}"
 
 
+@pytest.mark.parametrize("command, flag", [(["run", SMALL, "--out", "{tmp}/r"], "--html"), (["run", SMALL], "--out"),
+                                           (["compare", SMALL], "--plot")])
+def test_an_output_path_in_a_link_loop_exits_2(tmp_path, command, flag):
+    """A symbolic link loop where an output goes: exit 2 naming the flag (Path.resolve's
+    RuntimeError had been a traceback)."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    code, _, err = run_cli(*[c.format(tmp=tmp_path) for c in command], flag, str(tmp_path / "loop"))
+    assert code == 2 and "Traceback" not in err
+    assert f"error: {flag} {tmp_path / 'loop'}: is a symbolic link loop (or under one); give another path" in err
+
+
 @pytest.mark.parametrize("obstacle, folder, words", [
     ("summary.json", True, "--out's summary.json {out}/summary.json: is a folder, where a file is written"),
     ("plots/pipeline.png", True, "--out's plots/pipeline.png {out}/plots/pipeline.png: is a folder, where a file is "

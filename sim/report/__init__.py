@@ -182,15 +182,22 @@ def check_distinct(paths: dict, folders: dict | None = None) -> None:
     seen: dict = {}
     entries = [(flag, Path(path), True) for flag, path in (folders or {}).items() if path is not None]
     entries += [(flag, Path(path), False) for flag, path in paths.items() if path is not None]
+    resolved = {}
+    for flag, path, _ in entries:
+        try:
+            resolved[flag] = path.resolve()
+        except (OSError, RuntimeError):         # (Python 3.11 raises RuntimeError on a link loop)
+            raise ConfigError(f"{flag} {path}: is a symbolic link loop (or under one); give another path",
+                              key=_flag(flag)) from None
     for flag, path, is_folder in entries:
-        key = path.resolve()
+        key = resolved[flag]
         if key in seen:
             other, folder = seen[key]
             raise ConfigError(f"{flag} {path}: {other} names the same {'path' if is_folder or folder else 'file'}; "
                               "give each its own", key=_flag(flag))
         seen[key] = (flag, is_folder)
     for flag, path, is_folder in entries:
-        key = path.resolve()
+        key = resolved[flag]
         derived = flag != _flag(flag)           # (a flag's own path: check_path / check_folder say more)
         if derived and is_folder and key.exists() and not key.is_dir():
             raise ConfigError(f"{flag} {path}: is a file, where a folder is written; move it or choose another "
@@ -202,7 +209,7 @@ def check_distinct(paths: dict, folders: dict | None = None) -> None:
                               key=_flag(flag))
         if key.is_dir():                # (a flag's own folder: check_path names it and a file to give)
             continue
-        inside = next(((f, p) for f, p, _ in entries if f != flag and key in p.resolve().parents), None)
+        inside = next(((f, p) for f, p, _ in entries if f != flag and key in resolved[f].parents), None)
         if inside is not None:
             raise ConfigError(f"{flag} {path}: {inside[0]} {inside[1]} is written inside it, as a folder; give "
                               f"{flag} a file of its own", key=_flag(flag))
