@@ -11,7 +11,7 @@ bubble split, here also in seconds) and the cost of training on it at a price pe
     GPU-hours to train N      = N / tokens_per_s x num_gpus / 3600
     $ to train N tokens       = GPU-hours to train N x price
 
-(tokens per step = global_batch_size x seq_length). A price of 0 (unknown) leaves the $ figures
+(tokens per step = global_batch_size x seq_length). A profile's price of 0 (unknown) leaves the $ figures
 empty (null in JSON) rather than zero.
 """
 
@@ -71,9 +71,9 @@ def parse_prices(items: list[str]) -> tuple[float | None, dict]:
         except ValueError:
             raise ConfigError(f"--price {item!r}: the price must be a number of US dollars per GPU-hour, "
                               "as X or NAME=X (NAME: a scenario or device-profile name)", key="--price") from None
-        if not math.isfinite(price) or price < 0:
-            raise ConfigError(f"--price {item!r}: the price must be a finite, non-negative number",
-                              key="--price")
+        if not math.isfinite(price) or price <= 0:       # (0, a profile's "unknown", had dropped every $ figure)
+            raise ConfigError(f"--price {item!r}: the price must be a finite number above 0 (a device profile's 0 "
+                              "means unknown; leave --price out for the profile's price)", key="--price")
         if price > MAX_PRICE_PER_GPU_HOUR_USD:      # (1e308 had made the $ figures inf: not JSON)
             raise ConfigError(f"--price {item!r}: at most {MAX_PRICE_PER_GPU_HOUR_USD:,.0f} US$ per GPU-hour, "
                               "as a device profile's price", key="--price")

@@ -19,8 +19,24 @@ def bundled_dir(name: str) -> Path:
 
 def check_writable(path: Path, flag: str) -> None:
     """Fail before the work, not after it: `path`'s folder must exist or be creatable and take a
-    file (a probe file written and removed); ConfigError naming `flag` otherwise."""
+    file (a probe file written and removed), and `path` be no link loop; ConfigError naming
+    `flag` otherwise."""
     _writable(path.parent, path.with_name(path.name + ".probe"), path, flag)
+    _no_loop(path, path, flag)
+
+
+def _no_loop(p: Path, path: Path, flag: str) -> None:
+    """`p` (`path` or a folder of it) must be no symbolic link loop nor a link to nothing (writing
+    through it had been an OSError traceback, or 'cannot write there (File exists)')."""
+    from sim.errors import ConfigError
+
+    try:
+        p.resolve(strict=False)
+    except (OSError, RuntimeError):             # (Python 3.11 raises RuntimeError on a loop)
+        raise ConfigError(f"{flag} {path}: is a symbolic link loop (or under one); give another path",
+                          key=flag) from None
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"{flag} {path}: {p} is a symbolic link to nothing; give another path", key=flag)
 
 
 def check_folder(path: Path, flag: str) -> None:
@@ -35,6 +51,9 @@ def _writable(folder: Path, probe: Path, path: Path, flag: str) -> None:
     from sim.errors import ConfigError
 
     for p in (folder, *folder.parents):
+        if p.is_symlink() and not p.exists():
+            _no_loop(p, path, flag)
+            raise ConfigError(f"{flag} {path}: {p} is a symbolic link to nothing; give another path", key=flag)
         if p.exists():
             if not p.is_dir():
                 what = "is a file; give a folder" if p == path else f"{p} is a file, not a folder"

@@ -306,6 +306,10 @@ def test_output_files_are_checked_before_measuring_or_fitting(tmp_path, monkeypa
     assert code == 2 and "error: --out f/x.csv: f is a file, not a folder" in err and not measured
     code, _, err = run_cli("calibrate", "fit", "m.csv", "--out", "p.yaml", "--topology-out", "p.yaml")
     assert code == 2 and "error: --topology-out p.yaml: --out names the same file" in err
+    # the base topology and its gpu apply to --topology-out's file only (they had been taken unread)
+    for flag in ("--topology", "--topology-gpu"):
+        code, _, err = run_cli("calibrate", "fit", "m.csv", "--out", "p.yaml", flag, "nosuch")
+        assert code == 2 and f"error: {flag} nosuch: applies to the topology --topology-out writes" in err, err
 
 
 def test_topology_out_needs_collectives(tmp_path):

@@ -187,6 +187,12 @@ SMALL = "gpt-1.7b-a100x8-gpipe"
      "--html", "p/plan.png", "--out's plan.png names the same file; give each its own"),
     (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1", "--out", "{tmp}/p"],
      "--html", "p/sweeps", "--out's sweeps/ names the same path; give each its own"),
+    # a report inside a folder whose files the command names (a trace, a sweep's table, replaced)
+    (["run", SMALL, "--out", "{tmp}/r"], "--html", "r/traces/rank-0.json.gz", "is inside --out's traces/ "
+     "{tmp}/r/traces, whose files the command names itself; put --html elsewhere"),
+    (["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:1", "--out", "{tmp}/p"],
+     "--export", "p/sweeps/t.csv", "is inside --out's sweeps/ {tmp}/p/sweeps, whose files the command names "
+     "itself; put --export elsewhere"),
     # a file name ending in '/' (pathlib drops it: a file of the folder's name had been written)
     (["run", SMALL], "--html", "{tmp}/new/", "ends in '/', a folder, where --html writes a file; name the file"),
     (["export", SMALL], "--out", "{tmp}/new/", "ends in '/', a folder, where --out writes a file; name the file"),
@@ -218,6 +224,23 @@ def test_an_output_path_in_a_link_loop_exits_2(tmp_path, command, flag):
     code, _, err = run_cli(*[c.format(tmp=tmp_path) for c in command], flag, str(tmp_path / "loop"))
     assert code == 2 and "Traceback" not in err
     assert f"error: {flag} {tmp_path / 'loop'}: is a symbolic link loop (or under one); give another path" in err
+
+
+def test_export_and_import_refuse_a_link_loop_a_dangling_link_and_their_own_input(tmp_path):
+    """export/import --out through a link loop or a link to nothing had been OSError tracebacks;
+    import --out naming its own launch had overwritten it."""
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    for name, words in (("loop", "is a symbolic link loop (or under one)"),
+                        ("dangling", f"{tmp_path / 'dangling'} is a symbolic link to nothing")):
+        code, _, err = run_cli("export", SMALL, "--out", str(tmp_path / name))
+        assert code == 2 and "Traceback" not in err and f"error: --out {tmp_path / name}: {words}" in err, err
+    launch = tmp_path / "l.yaml"
+    code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "bridge", "--out", str(launch))
+    assert code == 0, err
+    before = launch.read_text()
+    code, _, err = run_cli("import", str(launch), "--cluster", "dgx-h100-ndr:16", "--out", str(launch))
+    assert code == 2 and f"error: --out {launch}: FILE names the same file" in err and launch.read_text() == before
 
 
 @pytest.mark.parametrize("obstacle, folder, words", [

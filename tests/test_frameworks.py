@@ -462,7 +462,11 @@ def test_torchtitan_export_refuses_what_it_cannot_run():
                        "parallelism.grad_reduce: grad_reduce microbatch with zero_stage 3 and pp 2: torchtitan's "
                        "FSDP2 reduces once a step"),
                       (merged(TT, ["parallelism.pp=1", "parallelism.dp=8", "parallelism.grad_reduce=step"]),
-                       "every microbatch in its gradient-accumulation loop; set grad_reduce microbatch")):
+                       "every microbatch in its gradient-accumulation loop; set grad_reduce microbatch"),
+                      # SP off: the job TOML has no key (it had come back on); the key at fault named
+                      (merged(TT, ["parallelism.sequence_parallel=false"]),
+                       "error: parallelism.sequence_parallel: sequence_parallel false with tp > 1"),
+                      (["parallelism.zero_stage=3"], "error: training.overlap_param_gather: torchtitan always")):
         code, _, err = run_cli("export", "llama3-8b-h100x16-1f1b", "--format", "torchtitan",
                                *[a for s in sets for a in ("--set", s)])
         assert code == 2 and key in " ".join(err.split()) and "Traceback" not in err, (sets, err)

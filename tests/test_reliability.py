@@ -173,10 +173,11 @@ def test_device_profile_values_outside_physics_are_refused(tmp_path, line, expec
 
 
 # ---------------------------------------------------------------------- CLI values --------
-@pytest.mark.parametrize("price", ["nan", "inf", "-1"])
+@pytest.mark.parametrize("price", ["nan", "inf", "-1", "0"])
 def test_compare_price_must_be_finite(price, tmp_path):
+    # (0, a device profile's "unknown", had been taken and every $ figure dropped)
     _refused("compare", SCENARIO, "--price", price, "--plot", str(tmp_path / "c.png"),
-             expect="the price must be a finite, non-negative number")
+             expect="the price must be a finite number above 0")
 
 
 def test_compare_price_has_the_profiles_bound(tmp_path):

@@ -128,6 +128,10 @@ def fit_cmd(
     if topology_out is not None and topology_out.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"--topology-out = {str(topology_out)!r} must name a .yaml file",
                           key="--topology-out")
+    for flag, value in (("--topology", topology), ("--topology-gpu", topology_gpu)):
+        if value is not None and topology_out is None:      # (it had been taken and never read)
+            raise ConfigError(f"{flag} {value}: applies to the topology --topology-out writes, and none is asked "
+                              "for; give --topology-out FILE.yaml or drop it", key=flag)
     _writable(out, "--out", "profile.yaml", {"--topology-out": topology_out})
     _check_memory_gib(memory_gib)
     name = name or out.stem

@@ -169,8 +169,9 @@ def register(app: typer.Typer) -> None:
         if format_ is not None:
             _check_format(format_)
         if out is not None:
-            from sim.report import check_path
+            from sim.report import check_distinct, check_path
 
+            check_distinct({"FILE": file, "--out": out})      # (the launch had been overwritten)
             check_path(out, "--out", "scenario.yaml")
         data, notes = import_launch(file, cluster=cluster, name=name, fmt=format_)
         for note in notes:

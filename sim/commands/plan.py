@@ -167,7 +167,8 @@ def _check_search(top: int, flow_within: float, workers, html, export, export_fo
     chart = {"--plot": plot} if plot is not None or out is None else {"--out's plan.png": Path(out) / "plan.png"}
     check_distinct({"--out's plan.json": None if out is None else Path(out) / "plan.json", **chart,
                     "--html": html, "--export": export},
-                   {} if out is None else {"--out": Path(out), "--out's sweeps/": Path(out) / "sweeps"})
+                   {} if out is None else {"--out": Path(out), "--out's sweeps/": Path(out) / "sweeps"},
+                   owned=("--out's sweeps/",))
     if plot is not None:
         check_chart_path(plot, "--plot", "plan.png")
     if html is not None:

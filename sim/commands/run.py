@@ -152,7 +152,8 @@ def check_outputs(folder: Path, html: Path | None) -> None:
     from sim.report import check_distinct
 
     check_distinct({**{f"--out's {name}": folder / name for name in RUN_FILES}, "--html": html},
-                   {"--out": folder, "--out's plots/": folder / "plots", "--out's traces/": folder / "traces"})
+                   {"--out": folder, "--out's plots/": folder / "plots", "--out's traces/": folder / "traces"},
+                   owned=("--out's traces/",))
 
 
 def write_untraced(result, out: Path, charts, title: str) -> None:

@@ -403,7 +403,9 @@ def _refuse(sc) -> None:
         raise ConfigError("torchtitan always overlaps the gradient reduction and FSDP's gathers (DDP has none), "
                           "and the routing imbalance is a measured input: set overlap_grad_reduce true, "
                           "overlap_param_gather true with FSDP (false with DDP), moe_routing_imbalance 1.0",
-                          key="training.overlap_grad_reduce")
+                          key="training.overlap_grad_reduce" if not t.overlap_grad_reduce else
+                          "training.moe_routing_imbalance" if t.moe_routing_imbalance != 1.0 else
+                          "training.overlap_param_gather")      # (the key at fault; it had named the first)
 
 
 def pipeline_fields(sc) -> tuple[int, int, int | None]:
@@ -446,6 +448,11 @@ def from_scenario(sc) -> str:
         raise ConfigError(f"model {m.name}: torchtitan's flavors are {', '.join(f'{n} {f}' for n, f in FLAVORS)} "
                           "as bundled", key="model")
     _refuse(sc)
+    if p.tp > 1 and not p.sequence_parallel:
+        # (the job TOML has no key for it: it had been written without a word and come back on)
+        raise ConfigError("sequence_parallel false with tp > 1: torchtitan of the job TOML shards its norms over the "
+                          "sequence with every TP plan (no key turns it off); --format torchtitan-launch writes "
+                          "--parallelism.no-enable-sequence-parallel", key="parallelism.sequence_parallel")
     back = {v: k for k, v in SCHEDULES.items()}
     pp_lines = []
     if p.pp > 1:

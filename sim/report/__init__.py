@@ -170,13 +170,15 @@ def check_chart_path(path: Path, flag: str = "--plot", example: str = "chart.png
     return check_path(path, flag, example)
 
 
-def check_distinct(paths: dict, folders: dict | None = None) -> None:
+def check_distinct(paths: dict, folders: dict | None = None, owned: tuple = ()) -> None:
     """The files a command will write ({flag: path, or None where not asked for}) must be distinct
     files: two flags naming one file, the second would overwrite the first (a sweep's table with
     its HTML report). With `folders` ({what: folder} it writes into) too: no file may be one of
     them, or a folder another output goes into, nor be a folder already; no folder a file
     already (`sim5d run --out R --html R/summary.json` had left summary.json holding the report,
-    `--html R` and a folder named R/summary.json had ended in a traceback)."""
+    `--html R` and a folder named R/summary.json had ended in a traceback). `owned`: those of
+    `folders` whose files the command names itself (run's traces/, plan's sweeps/): no other
+    output in them (a report named like a trace or a sweep's table had replaced it)."""
     from sim.errors import ConfigError
 
     seen: dict = {}
@@ -209,6 +211,10 @@ def check_distinct(paths: dict, folders: dict | None = None) -> None:
                               key=_flag(flag))
         if key.is_dir():                # (a flag's own folder: check_path names it and a file to give)
             continue
+        home = next((f for f in owned if f in resolved and resolved[f] in key.parents), None)
+        if home is not None:
+            raise ConfigError(f"{flag} {path}: is inside {home} {resolved[home]}, whose files the command names "
+                              f"itself; put {flag} elsewhere", key=_flag(flag))
         inside = next(((f, p) for f, p, _ in entries if f != flag and key in resolved[f].parents), None)
         if inside is not None:
             raise ConfigError(f"{flag} {path}: {inside[0]} {inside[1]} is written inside it, as a folder; give "
