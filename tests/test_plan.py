@@ -169,6 +169,17 @@ def test_the_agreement_test_can_fail():
     assert not mc.contains(first_order)
 
 
+def test_monte_carlo_goodput_interval_stays_at_or_below_one():
+    """Rare failures: most runs take the failure-free time and a few much longer, so a symmetric
+    normal interval of the mean reached below the work itself (no run is that short) and goodput's
+    high end above 100% (99.952%-100.005% in a plan); its low end is now the work."""
+    m = RunModel(work_s=1e6, interval_s=1e4, pause_s=1.0, commit_lag_s=0, restart_s=600, mtbf_s=2e7)
+    mc = monte_carlo(m, 30, seed=0)
+    lo, hi = mc.goodput_ci
+    assert mc.mean_wall_s - mc.half_width_s < m.work_s < mc.mean_wall_s          # (the case the clamp is for)
+    assert hi == 1.0 and lo < mc.goodput < hi and mc.wall_ci_s[0] == m.work_s
+
+
 def test_monte_carlo_is_deterministic():
     m = _grid_model(0)
     a, b = monte_carlo(m, 40, seed=5), monte_carlo(m, 40, seed=5)

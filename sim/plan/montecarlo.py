@@ -65,7 +65,9 @@ class MonteCarloResult:
 
     @property
     def wall_ci_s(self) -> tuple:
-        return (self.mean_wall_s - self.half_width_s, self.mean_wall_s + self.half_width_s)
+        """The normal interval of the mean wall time, its low end at least the failure-free work
+        (no run takes less: a symmetric interval had put goodput's high end above 100%)."""
+        return (max(self.mean_wall_s - self.half_width_s, self.work_s), self.mean_wall_s + self.half_width_s)
 
     @property
     def goodput(self) -> float:
