@@ -220,6 +220,12 @@ def test_topology_cli_json_and_plot(tmp_path):
     s = json.loads(r.stdout)
     assert s["num_gpus"] == 16 and s["links"]["nvlink"]["links"] == 16
     assert png.stat().st_size > 1000
+    # as the other commands' --plot: another chart suffix, a folder made for it; a non-chart refused
+    svg = tmp_path / "new" / "t.svg"
+    r = _cli("topology", "dgx-a100-hdr", "--plot", str(svg))
+    assert r.returncode == 0 and svg.read_text().lstrip().startswith("<?xml"), r.stderr
+    r = _cli("topology", "dgx-a100-hdr", "--plot", str(tmp_path / "t.txt"))
+    assert r.returncode == 2 and "a chart is written as png, svg, pdf, jpg, jpeg" in r.stderr
 
 
 def test_topology_cli_bad_input_exit_2(tmp_path):

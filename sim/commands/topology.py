@@ -50,12 +50,16 @@ def register(app: typer.Typer) -> None:
         G = build_graph(topo, nodes)
         s = summarize(G, bisection=G.graph["num_nodes"] <= 256)
         if plot:
-            if not plot.lower().endswith(".png"):
-                raise ConfigError(f"--plot = {plot!r} must be a .png file", key="--plot")
+            from pathlib import Path
+
+            from sim.report import check_chart_path
+
+            # as the other commands' --plot: any chart suffix, its folder made, checked the same way
+            check_chart_path(Path(plot), "--plot", "topology.png")
             try:
                 plot_graph(G, plot)
             except OSError as e:
-                raise ConfigError(f"--plot = {plot!r}: cannot write ({e.strerror})", key="--plot") from None
+                raise ConfigError(f"--plot {plot}: cannot write ({e.strerror})", key="--plot") from None
             s["plot"] = plot
         if as_json:
             typer.echo(json.dumps(s))
