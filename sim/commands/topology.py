@@ -30,8 +30,8 @@ def register(app: typer.Typer) -> None:
             None, "--domain-nodes", help="Servers of each NVLink domain the job gets (topologies with an "
             "nvlink_domain, e.g. 16 of an NVL72 rack's 18 trays); default: the topology's job_nodes, else "
             "NVIDIA's Slurm segment rule (the greatest divisor of --nodes that fits a domain)."),
-        plot: Optional[str] = typer.Option(None, "--plot", help="Draw the cluster to this PNG file "
-                                           "(32+ nodes: nodes 0, 1 and the last; the fabric summarised)."),
+        plot: Optional[str] = typer.Option(None, "--plot", help="Draw the cluster to this chart file (.png, "
+                                           ".svg, .pdf; 32+ nodes: nodes 0, 1 and the last, the fabric summarised)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     ) -> None:
         """GPUs, links by class, per-GPU injection and bisection bandwidth of a cluster."""
