@@ -1925,7 +1925,9 @@ def inert_keys(sc: Scenario) -> list[str]:
     single = p.dp * p.cp == 1
     for key, on in (("training.overlap_grad_reduce true", t.overlap_grad_reduce),
                     ("training.overlap_param_gather true", t.overlap_param_gather and p.zero_stage > 0),
-                    ("parallelism.grad_reduce microbatch", p.grad_reduce == "microbatch")):
+                    # (microbatch where it is not the default, ZeRO-2/3 without PP: the user's)
+                    ("parallelism.grad_reduce microbatch", p.grad_reduce == "microbatch"
+                     and not (p.zero_stage >= 2 and p.pp == 1))):
         if on and single:
             out.append(f"{key} has no effect with data_parallel_size x context_parallel_size 1 (no "
                        "data-parallel group: nothing is reduced or gathered)")

@@ -52,8 +52,7 @@ def _writable(folder: Path, probe: Path, path: Path, flag: str) -> None:
 
     for p in (folder, *folder.parents):
         if p.is_symlink() and not p.exists():
-            _no_loop(p, path, flag)
-            raise ConfigError(f"{flag} {path}: {p} is a symbolic link to nothing; give another path", key=flag)
+            _no_loop(p, path, flag)             # (a loop, or a link to nothing: refused there)
         if p.exists():
             if not p.is_dir():
                 what = "is a file; give a folder" if p == path else f"{p} is a file, not a folder"

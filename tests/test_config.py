@@ -196,6 +196,16 @@ def test_more_inert_keys_are_noted_and_change_nothing(layout, training, note):
     assert simulate(with_it).makespan_ns == simulate(without).makespan_ns
 
 
+def test_a_default_is_not_noted_as_a_key_given():
+    """ZeRO-3 without PP reduces every microbatch by default: with one data-parallel rank that
+    default is not a key the user gave, so no note names it."""
+    from sim.config import inert_keys
+
+    sc = build_scenario(base_scenario(parallelism={"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 1,
+                                                   "data_parallel_size": 1, "zero_stage": 3}))
+    assert sc.parallelism.grad_reduce == "microbatch" and inert_keys(sc) == []
+
+
 @pytest.mark.parametrize("section, key", [("parallelism", "pipeline_schedule"), (None, "name"),
                                           ("cluster", "gpu"), ("training", "recompute")])
 def test_an_empty_string_is_refused_not_taken_as_the_default(write_yaml, section, key):
