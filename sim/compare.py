@@ -87,12 +87,11 @@ def parse_prices(items: list[str]) -> tuple[float | None, dict]:
     return default, named
 
 
-def check_prices_used(items: list[str], priced: list[tuple[str, str]]) -> None:
-    """Every --price prices something: `priced` holds each row's (name, device profile), and a row
-    takes its name's price, else its profile's, else the bare one. One that no row would take (a
-    profile whose every row has its own price, a bare price under named ones) is refused, not
-    left unused without a word."""
-    default, named = parse_prices(items)
+def check_prices_used(default: float | None, named: dict, priced: list[tuple[str, str]]) -> None:
+    """Every --price (`parse_prices`' bare price and named ones) prices something: `priced` holds
+    each row's (name, device profile), and a row takes its name's price, else its profile's, else
+    the bare one. One that no row would take (a profile whose every row has its own price, a bare
+    price under named ones) is refused, not left unused without a word."""
     used = set()
     for name, gpu in priced:
         used.add(name if name in named else gpu if gpu in named else None)
@@ -177,7 +176,7 @@ def compare(paths: list[str], overrides: list[str], *, tokens: float, price_item
         if name not in known:
             raise ConfigError(f"--price {name}=...: {name!r} is neither a scenario nor a device profile of this "
                               f"comparison ({', '.join(sorted(known))})", key="--price")
-    check_prices_used(price_items, [(sc.name, sc.cluster.gpu.name) for sc in scenarios])
+    check_prices_used(default_price, named, [(sc.name, sc.cluster.gpu.name) for sc in scenarios])
     from sim.sweep.executors import available_cores
 
     n = min(len(paths), workers or available_cores())

@@ -10,7 +10,6 @@ everything is plain frozen dataclasses (`Scenario`).
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,7 @@ from sim.devices import PRECISION_NEEDS, DeviceProfile, load_device
 from sim.errors import ConfigError
 from sim.fields import Strict, _line, _where, key_error, pydantic_errors, raise_all  # noqa: F401 (re-exported)
 from sim.models import MODEL_FIELDS, ModelSpec
-from sim.paths import bundled_dir
+from sim.paths import bundled_dir, not_a_file
 from sim.pipeline_layout import LayoutError
 from sim.presets import PRESETS
 from sim.suggest import did_you_mean
@@ -1727,10 +1726,9 @@ def _check_recompute_count(t, per_rank, err) -> None:
     n, most = t.recompute_num_layers, max(per_rank, default=0)
     if t.recompute != "full" or n is None or n <= most:
         return
+    every = "with recompute_method every no layer would be checkpointed; " if t.recompute_method == "every" else ""
     raise err("training.recompute_num_layers", f"recompute_num_layers ({n}) is more than the {most} decoder layers a "
-              "pipeline rank holds at most: " + ("give 1 to " + str(most) if t.recompute_method != "every" else
-                                                   f"with recompute_method every no layer would be checkpointed; give "
-                                                   f"1 to {most}"))
+              f"pipeline rank holds at most: {every}give 1 to {most}")
 
 
 def _recompute_groups(model: ModelSpec, t, layers_vs: tuple, first_layer: tuple, loss_stages: tuple,
@@ -1934,19 +1932,6 @@ def inert_keys(sc: Scenario) -> list[str]:
     return out
 
 
-def _not_a_file(p: Path) -> str | None:
-    """What `p` is where it exists but is not a regular file (a FIFO, a device, a link loop), else None."""
-    import stat
-
-    try:
-        mode = p.stat().st_mode
-    except OSError as e:
-        return "is a symbolic link loop" if e.errno == errno.ELOOP else None
-    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else (
-        "is a named pipe" if stat.S_ISFIFO(mode) else "is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-        else "is a socket")
-
-
 def resolve_scenario_path(name_or_path: str) -> Path:
     """A path to a scenario YAML, or the name of a bundled scenario (scenarios/NAME.yaml)."""
     p = Path(name_or_path)
@@ -1962,7 +1947,7 @@ def resolve_scenario_path(name_or_path: str) -> Path:
     if p.is_dir():
         raise ConfigError(f"{name_or_path!r} is a folder, not a scenario file (give its YAML, e.g. "
                           f"{p / 'scenario.yaml'}, or a bundled name)", key="SCENARIO")
-    why = _not_a_file(p)
+    why = not_a_file(p)
     if why:                     # (a FIFO, a device or a link loop had been "not found")
         raise ConfigError(f"{name_or_path!r} {why}, not a scenario file", key="SCENARIO")
     raise ConfigError(f"scenario file {name_or_path!r} not found{did_you_mean(name_or_path, names)}"

@@ -3,7 +3,9 @@ editable install or a source checkout, at the repository root."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -64,3 +66,16 @@ def _writable(folder: Path, probe: Path, path: Path, flag: str) -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror})", key=flag) from None
+
+
+def not_a_file(p: Path) -> str | None:
+    """What `p` is where it exists but is neither a regular file nor a folder (a named pipe, a
+    device, a socket, a link loop), else None."""
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        return "is a symbolic link loop" if e.errno == errno.ELOOP else None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("is a named pipe" if stat.S_ISFIFO(mode) else "is a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "is a socket")

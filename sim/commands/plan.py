@@ -131,6 +131,10 @@ def _reliability(failure_rate, node_failure_rate, restart_time, checkpoint_inter
     return rel, flags
 
 
+PLAN_CHART = "plan.png"
+"""The chart plan writes into --out without --plot."""
+
+
 def _monte_carlo_args(monte_carlo: int, seed, confidence) -> tuple[int, float]:
     """(seed, confidence) with their defaults, after checking the Monte Carlo flags."""
     if monte_carlo != 0 and monte_carlo < 30:
@@ -164,7 +168,7 @@ def _check_search(top: int, flow_within: float, workers, html, export, export_fo
     from sim.paths import check_folder
     from sim.report import check_chart_path, check_distinct, check_path
 
-    chart = {"--plot": plot} if plot is not None or out is None else {"--out's plan.png": Path(out) / "plan.png"}
+    chart = {"--plot": plot} if plot is not None or out is None else {"--out's plan.png": Path(out) / PLAN_CHART}
     check_distinct({"--out's plan.json": None if out is None else Path(out) / "plan.json", **chart,
                     "--html": html, "--export": export},
                    {} if out is None else {"--out": Path(out), "--out's sweeps/": Path(out) / "sweeps"},
@@ -190,7 +194,7 @@ def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:
         ([f"budget ${budget_usd / 1e6:,.3g}M"] if budget_usd is not None else [])
     title = (f"{_model_label(spec.model)}, {format_tokens(spec.tokens)} tokens: days and cost to train per "
              "candidate" + (f" ({', '.join(limits)})" if limits else ""))
-    chart = P.chart(res, spec, plot or out / "plan.png", title)
+    chart = P.chart(res, spec, plot or out / PLAN_CHART, title)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(res.rows, indent=1) + "\n")
     if html is not None:

@@ -127,13 +127,11 @@ def _check_paths(html, export, export_format, out=None) -> None:
     (`out`) and its stream file, --export-format a framework: checked before the sweep, not
     after it."""
     from sim.report import check_distinct, check_path
-    from sim.sweep.store import stream_path
+    from sim.sweep.store import chart_paths, stream_path
 
-    stem = None if out is None else Path(out).with_suffix("")
+    charts = (None, None) if out is None else chart_paths(Path(out))
     check_distinct({"--out": out, "--out's stream file": None if out is None else stream_path(Path(out)),
-                    **({} if stem is None else {"--out's chart": Path(f"{stem}-pareto.png"),
-                                                "--out's tp x pp chart": Path(f"{stem}-tp-pp.png")}),
-                    "--html": html, "--export": export})
+                    "--out's chart": charts[0], "--out's tp x pp chart": charts[1], "--html": html, "--export": export})
     if html is not None:
         check_path(html)
     check_export(export, export_format)

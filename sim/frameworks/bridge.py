@@ -466,7 +466,12 @@ def _flag_of(c: _Config, add, flag: str, places: list) -> None:
 
 
 def _overlaps(c: _Config, add, notes: list) -> None:
-    _flag_of(c, _tp_overlap(c, add, notes), "--tp-comm-overlap",
+    why = _tp_overlap_off(c)
+
+    def noted(flag, value, where):          # (the switch Bridge turns off: a note, not the flag)
+        notes.append(f"{'.'.join(where)} true: Megatron-Bridge turns tensor-parallel communication overlap off "
+                     f"({why}), and so does sim5d")
+    _flag_of(c, add if why is None else noted, "--tp-comm-overlap",
              [("comm_overlap", "tp_comm_overlap"), ("model", "tp_comm_overlap")])
     _flag_of(c, add, "--overlap-grad-reduce", [("comm_overlap", "overlap_grad_reduce"), ("ddp", "overlap_grad_reduce")])
     _flag_of(c, add, "--overlap-param-gather", [("comm_overlap", "overlap_param_gather"),
@@ -475,24 +480,14 @@ def _overlaps(c: _Config, add, notes: list) -> None:
                                                             ("model", "overlap_moe_expert_parallel_comm")])
 
 
-def _tp_overlap(c: _Config, add, notes: list):
-    """`add` for the TP overlap switch, as Bridge's CommOverlapConfig sets it up (comm_overlap.py
-    _get_model_comm_overlap_cfgs): turned off, with a warning, under TP size < 2 or
-    sequence_parallel false; here with a note instead of the flag."""
+def _tp_overlap_off(c: _Config) -> str | None:
+    """Why Bridge's CommOverlapConfig turns the TP overlap switch off, warning (comm_overlap.py
+    _get_model_comm_overlap_cfgs), or None: TP size < 2 (TransformerConfig's default tp is 1) or
+    sequence_parallel false."""
     tp, sp = c.get("model", "tensor_model_parallel_size"), c.get("model", "sequence_parallel")
-
-    def add_tp_overlap(flag, value, where):
-        why = None
-        if tp is None or (type(tp) is int and tp < 2):          # (TransformerConfig's default tp: 1)
-            why = "TP size < 2"
-        elif sp is not True:
-            why = "sequence_parallel=False"
-        if why is None:
-            add(flag, value, where)
-        else:
-            notes.append(f"{'.'.join(where)} true: Megatron-Bridge turns tensor-parallel communication overlap "
-                         f"off ({why}), and so does sim5d")
-    return add_tp_overlap
+    if tp is None or (type(tp) is int and tp < 2):
+        return "TP size < 2"
+    return None if sp is True else "sequence_parallel=False"
 
 
 def _optimizer(c: _Config, add) -> None:

@@ -200,7 +200,7 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
     from sim.devices import load_device
     from sim.topology import load_topology
 
-    _, named = parse_prices(items)
+    default, named = parse_prices(items)
     known, priced = set(), []
     for c in spec.candidates:
         topo = load_topology(c.topology, key="--cluster")
@@ -214,7 +214,7 @@ def _check_candidates(items: list, spec: PlanSpec) -> None:
         if name not in known:
             raise ConfigError(f"--price {name}=...: {name!r} is neither a candidate's topology nor its device profile "
                               f"({', '.join(sorted(known))})", key="--price")
-    check_prices_used(items, priced)
+    check_prices_used(default, named, priced)
 
 
 def _sweep(spec: PlanSpec, cand: Candidate) -> tuple:

@@ -43,7 +43,8 @@ from sim.errors import ConfigError
 from sim.sweep import space
 from sim.sweep.evaluate import build
 from sim.sweep.space import Grid, Layout
-from sim.sweep.store import RUN_KEYS, StreamWriter, check_writable, read_stream, stream_path, write_table
+from sim.sweep.store import (RUN_KEYS, StreamWriter, chart_paths, check_writable, read_stream, stream_path,
+                             write_table)
 
 DEFAULT_TOP = 8
 DEFAULT_FLOW_WITHIN = 0.05
@@ -508,9 +509,9 @@ def _result(spec: SweepSpec, prep: Prepared, run: SweepRun, out: Path, spath: Pa
     if spec.plots and counts["ranked"]:
         from sim.sweep import charts
 
-        stem = out.with_suffix("")
-        plots.append(charts.pareto(table, Path(f"{stem}-pareto.png"), title, spec.memory_fraction))
-        plots.append(charts.heatmap(table, Path(f"{stem}-tp-pp.png"), title))
+        pareto, tp_pp = chart_paths(out)
+        plots.append(charts.pareto(table, pareto, title, spec.memory_fraction))
+        plots.append(charts.heatmap(table, tp_pp, title))
     empty = None if layouts else space.no_layout_reason(prep.grid, spec.gpus)
     return SweepResult(table=table, counts=counts, best=best, wall_s=wall_s, out=out, no_layout=empty,
                        stream=spath, plots=plots, notes=[*([empty] if empty else []), *stream_notes,

@@ -61,6 +61,12 @@ def stream_path(out: Path) -> Path:
     return out.with_name(out.name + ".stream.csv")
 
 
+def chart_paths(out: Path) -> tuple[Path, Path]:
+    """The charts a sweep writes beside its table `out`: the Pareto front and the tp x pp map."""
+    stem = out.with_suffix("")
+    return Path(f"{stem}-pareto.png"), Path(f"{stem}-tp-pp.png")
+
+
 STAGES = {"screen": ("invalid", "oom"), "analytical": ("ok", "unsupported", "error"),
           "flow": ("ok", "unsupported", "error")}
 """The statuses a stream row of each stage has (screen rows of layouts that fit are not written)."""
