@@ -225,6 +225,31 @@ def test_reports_are_written_without_a_browser(tmp_path):
 
 
 @pytest.mark.parametrize("command", [
+    ["compare", "gpt-1.7b-a100x8-gpipe", "--plot", "{tmp}/c.png"],
+    ["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr", "--set",
+     "parallelism.pipeline_schedule=1f1b", "--set", "training.recompute=none", "--set", "parallelism.zero_stage=1",
+     "--set", "parallelism.tp=8", "--top", "1", "--out", "{tmp}/s.csv", "--no-plots"],
+    ["plan", "--model", "llama3-8b", "--tokens", "1T", "--cluster", "dgx-h100-ndr:8", "--sweep-set",
+     "parallelism.pipeline_schedule=1f1b", "--sweep-set", "training.recompute=none", "--sweep-set",
+     "parallelism.zero_stage=1", "--sweep-set", "parallelism.tp=8", "--monte-carlo", "0", "--top", "0",
+     "--out", "{tmp}/p"],
+])
+def test_each_command_names_its_report_but_under_json(tmp_path, command):
+    """compare, sweep and plan say where the report went, as run does (`report: PATH` on stdout);
+    with --json stdout is the one JSON object."""
+    page = tmp_path / "r.html"
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command] + ["--html", str(page)]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    assert f"report: {page}" in out.splitlines() and page.stat().st_size > 0
+    page.unlink()
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    json.loads(out)
+    assert page.stat().st_size > 0 and "report: " not in out + err
+
+
+@pytest.mark.parametrize("command", [
     ["run", "gpt-1.7b-a100x8-gpipe"],
     ["compare", "gpt-1.7b-a100x8-gpipe"],
     ["sweep", "--model", "llama3-8b", "--gpus", "8", "--topology", "dgx-h100-ndr"],

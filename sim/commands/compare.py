@@ -91,6 +91,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"tokens": n_tokens, "plot": str(chart), "scenarios": rows}))
         else:
             _table(rows, n_tokens, chart)
+            if html is not None:
+                typer.echo(f"report: {html}")
         _check_fits(rows, strict)
         _accuracy(rows, list(set_ or []))
 

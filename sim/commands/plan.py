@@ -207,6 +207,8 @@ def _write(res, spec, plot, as_json: bool, html, export: tuple) -> None:
         typer.echo(json.dumps(res.rows))
     else:
         _table(res, spec, chart, out / "plan.json")
+        if html is not None:
+            typer.echo(f"report: {html}")
     path, fmt = export
     if path is not None and res.winner is not None:     # after the table: a refused export exits 2
         from sim.commands.frameworks import write_export

@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
                 "notes": res.notes, **({"pruned": c["pruned"]} if "pruned" in c else {})}))
         else:
             _print(res)
-        _write_extras(res, html, export, export_format)     # after the results: a refused export exits 2
+        _write_extras(res, html, export, export_format, as_json)     # after the results: a refused export exits 2
         if c["ranked"] == 0:
             # as `sim5d plan` with no winner: the table, the printout and the report are written,
             # and a script sees that the question has no answer on this hardware
@@ -137,13 +137,15 @@ def _check_paths(html, export, export_format, out=None) -> None:
     check_export(export, export_format)
 
 
-def _write_extras(res, html, export, export_format=None) -> None:
-    """The HTML report and the winner's launch, when asked for."""
+def _write_extras(res, html, export, export_format=None, as_json: bool = False) -> None:
+    """The HTML report (named on stdout, but under --json) and the winner's launch, when asked for."""
     if html is not None:
         from sim import report
         from sim.report.tables import sweep_report
 
         report.write(html, sweep_report(res.table, title=res.title))
+        if not as_json:
+            typer.echo(f"report: {html}")
     if export is not None:
         from sim.commands.frameworks import write_export
 
