@@ -153,7 +153,8 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         self.imbalance = sc.derived.moe_expert_load   # routing imbalance, capped / padded by capacity
         self.zero3 = p.zero_stage >= 3 and (p.dp * p.cp > 1 or p.edp > 1)
         self.params_per_stage = self._params_per_stage()
-        self.end_params = self._end_params()
+        self.end_split = self._end_params()
+        self.end_params = {s: 0.0 + emb + head + mtp for s, (emb, head, mtp) in self.end_split.items()}
         from sim.memory import stage_activation_bytes
         self.stage_act = stage_activation_bytes(sc)
 
@@ -169,22 +170,23 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         return out
 
     def _end_params(self) -> dict:
-        """Parameters per GPU of the embedding / LM head a virtual stage holds (reduced and
-        updated with the stage's layers)."""
+        """Parameters per GPU of the embedding, the LM head and the MTP modules' ends a virtual
+        stage holds, {stage: (embedding, head, mtp)} (reduced and updated with the stage's
+        layers)."""
         from sim import workload
         from sim.memory import tp_share
 
         sc, d, p = self.sc, self.sc.derived, self.sc.parallelism
         out = {}
         for s in range(d.num_virtual_stages):
-            total = 0.0
+            emb = head = mtp = 0.0
             if s in d.embedding_stages:
-                total += tp_share(workload.embedding_params(sc.model), p.tp)
+                emb = tp_share(workload.embedding_params(sc.model), p.tp)
             if s in d.loss_stages:
                 holds_emb = any(d.stage_rank[x] == d.stage_rank[s] for x in d.embedding_stages)
-                total += tp_share(workload.output_params(sc.model, include_tied_copy=not holds_emb), p.tp)
-                total += tp_share(workload.mtp_params(sc.model, include_embedding_copy=not holds_emb), p.tp)
-            out[s] = total
+                head = tp_share(workload.output_params(sc.model, include_tied_copy=not holds_emb), p.tp)
+                mtp = tp_share(workload.mtp_params(sc.model, include_embedding_copy=not holds_emb), p.tp)
+            out[s] = (emb, head, mtp)
         return out
 
     def _layers(self, stage: int) -> range:
@@ -448,6 +450,8 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         gathered units, the rank's layer templates); sim.sweep.bound uses the layer methods too."""
         self._pending_tp: list = []
         self._fsdp: dict = {}
+        self._zero12_first: set = set()  # ZeRO 1/2's chunks gathered a layer ahead in their first forward
+        self._zero12_units: dict = {}
         self._templates: dict = {}       # one rank's layer templates (its groups are in them)
         self._serial = 0
 
@@ -495,23 +499,34 @@ class ProgramBuilder(Groups, TensorParallel, ContextParallel, ExpertParallel, Pi
         """One forward action: the wait for its chunk's parameter gather (first forward), the
         receive, the stage's instructions (one template, or per layer with FSDP), the send."""
         s, mb = a.stage, a.microbatch
-        if s in self._gathers:
-            prog.append(Wait(self._gathers.pop(s), f"param gather chunk {s}"))
+        for h in self._gathers.pop(s, ()):
+            prog.append(Wait(h, f"param gather chunk {s}"))
         self._fsdp_before_receive(prog, r, s, backward=False)
         self._recv_input(prog, r, s, mb, "F")
         first, last = self._is_first(s, mb), self._is_last(s, mb)
-        if self.actions and not self.zero3:
+        gather = s in self._zero12_first        # ZeRO 1/2's gathers one layer ahead (dp.py)
+        self._zero12_first.discard(s)
+        if self.actions and not (self.zero3 or gather):
             # the whole action from one template (its layers and ends; see _layer)
             self._layer(prog, ("F", s, first, last),
                         lambda out, m: self._forward_action(out, r, s, m, first, last), mb)
         else:                           # per layer (FSDP: a gather around each)
             layers = list(self._layers(s))
+            if gather:
+                self._zero12_before(prog, s, layers, -1)
 
             def fwd_layer(k, layer):
                 self._fsdp_before(prog, r, s, layers, k)
+                if gather:
+                    self._zero12_before(prog, s, layers, k)
                 self._layer(prog, ("F", layer), lambda out, m: self._forward_layer(out, r, layer, m), mb)
                 if self.sc.parallelism.reshard_after_forward:
                     self._fsdp_reshard(s, layer)
+                if gather and k == len(layers) - 1:
+                    self._zero12_before(prog, s, layers, len(layers))
+
+            if gather and not layers:
+                self._zero12_before(prog, s, layers, 0)
 
             self._forward_action(prog, r, s, mb, first, last, fwd_layer)
         self._send_output(prog, r, s, mb, "F")

@@ -10,8 +10,9 @@ with `overlap_grad_reduce`, else blocking after it. Dense parameters reduce over
 routed experts over the expert-DP group. Then the tied-embedding all-reduce (Megatron-LM
 _allreduce_embedding_grads), the optimizer step on the local shard, then (ZeRO 1-2) the
 parameter all-gather; with `overlap_param_gather` the gather is overlapped with the next
-step's forward, which in a steady-state step means: it is launched at the start of the step
-and each chunk's first forward waits for it.
+step's forward, which in a steady-state step means: under the interleaved schedule each chunk's
+is launched at the start of the step and the chunk's first forward waits for it; otherwise each
+layer's is launched one layer ahead in the chunk's first forward (`_zero12_overlapped`).
 """
 
 from __future__ import annotations
@@ -22,25 +23,81 @@ from sim.memory import grad_bytes
 
 class DataParallel:
     """DP collectives and the step's end (ProgramBuilder: `sc`, `me`, `params_per_stage`,
-    `end_params`, `costs`, `zero3`, `_dim_spec`, `_recipe`, `_peer`, `_layers`)."""
+    `end_params`, `end_split`, `costs`, `zero3`, `_dim_spec`, `_recipe`, `_peer`, `_layers`)."""
 
-    def _stage_dense_params(self, s) -> float:
-        return sum(a for a, _ in self.params_per_stage[s]) + self.end_params[s]
+    def _zero12_specs(self, s, layers=None, ends: tuple = (0, 1, 2)) -> list:
+        """ZeRO 1/2's parameter all-gathers of virtual stage `s`'s `layers` (default all) and
+        embedding / head / MTP ends (`ends`: which of `end_split`'s): dense parameters over
+        dp x cp, routed experts over the expert-DP group, 16-bit. Megatron-Core's distributed
+        optimizer gathers both, its bucket groups and its expert-parallel bucket groups
+        (distributed_data_parallel.py start_param_sync)."""
+        p = self.sc.parallelism
+        layers = self._layers(s) if layers is None else layers
+        first = self._layers(s).start
+        dense = sum(self.params_per_stage[s][layer - first][0] for layer in layers)
+        expert = sum(self.params_per_stage[s][layer - first][1] for layer in layers)
+        dense += sum(self.end_split[s][k] for k in ends)
+        specs = []
+        if p.dp * p.cp > 1 and dense:
+            specs.append(self._dim_spec("all_gather", "dp-cp", int(dense * 2), "dp"))
+        if p.edp > 1 and expert:
+            specs.append(self._dim_spec("all_gather", "edp", int(expert * 2), "dp"))
+        return specs
+
+    def _zero12_overlapped(self) -> str | None:
+        """How ZeRO 1/2's parameter all-gather overlaps the next step's forward, or None (not
+        overlapped, or nothing gathered): "chunk" under the interleaved schedule, whose
+        `align_param_gather` (Megatron-LM's default there) dispatches each chunk's gathers
+        together ahead of its first forward (schedules.py param_sync_func), so that forward
+        waits for the whole chunk's (a stream runs them in order, the bucket of the chunk's first
+        layers last); "layer" otherwise (Megatron-LM turns align_param_gather off without
+        interleaving, arguments.py): each bucket's gather is dispatched by the forward pre-hook
+        of the bucket before it, as that one is waited for (param_and_grad_buffer.py
+        finish_param_sync), and the first by its own: one layer ahead."""
+        p, t = self.sc.parallelism, self.sc.training
+        if self.zero3 or not (1 <= p.zero_stage <= 2 and t.overlap_param_gather and (p.dp * p.cp > 1 or p.edp > 1)):
+            return None
+        return "chunk" if p.pipeline_schedule == "interleaved-1f1b" else "layer"
 
     def _zero12_gathers_at_start(self, prog, stages) -> dict:
-        """ZeRO 1/2 with `overlap_param_gather`: the parameter all-gather of each chunk launched
-        at the start of the step (the previous step's, overlapped with this forward); returns
-        {stage: handle} for the chunk's first forward to wait for."""
-        p, t = self.sc.parallelism, self.sc.training
+        """ZeRO 1/2's chunk-wide overlapped gathers (`_zero12_overlapped`) launched at the start
+        of the step (the previous step's, overlapped with this forward); returns {stage:
+        handles} for the chunk's first forward to wait for. With "layer" the stages are kept in
+        `_zero12_first` for their first forward (`_zero12_before`)."""
         handles = {}
-        if self.zero3 or not (p.zero_stage >= 1 and p.dp * p.cp > 1 and t.overlap_param_gather):
+        how = self._zero12_overlapped()
+        self._zero12_first = set(stages) if how == "layer" else set()
+        if how != "chunk":
             return handles
         for s in stages:
-            h = ("param-gather", s)
-            prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp", int(self._stage_dense_params(s) * 2), "dp"),
-                               f"param all-gather chunk {s}", "dp"))
-            handles[s] = h
+            hs = handles[s] = []
+            for j, spec in enumerate(self._zero12_specs(s)):
+                hs.append(("param-gather", s, j))
+                prog.append(Launch(hs[-1], spec, f"param all-gather chunk {s}", "dp"))
         return handles
+
+    def _zero12_launch(self, prog, s, unit) -> list:
+        """The launch of chunk `s`'s gather of `unit` (a layer, "embedding" or "head") unless
+        launched; its handles."""
+        hs = self._zero12_units.get((s, unit))
+        if hs is None:
+            ends = {"embedding": (0,), "head": (1, 2)}.get(unit, ())
+            specs = self._zero12_specs(s, () if ends else (unit,), ends)
+            hs = self._zero12_units[s, unit] = [("param-gather", s, unit, j) for j in range(len(specs))]
+            for h, spec in zip(hs, specs):
+                prog.append(Launch(h, spec, f"param all-gather {unit if ends else f'L{unit}'}", "dp"))
+        return hs
+
+    def _zero12_before(self, prog, s, layers, k) -> None:
+        """In chunk `s`'s first forward under "layer" overlap: before layer layers[k] (k = -1:
+        the embedding, k = len(layers): the head), launch its gather unless launched and the next
+        unit's, then wait for its own."""
+        unit = "embedding" if k < 0 else "head" if k >= len(layers) else layers[k]
+        hs = self._zero12_launch(prog, s, unit)
+        if k < len(layers):
+            self._zero12_launch(prog, s, layers[k + 1] if k + 1 < len(layers) else "head")
+        for h in hs:
+            prog.append(Wait(h, f"param gather {unit if isinstance(unit, str) else f'L{unit}'}"))
 
     def _grad_spec(self, r, n_dense, n_expert):
         p, z = self.sc.parallelism, self.sc.parallelism.zero_stage
@@ -144,7 +201,7 @@ class DataParallel:
                 n_local += n_dense / (p.dp * p.cp if p.zero_stage >= 1 else 1)
                 n_local += n_expert / (p.edp if p.zero_stage >= 1 else 1)
         prog.append(Compute(self.costs.optimizer_ns(n_local), "optimizer step", "optimizer"))
-        if 1 <= p.zero_stage <= 2 and p.dp * p.cp > 1 and not t.overlap_param_gather:
+        if 1 <= p.zero_stage <= 2 and not t.overlap_param_gather:
             for s in stages:
-                prog.append(Comm(self._dim_spec("all_gather", "dp-cp", int(self._stage_dense_params(s) * 2), "dp"),
-                                 f"param all-gather chunk {s}"))
+                for spec in self._zero12_specs(s):
+                    prog.append(Comm(spec, f"param all-gather chunk {s}"))

@@ -42,7 +42,7 @@ class ShardedDataParallel:
                 h = ("param-gather", s)
                 prog.append(Launch(h, self._dim_spec("all_gather", "dp-cp", int(self.end_params[s] * 2), "dp"),
                                    f"param all-gather emb/head chunk {s}", "dp"))
-                handles[s] = h
+                handles[s] = [h]
         return handles
 
     def _fsdp_specs(self, r, stage, layer):
