@@ -1971,6 +1971,17 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
 
 
 # ----------------------------------------------------------------------------------------------
+def _file_ref(name: str, path: str, folder: str) -> str:
+    """How resolved.yaml names the topology or GPU profile a step read from `path`: by its
+    `name` where that is the bundled file of the name (under `folder`), else by the file's
+    absolute path (a copy edited under a bundled name ran the bundled file again from
+    resolved.yaml; a name of its own was unknown there)."""
+    if not path:
+        return name
+    read = Path(path).resolve()
+    return name if read == (bundled_dir(folder) / f"{name}.yaml").resolve() else str(read)
+
+
 def resolved_dict(sc: Scenario) -> dict:
     """The scenario with every default and derived value filled in, canonical names only
     (written as resolved.yaml)."""
@@ -1979,8 +1990,9 @@ def resolved_dict(sc: Scenario) -> dict:
     return {
         "name": sc.name,
         "model": model,
-        "cluster": {"topology": sc.cluster.topology.name, "num_nodes": sc.cluster.num_nodes,
-                    "gpu": sc.cluster.gpu.name,
+        "cluster": {"topology": _file_ref(sc.cluster.topology.name, sc.cluster.topology.path, "topologies"),
+                    "num_nodes": sc.cluster.num_nodes,
+                    "gpu": _file_ref(sc.cluster.gpu.name, sc.cluster.gpu.path, "topologies/devices"),
                     **({"nodes_per_nvlink_domain": sc.cluster.topology.nvlink_domain_nodes}
                        if sc.cluster.topology.nvlink_domain is not None else {}),
                     "failure_rate_per_gpu_hour": sc.cluster.failure_rate_per_gpu_hour,

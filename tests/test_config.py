@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from conftest import base_scenario, run_cli
+from conftest import REPO, base_scenario, run_cli
 from sim.config import build_scenario, load_scenario, resolved_dict
 from sim.errors import ConfigError
 
@@ -429,6 +429,32 @@ def test_a_runs_resolved_yaml_runs_again(name, tmp_path):
     code, _, err = run_cli("run", str(path), "--json")
     assert code == 2 and "derived.num_microbatches" in err and "1000000, but the scenario gives" in err
     assert "resolved.yaml:" in err and "Traceback" not in err
+
+
+def test_resolved_yaml_names_a_users_topology_and_gpu_by_their_files(tmp_path):
+    """Copies of bundled files edited under the bundled names (half the NVLink bandwidth, a
+    larger sustained matmul fraction): resolved.yaml names them by their absolute paths, so that
+    it runs the same step again (it had named the bundled files, a different step, without a
+    word); bundled files stay named by name."""
+    from sim.config import write_resolved
+
+    topo = tmp_path / "t" / "my.yaml"
+    topo.parent.mkdir()
+    topo.write_text((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text().replace(
+        "bandwidth_gbps: 370", "bandwidth_gbps: 185"))
+    dev = tmp_path / "dev.yaml"
+    dev.write_text((REPO / "topologies" / "devices" / "h100-sxm-80gb.yaml").read_text().replace(
+        "sustained_matmul_fraction: 0.748", "sustained_matmul_fraction: 0.9"))
+    sc = load_scenario("llama3-8b-h100x16-1f1b", [f"cluster.topology={topo}", f"cluster.gpu={dev}"])
+    assert sc.cluster.topology.name == "dgx-h100-ndr" and sc.cluster.gpu.name == "h100-sxm-80gb"
+    path = tmp_path / "resolved.yaml"
+    write_resolved(sc, path)
+    cluster = yaml.safe_load(path.read_text())["cluster"]
+    assert (cluster["topology"], cluster["gpu"]) == (str(topo.resolve()), str(dev.resolve()))
+    again = load_scenario(str(path))
+    assert again.cluster.topology.raw == sc.cluster.topology.raw and again.cluster.gpu == sc.cluster.gpu
+    bundled = resolved_dict(load_scenario("llama3-8b-h100x16-1f1b"))["cluster"]
+    assert (bundled["topology"], bundled["gpu"]) == ("dgx-h100-ndr", "h100-sxm-80gb")
 
 
 @pytest.mark.parametrize("path", sorted(p.name for p in (__import__("conftest").REPO / "scenarios").glob("*.yaml")))
