@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, with_sets
+from conftest import REPO, run_cli, with_sets
 from test_sweep import FIXED, TINY, comparable
 from sim.sweep.store import read_table, stream_path
 
@@ -235,3 +235,25 @@ def test_a_folder_where_the_table_or_stream_goes_is_refused_before_sweeping(tmp_
     words = (f"{tmp_path / folder} is a folder or a device, not a file" if folder == "t.csv" else
              f"error: --out's stream file {tmp_path / folder}: is a folder, where a file is written")
     assert words in err and (tmp_path / folder).is_dir(), err
+
+
+def test_an_edited_hardware_file_is_another_sweep(tmp_path):
+    """The sweep's id covers the contents of the files it read, not only their paths: the same
+    topology path whose GPU profile (a file of its own) was edited between two runs with one
+    --out is another sweep (its stream is refused, not resumed with the old file's results);
+    the same contents again give the same id."""
+    from sim.sweep import SweepSpec, prepare
+
+    dev = tmp_path / "dev.yaml"
+    dev.write_text((REPO / "topologies" / "devices" / "h100-sxm-80gb.yaml").read_text())
+    topo = tmp_path / "topo.yaml"
+    topo.write_text((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text().replace(
+        "gpu: h100-sxm-80gb", f"gpu: {dev}"))
+
+    def sweep_id():
+        return prepare(SweepSpec(model="gpt-1.7b", gpus=8, topology=str(topo))).sweep_id
+
+    first = sweep_id()
+    assert sweep_id() == first
+    dev.write_text(dev.read_text().replace("sustained_matmul_fraction: 0.748", "sustained_matmul_fraction: 0.3"))
+    assert sweep_id() != first

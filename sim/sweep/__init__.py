@@ -224,9 +224,9 @@ EP_ONLY_KEYS = ("overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap")
 layout of the sweep is checked with them)."""
 
 
-def _probe_model(data: dict):
-    """The model and device as build_scenario resolves them (and the user's other keys checked
-    once, with their own messages)."""
+def _probe(data: dict):
+    """The scenario of one GPU that resolves the model and device as build_scenario does (and
+    checks the user's other keys once, with their own messages)."""
     from sim.config import build_scenario
 
     probe = copy.deepcopy(data)
@@ -238,7 +238,7 @@ def _probe_model(data: dict):
     probe["training"] = {**{k: v for k, v in probe["training"].items() if k not in EP_ONLY_KEYS},
                          "global_batch_size": 1, "micro_batch_size": 1}
     probe["training"].setdefault("seq_length", 2)
-    return build_scenario(probe, default_name="sweep").model
+    return build_scenario(probe, default_name="sweep")
 
 
 def prepare(spec: SweepSpec) -> Prepared:
@@ -256,7 +256,8 @@ def prepare(spec: SweepSpec) -> Prepared:
         # all were enumerated, as thousands of invalid ones)
         raise ConfigError(f"{gbs!r}: the global batch is not a swept key; give one whole number (a sweep per "
                           "batch: one command each)", key="training.global_batch_size").located("--set", None)
-    model = _probe_model(data)
+    probe = _probe(data)
+    model = probe.model
     training = data["training"]
     training.setdefault("seq_length", min(model.max_position_embeddings, DEFAULT_SEQ_CAP))
     training.setdefault("global_batch_size", max(1, DEFAULT_BATCH_TOKENS // training["seq_length"]))
@@ -272,8 +273,11 @@ def prepare(spec: SweepSpec) -> Prepared:
         num_layers=_split_layers(model, data["parallelism"]),
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
-    ident = json.dumps({"version": 1, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
-                        "tp_across_nodes": spec.tp_across_nodes, "memory_fraction": spec.memory_fraction},
+    # the files' contents too (the topology, the GPU profile, a model's config): an edited file
+    # under the same path had resumed the results of the file before the edit
+    ident = json.dumps({"version": 2, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
+                        "tp_across_nodes": spec.tp_across_nodes, "memory_fraction": spec.memory_fraction,
+                        "files": [topo.raw, repr(probe.cluster.gpu), repr(model)]},
                        sort_keys=True, default=str)
     return Prepared(base=data, grid=grid, layouts=layouts,
                     sweep_id=hashlib.sha256(ident.encode()).hexdigest()[:12],
