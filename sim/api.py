@@ -46,10 +46,24 @@ def _plain(value):
     raise TypeError(type(value).__name__)
 
 
+def _yaml_json(value) -> str:
+    """JSON text of a plain value (as json.loads gives) that YAML reads back as the same value:
+    a float in exponent form gets a point in its mantissa (YAML 1.1 reads JSON's 1e-05 as a
+    string, 1.0e-05 as the float)."""
+    if isinstance(value, float):
+        mantissa, e, exponent = json.dumps(value).partition("e")
+        return f"{mantissa}{'' if '.' in mantissa or not e else '.0'}{e}{exponent}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_yaml_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_json(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def override_items(set: Mapping | None = None, overrides: Mapping | None = None) -> list[str]:
     """The `--set` items (`dotted.key=value`) of `set=` and keyword overrides, in that order, a
-    keyword replacing set='s item of the same key (keywords win). Values are written as JSON,
-    which YAML reads back as the same value (a string stays a string, a list a list)."""
+    keyword replacing set='s item of the same key (keywords win). Values are written as JSON
+    (`_yaml_json`), which YAML reads back as the same value (a string stays a string, a list a list)."""
     from sim.config import override_key
 
     items = []
@@ -65,7 +79,7 @@ def override_items(set: Mapping | None = None, overrides: Mapping | None = None)
                                   "'parallelism.tp'", key="set")
             key = key.replace("__", ".")
             try:
-                text = json.dumps(value, allow_nan=False, default=_plain)
+                text = _yaml_json(json.loads(json.dumps(value, allow_nan=False, default=_plain)))
             except ValueError:
                 raise ConfigError(f"{value!r} is not a finite number", key=key) from None
             except TypeError:

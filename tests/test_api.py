@@ -90,6 +90,22 @@ def test_breakdown_and_memory_equal_the_commands(tmp_path, scenario_file):
     assert list(res.memory().columns) == list(mem["per_stage"][0])
 
 
+def test_floats_in_exponent_form_are_overrides_as_given():
+    """Python writes 1e-05 in exponent form without a point, which YAML 1.1 reads as a string:
+    the override items carry one (1.0e-05), so YAML reads back the same float, nested too; a
+    failure rate that small (the default is 1.97e-5) reaches the scenario as given."""
+    import yaml
+
+    from sim.api import override_items
+
+    for v in (1e-05, 1e20, -2.5e-07, 0.5, [1e-05, {"a": 1e-09}]):
+        [item] = override_items({"k": v})
+        assert yaml.safe_load(item.partition("=")[2]) == v
+    res = api.simulate("gpt-1.7b-a100x8-gpipe", set={"cluster.failure_rate_per_gpu_hour": 1e-5},
+                       cluster__restart_time_s=1e3)
+    assert (res.scenario.cluster.failure_rate_per_gpu_hour, res.scenario.cluster.restart_time_s) == (1e-5, 1e3)
+
+
 def test_dict_scenario_and_keyword_overrides(scenario_file):
     """A dict scenario with `__` keywords gives what the same values written into it give;
     keywords win over set=; aliases replace the canonical key as --set does."""
