@@ -163,7 +163,7 @@ def test_stock_transformer_encoder_calibrates_and_its_scenario_runs(tmp_path):
     assert (m["add_bias_linear"], m["tie_embeddings"], m["hidden_dropout"], m["normalization"]) == (
         True, False, 0.0, "layernorm")
     assert yaml.safe_load(scen.read_text())["cluster"] == {"topology": "cpu-local", "gpu": str(prof.resolve())}
-    assert resolved["cluster"]["gpu"] == "p"                    # the written profile (--out p.yaml)
+    assert resolved["cluster"]["gpu"] == str(prof.resolve())    # the written profile (--out p.yaml), by its path
     notes = res["scenario_notes"]
     assert [n for n in notes if n.startswith("activation relu: written as gelu")]
     assert [n for n in notes if n.startswith("final norm: the model has none")]
