@@ -106,10 +106,10 @@ def test_comm_slows_concurrent_compute_by_the_factor():
 
 def test_collective_of_simulated_members_is_a_barrier():
     # ranks 0 and 1 both simulated: the all-reduce starts when the later one (rank 1, at 30)
-    # arrives and ends for both at 30 + 5
+    # arrives and ends for both at 30 + 5; rank 0's record is the call's, its wait 10-30 idle
     progs = {0: [Compute(10, "a"), Comm(spec(5), "ar"), Compute(1, "c")],
              1: [Compute(30, "a"), Comm(spec(5), "ar"), Compute(1, "c")]}
     e = Engine(progs, FixedNetwork())
     assert e.run() == 36
-    assert log(e) == [(0, "compute", "a", 0, 10), (0, "compute", "ar", 10, 35), (0, "compute", "c", 35, 36),
+    assert log(e) == [(0, "compute", "a", 0, 10), (0, "compute", "ar", 30, 35), (0, "compute", "c", 35, 36),
                       (1, "compute", "a", 0, 30), (1, "compute", "ar", 30, 35), (1, "compute", "c", 35, 36)]

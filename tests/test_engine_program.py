@@ -153,6 +153,26 @@ def test_tied_embedding_grads_all_reduced_between_end_stages():
     assert len(emb) == 1 and all(s.size_bytes == 512 * 256 * 2 and len(s.ranks) == 2 for s in emb)
 
 
+def test_a_collectives_wait_for_its_last_member_is_idle_not_communication():
+    """The tied embedding's all-reduce (7 ns) of pp 2 x 4 microbatches of 1F1B: the last stage
+    posts it at its last backward's end, the first stage later (its own last backward comes
+    after); both members' records span the call itself, from the later arrival, 7 ns, so the last
+    stage's wait before it counts as bubble (it had been recorded from the post, as 7 ns plus
+    the wait of exposed communication)."""
+    data = base_scenario(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                                "vocab_size": 1024, "tie_embeddings": True},
+                         training={"global_batch_size": 8, "seq_length": 128})
+    data["parallelism"] = {"tp": 1, "pp": 2, "dp": 2}
+    sc = build_scenario(data)
+    _, eng, _, _ = _run(sc, FixedNetwork(coll=7))
+    calls = [r for r in eng.records if r.name == "embedding grad all-reduce"]
+    # each member arrives when its work before the call (its layers, its DP reductions) ends
+    arrive = {c.rank: max(x.end_ns for x in eng.records if x.rank == c.rank and x.stream != "mark"
+                          and x.end_ns <= c.start_ns and x is not c) for c in calls}
+    assert len(calls) == 2 and len(set(arrive.values())) == 2          # the two ends arrive apart
+    assert {(r.start_ns, r.end_ns - r.start_ns) for r in calls} == {(max(arrive.values()), 7)}
+
+
 @pytest.mark.parametrize("coll, second_start", [(70, 100), (150, 150)])
 def test_tp_comm_overlap_runs_under_the_next_kernel_only(coll, second_start):
     """A TP collective launched before two kernels overlaps the first; the second waits for

@@ -23,7 +23,7 @@ duration stretches accordingly (integer ns, rounded up at each change of the str
 Collectives whose members are all simulated (`ranks: all`, or the tied-embedding all-reduce of
 two simulated pipeline ranks) synchronise them: the call starts on the network when its last
 member arrives (a barrier, as NCCL's kernels wait for their peers), and every member's call ends
-together. Members are matched by the group and the call's index among the rank's calls on that
+together; an exposed member's record starts with the call, its wait before is idle. Members are matched by the group and the call's index among the rank's calls on that
 group in program order (NCCL's rule: one order of calls per communicator).
 
 Every interval is recorded as `Record(rank, stream, name, cat, start_ns, end_ns)`; the metrics
@@ -439,11 +439,13 @@ class Engine:
 
     def _transfer(self, spec: CommSpec, key):
         """The network time of a call; with a barrier key, once for all members after the last
-        one arrives."""
+        one arrives. Returns when the call started on the network (None: when it was made)."""
         if key is None:
             yield from self.network.transfer(self.env, spec)
-            return
-        yield self._arrive(spec, key, self.env.now)
+            return None
+        done = self._arrive(spec, key, self.env.now)
+        yield done
+        return done.call_start
 
     def _arrive(self, spec: CommSpec, key, at: int, member=None) -> simpy.Event:
         """One member of a barrier call arrives at `at` (now, or later for a launch queued behind
@@ -466,6 +468,7 @@ class Engine:
         (an isolated group, or the analytical network) ends then + its time, with no process;
         otherwise a process runs it on the network (only members arriving now can be waiting)."""
         env = self.env
+        ent[1].call_start = ent[2]             # (read by a member's exposed call: `_transfer`)
         dur = self._network_fixed_ns(spec)
         if dur is None:
             env.process(self._run_shared(spec, ent[1]))
@@ -800,11 +803,14 @@ class Engine:
             elif t is Comm:
                 start = env.now
                 st.waiting_on = ins
-                yield from self._transfer(ins.spec, self._rendezvous_key(rank, ins.spec))
+                began = yield from self._transfer(ins.spec, self._rendezvous_key(rank, ins.spec))
                 st.waiting_on = None
                 # an exposed collective occupies the compute stream's timeline as communication
+                # from when it runs: a barrier's wait for its last member (the tied embedding's
+                # all-reduce of the last stage waiting for the first's backward) is idle time,
+                # a straggler's or the pipeline's, not communication
                 self._log.append(Record(rank, "compute", ins.name, "comm:" + (ins.spec.tag or "x"),
-                                           start, env.now))
+                                           start if began is None else max(start, began), env.now))
             elif t is Launch:
                 done = self._event_for(self._handles, (rank, ins.handle))
                 self._launch(rank, ins.stream, ins.spec, ins.name, done,
