@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import ConfigError
+from sim.errors import BeyondLimits, ConfigError
 
 __all__ = ["Result", "read_timeline", "simulate", "sweep"]
 
@@ -256,7 +256,10 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
         from sim.paths import check_folder
 
         check_folder(_path("out", out), "out")
-    run = _simulate(sc, link_load=True)          # (the trace's link counters, if written)
+    try:
+        run = _simulate(sc, link_load=True)      # (the trace's link counters, if written)
+    except BeyondLimits as e:                    # (the command's exit 2: sizes beyond what sim5d simulates)
+        raise ConfigError(str(e)) from None
     # summary.json's content exactly: the JSON round trip (tuples as lists, as the file reads back)
     res = Result(scenario=sc, run=run, summary=json.loads(json.dumps(run.summary())))
     if out is not None:
@@ -360,12 +363,17 @@ def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, exe
         if executor not in ("local", "ray"):
             raise ConfigError(f"executor {executor!r}: choose local, ray or an executor object", key="executor")
         spec.executor = executor
-    elif not callable(getattr(executor, "map_unordered", None)):
+    elif isinstance(executor, type) or not callable(getattr(executor, "map_unordered", None)):
         raise ConfigError(f"executor ({executor!r}) must be local, ray or an executor object (sim.sweep.executors: "
                           "one with map_unordered)", key="executor")
     else:
         own = executor
     plots = _switch("plots", plots)
+    for name, given, what in (("plots", plots, "the charts are written beside"),
+                              ("restart", spec.restart, "whose stream a restart discards")):
+        if given and out is None:
+            raise ConfigError(f"{name}=True needs out= (the table file {what}); without out= nothing is kept",
+                              key=name)
     if out is not None:
         spec.out, spec.plots = _path("out", out), plots
         res = run_sweep(spec, progress=False, executor=own)
@@ -373,6 +381,11 @@ def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, exe
         with tempfile.TemporaryDirectory(prefix="sim5d-sweep-") as tmp:
             spec.out, spec.plots = Path(tmp) / "sweep.csv", False
             res = run_sweep(spec, progress=False, executor=own)
+    if res.counts["ranked"] == 0:                # as the command: no answer on this hardware
+        from sim.commands.sweep import no_layout_error
+
+        raise no_layout_error(res, f"model {model.get('preset', model) if isinstance(model, dict) else model}, "
+                                   f"{gpus} GPUs of {topology}")
     df = pd.DataFrame([[r.get(c) for c in TABLE_COLUMNS] for r in res.table], columns=TABLE_COLUMNS)
     df = df.astype({c: "Int64" for c in TABLE_COLUMNS if c in INT_KEYS}
                    | {c: "boolean" for c in TABLE_COLUMNS if c in BOOL_KEYS})

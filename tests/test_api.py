@@ -296,3 +296,25 @@ def test_the_example_notebook_runs():
     s = ns["result"].summary
     assert f"step {s['step_time_s']:.3f} s, MFU {s['mfu']:.1%}" in out.getvalue()
     assert ns["other"].summary["step_time_s"] < s["step_time_s"]         # interleaving shrinks the bubble
+
+
+def test_what_the_commands_refuse_the_api_raises_as_config_error():
+    """As the commands exit 2: a step beyond what sim5d simulates (BeyondLimits, which the API
+    had let through), a sweep that ranks no layout (it had returned an empty table), an executor
+    class instead of an object (it had crashed in the pool), and plots= or restart= without out=
+    (they had been dropped without a word)."""
+    from sim.sweep.executors import LocalExecutor
+
+    calls = [
+        (lambda: api.simulate("llama3-8b-h100x8-zbv", set={"training.seq_length": 2**24,
+                                                           "training.micro_batch_size": 2**16,
+                                                           "training.global_batch_size": 2**16}),
+         "beyond what sim5d simulates"),
+        (lambda: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", set={"parallelism.tp": [3]}), "no layout could be ranked"),
+        (lambda: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", executor=LocalExecutor), "executor object"),
+        (lambda: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", plots=True), "plots=True needs out="),
+        (lambda: api.sweep("gpt-1.7b", 8, "dgx-a100-hdr", restart=True), "restart=True needs out="),
+    ]
+    for call, words in calls:
+        with pytest.raises(ConfigError, match=words):
+            call()

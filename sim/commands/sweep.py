@@ -116,10 +116,8 @@ def register(app: typer.Typer) -> None:
         if c["ranked"] == 0:
             # as `sim5d plan` with no winner: the table, the printout and the report are written,
             # and a script sees that the question has no answer on this hardware
-            raise ConfigError(f"no layout could be ranked (--model {model} --gpus {gpus} --topology {topology}"
-                              f"{''.join(f' --set {v}' for v in set_ or [])}): {c['evaluated']:,} evaluated, "
-                              f"{c['invalid']:,} invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} "
-                              f"errors; {res.no_layout or 'see the table ' + str(res.out)}")
+            raise no_layout_error(res, f"--model {model} --gpus {gpus} --topology {topology}"
+                                       f"{''.join(f' --set {v}' for v in set_ or [])}")
 
 
 def _check_paths(html, export, export_format, out=None) -> None:
@@ -135,6 +133,14 @@ def _check_paths(html, export, export_format, out=None) -> None:
     if html is not None:
         check_path(html)
     check_export(export, export_format)
+
+
+def no_layout_error(res, asked: str) -> ConfigError:
+    """The error of a sweep `res` that ranked no layout, `asked` naming the question."""
+    c = res.counts
+    return ConfigError(f"no layout could be ranked ({asked}): {c['evaluated']:,} evaluated, {c['invalid']:,} "
+                       f"invalid, {c['out_of_memory']:,} out of memory, {c['errors']:,} errors; "
+                       f"{res.no_layout or 'see the table ' + str(res.out)}")
 
 
 def _write_extras(res, html, export, export_format=None, as_json: bool = False) -> None:
