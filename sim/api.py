@@ -181,15 +181,26 @@ class Result:
     def write(self, out, trace_ranks: str | None = None, timeline: str | None = None) -> Path:
         """Write what `sim5d run --out OUT [--trace-ranks R] [--timeline F]` writes (summary.json,
         timeline.csv or, `timeline="parquet"`, timeline.parquet, traces, resolved YAML, charts) to
-        the folder `out`; returns it."""
-        from sim.commands.run import check_untraced, parse_trace_ranks, write_outputs
+        the folder `out`; returns it. `trace_ranks` as the flag's text, or a rank or a list of ranks."""
+        from sim.commands.run import check_trace_ranks, check_untraced, trace_ranks_of, write_outputs
         from sim.engine.outputs import check_timeline_format
         from sim.paths import check_folder
 
         folder = _path("out", out)
-        parse_trace_ranks(trace_ranks, self.scenario.derived.num_gpus)
-        check_timeline_format(timeline or "csv", "timeline")
+        if isinstance(trace_ranks, (list, tuple)) and all(isinstance(r, int) and not isinstance(r, bool)
+                                                          for r in trace_ranks):
+            trace_ranks = ",".join(map(str, trace_ranks))
+        elif isinstance(trace_ranks, int) and not isinstance(trace_ranks, bool):
+            trace_ranks = str(trace_ranks)
+        elif trace_ranks is not None and not isinstance(trace_ranks, str):
+            raise ConfigError(f"trace_ranks ({trace_ranks!r}) must be simulated, all, none, a rank or a list of "
+                              "ranks", key="trace_ranks")
+        if timeline is not None and not isinstance(timeline, str):
+            raise ConfigError(f"timeline ({timeline!r}) must be csv or parquet", key="timeline")
+        check_trace_ranks(self.scenario, trace_ranks)     # (all of a representative-ranks step: refused)
+        check_timeline_format("csv" if timeline is None else timeline, "timeline")
         check_untraced(trace_ranks, None, timeline, "timeline")
+        trace_ranks_of(self.run, trace_ranks)             # (a rank not simulated: before the folder)
         check_folder(folder, "out")            # (a file there: ConfigError, not FileExistsError)
         write_outputs(self.run, folder, trace_ranks, timeline=timeline or "csv")
         return folder

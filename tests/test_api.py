@@ -318,3 +318,20 @@ def test_what_the_commands_refuse_the_api_raises_as_config_error():
     for call, words in calls:
         with pytest.raises(ConfigError, match=words):
             call()
+
+
+def test_result_write_checks_its_trace_ranks_as_the_command_does(tmp_path):
+    """`Result.write`'s trace_ranks and timeline as `run --trace-ranks/--timeline` take them, and
+    refused before anything is written: `all` of a representative-ranks step (it had written the
+    representatives' traces as `simulated`), a rank not simulated (it had left an empty folder),
+    an empty timeline (it had been CSV); a rank or a list of ranks is the flag's list."""
+    res = api.simulate("gpt-1.7b-a100x8-gpipe")
+    for kwargs, words in (({"trace_ranks": "all"}, "one rank per symmetric group"),
+                          ({"trace_ranks": "0,1"}, "not simulated"), ({"timeline": ""}, "must be one of csv, parquet"),
+                          ({"trace_ranks": 1.5}, "a list of ranks")):
+        with pytest.raises(ConfigError, match=words):
+            res.write(tmp_path / "w", **kwargs)
+        assert not (tmp_path / "w").exists()
+    for given, files in ((0, ["rank-0.json.gz"]), ([0, 2], ["rank-0.json.gz", "rank-2.json.gz"])):
+        res.write(tmp_path / str(given), trace_ranks=given)
+        assert sorted(p.name for p in (tmp_path / str(given) / "traces").iterdir()) == files
