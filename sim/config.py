@@ -740,11 +740,15 @@ def apply_overrides(data: dict, overrides: list[str], lines: dict) -> dict:
     given: dict = {}
     for item in overrides:
         parts, value = _split_override(item)
-        key = override_key(".".join(parts))
-        if key in given:
-            raise ConfigError(f"set twice (--set {given[key]} too); keep one", key=".".join(key),
-                              file=f"--set {item[:80]}")
-        given[key] = item
+        # the key, and the keys a mapping value sets (`--set training={...}` after, or before,
+        # `--set training.recompute=none` had taken the last one's recompute without a word)
+        keys = [override_key(".".join(parts))] + ([override_key(".".join([*parts, str(k)])) for k in value]
+                                                  if isinstance(value, dict) else [])
+        for key in keys:
+            if key in given:
+                raise ConfigError(f"set twice (--set {given[key]} too); keep one", key=".".join(key),
+                                  file=f"--set {item[:80]}")
+        given.update(dict.fromkeys(keys, item))
         new_section = parts[0] not in data
         node = data
         for i, part in enumerate(parts[:-1]):

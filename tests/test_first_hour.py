@@ -282,6 +282,13 @@ def test_run_refuses_a_folder_with_something_in_the_way_of_its_outputs(tmp_path,
     (["run", SMALL, "--set", "parallelism.tp=2", "--set", "parallelism.tensor_model_parallel_size=1"],
      "--set parallelism.tensor_model_parallel_size=1: parallelism.tensor_model_parallel_size: set twice (--set "
      "parallelism.tp=2 too); keep one"),
+    # a mapping's keys too, either order (the later one's had been taken without a word)
+    (["run", SMALL, "--set", "parallelism.dp=1", "--set", "parallelism={{pp: 4, dp: 2, pipeline_schedule: gpipe}}"],
+     "--set parallelism={{pp: 4, dp: 2, pipeline_schedule: gpipe}}: parallelism.data_parallel_size: set twice "
+     "(--set parallelism.dp=1 too); keep one"),
+    (["run", SMALL, "--set", "parallelism={{pp: 4, dp: 2, pipeline_schedule: gpipe}}", "--set", "parallelism.pp=2"],
+     "--set parallelism.pp=2: parallelism.pipeline_model_parallel_size: set twice (--set parallelism={{pp: 4, "
+     "dp: 2, pipeline_schedule: gpipe}} too); keep one"),
 ])
 def test_an_empty_argument_or_a_one_value_flag_given_twice_exits_2(tmp_path, monkeypatch, args, words):
     """click keeps a flag's last value and takes '' as a value: `--gpus 8 --gpus 16` had run 16
