@@ -192,12 +192,13 @@ class ModelIn(Strict):
 
 class ClusterIn(Strict):
     topology: str
-    """A bundled topology name or a path to a topology YAML."""
+    """A bundled topology name or a path to a topology YAML (relative to the scenario file's
+    folder; to the working directory for a `--set` value)."""
     num_nodes: Optional[int] = Field(None, ge=1)
     """Nodes in the cluster; default: the fewest that hold the layout."""
     gpu: Optional[str] = None
-    """A bundled device profile name or a path (e.g. a calibrated profile); default: the
-    topology's GPU."""
+    """A bundled device profile name or a path (e.g. a calibrated profile; relative as
+    `topology`); default: the topology's GPU."""
     nodes_per_nvlink_domain: Optional[int] = Field(None, ge=1)
     """Servers (trays) of each NVLink domain the job gets, e.g. 16 of an NVL72 rack's 18: which
     trays a job is given is the scheduler's choice, so it is an input here. The job's servers
@@ -1212,10 +1213,22 @@ def _check_training_limits(t: TrainingIn, err) -> None:
             raise err(key, f"{value:,} is beyond what sim5d simulates (at most {LIMITS[key]:,})")
 
 
+def _in_folder(text: str | None, key: tuple, lines: dict, file: str | None) -> str | None:
+    """A relative YAML path the scenario file gives for `key` (cluster.topology, cluster.gpu),
+    from the file's folder, as model.hf_config: it had been read from the working directory, so
+    that a scenario beside its topology ran from its own folder only. A `--set` value, or a path
+    only the working directory has, is kept."""
+    where, _ = _where(lines, key, file)
+    if not (text and file and where == file and text.endswith((".yaml", ".yml")) and not Path(text).is_absolute()):
+        return text
+    beside = Path(file).parent / text
+    return str(beside) if is_file(beside) or not is_file(Path(text)) else text
+
+
 def _load_hardware(cluster: ClusterIn, lines: dict, file: str | None) -> tuple[TopologySpec, DeviceProfile]:
     """The topology and the GPU profile the cluster names, errors located where each is named."""
     try:
-        topo = load_topology(cluster.topology)
+        topo = load_topology(_in_folder(cluster.topology, ("cluster", "topology"), lines, file))
     except ConfigError as e:
         raise (e.located(file, _line(lines, ("cluster", "topology"))) if e.key == "cluster.topology" else e) from None
     try:
@@ -1225,7 +1238,7 @@ def _load_hardware(cluster: ClusterIn, lines: dict, file: str | None) -> tuple[T
     # (with neither the scenario's nor the topology's share, the rule for the job's nodes applies,
     # fixed below once the nodes are known)
     try:
-        gpu = load_device(cluster.gpu or topo.gpu,
+        gpu = load_device(_in_folder(cluster.gpu, ("cluster", "gpu"), lines, file) or topo.gpu,
                           key="cluster.gpu" if cluster.gpu else f"gpu (in topology {topo.name})")
     except ConfigError as e:
         # the topology's own `gpu:` is located in the topology file

@@ -457,6 +457,30 @@ def test_resolved_yaml_names_a_users_topology_and_gpu_by_their_files(tmp_path):
     assert (bundled["topology"], bundled["gpu"]) == ("dgx-h100-ndr", "h100-sxm-80gb")
 
 
+def test_relative_hardware_paths_are_read_from_the_file_that_names_them(tmp_path, monkeypatch):
+    """A scenario beside its topology (`cluster.topology: ./t.yaml`) and a topology beside its
+    profile (`gpu: ./dev.yaml`) load from any working directory, each path from the folder of the
+    file that writes it, as model.hf_config (they had been read from the working directory: such
+    a scenario loaded from its own folder only); a `--set` path is the working directory's."""
+    folder = tmp_path / "cluster"
+    folder.mkdir()
+    (folder / "dev.yaml").write_text((REPO / "topologies" / "devices" / "h100-sxm-80gb.yaml").read_text().replace(
+        "name: h100-sxm-80gb", "name: my-h100"))
+    (folder / "t.yaml").write_text((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text().replace(
+        "gpu: h100-sxm-80gb", "gpu: ./dev.yaml").replace("name: dgx-h100-ndr", "name: my-cluster"))
+    (folder / "sc.yaml").write_text(yaml.safe_dump(base_scenario(cluster={"topology": "./t.yaml", "num_nodes": 1})))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    sc = load_scenario(str(folder / "sc.yaml"))
+    assert (sc.cluster.topology.name, sc.cluster.gpu.name) == ("my-cluster", "my-h100")
+    monkeypatch.chdir(tmp_path)
+    sc = load_scenario("llama3-8b-h100x8-zbv", ["cluster.topology=cluster/t.yaml"])
+    assert (sc.cluster.topology.name, sc.cluster.gpu.name) == ("my-cluster", "my-h100")
+    with pytest.raises(ConfigError, match="no topology file './t.yaml'"):
+        load_scenario("llama3-8b-h100x8-zbv", ["cluster.topology=./t.yaml"])
+
+
 @pytest.mark.parametrize("path", sorted(p.name for p in (__import__("conftest").REPO / "scenarios").glob("*.yaml")))
 def test_bundled_scenarios_load(path):
     from conftest import REPO

@@ -478,7 +478,8 @@ class TopologyIn(Strict):
     name: checked(str, string()) = None
     """Topology name. Default: the file stem."""
     gpu: checked(str, string(non_empty=True, hint=" (a bundled device profile name or a path to one)"))
-    """Default device profile of its GPUs (a bundled name or a path). Required."""
+    """Default device profile of its GPUs (a bundled name or a path, relative to this file's folder).
+    Required."""
     gpus_per_node: checked(int, _gpus_per_node)
     """Accelerators per node (server), 1 to 4,096. Required."""
     max_nodes: Optional[checked(int, _max_nodes)] = None
