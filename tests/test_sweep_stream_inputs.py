@@ -257,3 +257,22 @@ def test_an_edited_hardware_file_is_another_sweep(tmp_path):
     assert sweep_id() == first
     dev.write_text(dev.read_text().replace("sustained_matmul_fraction: 0.748", "sustained_matmul_fraction: 0.3"))
     assert sweep_id() != first
+
+
+def test_a_topology_file_named_as_a_bundled_one_has_a_table_of_its_own(tmp_path):
+    """A copy of a bundled topology under its name (NVLink halved) is another sweep, and its
+    default table carries the sweep id, so that `sim5d plan` of the bundled cluster and the copy
+    keeps two tables (they had met in one stream, refused as another sweep's)."""
+    from sim.sweep import SweepSpec, default_out, prepare
+
+    copy = tmp_path / "copy.yaml"
+    copy.write_text((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text().replace(
+        "bandwidth_gbps: 370", "bandwidth_gbps: 185"))
+    outs = []
+    for topology in ("dgx-h100-ndr", str(copy)):
+        spec = SweepSpec(model="gpt-1.7b", gpus=8, topology=topology)
+        prep = prepare(spec)
+        assert prep.topology == "dgx-h100-ndr"
+        outs.append((default_out(spec, prep).name, prep.sweep_id))
+    assert outs[0][0] == "gpt-1.7b-dgx-h100-ndr-8gpu.csv"
+    assert outs[1][0] == f"gpt-1.7b-dgx-h100-ndr-8gpu-{outs[1][1][:8]}.csv" and outs[1][1] != outs[0][1]

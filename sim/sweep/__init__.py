@@ -287,9 +287,11 @@ def prepare(spec: SweepSpec) -> Prepared:
 
 def default_out(spec: SweepSpec, prep: Prepared) -> Path:
     """`out_folder`/MODEL-TOPOLOGY-Ngpu.csv, with the sweep id's first 8 characters before .csv
-    where --set or an option other than the defaults made it another sweep (each such variant
-    keeps, and resumes, its own table, instead of meeting the plain sweep's stream)."""
-    plain = not spec.overrides and not spec.tp_across_nodes and spec.memory_fraction == 1.0
+    where --set or an option other than the defaults made it another sweep, or the topology is a
+    file (a copy of a bundled one keeps its name: `sim5d plan` of both had met one stream), so
+    that each keeps, and resumes, its own table."""
+    plain = (not spec.overrides and not spec.tp_across_nodes and spec.memory_fraction == 1.0
+             and not str(spec.topology).endswith((".yaml", ".yml")))
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{prep.model_name}-{prep.topology}-{spec.gpus}gpu")
     return Path(spec.out_folder) / (stem + ("" if plain else f"-{prep.sweep_id[:8]}") + ".csv")
 
