@@ -144,6 +144,19 @@ def test_topology_file_rules(tmp_path):
     assert any(x.key == "nvlink_domain" and "nvswitch" in x.message for x in (e.value.errors or (e.value,)))
 
 
+def test_a_domain_larger_than_the_cluster_or_a_step_is_refused_at_load(tmp_path):
+    """The toy's radix-16, 2-tier fabric holds 64 trays (16 x 16 / 2 / 2: rail-optimized, a
+    leaf's half to the GPUs' 2 rails): a domain of 65 is refused, as is one of 4,096-GPU trays
+    beyond 2^20 GPUs (a larger domain had loaded, then `sim5d topology` ran out of memory)."""
+    toy(tmp_path, domain=64, name="fits")
+    for kwargs, words in (({"domain": 65}, "above max_nodes (64"),
+                          ({"domain": 300, "gpus_per_node": 4096, "max_nodes": 300}, "above the 1,048,576 GPUs")):
+        with pytest.raises(ConfigError) as e:
+            toy(tmp_path, name="big", **kwargs)
+        assert any(x.key == "nvlink_domain.nodes" and words in x.message for x in (e.value.errors or (e.value,))), \
+            e.value
+
+
 def test_with_domain_nodes_keeps_one_object(tmp_path):
     topo = toy(tmp_path, domain=4)
     assert with_domain_nodes(topo, 2) is with_domain_nodes(topo, 2)

@@ -727,8 +727,26 @@ def check_topology(data: Any, lines: dict | None = None, file: str | None = None
                 "add a tier")
         if max_nodes is None:
             max_nodes = cap
+    if domain is not None:
+        _check_domain_size(domain.nodes, gpn, max_nodes, err)
     raise_all(errors)
     return CheckedTopology(top, node, fabric, coll, storage, max_nodes, domain)
+
+
+MAX_GPUS = 1 << 20
+"""The most GPUs a step of sim5d has (sim.config's num_gpus limit)."""
+
+
+def _check_domain_size(nodes: int, gpn: int | None, max_nodes: int | None, err) -> None:
+    """An NVLink domain no larger than the cluster (max_nodes) nor than a step's GPUs: a larger
+    one had loaded, then `sim5d topology` built its graph until memory ran out, or refused a
+    --nodes the user had not given."""
+    if max_nodes is not None and nodes > max_nodes:
+        err("nvlink_domain.nodes", f"{nodes:,} servers in one NVLink domain, above max_nodes ({max_nodes:,}, the "
+                                   "cluster's servers)")
+    elif gpn is not None and nodes * gpn > MAX_GPUS:
+        err("nvlink_domain.nodes", f"{nodes:,} servers of {gpn:,} GPUs is {nodes * gpn:,} GPUs in one NVLink "
+                                   f"domain, above the {MAX_GPUS:,} GPUs a step of sim5d has")
 
 
 def parse_storage(data: Any, file: str | None = None) -> StorageSpec | None:
