@@ -221,7 +221,7 @@ class Result:
             static = {rank: run.memory.per_stage[pp].total_bytes - run.memory.per_stage[pp].activations_bytes
                       for rank, pp in run.pp_rank_of.items()}
             return report.memory_figure(memory_series(run.records, static), run.pp_rank_of,
-                                        run.memory.capacity_bytes)
+                                        run.memory.capacity_bytes, run.makespan_ns)
         raise ConfigError(f"figure kind {kind!r} must be timeline, breakdown or memory", key="kind")
 
     def _repr_html_(self) -> str:

@@ -362,3 +362,24 @@ def test_days_dollars_axis_leaves_room_for_the_labels_and_rings_the_front():
     assert many.layout.xaxis.type == "log"
     assert list(many.layout.xaxis.range) == pytest.approx(
         [math.log10(2) - 0.15 * math.log10(50), 2 + 0.15 * math.log10(50)])
+
+
+def test_memory_over_the_step_reaches_the_steps_end():
+    """Each stage's memory line and the capacity line end at the step's end (they had stopped
+    at the last change of memory, 14.7 ms short of Llama 3 8B's 1F1B step), the last value held;
+    the points before are memory_series's."""
+    from sim import api
+    from sim.engine.outputs import memory_series
+
+    res = api.simulate("llama3-8b-h100x16-1f1b")
+    fig = res.figure("memory")
+    end_ms = res.run.makespan_ns / 1e6
+    run = res.run
+    static = {r: run.memory.per_stage[pp].total_bytes - run.memory.per_stage[pp].activations_bytes
+              for r, pp in run.pp_rank_of.items()}
+    series = memory_series(run.records, static)
+    lines = [t for t in fig.data if t.name.startswith("pp ")]
+    assert lines and all(t.x[-1] == end_ms and t.y[-1] == t.y[-2] for t in lines)
+    assert max(t for pts in series.values() for t, _ in pts) / 1e6 < end_ms       # (short of it before)
+    cap = next(t for t in fig.data if t.name == "capacity")
+    assert list(cap.x) == [0, end_ms]

@@ -189,18 +189,23 @@ def breakdown_figure(breakdowns: dict, pp_rank_of: dict):
     return fig
 
 
-def memory_figure(mem: dict, pp_of: dict, capacity_bytes: float):
-    """Memory per GPU over the step, a step line per stage, and the capacity."""
+def memory_figure(mem: dict, pp_of: dict, capacity_bytes: float, makespan_ns: int | None = None):
+    """Memory per GPU over the step, a step line per stage, and the capacity, to the step's end
+    (`makespan_ns`; default: the last change, where the lines had stopped short of the step)."""
     from sim.memory import GiB
 
     go, _ = R._plotly()
     stage_of = one_per_stage({r: pp_of[r] for r in mem})
+    last = max((t for pts in mem.values() for t, _ in pts), default=0)
+    end_ns = max(last, makespan_ns or 0)
     fig = go.Figure()
     for rank in sorted(stage_of, key=stage_of.get):
-        pts = mem[rank]
+        pts = list(mem[rank])
+        if pts and pts[-1][0] < end_ns:
+            pts.append((end_ns, pts[-1][1]))        # (held to the end)
         fig.add_trace(go.Scatter(x=[t / 1e6 for t, _ in pts], y=[b / GiB for _, b in pts], mode="lines",
                                  line={"shape": "hv"}, name=f"pp {stage_of[rank]}"))
-    end = max((t for pts in mem.values() for t, _ in pts), default=0) / 1e6
+    end = end_ns / 1e6
     fig.add_trace(go.Scatter(x=[0, end], y=[capacity_bytes / GiB] * 2, mode="lines", name="capacity",
                              line={"dash": "dash", "color": "black"}))
     fig.update_layout(height=380, xaxis_title="time (ms)", yaxis_title="GiB per GPU",
@@ -230,8 +235,8 @@ def run_report(result, summary: dict, records, pp_of: dict, mem: dict, grouped: 
         ("Pipeline timeline", R.figure(timeline, "timeline") + note),
         ("Where the time goes, per stage", R.figure(breakdown_figure(result.breakdowns, result.pp_rank_of),
                                                      "breakdown")),
-        ("Memory over the step, per stage", R.figure(memory_figure(mem, pp_of, result.memory.capacity_bytes),
-                                                      "memory") + mem_table),
+        ("Memory over the step, per stage",
+         R.figure(memory_figure(mem, pp_of, result.memory.capacity_bytes, result.makespan_ns), "memory") + mem_table),
     ]
     subtitle = (f"{sc.model.name} on {sc.derived.num_gpus:,} x {sc.cluster.gpu.name} ({sc.cluster.topology.name}), "
                 f"{layout_text(sc)}, {precision_text(sc.training)}, {sc.simulation.network} network")
