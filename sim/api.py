@@ -21,6 +21,7 @@ folder (`simulate`) or a table file (`sweep`).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import numbers
@@ -30,12 +31,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.errors import BeyondLimits, ConfigError
+from sim.errors import BeyondLimits, ConfigError, user_path_error
 
 __all__ = ["Result", "read_timeline", "simulate", "sweep"]
 
 
 # ----------------------------------------------------------------------------------------------
+def _paths_refused(fn):
+    """`fn` raising ConfigError for an OSError of a path the user gave (too long a name, a full
+    disk, ...) or a path with a NUL, as the commands exit 2 on them (sim.errors.user_path_error)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (OSError, ValueError) as e:
+            refused = user_path_error(e)
+            if refused is None:
+                raise
+            raise refused from None
+    return call
+
+
 def _plain(value):
     """A value json cannot write itself: paths as strings, numpy scalars as Python numbers."""
     if isinstance(value, Path):
@@ -178,6 +194,7 @@ class Result:
 
         return pd.DataFrame(self.summary["memory"]["per_stage"])
 
+    @_paths_refused
     def write(self, out, trace_ranks: str | None = None, timeline: str | None = None) -> Path:
         """Write what `sim5d run --out OUT [--trace-ranks R] [--timeline F]` writes (summary.json,
         timeline.csv or, `timeline="parquet"`, timeline.parquet, traces, resolved YAML, charts) to
@@ -253,6 +270,7 @@ class Result:
                 f"peak {s['peak_memory_gib']:.1f} GiB on {s['num_gpus']} GPUs>")
 
 
+@_paths_refused
 def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) -> Result:
     """Simulate one training step, as `sim5d run`.
 
@@ -278,6 +296,7 @@ def simulate(scenario, /, *, set: Mapping | None = None, out=None, **overrides) 
     return res
 
 
+@_paths_refused
 def read_timeline(path):
     """A run's timeline as a DataFrame, the columns and types `Result.timeline()` has: `path` is a
     timeline.csv or timeline.parquet that `sim5d run` wrote, or the run's folder holding one.
@@ -333,6 +352,7 @@ def _switch(name: str, value) -> bool:
     return bool(value)
 
 
+@_paths_refused
 def sweep(model, gpus: int, topology: str, /, *, set: Mapping | None = None, executor="local",
           workers: int | None = None, top: int = 8, flow_within: float = 5.0, prune: bool = True,
           tp_across_nodes: bool = False, max_memory_fraction: float = 1.0, out=None, restart: bool = False,

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from sim.errors import Sim5dError
+from sim.errors import Sim5dError, user_path_error
 
 HELP_NAMES = ("-h", "--help")
 
@@ -223,6 +223,12 @@ def _main(argv: list[str] | None = None) -> None:
         lines = [str(x) for x in getattr(e, "errors", ())] or [str(e)]
         print("\n".join(f"error: {m}" for m in lines) if e.exit_code != 1 else str(e), file=sys.stderr)
         sys.exit(e.exit_code)
+    except (OSError, ValueError) as e:
+        refused = user_path_error(e)
+        if refused is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)
+        sys.exit(2)
     except Exception as e:   # noqa: BLE001 - click's refusals; everything else is re-raised
         _click_refusal(e)
     # as click's standalone mode ends: typer.Exit(code) / ctx.exit(code) inside a command, else 0

@@ -6,6 +6,8 @@ the CLI prints its message on stderr and exits with code 2, never a traceback.
 
 from __future__ import annotations
 
+import errno
+
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 
@@ -97,3 +99,21 @@ class ConfigError(Sim5dError):
             return ConfigError.all([e.located(file, line) for e in self.errors])
         return ConfigError(self.message, key=self.key, file=self.file or file,
                            line=self.line or line)
+
+
+USER_PATH_ERRORS = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT,
+                    errno.ELOOP}
+"""What the system says of a path the user gave or of where it points (too long a name, a full or
+read-only disk, no permission): a ConfigError (`user_path_error`), not a traceback."""
+
+
+def user_path_error(e: BaseException) -> ConfigError | None:
+    """The ConfigError of an OSError of a user's path (USER_PATH_ERRORS), naming it (a long one
+    shortened), or of a path with a NUL character (os's ValueError); None for anything else."""
+    if isinstance(e, ValueError) and "null byte" in str(e):
+        return ConfigError("a path or name given contains a NUL character (\\0); give one without")
+    if not isinstance(e, OSError) or e.errno not in USER_PATH_ERRORS:
+        return None
+    name = str(e.filename or "")
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    return ConfigError(f"{shown}: {e.strerror}" if name else str(e.strerror))

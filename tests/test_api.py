@@ -335,3 +335,14 @@ def test_result_write_checks_its_trace_ranks_as_the_command_does(tmp_path):
     for given, files in ((0, ["rank-0.json.gz"]), ([0, 2], ["rank-0.json.gz", "rank-2.json.gz"])):
         res.write(tmp_path / str(given), trace_ranks=given)
         assert sorted(p.name for p in (tmp_path / str(given) / "traces").iterdir()) == files
+
+
+def test_a_path_the_system_refuses_raises_config_error(tmp_path):
+    """Too long a name (ENAMETOOLONG: an OSError from pathlib) and a NUL in a path (os's
+    ValueError) raise ConfigError, as the commands exit 2 on them."""
+    for call, words in ((lambda: api.simulate("a" * 300), "File name too long"),
+                        (lambda: api.simulate("gpt-1.7b-a100x8-gpipe", out=tmp_path / ("a" * 300)), "File name too long"),
+                        (lambda: api.read_timeline("a" * 300 + ".csv"), "File name too long"),
+                        (lambda: api.simulate("a\x00b"), "NUL character")):
+        with pytest.raises(ConfigError, match=words):
+            call()

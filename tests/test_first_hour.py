@@ -455,3 +455,16 @@ def test_a_failed_step_leaves_no_empty_output_folder(tmp_path, monkeypatch):
         code, _, err = run_cli("run", SMALL, "--out", str(out))
         assert code == 2 and "would end" in err and "Traceback" not in err
         assert out.exists() == existed and (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("args", [["run", "a" * 300], ["memory", "a" * 300 + ".yaml"],
+                                  ["run", SMALL, "--trace-ranks", "none", "--out", "{tmp}/" + "a" * 300],
+                                  ["run", "a\x01b\x00c"]])
+def test_a_path_the_system_refuses_exits_2_naming_it(tmp_path, args):
+    """A name longer than the file system takes (ENAMETOOLONG) had ended in a traceback; now one
+    line naming the path (shortened) and the system's words, exit 2. A NUL in a path likewise
+    (os's ValueError); the command line cannot carry a NUL, so that case goes through main."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    code, _, err = run_cli(*args)
+    assert code == 2 and "Traceback" not in err, err
+    assert "characters): File name too long" in err or "NUL character" in err, err
