@@ -341,7 +341,8 @@ def test_a_path_the_system_refuses_raises_config_error(tmp_path):
     """Too long a name (ENAMETOOLONG: an OSError from pathlib) and a NUL in a path (os's
     ValueError) raise ConfigError, as the commands exit 2 on them."""
     for call, words in ((lambda: api.simulate("a" * 300), "File name too long"),
-                        (lambda: api.simulate("gpt-1.7b-a100x8-gpipe", out=tmp_path / ("a" * 300)), "File name too long"),
+                        (lambda: api.simulate("gpt-1.7b-a100x8-gpipe", out=tmp_path / ("a" * 300)),
+                         "File name too long"),
                         (lambda: api.read_timeline("a" * 300 + ".csv"), "File name too long"),
                         (lambda: api.simulate("a\x00b"), "NUL character")):
         with pytest.raises(ConfigError, match=words):
