@@ -303,3 +303,35 @@ def test_plot_of_64_nodes_is_summarised(name, nics):
     link_bw = load_topology(name).fabric.link.bandwidth_gbps
     assert gids["bw:fabric"].get_text() == f"{f['leaves'] * f['leaf_up_ports']} links x {link_bw:g} GB/s"
     assert fig.get_size_inches()[0] * 120 < 4000                # the old drawing was 4800 px of dots
+
+
+@pytest.mark.parametrize("change, key, words", [
+    (lambda d: d["node"].update(gpu_interconnect="pcie"), "node.nvlink", "applies to nvswitch and nvlink-mesh"),
+    (lambda d: d["node"].update(gpu_interconnect="nvlink-mesh"), "node.nvlink.nvls_bandwidth_gbps",
+     "reduces in an NVSwitch"),
+    (lambda d: d["node"]["nvlink"].update(nvls_bandwidth_gbps=5000), "node.nvlink.nvls_bandwidth_gbps",
+     "above node.nvlink.line_rate_gbps (450 GB/s)"),
+    (lambda d: (d["node"]["nic"].update(count=0), d.update(fabric={"kind": "none"})), "node.nic",
+     "apply to none"),
+    (lambda d: d["node"].update(loopback={"bandwidth_gbps": 10}), "node.loopback", "applies to loopback nodes"),
+    (lambda d: (d["node"]["pcie"].update(sockets=1), d["node"]["pcie"].update(switches=4)), "node.inter_socket",
+     "node.pcie.sockets is 1"),
+], ids=["nvlink-on-pcie", "nvls-on-mesh", "nvls-above-line-rate", "nic-count-0", "loopback-on-nvswitch",
+        "inter-socket-of-one"])
+def test_a_section_the_node_never_reads_is_refused(tmp_path, change, key, words):
+    """DGX H100's file with a section or key its node's kind never reads: each had loaded without
+    a word (and `sim5d topology` had printed an NVLS busbw the step never gives); now an error
+    naming the key. The file as bundled loads, and so does `nic: {count: 0}` alone."""
+    from conftest import REPO
+
+    d = yaml.safe_load((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text())
+    change(d)
+    p = tmp_path / "t.yaml"
+    p.write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as e:
+        load_topology(str(p))
+    assert any(x.key == key and words in x.message for x in (e.value.errors or (e.value,))), e.value
+    d = yaml.safe_load((REPO / "topologies" / "dgx-h100-ndr.yaml").read_text())
+    d["node"]["nic"], d["fabric"] = {"count": 0}, {"kind": "none"}
+    p.write_text(yaml.safe_dump(d))
+    assert load_topology(str(p)).node.nic.count == 0

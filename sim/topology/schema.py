@@ -575,8 +575,31 @@ def _node(n: NodeIn, gpn: int | None, err) -> NodeSpec:
                 "node.inter_socket link")
     if ic == "nvlink-mesh" and gpn is not None and gpn < 2:
         err("node.gpu_interconnect", "'nvlink-mesh' needs gpus_per_node >= 2")
+    _check_inert(n, ic, nvlink, pcie, count, err)
     return NodeSpec(gpu_interconnect=ic, nvlink=nvlink, pcie=pcie, inter_socket=inter, nic=nic,
                     loopback=loop)
+
+
+def _check_inert(n: NodeIn, ic: str, nvlink, pcie, nic_count: int, err) -> None:
+    """Sections and keys the node's kind never reads, refused (they had loaded without a word, and
+    `sim5d topology` had printed an NVLS busbw the step never used); NVLS's achievable rate at
+    most the NVLink line rate, as the point-to-point one."""
+    if nvlink is not None and ic not in ("nvswitch", "nvlink-mesh"):
+        err("node.nvlink", f"applies to nvswitch and nvlink-mesh nodes; node.gpu_interconnect is {ic!r} (remove it)")
+    if nvlink is not None and nvlink.nvls_bandwidth_gbps is not None:
+        if ic != "nvswitch":
+            err("node.nvlink.nvls_bandwidth_gbps", f"NVLink SHARP reduces in an NVSwitch; node.gpu_interconnect is "
+                f"{ic!r} (remove it)")
+        elif nvlink.line_rate_gbps is not None and nvlink.nvls_bandwidth_gbps > nvlink.line_rate_gbps:
+            err("node.nvlink.nvls_bandwidth_gbps", f"{nvlink.nvls_bandwidth_gbps:g} GB/s (achievable) is above "
+                f"node.nvlink.line_rate_gbps ({nvlink.line_rate_gbps:g} GB/s): achievable is at most the line rate")
+    if n.loopback is not None and ic != "loopback":
+        err("node.loopback", f"applies to loopback nodes; node.gpu_interconnect is {ic!r} (remove it)")
+    if n.nic is not None and not nic_count and n.nic.model_fields_set - {"count", "source"}:
+        err("node.nic", "count 0 (no NICs): its other keys apply to none (remove them, or give node.nic.count)")
+    if n.inter_socket is not None and (pcie is None or pcie.sockets < 2):
+        err("node.inter_socket", f"joins CPU sockets; node.pcie.sockets is {pcie.sockets if pcie else 1} "
+            "(remove it, or give node.pcie.sockets)")
 
 
 def _fabric(f: FabricIn, node: NodeSpec, err) -> FabricSpec:
