@@ -23,8 +23,9 @@ duration stretches accordingly (integer ns, rounded up at each change of the str
 Collectives whose members are all simulated (`ranks: all`, or the tied-embedding all-reduce of
 two simulated pipeline ranks) synchronise them: the call starts on the network when its last
 member arrives (a barrier, as NCCL's kernels wait for their peers), and every member's call ends
-together; an exposed member's record starts with the call, its wait before is idle. Members are matched by the group and the call's index among the rank's calls on that
-group in program order (NCCL's rule: one order of calls per communicator).
+together; an exposed member's record starts with the call, its wait before is idle. Members are
+matched by the group and the call's index among the rank's calls on that group in program order
+(NCCL's rule: one order of calls per communicator).
 
 Every interval is recorded as `Record(rank, stream, name, cat, start_ns, end_ns)`; the metrics
 module turns records into the time breakdown.

@@ -35,7 +35,7 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sim.accuracy import notes as accuracy_notes
@@ -273,11 +273,13 @@ def prepare(spec: SweepSpec) -> Prepared:
         num_layers=_split_layers(model, data["parallelism"]),
         num_experts=model.num_experts if model.is_moe else 0,
         seq_length=training["seq_length"], grid=grid, tp_across_nodes=spec.tp_across_nodes)
-    # the files' contents too (the topology, the GPU profile, a model's config): an edited file
-    # under the same path had resumed the results of the file before the edit
+    # the files' contents too (the topology, the GPU profile, a model's config), not where they
+    # lie: an edited file under the same path had resumed the results of the file before the edit
+    files = [topo.raw] + [{k: v for k, v in asdict(x).items() if k not in ("path", "source")}
+                          for x in (probe.cluster.gpu, model)]
     ident = json.dumps({"version": 2, "base": data, "grid": grid.as_dict(), "gpus": spec.gpus,
                         "tp_across_nodes": spec.tp_across_nodes, "memory_fraction": spec.memory_fraction,
-                        "files": [topo.raw, repr(probe.cluster.gpu), repr(model)]},
+                        "files": files},
                        sort_keys=True, default=str)
     return Prepared(base=data, grid=grid, layouts=layouts,
                     sweep_id=hashlib.sha256(ident.encode()).hexdigest()[:12],
