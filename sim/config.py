@@ -30,7 +30,7 @@ from sim.presets import PRESETS
 from sim.suggest import did_you_mean
 from sim.topology import TopologySpec, load_topology, with_domain_nodes
 from sim.workload.ops import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
-from sim.yamlio import is_file, load_yaml_with_lines
+from sim.yamlio import from_folder, is_file, load_yaml_with_lines
 
 # ----------------------------------------------------------------------------------------------
 # Aliases: short names and torchtitan's *_degree names -> Megatron-LM's canonical names.
@@ -1219,10 +1219,7 @@ def _in_folder(text: str | None, key: tuple, lines: dict, file: str | None) -> s
     that a scenario beside its topology ran from its own folder only. A `--set` value, or a path
     only the working directory has, is kept."""
     where, _ = _where(lines, key, file)
-    if not (text and file and where == file and text.endswith((".yaml", ".yml")) and not Path(text).is_absolute()):
-        return text
-    beside = Path(file).parent / text
-    return str(beside) if is_file(beside) or not is_file(Path(text)) else text
+    return from_folder(text, Path(file).parent) if text and file and where == file else text
 
 
 def _load_hardware(cluster: ClusterIn, lines: dict, file: str | None) -> tuple[TopologySpec, DeviceProfile]:

@@ -108,6 +108,17 @@ def check_scalar(value, key: str | None, line: int | None = None) -> None:
         raise ConfigError(f"a string of {len(value):,} characters (at most {MAX_STRING:,})", key=key, line=line)
 
 
+def from_folder(text: str, folder: Path) -> str:
+    """A relative YAML path written in a file of `folder` (a scenario's topology, a topology's
+    GPU profile), read from that folder, as model.hf_config is: where it is a file there, or the
+    working directory has none either (the error then names it there). A name, an absolute
+    path, or one only the working directory has, is kept."""
+    if not text.endswith((".yaml", ".yml")) or Path(text).is_absolute():
+        return text
+    beside = folder / text
+    return str(beside) if is_file(beside) or not is_file(text) else text
+
+
 def is_file(path) -> bool:
     """Path(path).is_file(), but False (not OSError) for a name no file can have: longer than the
     file system allows (ENAMETOOLONG) or otherwise unusable. Callers then report the name as not

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 from sim.errors import ConfigError
-from sim.yamlio import is_file, load_yaml_with_lines, shown
+from sim.yamlio import from_folder, is_file, load_yaml_with_lines, shown
 from sim.paths import bundled_dir
 from sim.suggest import did_you_mean
 from sim.topology.schema import (CollectiveSpec, FabricSpec, NodeSpec, NVLinkDomainSpec, check_topology,
@@ -130,16 +130,6 @@ def load_topology(name_or_path: str, *, key: str = "cluster.topology") -> Topolo
     return _load_topology_file(str(path.resolve()), path.stat().st_mtime_ns)
 
 
-def _beside(gpu: str, topology: Path) -> str:
-    """The topology's `gpu:` as a path from the topology file's folder where it is a relative
-    YAML path there (it had been read from the working directory: a topology beside its profile
-    loaded from its own folder only); one only the working directory has is kept."""
-    if not gpu.endswith((".yaml", ".yml")) or Path(gpu).is_absolute():
-        return gpu
-    beside = topology.parent / gpu
-    return str(beside) if is_file(beside) or not is_file(Path(gpu)) else gpu
-
-
 @lru_cache(maxsize=64)
 def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
     path = Path(path_str)
@@ -150,7 +140,7 @@ def _load_topology_file(path_str: str, _mtime_ns: int) -> TopologySpec:
         raise ConfigError("a topology must be a mapping", file=str(path))
     # every key validated (sim.topology.schema.TopologyIn), every error reported at once
     t = check_topology(data, lines, str(path), nonfinite=nonfinite)
-    return TopologySpec(name=str(data.get("name", path.stem)), gpu=_beside(str(data["gpu"]), path),
+    return TopologySpec(name=str(data.get("name", path.stem)), gpu=from_folder(str(data["gpu"]), path.parent),
                         gpus_per_node=data["gpus_per_node"], max_nodes=t.max_nodes, raw=data,
                         path=str(path), node=t.node, fabric=t.fabric, collectives=t.collectives,
                         source=str(data.get("source", "")), nvlink_domain=t.nvlink_domain,
